@@ -34,9 +34,10 @@ Rules protocol code follows:
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Coroutine, Generator, Mapping, Sequence, TypeVar
+from typing import Any, Awaitable, Coroutine, Generator, Iterator, TypeVar
 
 import torch
 
@@ -365,6 +366,39 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     async def sleep(self, seconds: float) -> None:
         """Let ``seconds`` pass."""
+
+    # ---- observability and fault points ------------------------------------
+
+    async def point(self, name: str) -> None:
+        """A named protocol point (e.g. ``"lifecycle.canary"``, ``"store.offload.copy"``).
+
+        TorchRuntime does nothing here; the simulator's fault plan may crash,
+        hang or fail the rank at a named point.
+        """
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Record the time spent in a protocol phase (``"offload"``, ``"reload"`` ...).
+
+        Spans are kept in :attr:`spans` as ``(name, start, end)`` on this
+        runtime's clock; the simulator also writes them to its trace.
+        """
+        start = self.now()
+        try:
+            yield
+        finally:
+            self._spans().append((name, start, self.now()))
+
+    @property
+    def spans(self) -> list[tuple[str, float, float]]:
+        """Recorded ``(phase, start, end)`` tuples, oldest first."""
+        return self._spans()
+
+    def _spans(self) -> list[tuple[str, float, float]]:
+        try:
+            return self.__dict__["_span_log"]
+        except KeyError:
+            return self.__dict__.setdefault("_span_log", [])
 
     # ---- driving ------------------------------------------------------------
 

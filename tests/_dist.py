@@ -1,0 +1,111 @@
+"""Run a function on N real ``torch.distributed`` processes (Gloo on CPU) and collect results.
+
+Multi-rank tests use this instead of mocks: each rank is a spawned Python process
+with its own process group, exactly as in a real job.
+
+    results = run_distributed(my_fn, world_size=4, args=(...))
+
+``my_fn(rank, world_size, *args)`` must be a module-level function (spawned
+processes import it by name). Each process has ``torch.distributed`` initialised
+with Gloo before ``my_fn`` runs and destroyed after. The return values, in rank
+order, must be picklable. An exception on any rank is re-raised here with that
+rank's traceback; a rank that does not finish within ``timeout`` seconds fails
+the test naming the ranks still running.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from typing import Any, Callable, Sequence
+
+
+class DistributedTestError(AssertionError):
+    """A rank raised, or did not finish in time."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world_size, port, args, env, queue):  # runs in the child
+    try:
+        os.environ.update(env)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        )
+        try:
+            result = fn(rank, world_size, *args)
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a failed rank may leave the group broken
+                pass
+        queue.put((rank, True, result))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` Gloo processes; return results by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), queue), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    import queue as _q
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(errors) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(results) - set(errors))
+                raise DistributedTestError(
+                    f"ranks {missing} did not finish within {timeout:.0f}s"
+                    + "".join(f"\n--- rank {r} raised:\n{tb}" for r, tb in sorted(errors.items()))
+                )
+            try:
+                rank, ok, payload = queue.get(timeout=min(remaining, 1.0))
+            except _q.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results and r not in errors]
+                for r in dead:
+                    errors[r] = f"process exited with code {procs[r].exitcode} without reporting"
+                continue
+            (results if ok else errors)[rank] = payload
+            if errors:
+                # give the others a moment to report, then stop waiting for ranks that may now hang
+                deadline = min(deadline, time.monotonic() + 10.0)
+    finally:
+        for p in procs:
+            p.join(timeout=0.5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if errors:
+        raise DistributedTestError(
+            "".join(f"\n--- rank {r} raised:\n{tb}" for r, tb in sorted(errors.items()))
+        )
+    return [results[r] for r in range(world_size)]
