@@ -1,0 +1,265 @@
+"""Collective rendezvous: matching ranks' collectives and completing them.
+
+Theory of operation
+-------------------
+Every collective call on a group generation gets the calling rank's next
+sequence number on that group. Arrivals are collected under the key
+``(group, generation, seq)`` (group creation uses ``seq = -1``). The first
+arrival fixes the *signature* (op, dtype, sizes, src or reduce op); a later
+arrival with a different signature is a :class:`sim.CollectiveMismatchError`,
+which stops the simulation: it is a protocol bug, not a runtime condition.
+
+When the last member arrives the collective completes ``cost`` seconds later
+(cost from :class:`sim.models.CollectiveCost` or, for group creation, from
+:class:`sim.models.CommModel`): on real payloads the data moves then (so a
+rank that read its output before awaiting would see stale bytes), and every
+member's future is resolved. A member whose future already failed (it timed
+out) contributed its input but receives nothing.
+
+A pending collective is also the *blocker* of the ranks waiting in it: it
+answers :meth:`Pending.missing`, the members that have not arrived, which is
+what the deadlock detector draws as waits-for edges.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from refimpl.runtime.base import CollectiveTimeoutError, GroupSpec, ReduceOp
+from sim.engine import Event, SimFuture
+from sim.errors import CollectiveMismatchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.world import SimWorld
+
+log = logging.getLogger(__name__)
+
+CREATE_SEQ = -1
+
+
+class Arrival:
+    """One rank's part in a pending collective."""
+
+    __slots__ = ("rank", "detail", "payload", "future", "corrupt", "timer")
+
+    def __init__(self, rank: int, detail: str, payload: Any, future: SimFuture, corrupt: bool):
+        self.rank = rank
+        self.detail = detail
+        self.payload = payload
+        self.future = future
+        self.corrupt = corrupt
+        self.timer: Event | None = None
+
+
+class Pending:
+    """A collective on one ``(group, generation, seq)`` that not every member has reached."""
+
+    __slots__ = ("spec", "seq", "op", "signature", "arrivals", "count", "nbytes", "cost")
+
+    def __init__(self, spec: GroupSpec, seq: int, op: str, signature: Any, nbytes: int):
+        self.spec = spec
+        self.seq = seq
+        self.op = op
+        self.signature = signature
+        self.arrivals: list[Arrival | None] = [None] * spec.size
+        self.count = 0
+        self.nbytes = nbytes
+        self.cost = 0.0
+
+    def missing(self) -> list[int]:
+        """Global ranks of members that have not arrived."""
+        return [r for r, a in zip(self.spec.ranks, self.arrivals) if a is None]
+
+    def describe(self) -> str:
+        """``"all_reduce on group 'tp0' seq 3"`` (generation shown when > 0)."""
+        return describe(self.op, self.spec, self.seq)
+
+
+def describe(op: str, spec: GroupSpec, seq: int) -> str:
+    """Human-readable name of a collective for messages and deadlock reports."""
+    gen = f" gen {spec.generation}" if spec.generation else ""
+    if seq == CREATE_SEQ:
+        return f"{op} of group {spec.name!r}{gen}"
+    return f"{op} on group {spec.name!r}{gen} seq {seq}"
+
+
+class HangBlocker:
+    """Blocker of a rank hung by an injected fault: it waits for nobody."""
+
+    __slots__ = ("where",)
+    hang = True
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def missing(self) -> list[int]:
+        return []
+
+
+class Rendezvous:
+    """All pending collectives of a world, keyed by ``(group, generation, seq)``."""
+
+    def __init__(self, world: "SimWorld"):
+        self._world = world
+        self._pending: dict[tuple[str, int, int], Pending] = {}
+
+    def arrive(
+        self,
+        spec: GroupSpec,
+        group_rank: int,
+        seq: int,
+        op: str,
+        signature: Any,
+        detail: str,
+        payload: Any,
+        nbytes: int,
+        corrupt: bool = False,
+    ) -> Arrival:
+        """Register ``spec.ranks[group_rank]``'s arrival; complete the collective if it is the last.
+
+        Returns the arrival, whose future the rank awaits. On a mismatch the
+        engine is stopped with :class:`CollectiveMismatchError` and the future
+        never completes.
+        """
+        key = (spec.name, spec.generation, seq)
+        p = self._pending.get(key)
+        rank = spec.ranks[group_rank]
+        fut = SimFuture(describe(op, spec, seq))
+        arrival = Arrival(rank, detail, payload, fut, corrupt)
+        if p is None:
+            p = self._pending[key] = Pending(spec, seq, op, signature, nbytes)
+        elif p.signature != signature or p.op != op:
+            ops = {a.rank: a.detail for a in p.arrivals if a is not None}
+            ops[rank] = detail
+            err = CollectiveMismatchError(spec.name, spec.generation, seq, ops)
+            log.debug("%s", err)
+            self._world.engine.stop(err)
+            fut.blocker = p
+            return arrival
+        fut.blocker = p
+        if p.arrivals[group_rank] is not None:  # a rank can reach a seq only once
+            raise AssertionError(f"rank {rank} arrived twice at {p.describe()}")
+        p.arrivals[group_rank] = arrival
+        p.count += 1
+        if p.count == spec.size:
+            del self._pending[key]
+            self._world.engine.schedule(self._cost(p), self._complete, p)
+        return arrival
+
+    def _cost(self, p: Pending) -> float:
+        w = self._world
+        if p.seq == CREATE_SEQ:
+            return w.comm.create_time(w.resolve_backend(p.spec))
+        return w.collective_cost.time(p.op, p.spec.ranks, p.nbytes)
+
+    def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
+        """Fail ``arrival``'s future ``timeout_s`` from now unless the collective completes first."""
+        from sim.engine import PRIORITY_LATE
+
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        arrival.timer = self._world.engine.schedule(
+            timeout_s, self._time_out, arrival, timeout_s, rank, priority=PRIORITY_LATE
+        )
+
+    def _time_out(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
+        fut = arrival.future
+        if fut.done():
+            return
+        p = fut.blocker
+        missing = p.missing() if isinstance(p, Pending) else []
+        self._world.engine.record(self._world.engine.now, rank, "timeout", fut.label)
+        fut.fail(
+            CollectiveTimeoutError(
+                f"rank {rank}: {fut.label} timed out after {timeout_s:g} s (simulated) waiting for ranks "
+                f"{missing}; those ranks never issued it (crashed, hung, or took another path). Check that "
+                "every member issues the same collectives in the same order."
+            )
+        )
+
+    def _complete(self, p: Pending) -> None:
+        w = self._world
+        arrivals = [a for a in p.arrivals if a is not None]
+        if w.payload_real and p.seq != CREATE_SEQ:
+            _MOVE[p.op](p, arrivals)
+            for a in arrivals:
+                if a.corrupt and not a.future.done():
+                    _corrupt(a.payload)
+        if w.engine.tracing:
+            w.engine.trace.append((w.engine.now, "done", p.describe()))
+        for a in arrivals:
+            if a.timer is not None:
+                a.timer.cancel()
+            a.future.resolve(None)
+
+    def pending(self) -> list[Pending]:
+        """Collectives some but not all members have reached, oldest first."""
+        return list(self._pending.values())
+
+
+# --------------------------------------------------------------------------- data movement (real payloads)
+
+
+def _live(arrivals: list[Arrival]) -> list[Arrival]:
+    return [a for a in arrivals if not a.future.done()]
+
+
+def _move_all_gather(p: Pending, arrivals: list[Arrival]) -> None:
+    # payload = (output, input); read every input before writing any output:
+    # FSDP-style callers pass an input that is a slice of the output.
+    gathered = torch.cat([a.payload[1].reshape(-1) for a in arrivals])
+    for a in _live(arrivals):
+        a.payload[0].view(-1).copy_(gathered)
+
+
+_REDUCE: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    ReduceOp.SUM: lambda acc, t: acc.add_(t),
+    ReduceOp.MIN: lambda acc, t: torch.minimum(acc, t, out=acc),
+    ReduceOp.MAX: lambda acc, t: torch.maximum(acc, t, out=acc),
+}
+
+
+def _move_all_reduce(p: Pending, arrivals: list[Arrival]) -> None:
+    # payload = tensor; reduce in group-rank order so every rank gets the same bits
+    reduce = _REDUCE[p.signature[3]]
+    acc = arrivals[0].payload.detach().clone()
+    for a in arrivals[1:]:
+        reduce(acc, a.payload)
+    for a in _live(arrivals):
+        a.payload.copy_(acc)
+
+
+def _move_broadcast(p: Pending, arrivals: list[Arrival]) -> None:
+    src = p.signature[3]
+    value = next(a.payload for a in arrivals if a.rank == src).detach().clone()
+    for a in _live(arrivals):
+        if a.rank != src:
+            a.payload.copy_(value)
+
+
+def _move_barrier(p: Pending, arrivals: list[Arrival]) -> None:
+    return None
+
+
+_MOVE: dict[str, Callable[[Pending, list[Arrival]], None]] = {
+    "all_gather": _move_all_gather,
+    "all_reduce": _move_all_reduce,
+    "broadcast": _move_broadcast,
+    "barrier": _move_barrier,
+}
+
+
+def _corrupt(payload: Any) -> None:
+    """Perturb a rank's collective output (injected CORRUPT fault)."""
+    out = payload[0] if isinstance(payload, tuple) else payload
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return
+    if out.dtype == torch.bool:
+        out.logical_not_()
+    else:
+        out.add_(1)
+
+
+__all__ = ["CREATE_SEQ", "Arrival", "HangBlocker", "Pending", "Rendezvous", "describe"]
