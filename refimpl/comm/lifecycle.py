@@ -1,0 +1,456 @@
+"""PGLifecycle: a role's process groups through pause, weight sync and resume, agreed by every rank.
+
+Theory of operation
+-------------------
+The lifecycle owns a role's groups (by name, walked in sorted order on every
+rank) and a Gloo control group it never destroys. Its three operations follow
+the RL step (see :mod:`refimpl.comm.states` for the states and the table):
+
+* :meth:`PGLifecycle.pause` before the rollout engine takes the GPU: decide
+  (policy, gates, two-phase switch) and agree, then keep the groups
+  (PAUSED_LIVE, followed by a canary), suspend them (SUSPENDED) or destroy
+  them (DESTROYED), and run the caller's memory release.
+* :meth:`PGLifecycle.weight_sync` runs the caller's sync function with the
+  groups up (resumed or rebuilt first if needed, transient RELOADING), then
+  returns them to the paused state. The first sync that succeeds on every rank
+  after an eligible pause arms preservation (phase two).
+* :meth:`PGLifecycle.resume` brings the groups back for training (ACTIVE).
+
+Rules that keep every rank in step:
+
+1. Every branch is agreed: the pause decision, the caller's functions, the
+   canary and each walk over the groups (suspend, resume, destroy, rebuild)
+   end with one ``all_reduce(MIN)`` on the control group of ``[succeeded,
+   first failing rank, votes...]``. Walks that synchronise ranks inside NCCL
+   are preceded by an agreed preflight and never stop at a local failure (see
+   :mod:`refimpl.comm.role_groups`).
+2. Every rank runs the same sequence of agreements: loops go over all role
+   groups on every rank; a rank that is not a member of a group does nothing
+   for it but still votes.
+3. Any exception, on any rank, ends the same way everywhere: abort the role's
+   groups without delay, turn preservation off for the life of the process,
+   state FAILED, re-raise (the failing rank its own error, the others
+   :class:`PeerFailedError`). A rank that never arrives makes the others fail
+   with :class:`AgreementTimeoutError` within ``agree_timeout_s``.
+4. A canary failure is not an exception: the groups are aborted, preservation
+   is turned off, the state becomes DESTROYED and the lifecycle carries on by
+   rebuilding when groups are needed.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import weakref
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from refimpl.comm.agreement import CONTROL_GROUP, AgreementError, ControlGroup
+from refimpl.comm.cooldown import PortCooldown
+from refimpl.comm.decisions import (
+    Preservation,
+    after_gates,
+    after_good_sync,
+    disabled,
+    inline_cooldown,
+    local_vote,
+    needs_bring_up,
+    pause_event,
+)
+from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
+from refimpl.comm.role_groups import LifecycleError, PeerFailedError, ResumeMemoryError, RoleGroups
+from refimpl.comm.states import PGEvent, PGPolicy, PGState, transition_for
+from refimpl.runtime.base import CommMemory, GroupError, GroupSpec, Runtime
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleStateError(LifecycleError):
+    """An operation was called in a state that does not allow it (e.g. pause while paused)."""
+
+
+class LifecycleFailedError(LifecycleError):
+    """The lifecycle failed earlier; its groups are aborted and it cannot be used again."""
+
+
+class PolicyMismatchError(AgreementError):
+    """Ranks asked for different pause policies."""
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """Validated settings of a :class:`PGLifecycle`.
+
+    ``canary_value`` is what this rank contributes to each canary all-reduce;
+    healthy ranks contribute 1.0 and the sum must equal the group size. Setting
+    it to anything else on one rank is the documented way to make a canary fail
+    (tests, fire drills).
+    """
+
+    policy: PGPolicy = PGPolicy.DESTROY_DEFERRED
+    cooldown_s: float = 2.0
+    two_phase: bool = True
+    canary_timeout_s: float = 30.0
+    agree_timeout_s: float = 300.0
+    control_group: str = CONTROL_GROUP
+    rebuild_retries: int = 3
+    canary_value: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, PGPolicy):
+            raise TypeError(f"policy must be a PGPolicy, got {self.policy!r}")
+        for name in ("cooldown_s", "canary_timeout_s", "agree_timeout_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0) or (name != "cooldown_s" and v == 0):
+                raise ValueError(f"LifecycleConfig.{name} must be a finite number of seconds > 0 (>= 0 for cooldown), got {v}")
+        if self.rebuild_retries < 0:
+            raise ValueError(f"LifecycleConfig.rebuild_retries must be >= 0, got {self.rebuild_retries}")
+        if not self.control_group:
+            raise ValueError("LifecycleConfig.control_group needs a name")
+
+
+@dataclass
+class LifecycleStats:
+    """Counters of what the lifecycle did (benchmarks and tests read them)."""
+
+    pauses: int = 0
+    weight_syncs: int = 0
+    resumes: int = 0
+    destroys: int = 0
+    rebuilds: int = 0
+    comm_suspends: int = 0
+    comm_resumes: int = 0
+    canaries: int = 0
+    canary_failures: int = 0
+    address_in_use_retries: int = 0
+    fallbacks: int = 0
+
+
+# Preservation is switched off "for the life of the process": keyed by runtime, because the
+# simulator runs every rank in one process, each with its own runtime.
+_DISABLED: "weakref.WeakKeyDictionary[Runtime, str]" = weakref.WeakKeyDictionary()
+
+
+def preservation_disabled_reason(rt: Runtime) -> str | None:
+    """Why preservation was turned off on this runtime's process, or None."""
+    return _DISABLED.get(rt)
+
+
+async def _call(fn: Callable[[], Any] | None) -> Any:
+    if fn is None:
+        return None
+    result = fn()
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class PGLifecycle:
+    """A role's process groups, driven through pause / weight sync / resume on every rank at once.
+
+    ``groups``: the role's groups, as names the runtime knows or as
+    :class:`GroupSpec` s to create in :meth:`start`. ``resident``: groups the
+    lifecycle must never touch (cross-role weight-update groups), checked to be
+    disjoint. ``gates`` / ``facts``: static eligibility gates and what they look at.
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        groups: Iterable[GroupSpec | str],
+        *,
+        config: LifecycleConfig | None = None,
+        gates: Sequence[Gate] = (),
+        facts: Mapping[str, Any] | None = None,
+        resident: Iterable[str] = (),
+    ) -> None:
+        self.rt = rt
+        self.config = config or LifecycleConfig()
+        self._given: dict[str, GroupSpec | None] = {}
+        for g in groups:
+            name = g.name if isinstance(g, GroupSpec) else str(g)
+            if name in self._given:
+                raise ValueError(f"group {name!r} listed twice")
+            self._given[name] = g if isinstance(g, GroupSpec) else None
+        self.groups: tuple[str, ...] = tuple(sorted(self._given))
+        self.resident = frozenset(resident)
+        clash = self.resident & set(self.groups)
+        if clash:
+            raise ValueError(f"groups {sorted(clash)} are both role groups and resident; resident groups are never touched")
+        if self.config.control_group in self._given or self.config.control_group in self.resident:
+            raise ValueError(f"{self.config.control_group!r} is the control group; it cannot be a role or resident group")
+        unique_names(gates)
+        self.gates = tuple(gates)
+        self.facts = dict(facts or {})
+        self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s)
+        self.cooldown = PortCooldown(self.config.cooldown_s)
+        self.state = PGState.ACTIVE
+        self.history: list[tuple[float, PGState, PGEvent, PGState]] = []
+        self.stats = LifecycleStats()
+        self.failure: BaseException | None = None
+        self._preservation = Preservation()
+        self._pause_policy: PGPolicy = self.config.policy
+        self._started = False
+        self.role = RoleGroups(rt, self.groups, self.control, self.config, self.stats, self.cooldown, self._fail)
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def preservation(self) -> Preservation:
+        """The two-phase switch on this rank (disabled if the process turned it off)."""
+        reason = preservation_disabled_reason(self.rt)
+        if reason and self._preservation.disabled is None:
+            self._preservation = disabled(self._preservation, reason)
+        return self._preservation
+
+    def comm_memory(self) -> CommMemory:
+        """NCCL memory the role's live groups hold on this rank (runtime's view)."""
+        return self.role.comm_memory()
+
+    @property
+    def sync(self) -> "BlockingPGLifecycle":
+        """The synchronous facade (TorchRuntime): same operations, driven with ``runtime.run``."""
+        return BlockingPGLifecycle(self)
+
+    # ------------------------------------------------------------------ public operations
+
+    async def start(self) -> None:
+        """Create the control group and any role group given as a spec; check all ranks manage the same groups."""
+        if self._started:
+            return
+        await self.control.ensure(self.rt)
+        for name in self.groups:
+            if self._known(name):
+                continue
+            spec = self._given[name]
+            if spec is None:
+                raise GroupError(f"group {name!r} is unknown to the runtime; pass its GroupSpec so the lifecycle creates it")
+            await self.rt.new_group(spec)
+        digest = zlib.crc32("\0".join(self.groups).encode()) & 0x7FFFFFFF
+        rank = self.rt.rank
+        lo, neg_hi, low_rank, neg_high_rank = await self.control.reduce_min(
+            self.rt, [digest, -digest, rank, -rank], "start"
+        )
+        if (low_rank, -neg_high_rank) != (0, self.rt.world_size - 1):
+            raise LifecycleError(
+                f"rank {rank}: an all_reduce(MIN) of the ranks on control group {self.control.name!r} gave "
+                f"[{low_rank}, {-neg_high_rank}], not [0, {self.rt.world_size - 1}]: the runtime does not combine "
+                "values, so ranks cannot agree (in the simulator, a payload='meta' world has meta tensors that carry no data "
+                "and its collectives move no bytes; the lifecycle needs host values combined)"
+            )
+        if lo != -neg_hi:
+            raise AgreementError(
+                f"rank {self.rt.rank}: ranks manage different role groups (this rank: {list(self.groups)}); "
+                "every rank must pass the same group names to PGLifecycle"
+            )
+        self._started = True
+
+    async def agree(self, flag: bool) -> bool:
+        """True on every rank iff every rank passed True (``all_reduce(MIN)`` on the control group)."""
+        await self.start()
+        return await self.control.agree(self.rt, flag, "user")
+
+    async def pause(self, release_memory: Callable[[], Any] | None = None, *, policy: PGPolicy | None = None) -> PGState:
+        """Leave ACTIVE before the rollout: keep, suspend or destroy the groups, then release trainer memory.
+
+        ``release_memory`` (sync or async callable) pauses/offloads the trainer's
+        own memory; with PAUSED_LIVE the canary runs after it. Returns the new state.
+        """
+        await self.start()
+        self._require("pause", {PGState.ACTIVE})
+        policy = policy or self.config.policy
+        rt = self.rt
+        with rt.span("lifecycle.pause"):
+            self.stats.pauses += 1
+            failing: list[str] = []
+            vote, error = False, None
+            try:
+                await rt.point("lifecycle.pause.decide")
+                if policy.preserves:
+                    failing = failing_gates(self.gates, GateContext(policy, self.groups, self.facts, rt.rank))
+                    if failing:
+                        log.warning("rank %d: preservation gates failed: %s", rt.rank, ", ".join(failing))
+                vote = local_vote(policy, failing, self.preservation, two_phase=self.config.two_phase)
+            except Exception as exc:  # noqa: BLE001 - agreed below, so every rank fails together
+                error = exc
+            lo, neg_hi, gates_all, vote_all = await self.role.outcome(
+                "pause.decide", error, [policy.code, -policy.code, int(not failing), int(vote)]
+            )
+            if lo != -neg_hi:
+                err = PolicyMismatchError(
+                    f"rank {rt.rank}: ranks asked for different pause policies ({PGPolicy.from_code(lo).name} to "
+                    f"{PGPolicy.from_code(-neg_hi).name}); every rank must pause with the same policy"
+                )
+                await self._fail("pause.decide", err)
+                raise err
+            if policy.preserves:
+                self._preservation = after_gates(self.preservation, bool(gates_all))
+            if vote and not vote_all:
+                log.warning("rank %d voted to keep the groups but a peer did not; all ranks destroy them", rt.rank)
+            event = pause_event(policy, bool(vote_all))
+            if event is PGEvent.PAUSE_LIVE:
+                self._transition(PGEvent.PAUSE_LIVE)
+                await self.role.step("release_memory", lambda: _call(release_memory))
+                await self._check_canary()
+            elif event is PGEvent.SUSPEND:
+                await self.role.suspend_all()
+                self._transition(PGEvent.SUSPEND)
+                await self.role.step("release_memory", lambda: _call(release_memory))
+            else:
+                await self.role.destroy_all(inline_wait=inline_cooldown(policy))
+                self._transition(PGEvent.DESTROY)
+                await self.role.step("release_memory", lambda: _call(release_memory))
+            self._pause_policy = policy
+        return self.state
+
+    async def weight_sync(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (sync or async) with the role's groups up, then return them to the paused state.
+
+        An exception in ``fn`` on any rank fails every rank (groups aborted,
+        preservation off, re-raised). The first sync that succeeds everywhere
+        after an eligible pause arms preservation.
+        """
+        await self.start()
+        self._require("weight_sync", {PGState.ACTIVE, PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED})
+        paused = self.state
+        with self.rt.span("lifecycle.weight_sync"):
+            self.stats.weight_syncs += 1
+            if needs_bring_up(paused):
+                await self._bring_up()
+            result, _ = await self.role.step("weight_sync", lambda: _call(fn))
+            self._preservation = after_good_sync(self.preservation)
+            if paused is PGState.SUSPENDED and self.preservation.disabled is None:
+                await self.role.suspend_all()
+                self._transition(PGEvent.SUSPEND)
+            elif needs_bring_up(paused):
+                await self.role.destroy_all(inline_wait=inline_cooldown(self._pause_policy))
+                self._transition(PGEvent.DESTROY)
+        return result
+
+    async def resume(self) -> PGState:
+        """Bring the groups back for training (ACTIVE): resume, rebuild, or nothing if they stayed live."""
+        await self.start()
+        self._require("resume", {PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED})
+        with self.rt.span("lifecycle.resume"):
+            self.stats.resumes += 1
+            if self.state is PGState.PAUSED_LIVE:
+                self._transition(PGEvent.RESUME)
+            else:
+                await self._bring_up()
+        return self.state
+
+    # ------------------------------------------------------------------ performing transitions
+
+    def _known(self, name: str) -> bool:
+        try:
+            self.rt.group_spec(name)
+            return True
+        except GroupError:
+            return False
+
+    def _require(self, op: str, allowed: set[PGState]) -> None:
+        if self.state is PGState.FAILED:
+            raise LifecycleFailedError(
+                f"rank {self.rt.rank}: {op}() after the lifecycle failed ({self.failure!r}); its groups were "
+                "aborted and preservation is off. Restart the workers."
+            ) from self.failure
+        if self.state not in allowed:
+            raise LifecycleStateError(
+                f"rank {self.rt.rank}: {op}() needs state {' or '.join(sorted(s.name for s in allowed))}, "
+                f"lifecycle is {self.state.name}"
+            )
+
+    def _transition(self, event: PGEvent) -> None:
+        t = transition_for(self.state, event)
+        self.history.append((self.rt.now(), t.source, event, t.target))
+        log.info("rank %d: %s --%s--> %s", self.rt.rank, t.source.name, event.name, t.target.name)
+        self.state = t.target
+
+    def _disable(self, reason: str) -> None:
+        if self.rt not in _DISABLED:
+            _DISABLED[self.rt] = reason
+            log.warning("rank %d: group preservation off for the life of the process: %s", self.rt.rank, reason)
+        self._preservation = disabled(self._preservation, reason)
+
+    async def _fail(self, point: str, cause: BaseException) -> None:
+        """The fallback: abort the role's groups at once, preservation off, FAILED."""
+        self.failure = cause
+        self.stats.fallbacks += 1
+        self._disable(f"failure at {point}: {cause!r}")
+        await self.role.abort_all()
+        if self.state is not PGState.FAILED:
+            self._transition(PGEvent.FAULT)
+
+    async def _bring_up(self) -> None:
+        if self.state is PGState.SUSPENDED:
+            self._transition(PGEvent.RELOAD)
+            await self.role.resume_all()
+            if await self._check_canary():
+                self._transition(PGEvent.RELOADED)
+                return
+        if self.state is PGState.DESTROYED:
+            self._transition(PGEvent.RELOAD)
+            await self.role.rebuild_all()
+            self._transition(PGEvent.RELOADED)
+
+    async def _check_canary(self) -> bool:
+        """Canary on every group this rank belongs to; on an agreed failure abort and go to DESTROYED."""
+        with self.rt.span("lifecycle.canary"):
+            problems, ok_all = await self.role.step("canary", self.role.canary, vote=lambda p: not p)
+        self.stats.canaries += 1
+        if ok_all:
+            return True
+        for p in problems:
+            log.error("rank %d: canary: %s", self.rt.rank, p)
+        self.stats.canary_failures += 1
+        self._disable("canary failed: " + ("; ".join(problems) or "on another rank"))
+        await self.role.abort_all()
+        self._transition(PGEvent.CANARY_FAILED)
+        return False
+
+
+class BlockingPGLifecycle:
+    """Synchronous facade of a :class:`PGLifecycle` on a runtime that runs coroutines at once (TorchRuntime)."""
+
+    def __init__(self, lifecycle: PGLifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    @property
+    def state(self) -> PGState:
+        return self.lifecycle.state
+
+    def start(self) -> None:
+        """See :meth:`PGLifecycle.start`."""
+        self.lifecycle.rt.run(self.lifecycle.start())
+
+    def agree(self, flag: bool) -> bool:
+        """See :meth:`PGLifecycle.agree`."""
+        return self.lifecycle.rt.run(self.lifecycle.agree(flag))
+
+    def pause(self, release_memory: Callable[[], Any] | None = None, *, policy: PGPolicy | None = None) -> PGState:
+        """See :meth:`PGLifecycle.pause`."""
+        return self.lifecycle.rt.run(self.lifecycle.pause(release_memory, policy=policy))
+
+    def weight_sync(self, fn: Callable[[], Any]) -> Any:
+        """See :meth:`PGLifecycle.weight_sync`."""
+        return self.lifecycle.rt.run(self.lifecycle.weight_sync(fn))
+
+    def resume(self) -> PGState:
+        """See :meth:`PGLifecycle.resume`."""
+        return self.lifecycle.rt.run(self.lifecycle.resume())
+
+
+__all__ = [
+    "BlockingPGLifecycle",
+    "LifecycleConfig",
+    "LifecycleError",
+    "LifecycleFailedError",
+    "LifecycleStateError",
+    "LifecycleStats",
+    "PGLifecycle",
+    "PeerFailedError",
+    "PolicyMismatchError",
+    "ResumeMemoryError",
+    "preservation_disabled_reason",
+]

@@ -1,0 +1,306 @@
+"""The role's groups and the agreed operations on them (suspend, resume, destroy, rebuild, canary).
+
+[Note: agreed steps] Every operation here ends with one ``all_reduce(MIN)`` on
+the control group of ``[succeeded, first failing rank, *votes]``. If any rank
+failed, every rank runs the fallback (abort all role groups, preservation off,
+FAILED) and raises; the failing rank its own error, the others
+:class:`PeerFailedError` naming the lowest failing rank.
+
+[Note: walking groups] Suspend, resume and group creation synchronise the
+members of a communicator inside NCCL or the rendezvous (``ncclCommSuspend``
+runs ``cudaDeviceSynchronize`` and a bootstrap barrier; resume runs three
+barriers), with no timeout. So every rank walks *all* role groups in one
+global order (sorted names; a cycle of waits is impossible, as with ordered
+locks) and a local failure on one group does **not** stop the walk: the rank
+still enters the following groups, where its peers may be waiting for it, and
+reports the failure at the single agreement at the end. Failures that would
+happen *before* NCCL's barrier (a communicator already in error, too little
+free memory to resume) are caught by a preflight that is agreed first, so no
+rank enters a barrier that a peer will skip. Walking in parallel costs each
+rank only its own groups' time, where one agreement per group would serialise
+all groups of the job. One case no protocol can cover: a rank whose group
+*creation* fails before it reaches the rendezvous leaves that group's peers
+waiting inside the runtime call until the group's creation timeout
+(``GroupSpec.timeout_s``; torch's store barrier and NCCL init are bounded by
+it); they then vote, and every rank fails together.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+
+import torch
+
+from refimpl.comm.agreement import AgreementError, ControlGroup
+from refimpl.comm.cooldown import PortCooldown
+from refimpl.runtime.base import (
+    AddressInUseError,
+    CollectiveFailedError,
+    CollectiveTimeoutError,
+    CommMemory,
+    GroupError,
+    ReduceOp,
+    Runtime,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from refimpl.comm.lifecycle import LifecycleConfig, LifecycleStats
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class LifecycleError(RuntimeError):
+    """Base class of lifecycle errors."""
+
+
+class PeerFailedError(LifecycleError):
+    """Another rank failed a step; this rank aborted its groups too, so all fail together."""
+
+
+class ResumeMemoryError(LifecycleError):
+    """Too little free device memory to resume the suspended communicators."""
+
+
+FailHook = Callable[[str, BaseException], Awaitable[None]]
+
+
+class RoleGroups:
+    """A role's groups on one rank, operated on together with every other rank.
+
+    ``fail(point, cause)`` is the lifecycle's fallback; it is awaited on every
+    rank before an agreed failure is raised.
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        names: tuple[str, ...],
+        control: ControlGroup,
+        config: "LifecycleConfig",
+        stats: "LifecycleStats",
+        cooldown: PortCooldown,
+        fail: FailHook,
+    ) -> None:
+        self.rt = rt
+        self.names = names
+        self.control = control
+        self.config = config
+        self.stats = stats
+        self.cooldown = cooldown
+        self._fail = fail
+        #: bytes each of this rank's groups released when suspended (what a resume takes back)
+        self.suspended_bytes: dict[str, int] = {}
+
+    def member(self, name: str) -> bool:
+        return self.rt.is_member(name)
+
+    def comm_memory(self) -> CommMemory:
+        """NCCL memory the live groups hold on this rank (runtime's view)."""
+        sus = per = 0
+        for name in self.names:
+            if self.rt.group_live(name) and self.member(name):
+                m = self.rt.comm_memory(name)
+                sus, per = sus + m.suspendable, per + m.persistent
+        return CommMemory(sus, per)
+
+    # ------------------------------------------------------------------ agreement
+
+    async def outcome(self, point: str, error: Exception | None, votes: list[int]) -> list[int]:
+        """Agree on ``[succeeded, first failing rank, *votes]``; fall back and raise if any rank failed."""
+        rt = self.rt
+        try:
+            ok, first, *agreed = await self.control.reduce_min(
+                rt, [int(error is None), rt.world_size if error is None else rt.rank, *votes], point
+            )
+        except AgreementError as exc:
+            await self._fail(point, error or exc)
+            if error is not None:
+                raise error from exc
+            raise
+        if not ok:
+            cause = error or PeerFailedError(
+                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank"
+            )
+            await self._fail(point, cause)
+            raise cause
+        return agreed
+
+    async def step(
+        self, point: str, action: Callable[[], Awaitable[T]], *, vote: Callable[[T], bool] | None = None
+    ) -> tuple[T, bool]:
+        """Run ``action`` on this rank, then agree that it succeeded everywhere (and on ``vote``)."""
+        error: Exception | None = None
+        result: Any = None
+        try:
+            await self.rt.point(f"lifecycle.{point}")
+            result = await action()
+        except Exception as exc:  # noqa: BLE001 - every failure goes through the agreed fallback
+            error = exc
+            log.error("rank %d: %s failed: %r", self.rt.rank, point, exc)
+        my_vote = bool(vote(result)) if (vote is not None and error is None) else error is None
+        (agreed,) = await self.outcome(point, error, [int(my_vote)])
+        return result, bool(agreed)
+
+    async def walk(self, point: str, fn: Callable[[str], Awaitable[bool | None]]) -> list[bool]:
+        """``fn(name)`` for every role group in order on every rank; agreed per-group results.
+
+        ``fn`` returning False is a soft "no" for that group (e.g. a port still in
+        use); raising is a failure. Neither stops the walk (see the module note).
+        """
+        error: Exception | None = None
+        try:
+            await self.rt.point(f"lifecycle.{point}")
+        except Exception as exc:  # noqa: BLE001
+            error = exc
+        votes = []
+        for name in self.names:
+            ok = False
+            try:
+                ok = (await fn(name)) is not False
+            except Exception as exc:  # noqa: BLE001 - keep walking; peers may wait in the next group
+                log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
+                error = error or exc
+            votes.append(int(ok))
+        agreed = await self.outcome(point, error, votes)
+        return [bool(v) for v in agreed]
+
+    # ------------------------------------------------------------------ operations
+
+    async def abort_all(self) -> None:
+        """Abort every live role group at once (failure path: no graceful shutdown, no wait)."""
+        for name in self.names:
+            try:
+                if self.rt.group_live(name):
+                    await self.rt.destroy_group(name, abort=True)
+            except Exception:  # noqa: BLE001 - already failing; keep aborting the rest
+                log.exception("rank %d: abort of group %r failed", self.rt.rank, name)
+        self.suspended_bytes.clear()
+        self.cooldown.defer(self.rt.now())
+
+    async def suspend_all(self) -> None:
+        """``suspend_group`` on every member group: agreed preflight, ordered walk, agreed result."""
+        async def preflight() -> None:
+            for name in self.names:
+                if self.member(name):
+                    # reads ncclCommMemStats: a communicator in error fails here, before any barrier
+                    self.suspended_bytes[name] = self.rt.comm_memory(name).suspendable
+
+        async def one(name: str) -> None:
+            if self.member(name):
+                await self.rt.suspend_group(name)
+                self.stats.comm_suspends += 1
+
+        with self.rt.span("lifecycle.suspend"):
+            await self.step("suspend.preflight", preflight)
+            await self.walk("suspend", one)
+
+    async def resume_all(self) -> None:
+        """``resume_group`` on every member group, after agreeing that every rank has the memory for it."""
+        async def preflight() -> None:
+            need = sum(self.suspended_bytes.get(n, 0) for n in self.names if self.member(n))
+            self.rt.empty_cache()  # blocks cached by the allocator can be handed back to the driver
+            free = self.rt.memory_info().free
+            if need > free:
+                raise ResumeMemoryError(
+                    f"rank {self.rt.rank}: resuming the role's communicators needs {need:,} bytes of device "
+                    f"memory but only {free:,} are free; release the rollout engine's memory before resuming"
+                )
+
+        async def one(name: str) -> None:
+            if self.member(name):
+                await self.rt.resume_group(name)
+                self.stats.comm_resumes += 1
+                self.suspended_bytes.pop(name, None)
+
+        with self.rt.span("lifecycle.resume_comms"):
+            await self.step("resume.preflight", preflight)
+            await self.walk("resume", one)
+
+    async def destroy_all(self, *, inline_wait: bool) -> None:
+        """Destroy every live role group; then wait the port cooldown now (baseline) or defer it."""
+        async def one(name: str) -> None:
+            if self.rt.group_live(name):
+                await self.rt.destroy_group(name)
+                self.stats.destroys += 1
+
+        with self.rt.span("lifecycle.destroy"):
+            await self.walk("destroy", one)
+        self.cooldown.defer(self.rt.now())
+        if inline_wait:
+            await self.cooldown.wait(self.rt)
+
+    async def rebuild_all(self) -> None:
+        """Recreate every destroyed role group with its original arguments (next generation).
+
+        Waits only for what is left of the cooldown. A group that some rank
+        could not bind (port in TIME_WAIT, or a peer that hit one and never
+        arrived) is aborted everywhere and retried after a full cooldown, up to
+        ``rebuild_retries`` times.
+        """
+        rt = self.rt
+        await self.cooldown.wait(rt)
+        todo = [n for n in self.names if not rt.group_live(n)]
+
+        async def one(name: str) -> bool:
+            if name not in todo or rt.group_live(name):
+                return True
+            try:
+                await rt.recreate_group(name)
+            except (AddressInUseError, CollectiveTimeoutError) as exc:
+                log.warning("rank %d: rebuilding %r: %s", rt.rank, name, exc)
+                return False
+            self.stats.rebuilds += 1
+            return True
+
+        with rt.span("lifecycle.rebuild"):
+            for attempt in range(self.config.rebuild_retries + 1):
+                bound = await self.walk("rebuild", one)
+                todo = [n for n, ok in zip(self.names, bound) if not ok]
+                if not todo:
+                    return
+                self.stats.address_in_use_retries += 1
+                for name in todo:  # undo the half-built groups on every rank, then retry together
+                    try:
+                        if rt.group_live(name):
+                            await rt.destroy_group(name, abort=True)
+                    except Exception:  # noqa: BLE001 - the retry recreates it anyway
+                        log.exception("rank %d: aborting half-built group %r failed", rt.rank, name)
+                self.cooldown.defer(rt.now())
+                if attempt < self.config.rebuild_retries:
+                    await self.cooldown.wait(rt)
+            err = AddressInUseError(
+                f"rank {rt.rank}: groups {todo} could not be rebuilt in {self.config.rebuild_retries + 1} attempts: "
+                "their ports stayed in use; raise LifecycleConfig.cooldown_s or look for a port conflict"
+            )
+            await self._fail("rebuild", err)
+            raise err
+
+    async def canary(self) -> list[str]:
+        """A bounded all-reduce on every member group; problems found on this rank (empty: healthy)."""
+        rt = self.rt
+        problems = []
+        for name in self.names:
+            if not self.member(name):
+                continue
+            # a device buffer, as the communicator needs; a host scalar where device buffers carry no data (meta)
+            on_device = rt.device.type != "meta"
+            buf = rt.alloc_device(1, torch.float32, tag="lifecycle.canary") if on_device else torch.zeros(1)
+            buf.fill_(self.config.canary_value)
+            try:
+                await rt.all_reduce(buf, ReduceOp.SUM, name, timeout_s=self.config.canary_timeout_s)
+            except (CollectiveTimeoutError, CollectiveFailedError, GroupError) as exc:
+                # not released: a collective that timed out may still read or write its buffer
+                problems.append(f"group {name!r}: {exc}")
+                continue
+            got = float(buf.float().cpu().item())
+            if on_device:
+                rt.release(buf)
+            want = float(rt.group_size(name))
+            if not math.isclose(got, want, rel_tol=0, abs_tol=1e-3):
+                problems.append(f"group {name!r}: canary sum {got:g}, expected {want:g}")
+        return problems
+
+
+__all__ = ["LifecycleError", "PeerFailedError", "ResumeMemoryError", "RoleGroups"]

@@ -1,0 +1,204 @@
+"""States, events and the transition table of the process-group lifecycle, as data.
+
+Theory of operation
+-------------------
+A role's process groups (TP, DP, CP, EP ... of the trainer) go through one cycle
+per RL step: train (ACTIVE) -> pause while the rollout engine takes the GPU ->
+weight sync (needs the groups) -> rollout -> resume for training. Four
+policies decide what "pause" does with the groups:
+
+* ``DESTROY``: the baseline of the Relax report. Destroy the groups and wait
+  2 s inline for the sockets' ports to leave TIME_WAIT; rebuild them for the
+  weight sync and destroy them again (another 2 s); rebuild for training.
+* ``DESTROY_DEFERRED``: the same, but the 2 s become a deadline; a rebuild
+  waits only for what is left of it, usually nothing after a rollout.
+* ``PAUSED_LIVE``: keep the groups alive through the pause (their NCCL memory
+  stays allocated); a canary collective checks them afterwards.
+* ``SUSPEND``: keep the groups, release their NCCL memory with
+  ``ncclCommSuspend`` and take it back with ``ncclCommResume`` when needed.
+
+The two keeping policies are only taken when every rank agrees they are
+possible (gates pass, preservation is "ready" after one good weight sync, it
+was not switched off by an earlier failure); otherwise the pause destroys the
+groups with a deferred cooldown. Any failure ends in FAILED after the groups
+are aborted. RELOADING is transient: the groups are being resumed or rebuilt.
+
+The table below is the single source of truth: :func:`next_state` looks
+transitions up in it, :func:`format_table` prints it and :func:`mermaid` draws
+it (``docs/comm.md`` embeds that drawing). Guards and actions are written here
+as text for people; the code that *decides* them is
+:mod:`refimpl.comm.decisions` and the code that *performs* them is
+:class:`refimpl.comm.PGLifecycle`.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class PGState(enum.Enum):
+    """Where a role's process groups are."""
+
+    ACTIVE = "active"  #: groups live and usable; training runs
+    PAUSED_LIVE = "paused_live"  #: trainer memory paused, groups live (NCCL memory kept)
+    SUSPENDED = "suspended"  #: groups live, NCCL memory released (ncclCommSuspend)
+    DESTROYED = "destroyed"  #: groups destroyed; specs kept for a rebuild
+    RELOADING = "reloading"  #: transient: groups being resumed or rebuilt
+    FAILED = "failed"  #: a failure aborted the groups; terminal
+
+
+class PGEvent(enum.Enum):
+    """What moves the lifecycle from one state to another."""
+
+    PAUSE_LIVE = "pause_live"
+    SUSPEND = "suspend"
+    DESTROY = "destroy"
+    CANARY_FAILED = "canary_failed"
+    RESUME = "resume"
+    RELOAD = "reload"
+    RELOADED = "reloaded"
+    FAULT = "fault"
+
+
+class PGPolicy(enum.Enum):
+    """What a pause does with the role's groups (see the module docstring)."""
+
+    DESTROY = "destroy"
+    DESTROY_DEFERRED = "destroy_deferred"
+    PAUSED_LIVE = "paused_live"
+    SUSPEND = "suspend"
+
+    @property
+    def preserves(self) -> bool:
+        """True for the policies that keep the groups through a pause."""
+        return self in (PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND)
+
+    @property
+    def code(self) -> int:
+        """A small integer naming the policy, so ranks can agree on it with a MIN/MAX reduction."""
+        return list(PGPolicy).index(self)
+
+    @classmethod
+    def from_code(cls, code: int) -> "PGPolicy":
+        return list(cls)[code]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One row of the table: in ``source``, ``event`` leads to ``target``.
+
+    ``guard`` says when the event is taken, ``action`` what is done on the way.
+    """
+
+    source: PGState
+    event: PGEvent
+    target: PGState
+    guard: str
+    action: str
+
+
+_S, _E = PGState, PGEvent
+
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition(_S.ACTIVE, _E.PAUSE_LIVE, _S.PAUSED_LIVE,
+               "policy PAUSED_LIVE; gates pass and preservation ready on every rank (agreed)",
+               "keep groups; pause trainer memory; canary on each group"),
+    Transition(_S.ACTIVE, _E.SUSPEND, _S.SUSPENDED,
+               "policy SUSPEND; gates pass and preservation ready on every rank (agreed)",
+               "ncclCommSuspend each group in name order, agreed per group"),
+    Transition(_S.ACTIVE, _E.DESTROY, _S.DESTROYED,
+               "policy DESTROY or DESTROY_DEFERRED, or preservation not agreed",
+               "destroy each group; DESTROY waits the cooldown inline, others defer it"),
+    Transition(_S.PAUSED_LIVE, _E.CANARY_FAILED, _S.DESTROYED,
+               "canary wrong or late on some rank (agreed)",
+               "abort groups at once; preservation off for the process"),
+    Transition(_S.PAUSED_LIVE, _E.RESUME, _S.ACTIVE,
+               "always", "nothing: the groups are live"),
+    Transition(_S.SUSPENDED, _E.RELOAD, _S.RELOADING,
+               "groups needed (weight sync or training)",
+               "ncclCommResume each group in name order, agreed per group; canary"),
+    Transition(_S.DESTROYED, _E.RELOAD, _S.RELOADING,
+               "groups needed (weight sync or training)",
+               "wait what is left of the cooldown; rebuild each group with its original "
+               "arguments under the next generation's store prefix, agreed per group"),
+    Transition(_S.RELOADING, _E.CANARY_FAILED, _S.DESTROYED,
+               "canary after resume wrong or late on some rank (agreed)",
+               "abort groups; preservation off for the process; a rebuild follows"),
+    Transition(_S.RELOADING, _E.RELOADED, _S.ACTIVE,
+               "every group up on every rank (agreed)", "none"),
+) + tuple(
+    Transition(s, _E.FAULT, _S.FAILED,
+               "an exception or agreement timeout on any rank",
+               "abort groups without delay; preservation off for the process; re-raise")
+    for s in PGState if s is not _S.FAILED
+)
+
+
+class InvalidTransitionError(RuntimeError):
+    """An event was applied in a state where the table has no row for it (a protocol bug)."""
+
+
+_TABLE: dict[tuple[PGState, PGEvent], Transition] = {(t.source, t.event): t for t in TRANSITIONS}
+if len(_TABLE) != len(TRANSITIONS):  # pragma: no cover - guards edits of the table above
+    raise AssertionError("duplicate (state, event) rows in TRANSITIONS")
+
+
+def transition_for(state: PGState, event: PGEvent) -> Transition:
+    """The table row for ``event`` in ``state``; raises :class:`InvalidTransitionError` if none."""
+    try:
+        return _TABLE[(state, event)]
+    except KeyError:
+        allowed = sorted(e.name for (s, e) in _TABLE if s is state)
+        raise InvalidTransitionError(
+            f"event {event.name} is not allowed in state {state.name} (allowed: {', '.join(allowed) or 'none'})"
+        ) from None
+
+
+def next_state(state: PGState, event: PGEvent) -> PGState:
+    """The state ``event`` leads to from ``state``."""
+    return transition_for(state, event).target
+
+
+def events_from(state: PGState) -> list[PGEvent]:
+    """Events the table allows in ``state``."""
+    return [t.event for t in TRANSITIONS if t.source is state]
+
+
+def format_table() -> str:
+    """The table as aligned text, one row per line."""
+    rows = [("from", "event", "to", "guard", "action")]
+    rows += [(t.source.name, t.event.name, t.target.name, t.guard, t.action) for t in TRANSITIONS]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for r in rows:
+        lines.append("  ".join(r[i].ljust(widths[i]) for i in range(3)) + f"  | {r[3]} | {r[4]}")
+    return "\n".join(lines)
+
+
+def mermaid(*, include_fault: bool = False) -> str:
+    """A mermaid ``stateDiagram-v2`` of the table (FAULT rows folded into one note unless asked)."""
+    lines = ["stateDiagram-v2", "    [*] --> ACTIVE"]
+    for t in TRANSITIONS:
+        if t.event is PGEvent.FAULT and not include_fault:
+            continue
+        lines.append(f"    {t.source.name} --> {t.target.name}: {t.event.name}")
+    if not include_fault:
+        lines.append("    note right of FAILED: FAULT from every other state (exception or agreement timeout)")
+    lines.append("    FAILED --> [*]")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "InvalidTransitionError",
+    "PGEvent",
+    "PGPolicy",
+    "PGState",
+    "TRANSITIONS",
+    "Transition",
+    "events_from",
+    "format_table",
+    "mermaid",
+    "next_state",
+    "transition_for",
+]
+
