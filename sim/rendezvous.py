@@ -42,15 +42,29 @@ CREATE_SEQ = -1
 class Arrival:
     """One rank's part in a pending collective."""
 
-    __slots__ = ("rank", "detail", "payload", "future", "corrupt", "timer")
+    __slots__ = ("rank", "detail", "payload", "snapshot", "future", "corrupt", "timer")
 
     def __init__(self, rank: int, detail: str, payload: Any, future: SimFuture, corrupt: bool):
         self.rank = rank
         self.detail = detail
         self.payload = payload
+        # the input as it was at arrival (None when there are no bytes to move): a rank
+        # that times out may free or reuse its buffer before the collective completes
+        self.snapshot = _snapshot(payload)
         self.future = future
         self.corrupt = corrupt
         self.timer: Event | None = None
+
+
+def _input_of(payload: Any) -> Any:
+    return payload[1] if isinstance(payload, tuple) else payload
+
+
+def _snapshot(payload: Any) -> torch.Tensor | None:
+    inp = _input_of(payload)
+    if not isinstance(inp, torch.Tensor) or inp.is_meta:
+        return None
+    return inp.detach().reshape(-1).clone()
 
 
 class Pending:
@@ -182,7 +196,9 @@ class Rendezvous:
     def _complete(self, p: Pending) -> None:
         w = self._world
         arrivals = [a for a in p.arrivals if a is not None]
-        if w.payload_real and p.seq != CREATE_SEQ:
+        # bytes move whenever they exist: real payloads, and real (e.g. control-group)
+        # tensors inside a meta-payload world
+        if p.seq != CREATE_SEQ and all(a.snapshot is not None for a in arrivals):
             _MOVE[p.op](p, arrivals)
             for a in arrivals:
                 if a.corrupt and not a.future.done():
@@ -209,7 +225,7 @@ def _live(arrivals: list[Arrival]) -> list[Arrival]:
 def _move_all_gather(p: Pending, arrivals: list[Arrival]) -> None:
     # payload = (output, input); read every input before writing any output:
     # FSDP-style callers pass an input that is a slice of the output.
-    gathered = torch.cat([a.payload[1].reshape(-1) for a in arrivals])
+    gathered = torch.cat([a.snapshot for a in arrivals])
     for a in _live(arrivals):
         a.payload[0].view(-1).copy_(gathered)
 
@@ -224,22 +240,22 @@ _REDUCE: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 def _move_all_reduce(p: Pending, arrivals: list[Arrival]) -> None:
     # payload = tensor; reduce in group-rank order so every rank gets the same bits
     reduce = _REDUCE[p.signature[3]]
-    acc = arrivals[0].payload.detach().clone()
+    acc = arrivals[0].snapshot.clone()
     for a in arrivals[1:]:
-        reduce(acc, a.payload)
+        reduce(acc, a.snapshot)
     for a in _live(arrivals):
-        a.payload.copy_(acc)
+        a.payload.copy_(acc.view(a.payload.shape))
 
 
 def _move_broadcast(p: Pending, arrivals: list[Arrival]) -> None:
     src = p.signature[3]
-    value = next(a.payload for a in arrivals if a.rank == src).detach().clone()
+    value = next(a.snapshot for a in arrivals if a.rank == src)
     for a in _live(arrivals):
         if a.rank != src:
-            a.payload.copy_(value)
+            a.payload.copy_(value.view(a.payload.shape))
 
 
-def _move_barrier(p: Pending, arrivals: list[Arrival]) -> None:
+def _move_barrier(p: Pending, arrivals: list[Arrival]) -> None:  # noqa: ARG001
     return None
 
 

@@ -253,6 +253,9 @@ class TorchRuntime(Runtime):
         if g.live:
             raise GroupError(f"group {name!r} is live; destroy_group({name!r}) before recreating it")
         spec = replace(g.spec, generation=g.spec.generation + 1)
+        # the generation is used up even if creation fails, so every rank's next
+        # attempt uses the same (fresh) generation, as in the simulator
+        g.spec = spec
         pg = self._create(spec)
         self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg))
         return spec
