@@ -1,0 +1,479 @@
+"""The ``local_dedup`` backend: replicated state costs host memory once per replica group.
+
+Theory of operation
+-------------------
+The store groups tensors into flat layouts keyed by (category, dtype,
+placement key); for this backend the placement key is the entry's
+:class:`~refimpl.store.replica.ReplicaGroup` (``None`` for the ``local`` path,
+see :mod:`refimpl.store.replica`). For a layout of ``numel`` elements whose
+group has N members, member ``i`` owns the balanced slice
+``[i*chunk, min((i+1)*chunk, numel))`` with ``chunk = ceil(numel/N)`` rounded up
+to ``align_bytes`` (:class:`SlicePlan`). Everything past ``numel`` is padding.
+
+* Offload: each member copies only the elements of its slice into a host
+  buffer of exactly that many elements (pinned once, reused every cycle), so
+  host bytes per rank are at most ``ceil(bytes/N)`` plus alignment.
+* Reload: the flat device buffer holds ``N*chunk`` elements (the store asks
+  :meth:`DedupBackend.padded_numel`); each member copies its host slice (H2D)
+  into its own chunk, then one in-place ``all_gather_into_tensor`` per layout,
+  i.e. per (category, dtype, group), rebuilds the other chunks. Bytes come
+  back bitwise.
+* Groups: :func:`~refimpl.store.replica_sync.agree_on_groups` tells every rank
+  every other rank's groups, and every rank creates the union in one sorted
+  order (torch requires all ranks to create every group). Layouts are
+  processed in sorted key order, one global order, so no two ranks wait on
+  each other's groups in opposite orders.
+* Layout agreement (always): before anything moves, each member's layout
+  signature for each group is compared over the group; a mismatch means the
+  replica inference is wrong and the all-gather would splice unrelated
+  bytes, so the offload is refused.
+* Safety check (``verify_replicas``, on by default in debug mode): at every
+  offload each replicated tensor's bytes are hashed on the device
+  (:func:`~refimpl.store.replica_sync.content_digest`) and compared over the
+  group the same way. A wrong inference would otherwise silently overwrite
+  one rank's weights with another's on reload.
+* Either check ends in one ``all_reduce(MAX)`` of a failure code over
+  ``world``, so every rank raises together (nothing has moved yet) instead of
+  some ranks waiting in collectives the others never join.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Hashable, Sequence
+
+import torch
+
+from refimpl.runtime.base import WORLD, CopyKind, ReduceOp, Runtime, gather
+from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend, register_backend
+from refimpl.store.config import StoreConfig
+from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.pool import HostBuffer, PinnedHostPool
+from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
+from refimpl.store.replica_sync import agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree
+
+log = logging.getLogger(__name__)
+
+DEBUG_ENV = "TIMESHARE_DEBUG"
+"""Environment variable that turns on debug mode (and with it ``verify_replicas``)."""
+
+
+def debug_mode() -> bool:
+    """True when :data:`DEBUG_ENV` is set to a true value (1, true, yes, on)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class DedupError(RuntimeError):
+    """Base class of ``local_dedup`` errors."""
+
+
+class ReplicaMismatchError(DedupError):
+    """Tensors resolved as replicated differ across their replica group."""
+
+
+class LayoutMismatchError(DedupError):
+    """Members of a replica group laid out different tensors for the same layout."""
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Options of the ``local_dedup`` backend.
+
+    ``policy``: how entries map to replica groups (data-parallel ranks,
+    overrides). ``align_bytes``: each rank's slice is a multiple of this many
+    bytes. ``verify_replicas``: hash-check replicated tensors at offload;
+    ``None`` means on in debug mode (env ``TIMESHARE_DEBUG=1``).
+    ``local_world_size``: ranks per host, for the multi-host warning; ``None``
+    reads env ``LOCAL_WORLD_SIZE`` (no check when neither is set).
+    ``group_backend``: backend of the replica groups (``None``: runtime default).
+    ``groups``: every replica group of the job, declared up front (e.g.
+    :meth:`MeshTopology.groups_over`); spares the group exchange, and is
+    required on runtimes whose collectives move no data (meta payloads).
+    """
+
+    policy: ReplicaPolicy = field(default_factory=ReplicaPolicy)
+    align_bytes: int = 64
+    verify_replicas: bool | None = None
+    local_world_size: int | None = None
+    group_backend: str | None = None
+    groups: tuple[ReplicaGroup, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.groups is not None:
+            groups = tuple(self.groups)
+            if not all(isinstance(g, ReplicaGroup) for g in groups):
+                raise ValueError("DedupConfig.groups must be ReplicaGroup objects")
+            object.__setattr__(self, "groups", tuple(sorted({g for g in groups if not g.trivial})))
+        if self.align_bytes < 1:
+            raise ValueError(f"DedupConfig.align_bytes must be >= 1, got {self.align_bytes}")
+        if self.local_world_size is not None and self.local_world_size < 1:
+            raise ValueError(f"DedupConfig.local_world_size must be >= 1, got {self.local_world_size}")
+        if not isinstance(self.policy, ReplicaPolicy):
+            raise ValueError(f"DedupConfig.policy must be a ReplicaPolicy, got {type(self.policy).__name__}")
+
+    @property
+    def verify(self) -> bool:
+        """Whether offload hash-checks replicated tensors."""
+        return debug_mode() if self.verify_replicas is None else bool(self.verify_replicas)
+
+    def ranks_per_host(self) -> int | None:
+        """Ranks per host from the config or env ``LOCAL_WORLD_SIZE``; None if unknown."""
+        if self.local_world_size is not None:
+            return self.local_world_size
+        env = os.environ.get("LOCAL_WORLD_SIZE")
+        if env is None:
+            return None
+        try:
+            value = int(env)
+        except ValueError:
+            raise ValueError(f"env LOCAL_WORLD_SIZE={env!r} is not an integer; fix it or set "
+                             "DedupConfig.local_world_size") from None
+        return value if value > 0 else None
+
+
+# --------------------------------------------------------------------------- slices
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """Which elements of a layout of ``numel`` elements member ``index`` of ``group_size`` keeps."""
+
+    numel: int
+    group_size: int
+    index: int
+    chunk: int
+
+    @classmethod
+    def balanced(cls, numel: int, group_size: int, index: int, *, itemsize: int, align_bytes: int = 64) -> "SlicePlan":
+        """Equal chunks of ``ceil(numel/group_size)`` elements, rounded up to ``align_bytes``."""
+        if numel < 0 or group_size < 1 or not 0 <= index < group_size or itemsize < 1:
+            raise ValueError(f"bad slice request: numel={numel} group_size={group_size} index={index} "
+                             f"itemsize={itemsize}")
+        align = math.lcm(align_bytes, itemsize) // itemsize
+        chunk = -(-numel // group_size)
+        chunk = -(-chunk // align) * align if chunk else 0
+        return cls(numel, group_size, index, chunk)
+
+    @property
+    def start(self) -> int:
+        """First layout element of this member's slice (may be >= numel: all padding)."""
+        return min(self.index * self.chunk, self.numel)
+
+    @property
+    def stop(self) -> int:
+        """One past the last real element of the slice."""
+        return min((self.index + 1) * self.chunk, self.numel)
+
+    @property
+    def valid(self) -> int:
+        """Real (non-padding) elements in the slice."""
+        return self.stop - self.start
+
+    @property
+    def padded_numel(self) -> int:
+        """Elements of the device buffer the all-gather fills: ``group_size * chunk``."""
+        return self.group_size * self.chunk
+
+    def overlap(self, offset: int, numel: int) -> tuple[int, int, int] | None:
+        """Part of layout range ``[offset, offset+numel)`` inside the slice.
+
+        Returns ``(offset into the range, offset into the slice, count)`` or
+        ``None`` when they do not overlap.
+        """
+        lo, hi = max(offset, self.start), min(offset + numel, self.stop)
+        if lo >= hi:
+            return None
+        return lo - offset, lo - self.start, hi - lo
+
+
+# --------------------------------------------------------------------------- the backend
+
+_LAYOUT_MISMATCH, _CONTENT_MISMATCH = 1, 2
+
+
+@dataclass(frozen=True)
+class ReplicaShare:
+    """One replicated layout as this rank holds it: the whole layout's bytes and the slice kept here."""
+
+    group: ReplicaGroup
+    layout: str
+    layout_bytes: int
+    host_bytes: int
+
+    @property
+    def fraction(self) -> float:
+        """Host bytes kept here over the layout's bytes (about 1/N)."""
+        return self.host_bytes / self.layout_bytes if self.layout_bytes else 0.0
+
+
+class DedupBackend(StoreBackend):
+    """``local_dedup``: replicated layouts are kept 1/N per member and all-gathered on reload.
+
+    Layouts without a replica group (placement key ``None``) take the
+    ``local`` path through a :class:`LocalBackend`. Options: ``dedup=`` a
+    :class:`DedupConfig`, or its fields as keywords
+    (``OffloadStore(rt, backend="local_dedup", policy=ReplicaPolicy(dp_ranks=...))``).
+    """
+
+    name = "local_dedup"
+
+    def __init__(
+        self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig, *, dedup: DedupConfig | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(runtime, pool, config)
+        if dedup is not None and fields:
+            raise ValueError(f"pass either dedup=DedupConfig(...) or its fields, not both (got {sorted(fields)})")
+        self.dedup = dedup if dedup is not None else DedupConfig(**fields)
+        self._local = LocalBackend(runtime, pool, config)
+        self._held: dict[LayoutKey, HostBuffer | None] = {}
+        self._plans: dict[LayoutKey, SlicePlan] = {}
+        self._layout_bytes: dict[LayoutKey, int] = {}
+        self._groups: list[ReplicaGroup] = []  # agreed and created, sorted; identical on every rank
+        self._signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._declared = frozenset(self.dedup.groups or ())
+        #: offloads whose replicated tensors were hash-checked (verify_replicas)
+        self.verified_offloads = 0
+
+    # ---- layout keys --------------------------------------------------------
+
+    def placement_key(self, entry: StorageEntry) -> Hashable | None:
+        """The entry's replica group (``None``, the local path, for groups of one rank)."""
+        tensor = entry.dtensor
+        if tensor is None and entry.refs:
+            tensor = entry.refs[0].live()
+        group = self.dedup.policy.resolve(tensor, self.rt.rank, name=entry.name, category=entry.kind)
+        if group is None or group.trivial:
+            return None
+        declared = self.dedup.groups
+        if declared is not None and group not in self._declared:
+            raise DedupError(
+                f"{entry.name}: resolved replica group {group.ranks} is not among DedupConfig.groups "
+                f"{[g.ranks for g in declared]}; declare every group of the job, or leave groups=None"
+            )
+        return group
+
+    def _plan(self, key: LayoutKey, numel: int) -> SlicePlan:
+        group: ReplicaGroup = key.placement  # type: ignore[assignment]
+        return SlicePlan.balanced(numel, group.size, group.index_of(self.rt.rank), itemsize=key.dtype.itemsize,
+                                  align_bytes=self.dedup.align_bytes)
+
+    def _layout_plan(self, layout: FlatLayout) -> SlicePlan:
+        """The plan of a padded layout: chunks of ``numel / N``; real data ends at ``data_numel``."""
+        group: ReplicaGroup = layout.key.placement  # type: ignore[assignment]
+        if layout.numel % group.size or layout.numel < self._plan(layout.key, layout.data_numel).padded_numel:
+            raise DedupError(f"layout {layout.key.label()} has {layout.numel} elements, not padded for a group "
+                             f"of {group.size}; the store must apply StoreBackend.padded_numel")
+        return SlicePlan(layout.data_numel, group.size, group.index_of(self.rt.rank), layout.numel // group.size)
+
+    def padded_numel(self, key: LayoutKey, numel: int) -> int:
+        """Replicated layouts grow to ``N * chunk`` elements so the all-gather fills them exactly."""
+        if not isinstance(key.placement, ReplicaGroup):
+            return numel
+        return self._plan(key, numel).padded_numel
+
+    # ---- offload ------------------------------------------------------------
+
+    async def prepare(self, layouts: Sequence[FlatLayout]) -> None:
+        """Create replica groups, then check layouts (and, with ``verify``, contents) agree per group."""
+        grouped = [lay for lay in layouts if isinstance(lay.key.placement, ReplicaGroup)]
+        await self._ensure_groups({lay.key.placement for lay in grouped})
+        await self._check(grouped)
+
+    async def _ensure_groups(self, mine: set) -> None:
+        rt = self.rt
+        if self.dedup.groups is not None:
+            wanted = list(self.dedup.groups)
+        else:
+            new = [g for g in mine if g not in self._groups]
+            if rt.device.type == "meta":
+                raise DedupError(
+                    "local_dedup on a runtime whose collectives move no data (meta payloads) cannot exchange "
+                    "replica groups between ranks; declare them with DedupConfig(groups=...) "
+                    "(e.g. MeshTopology.groups_over(['ddp']))"
+                )
+            found = await agree_on_groups(rt, new)
+            wanted = sorted(set(self._groups) | set(found))
+        if wanted != self._groups:
+            await ensure_groups(rt, [g for g in wanted if g not in self._groups], self.dedup)
+            self._groups = wanted
+            log.info("rank %d: local_dedup replica groups %s", rt.rank, [str(g) for g in wanted])
+
+    async def _check(self, grouped: Sequence[FlatLayout]) -> None:
+        """Per member group: layout signatures (always) and content hashes (``verify``) agree; else raise."""
+        rt = self.rt
+        meta = rt.device.type == "meta"
+        by_group: dict[ReplicaGroup, list[FlatLayout]] = {}
+        for lay in grouped:
+            by_group.setdefault(lay.key.placement, []).append(lay)  # type: ignore[arg-type]
+        problems: list[str] = []
+        code = 0
+        verify = self.dedup.verify
+        for g in self._groups:  # every member takes part, with or without layouts of its own
+            if rt.rank not in g.ranks:
+                continue
+            lays = by_group.get(g, [])
+            sig = torch.tensor(layout_signature(lays, self._signatures), dtype=torch.int64)
+            same = await members_agree(rt, sig, g.name)
+            if same is False:
+                code = max(code, _LAYOUT_MISMATCH)
+                problems.append(
+                    f"replica group {g}: members laid out different tensors ({sum(len(x.entries) for x in lays)} "
+                    f"storages in {[x.key.label() for x in lays]} here). The replica inference is wrong for this "
+                    f"model; fix the layout or set an override (ReplicaPolicy(overrides=...))"
+                )
+                continue
+            entries = [e for x in lays for e in x.entries]
+            if verify and entries:  # equal signatures: every member has as many entries
+                digests = content_digest([e.base for e in entries], device=rt.device)
+                equal = await members_agree(rt, digests, g.name, elementwise=True)
+                if equal is not None and not all(equal):
+                    bad = [entries[i // 2].name for i, ok in enumerate(equal) if not ok][:5]
+                    code = max(code, _CONTENT_MISMATCH)
+                    problems.append(f"replica group {g}: tensors {sorted(set(bad))} differ between members")
+        if verify:
+            self.verified_offloads += 1
+        flag = rt.alloc_device(1, torch.int64, tag="dedup.flag")
+        flag.fill_(code)
+        await rt.all_reduce(flag, ReduceOp.MAX, WORLD)
+        worst = 0 if meta else int(flag.item())
+        if worst:
+            err = LayoutMismatchError if worst == _LAYOUT_MISMATCH else ReplicaMismatchError
+            detail = "; ".join(problems) if problems else "a replica group of other ranks failed the check"
+            raise err(f"rank {rt.rank}: local_dedup refused to offload (nothing moved): {detail}. A wrong replica "
+                      f"inference would overwrite one rank's state with another's on reload.")
+
+    async def offload(self, layout: FlatLayout, source: LayoutSource) -> Awaitable[None]:
+        """Copy this rank's slice of a replicated layout (the whole layout on the local path)."""
+        key = layout.key
+        if not isinstance(key.placement, ReplicaGroup):
+            return await self._local.offload(layout, source)
+        plan = self._layout_plan(layout)
+        self._plans[key] = plan
+        self._layout_bytes[key] = layout.data_nbytes
+        if plan.valid == 0:
+            self._drop(key)
+            self._held[key] = None
+            return gather()
+        host = self.pool.acquire(key, layout.dtype, self._segments(plan.valid, layout.dtype))
+        self._held[key] = host
+        try:
+            completions = await source.copy_to_host(host, plan.start, plan.stop)
+        except BaseException:
+            if getattr(host, "failed", False):  # a buffer that failed to pin is not kept
+                self._held.pop(key, None)
+                self.pool.free(key)
+            raise
+        return gather(*completions)
+
+    def reserve(self, layout: FlatLayout) -> None:
+        """Pin the host memory the layout's next offload needs (this rank's slice only)."""
+        if not isinstance(layout.key.placement, ReplicaGroup):
+            self._local.reserve(layout)
+            return
+        plan = self._layout_plan(layout)
+        if plan.valid:
+            self._held[layout.key] = self.pool.acquire(layout.key, layout.dtype,
+                                                       self._segments(plan.valid, layout.dtype))
+
+    def _segments(self, numel: int, dtype: torch.dtype) -> tuple[int, ...]:
+        step = max(1, self.config.segment_bytes // dtype.itemsize)
+        return tuple(min(step, numel - a) for a in range(0, numel, step))
+
+    # ---- reload -------------------------------------------------------------
+
+    async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
+        """H2D of this rank's slice into its chunk, then one in-place all-gather over the group."""
+        key = layout.key
+        await self._revive_groups()
+        if not isinstance(key.placement, ReplicaGroup):
+            return await self._local.reload(layout, device_flat)
+        plan = self._plans.get(key)
+        if plan is None or key not in self._held:
+            raise DedupError(f"local_dedup holds no slice of layout {key.label()}; it was never offloaded here")
+        if device_flat.numel() != plan.padded_numel:
+            raise DedupError(f"layout {key.label()}: device buffer has {device_flat.numel()} elements, the "
+                             f"all-gather needs {plan.padded_numel} (padded_numel was not applied)")
+        lo = plan.index * plan.chunk
+        mine = device_flat[lo:lo + plan.chunk]
+        host = self._held[key]
+        completions = []
+        if host is not None:
+            completions = [self.rt.copy_async(mine[a:b], host.segment(i), CopyKind.H2D)
+                           for i, (a, b) in enumerate(host.ranges()) if b > a]
+        if plan.valid < plan.chunk:
+            mine[plan.valid:].zero_()
+        return self._gather(completions, device_flat, mine, key.placement)
+
+    async def _gather(self, completions: list, device_flat: torch.Tensor, mine: torch.Tensor,
+                      group: ReplicaGroup) -> None:
+        with self.rt.span("dedup.h2d"):
+            for c in completions:
+                await c
+        await self.rt.point("dedup.reload.all_gather")
+        with self.rt.span("dedup.all_gather"):
+            await self.rt.all_gather_into_tensor(device_flat, mine, group.name)
+
+    async def _revive_groups(self) -> None:
+        """Recreate agreed replica groups someone destroyed (all ranks, sorted order)."""
+        for g in self._groups:
+            if not self.rt.group_live(g.name):
+                await self.rt.recreate_group(g.name)
+
+    # ---- host memory --------------------------------------------------------
+
+    def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
+        """Local layouts: a view of the pinned buffer. Replicated ones: None (only a slice is here)."""
+        if isinstance(layout.key.placement, ReplicaGroup):
+            return None
+        return self._local.host_view(layout, start, stop)
+
+    def host_bytes(self) -> int:
+        """Bytes of every host buffer held (local layouts whole, replicated ones as slices)."""
+        return self._local.host_bytes() + sum(h.nbytes for h in self._held.values() if h is not None)
+
+    def shares(self) -> list[ReplicaShare]:
+        """Per replicated layout: its bytes and the bytes kept on this rank (about 1/N)."""
+        out = []
+        for key in sorted(self._held, key=LayoutKey.sort_key):
+            h = self._held[key]
+            out.append(ReplicaShare(key.placement, key.label(), self._layout_bytes.get(key, 0),
+                                    0 if h is None else h.nbytes))
+        return out
+
+    def _drop(self, key: LayoutKey) -> None:
+        if self._held.pop(key, None) is not None:
+            self.pool.free(key)
+
+    def discard(self, layout: FlatLayout) -> None:
+        """Forget the layout's host copy."""
+        if isinstance(layout.key.placement, ReplicaGroup):
+            self._drop(layout.key)
+            self._plans.pop(layout.key, None)
+        else:
+            self._local.discard(layout)
+
+    def close(self) -> None:
+        """Free every host buffer."""
+        for key in list(self._held):
+            self._drop(key)
+        self._local.close()
+
+
+register_backend("local_dedup", lambda runtime, pool, config, **options: DedupBackend(runtime, pool, config, **options))
+
+
+__all__ = [
+    "DEBUG_ENV",
+    "DedupBackend",
+    "DedupConfig",
+    "DedupError",
+    "LayoutMismatchError",
+    "ReplicaMismatchError",
+    "ReplicaShare",
+    "SlicePlan",
+    "debug_mode",
+]
