@@ -1,0 +1,180 @@
+"""Collective and communicator costs from a topology, in nccl-tests' bus-bandwidth terms.
+
+Collectives (:class:`TopologyCollectiveCost`, a :class:`sim.models.CollectiveCost`)
+-------------------------------------------------------------------------------
+nccl-tests reports, for a collective of *size* ``S`` bytes taking ``t`` seconds,
+``algbw = S / t`` and ``busbw = algbw * f(n)`` with ``f = 2(n-1)/n`` for
+all_reduce, ``(n-1)/n`` for all_gather (``S`` is the output), ``1`` for
+broadcast. busbw is what a ring moves over its slowest link, so it is
+comparable across ``n``. The model inverts that, alpha-beta style::
+
+    t = latency + f(n) * S / B
+
+* ``B``, the bus bandwidth of the group, is the slowest hop of the ring over
+  the group's ranks in rank order, each hop's bottleneck bandwidth
+  (:meth:`sim.topology.Topology.p2p`) times NCCL's efficiency on that link
+  kind (the preset's ``collective.efficiency``, from nccl-tests figures and
+  NCCL's topology constants).
+* ``latency`` is the smaller of a ring (``ring_base + steps * ring_step``,
+  with ``2(n-1)`` steps for all_reduce and ``n-1`` for all_gather/broadcast)
+  and, for groups that span nodes, a tree (``tree_base + 2 ceil(log2 n) *
+  tree_step`` for all_reduce, half that for broadcast); the step latency is
+  the one of the slowest link kind the ring crosses (NCCL's tuning tables).
+
+A barrier is timed as a one-element all_reduce (what torch does on NCCL).
+
+Communicators (:class:`NcclComm`, a :class:`sim.models.CommModel`)
+------------------------------------------------------------------
+Memory and lifecycle times come from the preset's ``comm`` section. torch
+creates NCCL communicators lazily, at the first collective of a (re)built
+group: creating the group costs ``create_group``; the first collective costs
+``init`` more (:meth:`NcclComm.first_use`), and destroying a group costs
+``destroy`` if its communicator was initialised, ``destroy_uninitialized``
+if not. Gloo groups hold no device memory.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from refimpl.runtime.base import CommMemory, GroupSpec
+from sim.presets import LinkKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.topology import Topology
+
+log = logging.getLogger(__name__)
+
+#: nccl-tests busbw factor per collective (``busbw = algbw * factor``)
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+_RING_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "all_gather": lambda n: n - 1,
+    "reduce_scatter": lambda n: n - 1,
+    "broadcast": lambda n: n - 1,
+}
+_TREE_STEPS = {"all_reduce": lambda n: 2 * math.ceil(math.log2(n)), "broadcast": lambda n: math.ceil(math.log2(n))}
+
+
+class CollectiveCostError(ValueError):
+    """A collective cost was asked for something the model does not know."""
+
+
+class TopologyCollectiveCost:
+    """Ring/tree alpha-beta costs of collectives over a topology (see the module docstring)."""
+
+    def __init__(self, topology: "Topology"):
+        self.topology = topology
+        self.params = topology.collective
+        self._bus: dict[tuple[int, ...], tuple[float, LinkKind, bool]] = {}
+
+    def bus(self, ranks: tuple[int, ...]) -> tuple[float, LinkKind, bool]:
+        """``(bus bandwidth B in bytes/s, bottleneck link kind, spans nodes)`` of a ring over ``ranks``."""
+        hit = self._bus.get(ranks)
+        if hit is not None:
+            return hit
+        topo, eff = self.topology, self.params.efficiency
+        best, kind = math.inf, LinkKind.NVLINK
+        order = sorted(ranks)
+        nodes = {topo.node_of(r) for r in order}
+        for a, b in zip(order, order[1:] + order[:1]):
+            bw, k = topo.p2p(a, b)
+            bw *= eff[k]
+            if bw < best:
+                best, kind = bw, k
+        out = (best, kind, len(nodes) > 1)
+        self._bus[ranks] = out
+        return out
+
+    def latency(self, op: str, ranks: tuple[int, ...]) -> float:
+        """Latency part of the cost: the better of ring and (across nodes) tree."""
+        n = len(ranks)
+        _, kind, multi = self.bus(ranks)
+        p = self.params
+        step_kind = LinkKind.NETWORK if multi else kind
+        ring = p.ring_base_s + _RING_STEPS[op](n) * p.ring_step_s[step_kind]
+        if multi and op in _TREE_STEPS:
+            return min(ring, p.tree_base_s + _TREE_STEPS[op](n) * p.tree_step_s[step_kind])
+        return ring
+
+    def time(self, op: str, ranks: tuple[int, ...], nbytes: int) -> float:
+        """Seconds the collective takes once every member arrived (``nbytes``: nccl-tests size)."""
+        n = len(ranks)
+        if n <= 1:
+            return 0.0
+        if op == "barrier":
+            op, nbytes = "all_reduce", 4
+        if op not in BUS_FACTOR:
+            raise CollectiveCostError(f"unknown collective {op!r}; known: {sorted(BUS_FACTOR)} and 'barrier'")
+        bus, _, _ = self.bus(tuple(ranks))
+        return self.latency(op, tuple(ranks)) + BUS_FACTOR[op](n) * nbytes / bus
+
+    def busbw(self, op: str, ranks: tuple[int, ...], nbytes: int) -> float:
+        """The busbw nccl-tests would print for this collective under this model (bytes/s)."""
+        n = len(ranks)
+        return nbytes / self.time(op, ranks, nbytes) * BUS_FACTOR[op](n)
+
+
+class NcclComm:
+    """Communicator memory and lifecycle times from a preset's ``comm`` section (see module docstring).
+
+    Args:
+        topology: where the ``comm`` parameters come from.
+        lazy_init: True (torch's default) charges ``init`` at a group's first
+            collective via :meth:`first_use`; False charges it at creation.
+    """
+
+    def __init__(self, topology: "Topology", *, lazy_init: bool = True):
+        self.params = topology.comm
+        self.lazy_init = lazy_init
+        self._initialized: dict[tuple[str, int], None] = {}
+
+    def memory(self, spec: GroupSpec, rank: int) -> CommMemory:
+        """Device bytes a live communicator of ``spec`` holds on ``rank``."""
+        if spec.backend != "nccl":
+            return CommMemory()
+        return CommMemory(suspendable=self.params.memory_bytes, persistent=self.params.persistent_bytes)
+
+    def create_time(self, spec: GroupSpec) -> float:
+        """Seconds from the last member's arrival to a usable group."""
+        if spec.backend != "nccl":
+            return self.params.create_group_s
+        if self.lazy_init:
+            return self.params.create_group_s
+        self._initialized[(spec.name, spec.generation)] = None
+        return self.params.create_group_s + self.params.init_s
+
+    def first_use(self, spec: GroupSpec) -> float:
+        """Seconds the first collective of this group generation adds (lazy NCCL init); 0 afterwards."""
+        key = (spec.name, spec.generation)
+        if spec.backend == "gloo" or key in self._initialized:
+            return 0.0
+        self._initialized[key] = None
+        return self.params.init_s
+
+    def initialized(self, spec: GroupSpec) -> bool:
+        """True once this group generation's communicator exists (a collective ran, or eager init)."""
+        return (spec.name, spec.generation) in self._initialized
+
+    def destroy_time(self, spec: GroupSpec) -> float:
+        """Seconds one rank spends destroying its communicator."""
+        if spec.backend == "nccl" and self.initialized(spec):
+            return self.params.destroy_s
+        return self.params.destroy_uninitialized_s
+
+    def suspend_time(self, spec: GroupSpec) -> float:
+        """Seconds ``ncclCommSuspend`` takes on one rank."""
+        return self.params.suspend_s
+
+    def resume_time(self, spec: GroupSpec) -> float:
+        """Seconds ``ncclCommResume`` takes on one rank."""
+        return self.params.resume_s
+
+
+__all__ = ["BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]

@@ -1,0 +1,304 @@
+"""Built-in presets: machine descriptions and example scenarios, and how their numbers are read.
+
+A preset's physical numbers live in its ``constants`` table, each with a
+``value``, a ``unit`` and a ``source`` that says where it came from (measured on
+the H200 test machine, a datasheet, a paper, NCCL's own tuning tables, or an
+assumption said as such). The rest of the preset names constants instead of
+writing numbers, so :class:`ConstantTable.ref` is the only way a figure gets in,
+and it refuses a bare number.
+
+This module reads those tables and the three parameter sections of a preset
+(``copy``, ``collective``, ``comm``); :mod:`sim.topology` reads the graph part.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+PRESET_DIR = Path(__file__).parent
+SCENARIO_DIR = PRESET_DIR / "scenarios"
+
+
+class PresetError(ValueError):
+    """A preset (or a topology given inline) is invalid; the message names the field."""
+
+
+class LinkKind(enum.Enum):
+    """What an edge of the topology graph is; collective efficiencies are per kind."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    MEMORY_BUS = "memory_bus"
+    INTER_SOCKET = "inter_socket"
+    NETWORK = "network"
+
+
+# unit -> (dimension, factor to SI base: bytes, bytes/s, seconds, seconds per byte, 1)
+UNITS: dict[str, tuple[str, float]] = {
+    "B": ("bytes", 1.0),
+    "KiB": ("bytes", 2.0**10),
+    "MiB": ("bytes", 2.0**20),
+    "GiB": ("bytes", 2.0**30),
+    "TiB": ("bytes", 2.0**40),
+    "KB": ("bytes", 1e3),
+    "MB": ("bytes", 1e6),
+    "GB": ("bytes", 1e9),
+    "TB": ("bytes", 1e12),
+    "MB/s": ("bandwidth", 1e6),
+    "GB/s": ("bandwidth", 1e9),
+    "TB/s": ("bandwidth", 1e12),
+    "Gb/s": ("bandwidth", 1e9 / 8),
+    "s": ("time", 1.0),
+    "ms": ("time", 1e-3),
+    "us": ("time", 1e-6),
+    "s/GiB": ("time_per_byte", 1.0 / 2.0**30),
+    "1": ("ratio", 1.0),
+}
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A physical number with its unit and where it came from. ``value`` is in SI base units."""
+
+    name: str
+    value: float
+    unit: str
+    source: str
+
+    @property
+    def dimension(self) -> str:
+        """What the unit measures: bytes, bandwidth, time, time_per_byte or ratio."""
+        return UNITS[self.unit][0]
+
+    @property
+    def as_written(self) -> float:
+        """The value in the unit the preset wrote it in."""
+        return self.value / UNITS[self.unit][1]
+
+
+class ConstantTable:
+    """The ``constants`` of a preset, validated: every entry has a value, a unit and a source."""
+
+    def __init__(self, raw: Any, where: str):
+        if not isinstance(raw, Mapping) or not raw:
+            raise PresetError(f"{where}: expected an object of named constants")
+        self.where = where
+        self.by_name: dict[str, Constant] = {}
+        for name, c in raw.items():
+            w = f"{where}.{name}"
+            if not isinstance(c, Mapping):
+                raise PresetError(f"{w}: expected {{value, unit, source}}")
+            for k in c:
+                if k not in ("value", "unit", "source"):
+                    raise PresetError(f"{w}.{k}: unknown field (expected value, unit, source)")
+            val, unit, source = c.get("value"), c.get("unit"), c.get("source")
+            if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val) or val < 0:
+                raise PresetError(f"{w}.value: expected a finite non-negative number, got {val!r}")
+            if unit not in UNITS:
+                raise PresetError(f"{w}.unit: {unit!r} is not one of {sorted(UNITS)}")
+            if not isinstance(source, str) or len(source.strip()) < 8:
+                raise PresetError(
+                    f"{w}.source: every constant must say where it came from (measured, datasheet, paper, assumption)"
+                )
+            self.by_name[name] = Constant(name, float(val) * UNITS[unit][1], unit, source)
+
+    def ref(self, val: Any, where: str, dimension: str) -> float:
+        """The SI value of the constant named ``val``; refuses bare numbers and wrong dimensions."""
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            raise PresetError(f"{where}: bare number {val!r}; name a constant instead, so the figure has a unit and a source")
+        if not isinstance(val, str) or val not in self.by_name:
+            raise PresetError(f"{where}: {val!r} is not a constant of this topology (known: {sorted(self.by_name)})")
+        c = self.by_name[val]
+        if c.dimension != dimension:
+            raise PresetError(f"{where}: constant {val!r} is in {c.unit} ({c.dimension}), expected a {dimension}")
+        return c.value
+
+    def per_kind(self, raw: Any, where: str, dimension: str) -> dict[LinkKind, float]:
+        """A table of link kind -> constant name, resolved."""
+        if not isinstance(raw, Mapping):
+            raise PresetError(f"{where}: expected an object of link kind -> constant name")
+        out: dict[LinkKind, float] = {}
+        for k, v in raw.items():
+            try:
+                lk = LinkKind(k)
+            except ValueError:
+                raise PresetError(f"{where}.{k}: not a link kind {[x.value for x in LinkKind]}") from None
+            out[lk] = self.ref(v, f"{where}.{k}", dimension)
+        return out
+
+
+def section(raw: Any, where: str, required: Iterable[str]) -> Mapping[str, Any]:
+    """Check that ``raw`` is an object with exactly the ``required`` keys."""
+    required = tuple(required)
+    if not isinstance(raw, Mapping):
+        raise PresetError(f"{where}: missing or not an object (needs {list(required)})")
+    for k in required:
+        if k not in raw:
+            raise PresetError(f"{where}.{k}: required")
+    for k in raw:
+        if k not in required:
+            raise PresetError(f"{where}.{k}: unknown field (expected {list(required)})")
+    return raw
+
+
+# --------------------------------------------------------------------------- parameter sections
+
+
+@dataclass(frozen=True)
+class CopyParams:
+    """Costs of copies and pinning on one GPU (the preset's ``copy`` section)."""
+
+    latency_s: float
+    pin_s_per_byte: float
+
+
+def parse_copy(raw: Any, where: str, table: ConstantTable) -> CopyParams:
+    """Read a ``copy`` section: ``latency`` per copy and ``pin_rate`` (cudaHostRegister time per byte)."""
+    raw = section(raw, where, ("latency", "pin_rate"))
+    return CopyParams(
+        latency_s=table.ref(raw["latency"], f"{where}.latency", "time"),
+        pin_s_per_byte=table.ref(raw["pin_rate"], f"{where}.pin_rate", "time_per_byte"),
+    )
+
+
+@dataclass(frozen=True)
+class CollectiveParams:
+    """Collective cost parameters (the preset's ``collective`` section).
+
+    ``efficiency[kind]`` is the fraction of a link's line rate that NCCL reaches
+    as bus bandwidth on it (nccl-tests convention). ``ring_base_s`` and
+    ``tree_base_s`` are the fixed latencies of one collective,
+    ``ring_step_s[kind]`` and ``tree_step_s[kind]`` the latency of one algorithm
+    step over a link of that kind (NCCL's own tuning tables).
+    """
+
+    efficiency: Mapping[LinkKind, float]
+    ring_base_s: float
+    tree_base_s: float
+    ring_step_s: Mapping[LinkKind, float]
+    tree_step_s: Mapping[LinkKind, float]
+
+
+def parse_collective(raw: Any, where: str, table: ConstantTable, kinds_used: set[LinkKind]) -> CollectiveParams:
+    """Read a ``collective`` section; every link kind a collective can cross needs an entry."""
+    raw = section(raw, where, ("efficiency", "ring_base", "tree_base", "ring_step", "tree_step"))
+    eff = table.per_kind(raw["efficiency"], f"{where}.efficiency", "ratio")
+    for k, v in eff.items():
+        if not 0 < v <= 1:
+            raise PresetError(f"{where}.efficiency.{k.value}: must be in (0, 1], got {v}")
+    ring = table.per_kind(raw["ring_step"], f"{where}.ring_step", "time")
+    tree = table.per_kind(raw["tree_step"], f"{where}.tree_step", "time")
+    needed = kinds_used - {LinkKind.MEMORY_BUS, LinkKind.INTER_SOCKET}
+    for tab, name in ((eff, "efficiency"), (ring, "ring_step"), (tree, "tree_step")):
+        missing = needed - set(tab)
+        if missing:
+            raise PresetError(f"{where}.{name}: no entry for link kinds {sorted(k.value for k in missing)} used by this topology")
+    return CollectiveParams(
+        efficiency=eff,
+        ring_base_s=table.ref(raw["ring_base"], f"{where}.ring_base", "time"),
+        tree_base_s=table.ref(raw["tree_base"], f"{where}.tree_base", "time"),
+        ring_step_s=ring,
+        tree_step_s=tree,
+    )
+
+
+@dataclass(frozen=True)
+class CommParams:
+    """NCCL communicator costs on this machine (the preset's ``comm`` section).
+
+    ``init_s`` is paid at the first collective of a (re)built group (torch
+    creates NCCL communicators lazily); ``destroy_s`` when a group whose
+    communicator was initialised is destroyed, ``destroy_uninitialized_s``
+    otherwise; ``create_group_s`` is the process-group object itself.
+    """
+
+    memory_bytes: int
+    persistent_bytes: int
+    suspend_s: float
+    resume_s: float
+    init_s: float
+    destroy_s: float
+    destroy_uninitialized_s: float
+    create_group_s: float
+
+
+_COMM_FIELDS = {
+    "memory": "bytes",
+    "persistent": "bytes",
+    "suspend": "time",
+    "resume": "time",
+    "init": "time",
+    "destroy": "time",
+    "destroy_uninitialized": "time",
+    "create_group": "time",
+}
+
+
+def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
+    """Read a ``comm`` section (communicator memory and lifecycle costs)."""
+    raw = section(raw, where, _COMM_FIELDS)
+    v = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_FIELDS.items()}
+    return CommParams(
+        memory_bytes=int(v["memory"]),
+        persistent_bytes=int(v["persistent"]),
+        suspend_s=v["suspend"],
+        resume_s=v["resume"],
+        init_s=v["init"],
+        destroy_s=v["destroy"],
+        destroy_uninitialized_s=v["destroy_uninitialized"],
+        create_group_s=v["create_group"],
+    )
+
+
+# --------------------------------------------------------------------------- files
+
+
+def list_presets() -> list[str]:
+    """Names of the built-in topology presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_preset_data(name: str) -> dict[str, Any]:
+    """The raw JSON of a built-in topology preset."""
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        raise PresetError(f"unknown topology preset {name!r}; built-in presets: {list_presets()}")
+    return json.loads(path.read_text())
+
+
+def list_scenarios() -> list[str]:
+    """Names of the example scenarios shipped under ``sim/presets/scenarios``."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
+
+
+def scenario_path(name: str) -> Path:
+    """Path of a shipped example scenario."""
+    path = SCENARIO_DIR / f"{name}.json"
+    if not path.is_file():
+        raise PresetError(f"unknown example scenario {name!r}; shipped scenarios: {list_scenarios()}")
+    return path
+
+
+__all__ = [
+    "CollectiveParams",
+    "CommParams",
+    "Constant",
+    "ConstantTable",
+    "CopyParams",
+    "LinkKind",
+    "PRESET_DIR",
+    "PresetError",
+    "SCENARIO_DIR",
+    "UNITS",
+    "list_presets",
+    "list_scenarios",
+    "load_preset_data",
+    "parse_collective",
+    "parse_comm",
+    "parse_copy",
+    "scenario_path",
+]

@@ -1,0 +1,82 @@
+"""Collective costs in nccl-tests' bus-bandwidth terms, checked against published nccl-tests figures."""
+import pytest
+
+from refimpl.runtime.base import GroupSpec
+from sim.collectives import BUS_FACTOR, CollectiveCostError, NcclComm, TopologyCollectiveCost
+from sim.topology import LinkKind, Topology
+
+GB = 1e9
+
+
+def _cost(preset, nodes=None):
+    return TopologyCollectiveCost(Topology.from_preset(preset, nodes=nodes) if nodes else Topology.from_preset(preset))
+
+
+def test_8xh200_all_reduce_busbw_matches_nccl_tests_with_nvls_off():
+    """368.76 GB/s: all_reduce_perf on an 8-GPU HGX H100/H200 node, NVLS off (NVIDIA/nccl-tests#309);
+    ~370 GB/s per NVIDIA (nccl-tests#212, nccl#2140)."""
+    c = _cost("hgx-h200-8x")
+    ranks = tuple(range(8))
+    busbw = c.busbw("all_reduce", ranks, 4 << 30)
+    assert busbw == pytest.approx(368.76 * GB, rel=0.10)
+    assert c.busbw("all_gather", ranks, 4 << 30) == pytest.approx(370 * GB, rel=0.10)
+
+
+def test_two_hgx_nodes_ring_busbw_matches_published_ring_figures():
+    """~48 GB/s per 400 Gb/s CX7 NIC, up to ~396 GB/s ring busbw on 2 nodes (NVIDIA/nccl-tests#319)."""
+    c = _cost("hgx-h200-8x-ib", nodes=2)
+    busbw = c.busbw("all_reduce", tuple(range(16)), 8 << 30)
+    assert busbw == pytest.approx(396 * GB, rel=0.10)
+
+
+def test_a6000_bridged_pairs_run_at_nccls_nvlink_rate_and_the_4_gpu_ring_at_pcie_rate():
+    """No published nccl-tests figure for bridged A6000s was found; NCCL's own topology model
+    (src/graph/topo.h) says 4 x 12 GB/s for an SM86 NVLink bridge and 24 GB/s for PCIe Gen4 x16."""
+    c = _cost("a6000-4x-nvlink")
+    assert c.busbw("all_reduce", (0, 1), 1 << 30) == pytest.approx(48 * GB, rel=0.02)
+    assert c.busbw("all_reduce", (0, 2), 1 << 30) == pytest.approx(24 * GB, rel=0.02)
+    assert c.busbw("all_reduce", (0, 1, 2, 3), 1 << 30) == pytest.approx(24 * GB, rel=0.02)
+
+
+def test_alpha_beta_shape():
+    c = _cost("hgx-h200-8x")
+    ranks = tuple(range(8))
+    p = c.params
+    small = c.time("all_reduce", ranks, 8)
+    assert small == pytest.approx(p.ring_base_s + 14 * 0.47e-6, rel=0.01)  # 2(n-1) NVLink steps, NCCL's LL table
+    big = c.time("all_reduce", ranks, 1 << 30)
+    assert big == pytest.approx(small + BUS_FACTOR["all_reduce"](8) * (1 << 30) / (450 * GB * 0.824), rel=1e-3)
+    assert c.time("all_reduce", (3,), 1 << 30) == 0.0
+    assert c.time("barrier", ranks, 0) == c.time("all_reduce", ranks, 4)
+    assert c.time("broadcast", ranks, 1 << 30) < c.time("all_reduce", ranks, 1 << 30)
+    with pytest.raises(CollectiveCostError, match="unknown collective 'alltoall'"):
+        c.time("alltoall", ranks, 8)
+
+
+def test_groups_across_nodes_use_the_tree_when_its_latency_is_lower():
+    c = _cost("hgx-h200-8x-ib", nodes=4)
+    ranks = tuple(range(32))
+    p = c.params
+    net = LinkKind.NETWORK  # a ring across nodes steps at the network's latency
+    ring = p.ring_base_s + 62 * p.ring_step_s[net]
+    tree = p.tree_base_s + 2 * 5 * p.tree_step_s[net]
+    assert c.latency("all_reduce", ranks) == pytest.approx(min(ring, tree))
+    assert tree < ring
+
+
+def test_nccl_communicators_are_initialised_lazily_and_destroyed_at_the_matching_cost():
+    topo = Topology.from_preset("a6000-4x-nvlink")
+    comm = NcclComm(topo)
+    spec = GroupSpec("tp0", (0, 1), backend="nccl")
+    assert comm.create_time(spec) == pytest.approx(topo.comm.create_group_s)
+    assert comm.destroy_time(spec) == pytest.approx(topo.comm.destroy_uninitialized_s)
+    assert comm.first_use(spec) == pytest.approx(topo.comm.init_s)
+    assert comm.first_use(spec) == 0.0
+    assert comm.destroy_time(spec) == pytest.approx(topo.comm.destroy_s)
+    rebuilt = GroupSpec("tp0", (0, 1), backend="nccl", generation=1)
+    assert comm.destroy_time(rebuilt) == pytest.approx(topo.comm.destroy_uninitialized_s)
+    assert comm.memory(spec, 0).suspendable == 384 << 20
+    assert comm.memory(GroupSpec("ctl", (0, 1), backend="gloo"), 0).suspendable == 0
+    eager = NcclComm(topo, lazy_init=False)
+    assert eager.create_time(spec) == pytest.approx(topo.comm.create_group_s + topo.comm.init_s)
+    assert eager.first_use(spec) == 0.0

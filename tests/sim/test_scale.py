@@ -1,0 +1,43 @@
+"""1,024 simulated ranks: one RL step with the offload store and the lifecycle completes and is right.
+
+How run time grows with ranks is measured by bench/sim_scale_bench.py, not asserted here.
+"""
+import json
+
+import pytest
+
+from sim.presets import scenario_path
+from sim.runner import run_scenario
+from sim.scenario import parse_scenario
+
+PER_RANK = 68359000 * (2 + 2 + 4 + 4 + 4)  # bytes of the five contiguous buffers
+
+
+def _scale(**changes):
+    raw = json.loads(scenario_path("scale_1024").read_text())
+    raw.update(changes)
+    return raw
+
+
+def test_store_cycle_of_1024_ranks_with_meta_payloads():
+    result, world, _ = run_scenario(parse_scenario(_scale(pg_policy="none")))
+    d = result.to_dict()
+    assert result.ok, result.violations[:3]
+    assert len(d["ranks"]) == 1024 and {r["status"] for r in d["ranks"]} == {"finished"}
+    # every GPU pair shares a switch uplink: 1.09 GB per rank at 27.6 GB/s, on every one of the 128 nodes
+    assert d["phases"]["sleep"]["min"] == pytest.approx(PER_RANK / 27.6e9, rel=0.01)
+    assert d["phases"]["sleep"]["max"] == pytest.approx(d["phases"]["sleep"]["min"], rel=1e-6)
+    assert all(r["peak_host_pinned_bytes"] >= PER_RANK for r in d["ranks"])
+    assert d["host_memory"]["n127/numa1"]["pinned_peak_bytes"] >= 4 * PER_RANK
+
+
+def test_the_shipped_scale_scenario_keeps_1024_ranks_groups_live_through_the_pause():
+    result, _, _ = run_scenario(parse_scenario(_scale()))
+    d = result.to_dict()
+    assert result.ok, result.violations[:3]
+    assert {r["lifecycle_state"] for r in d["ranks"]} == {"ACTIVE"}
+    assert all(r["lifecycle_stats"]["canaries"] == 1 and r["lifecycle_stats"]["destroys"] == 0 for r in d["ranks"])
+    # live communicators (world, tp, dp: 3 x 388 MiB) stay on the GPU through the rollout
+    assert all(r["phase_peak_device_bytes"]["rollout"] >= 0.6 * 141e9 + 3 * (388 << 20) for r in d["ranks"])
+    copy = PER_RANK / 27.6e9  # the offload, plus the lifecycle's agreement and canary (microseconds)
+    assert copy <= d["phases"]["sleep"]["min"] <= d["phases"]["sleep"]["max"] < copy + 2e-3
