@@ -1,0 +1,57 @@
+"""The offload store: a worker's training state leaves the GPU and comes back bit-exact.
+
+    store = OffloadStore(runtime, backend="local", config=StoreConfig())
+    store.attach_module(model, name="model")          # params (FSDP2 aware), grads, buffers
+    store.attach_optimizer(optimizer, name="optim")   # torch.optim state
+    store.offload(); ...; store.reload()
+
+See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.layout`
+for the flat layouts, :mod:`refimpl.store.pool` for pinned host memory and
+:mod:`refimpl.store.backend` for the backend seam.
+"""
+from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend, create_backend, register_backend
+from refimpl.store.config import Category, StoreConfig
+from refimpl.store.errors import (
+    MixedDtypeError,
+    SharedStorageError,
+    StoreError,
+    StoreStateError,
+    TensorChangedError,
+    UnknownBackendError,
+    UnsupportedTensorError,
+    WrongDeviceError,
+)
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
+from refimpl.store.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
+from refimpl.store.stats import StoreStats
+from refimpl.store.store import OffloadStore
+
+
+__all__ = [
+    "Category",
+    "FlatLayout",
+    "HostBuffer",
+    "LayoutKey",
+    "LayoutSource",
+    "LayoutState",
+    "LocalBackend",
+    "MixedDtypeError",
+    "OffloadStore",
+    "PageableFallbackWarning",
+    "PinnedHostPool",
+    "PoolStats",
+    "SharedStorageError",
+    "StorageEntry",
+    "StoreBackend",
+    "StoreConfig",
+    "StoreError",
+    "StoreStateError",
+    "StoreStats",
+    "TensorChangedError",
+    "TensorRef",
+    "UnknownBackendError",
+    "UnsupportedTensorError",
+    "WrongDeviceError",
+    "create_backend",
+    "register_backend",
+]

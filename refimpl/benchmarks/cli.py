@@ -1,0 +1,94 @@
+"""``timeshare bench``: benchmarks that print ratios against baselines measured in the same run.
+
+* ``timeshare bench offload [--dry-run] ...``: the offload store against per-tensor copies,
+  fresh pinning, torch_memory_saver and the PCIe line rate (:mod:`refimpl.benchmarks.offload`).
+* ``timeshare bench switch-window ...``: process-group policies in the actor/rollout switch
+  (:mod:`refimpl.benchmarks.switch_window`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+
+logger = logging.getLogger(__name__)
+
+_OTHER = {"switch-window": ("refimpl.benchmarks.switch_window", "process-group policies in the switch window")}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Sub-benchmarks: ``offload`` and the others registered in :data:`_OTHER`."""
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH")
+    off = sub.add_parser("offload", help="offload store vs baselines vs PCIe line rate")
+    off.add_argument("--dry-run", action="store_true",
+                     help="tiny shapes, 2 cycles: a quick check that everything runs (CPU or GPU)")
+    off.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
+    off.add_argument("--shapes", default="dense,moe", help="comma-separated: dense, moe")
+    off.add_argument("--moe-layers", type=int, default=None, help="override the MoE layer count")
+    off.add_argument("--methods", default=None,
+                     help="comma-separated store variant labels and baselines (default: all variants, then "
+                          "per_tensor, fresh_pin, memory_saver, memory_saver_retain)")
+    off.add_argument("--variant", action="append", default=[], metavar="NAME[:key=value,...]",
+                     help="a store variant with StoreConfig overrides, e.g. store_1t:pin_threads=1; the key "
+                          "pin_ahead=1 pins host memory before the first offload (repeatable; 'store' with "
+                          "defaults is always first)")
+    off.add_argument("--cycles", type=int, default=None, help="steady cycles after the cold one (default 3; dry run 2)")
+    off.add_argument("--baseline-cycles", type=int, default=None,
+                     help="steady cycles for the baselines (default: as --cycles; they are slow)")
+    off.add_argument("--no-check", action="store_true", help="skip the bit-exactness check (saves a state copy)")
+    off.add_argument("--line-max-gb", type=float, default=8.0, help="cap on the line-rate copy size")
+    off.add_argument("--out", default="bench/results", help="directory for the JSON report")
+    for name, (module, help_text) in _OTHER.items():
+        p = sub.add_parser(name, help=help_text)
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            p.set_defaults(_bench_missing=f"{name}: not available ({exc})")
+            continue
+        mod.add_arguments(p)
+        p.set_defaults(_bench_run=mod.run)
+    off.set_defaults(_bench_run=run_offload)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to the chosen benchmark."""
+    if getattr(args, "_bench_missing", None):
+        print(args._bench_missing)
+        return 2
+    fn = getattr(args, "_bench_run", None)
+    if fn is None:
+        print("usage: timeshare bench {offload,switch-window} ... (see --help)")
+        return 2
+    return int(fn(args) or 0)
+
+
+def run_offload(args: argparse.Namespace) -> int:
+    """``timeshare bench offload``."""
+    from refimpl.benchmarks.offload import BASELINES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from refimpl.runtime import TorchRuntime
+    from refimpl.store import StoreConfig
+
+    rt = TorchRuntime(args.device)
+    variants = {"store": StoreConfig()}
+    pin_ahead = set()
+    for text in args.variant:
+        name, cfg, ahead = parse_variant(text)
+        variants[name] = cfg
+        if ahead:
+            pin_ahead.add(name)
+    methods = args.methods.split(",") if args.methods else [*variants, *BASELINES]
+    shapes = shapes_by_name([s for s in args.shapes.split(",") if s], tiny=args.dry_run, moe_layers=args.moe_layers)
+    cycles = args.cycles if args.cycles is not None else (2 if args.dry_run else 3)
+    print(f"device {rt.device}; shapes: " + "; ".join(s.describe() for s in shapes))
+    report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
+                       baseline_cycles=args.baseline_cycles,
+                       check=not args.no_check, line_max_bytes=int(args.line_max_gb * 2**30),
+                       pin_ahead=frozenset(pin_ahead))
+    report["dry_run"] = bool(args.dry_run)
+    print(format_report(report))
+    path = write_report(report, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+__all__ = ["add_arguments", "run", "run_offload"]

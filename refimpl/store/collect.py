@@ -1,0 +1,383 @@
+"""Collectors: turn a worker's state into tensors, and tensors into storages.
+
+Theory of operation
+-------------------
+A collector knows one thing the user attached (a module, an optimizer, a dict
+of tensors) and yields :class:`Item` s: one per registered tensor *object*,
+with its category and a name. Collection runs at every offload, because the
+state changes shape between offloads: optimizer state appears after the first
+step, gradients come and go.
+
+* :class:`ModuleCollector`: parameters, their ``.grad`` and buffers. A DTensor
+  contributes its ``_local_tensor`` (the DTensor is kept for its mesh and
+  placements). For FSDP2 (``fully_shard``) modules, found by duck typing
+  through ``module._get_fsdp_state()._fsdp_param_group.fsdp_params``, each
+  ``FSDPParam``'s padded ``_sharded_param_data`` is registered too: the local
+  shard is a view into it, so both come back sharing one storage.
+* :class:`OptimizerCollector`: every tensor in ``optimizer.state`` (AdamW's
+  ``exp_avg``, ``exp_avg_sq``, ``step``; DTensor states via their local
+  tensor). ``step`` counters that torch keeps on the CPU while the parameters
+  are on an accelerator hold no device memory and are left where they are.
+* :class:`TensorsCollector`: an explicit name->tensor mapping (fp32 master
+  weights, DDP-style flat buffers with their parameter views, sim payloads).
+
+:func:`group_by_storage` then validates every item and groups items by storage
+(:class:`StorageGroup`); tensors sharing a storage are stored once. Nothing
+moves here, so a validation error loses nothing.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+
+from refimpl.store.config import Category
+from refimpl.store.errors import (
+    MixedDtypeError,
+    SharedStorageError,
+    StoreStateError,
+    UnsupportedTensorError,
+    WrongDeviceError,
+)
+from refimpl.store.layout import TensorRef
+
+logger = logging.getLogger(__name__)
+
+
+Item = tuple  # (category, kind, name, tensor, source, flags): see below
+"""One registered tensor object found by a collector, as a plain tuple (collection runs per tensor at
+every offload, so it avoids constructing objects): ``(category, kind, name, tensor, source, flags)``
+with ``flags`` a bitwise OR of :data:`HOST_RESIDENT_OK` and :data:`EXPLICIT_KIND`."""
+
+HOST_RESIDENT_OK = 1
+"""A tensor on the host while the runtime device is an accelerator is left in place (not an error)."""
+EXPLICIT_KIND = 2
+"""``kind`` was given by the user (``attach_tensors(kind=...)``); it labels the whole storage."""
+
+
+def split_dtensor(t: Any) -> tuple[torch.Tensor, Any]:
+    """``(plain tensor to move, DTensor or None)``; DTensors are recognised by duck typing."""
+    if hasattr(t, "_local_tensor") and hasattr(t, "placements") and hasattr(t, "device_mesh"):
+        return t._local_tensor, t
+    return t, None
+
+
+class Collector(abc.ABC):
+    """Yields the registered tensors of one attached object."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abc.abstractmethod
+    def items(self, categories: frozenset[Category]) -> Iterator[Item]:
+        """Items of the given categories, in a deterministic order."""
+
+    def check_phase(self) -> None:
+        """Raise :class:`StoreStateError` if the object is mid-phase (default: always fine)."""
+
+
+class ModuleCollector(Collector):
+    """Parameters (plain, DTensor, FSDP2), gradients and buffers of an ``nn.Module``."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        super().__init__(name)
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"attach_module expects an nn.Module, got {type(module).__name__}")
+        self.module = module
+
+    def fsdp_params(self) -> list[Any]:
+        """FSDP2 ``FSDPParam`` objects of every ``fully_shard``-ed submodule (duck typed)."""
+        out: list[Any] = []
+        seen: set[int] = set()
+        for m in self.module.modules():
+            get_state = getattr(m, "_get_fsdp_state", None)
+            if not callable(get_state):
+                continue
+            try:
+                state = get_state()
+            except Exception:  # noqa: BLE001 - not an FSDP module after all
+                continue
+            group = getattr(state, "_fsdp_param_group", None)
+            for fp in getattr(group, "fsdp_params", None) or ():
+                if id(fp) not in seen:
+                    seen.add(id(fp))
+                    out.append(fp)
+        return out
+
+    def check_phase(self) -> None:
+        """FSDP2 parameters must be resharded (offload runs between phases, not mid-step)."""
+        for fp in self.fsdp_params():
+            state = getattr(getattr(fp, "sharded_state", None), "name", "SHARDED")
+            if state != "SHARDED":
+                raise StoreStateError(
+                    f"{self.name}: FSDP2 parameter {getattr(fp, '_param_fqn', fp)} is {state}, not SHARDED; "
+                    f"offload between training phases (after backward/optimizer step), or call "
+                    f"module.reshard() after a forward without backward"
+                )
+
+    def items(self, categories: frozenset[Category]) -> Iterator[Item]:
+        """Params (+ FSDP2 padded shards), grads, buffers, in module order."""
+        named = list(self.module.named_parameters(remove_duplicate=False))
+        if Category.PARAMS in categories:
+            by_param = {id(fp.sharded_param): fp for fp in self.fsdp_params() if hasattr(fp, "sharded_param")}
+            for pname, p in named:
+                yield (Category.PARAMS, "param", f"{self.name}.{pname}", p, self.name, 0)
+                fp = by_param.pop(id(p), None)
+                if fp is not None:
+                    for attr in ("_sharded_param_data", "_sharded_post_forward_param_data"):
+                        t = getattr(fp, attr, None)
+                        if isinstance(t, torch.Tensor):
+                            yield (Category.PARAMS, "param", f"{self.name}.{pname}#{attr}", t, self.name, 0)
+        if Category.GRADS in categories:
+            for pname, p in named:
+                if p.grad is not None:
+                    yield (Category.GRADS, "grad", f"{self.name}.{pname}.grad", p.grad, self.name, 0)
+        if Category.BUFFERS in categories:
+            for bname, b in self.module.named_buffers(remove_duplicate=False):
+                if b is not None:
+                    yield (Category.BUFFERS, "buffer", f"{self.name}.{bname}", b, self.name, 0)
+
+
+class OptimizerCollector(Collector):
+    """Every tensor in a ``torch.optim.Optimizer``'s state, named ``<name>.state.<index>.<key>``."""
+
+    def __init__(self, optimizer: Any, name: str) -> None:
+        super().__init__(name)
+        if not (hasattr(optimizer, "state") and hasattr(optimizer, "param_groups")):
+            raise TypeError(f"attach_optimizer expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+
+    def items(self, categories: frozenset[Category]) -> Iterator[Item]:
+        """State tensors in parameter order (the order of ``optimizer.state_dict()``)."""
+        if Category.OPTIMIZER not in categories:
+            return
+        index = 0
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                state = self.optimizer.state.get(p)
+                if state:
+                    for key, value in state.items():
+                        if isinstance(value, torch.Tensor):
+                            yield (Category.OPTIMIZER, "optimizer", f"{self.name}.state.{index}.{key}", value,
+                                   self.name, HOST_RESIDENT_OK)
+                index += 1
+
+
+class TensorsCollector(Collector):
+    """An explicit mapping of names to tensors, all of one category (read at every offload)."""
+
+    def __init__(self, category: Category, tensors: Mapping[str, Any], name: str, kind: str | None = None) -> None:
+        super().__init__(name)
+        if not isinstance(tensors, Mapping):
+            raise TypeError(f"attach_tensors expects a mapping of names to tensors, got {type(tensors).__name__}")
+        self.category = category
+        self.kind = kind or category.value
+        self.explicit_kind = kind is not None
+        self.tensors = tensors
+
+    def items(self, categories: frozenset[Category]) -> Iterator[Item]:
+        """The mapping's tensors, in its order."""
+        if self.category not in categories:
+            return
+        flags = EXPLICIT_KIND if self.explicit_kind else 0
+        for key, t in self.tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
+            yield (self.category, self.kind, f"{self.name}.{key}", t, self.name, flags)
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+class StorageGroup:
+    """All registered tensors viewing one storage; ``refs`` offsets are from the storage start.
+
+    A plain slotted class: one is built per storage at every scattered offload.
+    """
+
+    __slots__ = ("storage_id", "storage", "device", "dtype", "category", "kind", "source", "nbytes", "refs")
+
+    def __init__(self, storage_id: int, storage: Any, device: torch.device, dtype: torch.dtype,
+                 category: Category, kind: str, source: str, nbytes: int) -> None:
+        self.storage_id = storage_id
+        self.storage = storage
+        self.device = device
+        self.dtype = dtype
+        self.category = category
+        self.kind = kind
+        self.source = source
+        self.nbytes = nbytes
+        self.refs: list[TensorRef] = []
+
+    @property
+    def numel(self) -> int:
+        """Elements of the storage in the group's dtype."""
+        return self.nbytes // self.dtype.itemsize
+
+    def base_view(self) -> torch.Tensor:
+        """A 1-D tensor over the whole storage (a registered tensor itself when one covers it exactly)."""
+        n = self.numel
+        for r in self.refs[:2]:
+            t = r.tensor
+            if r.offset == 0 and t.dim() == 1 and r.size[0] == n and r.stride[0] == 1:
+                return t.detach() if t.requires_grad else t  # no autograd on the store's copies
+        return storage_view(self.storage, self.dtype, self.device, n)
+
+
+def storage_view(storage: Any, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
+    """A 1-D ``dtype`` tensor over the first ``numel`` elements of ``storage``."""
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, (numel,), (1,))
+
+
+@dataclass
+class CollectReport:
+    """What :func:`group_by_storage` left out, and why."""
+
+    skipped_zero_size: list[str] = field(default_factory=list)
+    skipped_host_resident: list[str] = field(default_factory=list)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality where an unspecified index matches any index of the same type."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class StorageGrouper:
+    """Validates items and groups them by storage, incrementally (see :func:`group_by_storage`).
+
+    :meth:`feed` yields each storage group the moment it gets its first
+    registered tensor with elements, so a caller can start moving that
+    storage while later items are still being collected; later tensors
+    viewing the same storage are appended to the group's ``refs``.
+    :meth:`finish` returns the groups in that order and what was left out.
+
+    This loop runs once per registered tensor at every offload (tens of
+    thousands for a MoE), so it sticks to cheap attribute reads.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.report = CollectReport()
+        self._groups: dict[int, StorageGroup] = {}
+        self._live: list[StorageGroup] = []
+        self._live_ids: set[int] = set()
+        self._seen: set[int] = set()
+
+    def feed(self, items: Iterable[Item]) -> Iterator[StorageGroup]:
+        """Consume ``items``; yield each storage group when it first holds a tensor with elements."""
+        groups, seen, live_ids, report, device = self._groups, self._seen, self._live_ids, self.report, self.device
+        strided = torch.strided
+        for category, kind, name, t, source, flags in items:
+            dt = None
+            if type(t) not in _PLAIN:
+                t, dt = split_dtensor(t)
+                if not isinstance(t, torch.Tensor):
+                    raise UnsupportedTensorError(f"{name}: expected a tensor, got {type(t).__name__}")
+            tid = id(t)
+            if tid in seen:
+                continue  # the same object under a second name (tied weights)
+            seen.add(tid)
+            if t.layout is not strided or t.is_nested:
+                raise UnsupportedTensorError(
+                    f"{name}: cannot offload a {t.layout} tensor; only dense strided tensors (and DTensors of "
+                    f"them) are supported"
+                )
+            if t.device != device and not same_device(t.device, device):
+                if flags & HOST_RESIDENT_OK and t.device.type == "cpu" and device.type != "cpu":
+                    report.skipped_host_resident.append(name)
+                    continue
+                raise WrongDeviceError(
+                    f"{name} is on {t.device} but this store's runtime works on {device}; move it to "
+                    f"{device} before attaching, or use a store whose runtime device is {t.device}"
+                )
+            try:
+                storage = t.untyped_storage()
+            except Exception as e:  # noqa: BLE001 - wrapper subclasses without storage
+                raise UnsupportedTensorError(
+                    f"{name}: a {type(t).__name__} whose storage cannot be captured ({e}); register its inner "
+                    f"tensors instead"
+                ) from e
+            sid = storage._cdata
+            g = groups.get(sid)
+            if g is None:
+                g = StorageGroup(sid, storage, t.device, t.dtype, category, kind, source, storage.nbytes())
+                groups[sid] = g
+                if g.nbytes == 0 and t.numel() > 0:
+                    raise StoreStateError(
+                        f"{name} views a storage whose memory was already freed (0 bytes); is this state "
+                        f"offloaded by another store, or released by the framework?"
+                    )
+                if g.nbytes % g.dtype.itemsize:
+                    raise MixedDtypeError(
+                        f"{name}: its storage is {g.nbytes} bytes, not a whole number of {g.dtype} elements; "
+                        f"it is shared with a tensor of another dtype"
+                    )
+            elif g.dtype != t.dtype:
+                raise MixedDtypeError(
+                    f"{name} ({t.dtype}) views the same storage as "
+                    f"{g.refs[0].name if g.refs else 'another tensor'} ({g.dtype}); the store never casts. "
+                    f"Register tensors of one dtype per storage"
+                )
+            elif g.category is not category:
+                raise SharedStorageError(
+                    f"{name} ({category.value}) shares its storage with "
+                    f"{g.refs[0].name if g.refs else 'another tensor'} ({g.category.value}); attach tensors that "
+                    f"share storage under one category"
+                )
+            if flags & EXPLICIT_KIND:
+                g.kind = kind  # an explicit label (e.g. "ddp_buffer") wins over "param"/"grad"
+            g.refs.append(TensorRef(name, t, t.storage_offset(), tuple(t.shape), t.stride(), dt))
+            if sid not in live_ids and g.nbytes and t.numel():
+                live_ids.add(sid)
+                self._live.append(g)
+                yield g
+
+    def finish(self) -> tuple[list[StorageGroup], CollectReport]:
+        """The groups to move, in the order :meth:`feed` yielded them, and what was left out."""
+        report = self.report
+        for sid, g in self._groups.items():
+            if sid not in self._live_ids:
+                report.skipped_zero_size.extend(r.name for r in g.refs)
+        if report.skipped_zero_size:
+            logger.debug("left %d zero-size tensors in place: %s", len(report.skipped_zero_size),
+                         report.skipped_zero_size[:5])
+        return self._live, report
+
+
+def group_by_storage(items: Iterable[Item], device: torch.device) -> tuple[list[StorageGroup], CollectReport]:
+    """Validate ``items`` and group them by storage (all at once; see :class:`StorageGrouper`).
+
+    Raises a :class:`StoreError` subclass naming the tensor for anything that
+    cannot be moved bit-exact: a non-strided or opaque tensor, a tensor on
+    another device, a storage viewed with two dtypes or claimed by two
+    categories, a view of a storage whose memory is already freed. Storages
+    whose registered tensors all have zero elements are left out (reported).
+    """
+    grouper = StorageGrouper(device)
+    for _ in grouper.feed(items):
+        pass
+    return grouper.finish()
+
+
+__all__ = [
+    "EXPLICIT_KIND",
+    "HOST_RESIDENT_OK",
+    "CollectReport",
+    "Collector",
+    "Item",
+    "ModuleCollector",
+    "OptimizerCollector",
+    "StorageGroup",
+    "StorageGrouper",
+    "TensorsCollector",
+    "group_by_storage",
+    "same_device",
+    "split_dtensor",
+    "storage_view",
+]

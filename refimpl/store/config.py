@@ -1,0 +1,112 @@
+"""What the store moves (:class:`Category`) and how (:class:`StoreConfig`)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterable
+
+
+class Category(enum.Enum):
+    """A kind of training state; ``offload(include=...)`` selects by category.
+
+    Fp32 master weights belong to :attr:`OPTIMIZER` (the optimizer owns them in
+    mixed-precision training); DDP-style contiguous buffers belong to the
+    category of what they hold (a flat param buffer to :attr:`PARAMS`, a flat
+    grad buffer to :attr:`GRADS`). A finer label for backends travels as the
+    entry's ``kind`` (see :meth:`OffloadStore.attach_tensors`).
+    """
+
+    PARAMS = "params"
+    GRADS = "grads"
+    OPTIMIZER = "optimizer"
+    BUFFERS = "buffers"
+
+    @classmethod
+    def parse(cls, value: "Category | str") -> "Category":
+        """A category from itself or its name/value (``"params"``, ``"PARAMS"``)."""
+        if isinstance(value, Category):
+            return value
+        text = str(value).strip().lower()
+        for c in cls:
+            if text in (c.value, c.name.lower()):
+                return c
+        raise ValueError(f"unknown state category {value!r}; expected one of {[c.value for c in cls]}")
+
+    @classmethod
+    def select(cls, include: "Iterable[Category | str] | Category | str | None") -> frozenset["Category"]:
+        """The categories ``include`` names; ``None`` means all of them."""
+        if include is None:
+            return frozenset(cls)
+        if isinstance(include, (Category, str)):
+            include = [include]
+        return frozenset(cls.parse(c) for c in include)
+
+
+#: order in which layouts of different categories are processed (identical on every rank)
+CATEGORY_ORDER: dict[Category, int] = {c: i for i, c in enumerate(Category)}
+
+PIN_FALLBACKS = ("raise", "pageable_warn")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Options of :class:`~refimpl.store.OffloadStore`. Validated at construction.
+
+    ``alignment_bytes``: every storage starts at a multiple of this many bytes
+    inside its flat buffer (a power of two, at least 16).
+
+    ``pin_fallback``: what happens when host memory cannot be pinned
+    (``ulimit -l``, no memory). ``"raise"`` (default) raises the runtime's
+    ``PinningError``, which names the size; nothing has moved. ``"pageable_warn"``
+    warns loudly (``warnings.warn`` and a log warning naming the size) and uses
+    pageable memory, which copies at roughly a quarter of the line rate; the
+    pageable bytes are reported in :class:`StoreStats`. Never silent.
+
+    ``segment_bytes``: host buffers are pinned in segments of about this size,
+    cut at storage boundaries, so the first offload can copy segment k while
+    segment k+1 is being pinned. ``pin_threads``: threads that pin segments
+    concurrently; ``None`` picks ``min(8, cpus // 2)`` on a CUDA device and 1
+    elsewhere (the simulator is single-threaded).
+
+    ``pack_below_bytes``: on an offload where the state is scattered over many
+    storages (the first one, or after the framework reallocated tensors),
+    storages smaller than this are first packed on the device into a staging
+    buffer (a device-to-device copy at HBM speed) and leave in one large D2H
+    copy; larger ones are copied directly. ``staging_bytes`` x
+    ``staging_buffers`` bounds the extra device memory this needs.
+
+    ``empty_cache``: after an offload, return the freed blocks to the driver so
+    that ``cudaMemGetInfo`` (and the next role on the GPU) sees them.
+    """
+
+    alignment_bytes: int = 512
+    pin_fallback: str = "raise"
+    segment_bytes: int = 256 << 20
+    pin_threads: int | None = None
+    pack_below_bytes: int = 4 << 20
+    staging_bytes: int = 64 << 20
+    staging_buffers: int = 2
+    empty_cache: bool = True
+
+    def __post_init__(self) -> None:
+        a = self.alignment_bytes
+        if a < 16 or a & (a - 1):
+            raise ValueError(f"StoreConfig.alignment_bytes must be a power of two >= 16, got {a}")
+        if self.pin_fallback not in PIN_FALLBACKS:
+            raise ValueError(f"StoreConfig.pin_fallback must be one of {PIN_FALLBACKS}, got {self.pin_fallback!r}")
+        if self.segment_bytes < a:
+            raise ValueError(f"StoreConfig.segment_bytes ({self.segment_bytes}) must be >= alignment_bytes ({a})")
+        if self.pin_threads is not None and self.pin_threads < 1:
+            raise ValueError(f"StoreConfig.pin_threads must be >= 1 or None (auto), got {self.pin_threads}")
+        if self.pack_below_bytes < 0:
+            raise ValueError(f"StoreConfig.pack_below_bytes must be >= 0, got {self.pack_below_bytes}")
+        if self.pack_below_bytes > self.staging_bytes:
+            raise ValueError(
+                f"StoreConfig.pack_below_bytes ({self.pack_below_bytes}) must be <= staging_bytes "
+                f"({self.staging_bytes}): a packed storage has to fit in one staging buffer"
+            )
+        if self.staging_buffers < 1:
+            raise ValueError(f"StoreConfig.staging_buffers must be >= 1, got {self.staging_buffers}")
+
+
+__all__ = ["CATEGORY_ORDER", "Category", "PIN_FALLBACKS", "StoreConfig"]

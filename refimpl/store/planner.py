@@ -1,0 +1,142 @@
+"""Planning an offload and giving its device memory back.
+
+* :func:`plan_layouts` turns the collected storage groups into flat layouts,
+  reusing a resident layout unchanged when its flat buffer still holds exactly
+  its tensors (the steady-state fast path).
+* :func:`release_as_copied` releases storages one by one as the copies carrying
+  their bytes complete, overlapping the rest of the DMA (backends with
+  ``early_release``); :func:`release_layouts` releases what is left and marks
+  the layouts offloaded.
+* :func:`gc_paused` keeps Python's cyclic collector out of the per-tensor loops.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import replace
+from typing import Any, Iterator
+
+from refimpl.runtime.base import Runtime
+from refimpl.store.backend import StoreBackend
+from refimpl.store.collect import StorageGroup
+from refimpl.store.config import Category, StoreConfig
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry
+from refimpl.store.residency import adopt_if_unchanged
+from refimpl.store.source import DeviceLayoutSource
+
+
+def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout], backend: StoreBackend,
+                 config: StoreConfig) -> dict[LayoutKey, FlatLayout]:
+    """Flat layouts for the collected storage groups, by key.
+
+    A resident layout (after a reload) whose flat buffer still holds exactly
+    its tensors is reused as it is; one that gained entries is rebuilt with its
+    old entries first (as copies, so its own offsets stay valid); every other
+    storage becomes a whole-storage entry.
+    """
+    resident = {lay.flat_storage: lay for lay in resident_layouts}
+    reused: dict[LayoutKey, FlatLayout] = {}
+    loose: dict[LayoutKey, list[StorageEntry]] = {}
+    keys: dict[tuple[Any, ...], LayoutKey] = {}
+    placement_key = backend.placement_key
+    for g in groups:
+        layout = resident.get(g.storage_id)
+        if layout is not None and adopt_if_unchanged(layout, g):
+            reused[layout.key] = layout
+            continue
+        entry = StorageEntry(g.category, g.kind, g.dtype, g.numel, g.refs, g.base_view(), g.source)
+        pk = placement_key(entry)
+        raw = (g.category.value, g.dtype, pk)  # Enum hashing is slow in this per-storage loop
+        key = keys.get(raw)
+        if key is None:
+            key = keys[raw] = LayoutKey(g.category, g.dtype, pk)
+        loose.setdefault(key, []).append(entry)
+    plan: dict[LayoutKey, FlatLayout] = {}
+    for key in sorted(set(reused) | set(loose), key=LayoutKey.sort_key):
+        old, extra = reused.get(key), loose.get(key, [])
+        if old is not None and not extra:
+            plan[key] = old
+            continue
+        # copies of a reused layout's entries: building a new layout must not move the old one's offsets
+        carried = [replace(e, refs=list(e.refs)) for e in old.entries] if old is not None else []
+        entries = carried + extra
+        layout = FlatLayout.build(key, entries, alignment_bytes=config.alignment_bytes,
+                                  segment_bytes=config.segment_bytes)
+        padded = backend.padded_numel(key, layout.numel)
+        if padded != layout.numel:
+            layout.pad_to(padded)
+        plan[key] = layout
+    return plan
+
+
+def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool) -> int:
+    """Release what is left of the offloaded layouts' device memory and mark them offloaded.
+
+    Returns the bytes copied out (dropped gradients count nothing).
+    """
+    done: set[int] = set()
+    moved = 0
+    release = rt.release
+    for layout in layouts:
+        dropped = drop_grads and layout.category is Category.GRADS
+        for e in layout.entries:
+            base = e.base
+            if base is None:
+                continue  # released as soon as its copy completed
+            sid = base.untyped_storage()._cdata
+            if sid not in done:
+                release(base)
+                done.add(sid)
+            e.base = None
+        layout.state = LayoutState.OFFLOADED
+        layout.dropped = dropped
+        layout.flat_storage = None
+        moved += 0 if dropped else layout.data_nbytes
+    return moved
+
+
+async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource]) -> int:
+    """Release each storage as soon as every copy carrying its bytes has completed.
+
+    Runs while later copies are still in flight, so the per-storage work of a
+    scattered offload overlaps the DMA. Only entries that own their storage;
+    all host memory is already pinned (``copy_to_host`` waited for every
+    segment), so a pinning failure can no longer happen after this starts.
+    Returns how many storages it released.
+    """
+    remaining: dict[int, int] = {}
+    for src in sources:
+        for _, entries in src.track:
+            for e in entries:
+                remaining[id(e)] = remaining.get(id(e), 0) + 1
+    release = rt.release
+    released = 0
+    for src in sources:
+        for completion, entries in src.track:
+            if not entries:
+                continue
+            if not completion.done():
+                await completion
+            for e in entries:
+                left = remaining[id(e)] - 1
+                remaining[id(e)] = left
+                if left == 0 and e.owns_storage and e.base is not None:
+                    release(e.base)
+                    e.base = None
+                    released += 1
+    return released
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a synchronous, allocation-heavy stretch."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+__all__ = ["gc_paused", "plan_layouts", "release_as_copied", "release_layouts"]

@@ -1,0 +1,498 @@
+"""OffloadStore: move a worker's training state between the device and host memory, bit-exact.
+
+Theory of operation
+-------------------
+Attach what holds the state (modules, optimizers, explicit tensors). Each
+``offload`` collects the registered tensors of the requested categories
+(:mod:`refimpl.store.collect`), groups them by storage, lays the storages out
+in flat layouts (:mod:`refimpl.store.layout`) and hands each layout to the
+backend (:mod:`refimpl.store.backend`), which copies it to host memory. A
+storage's device memory is released only after the copies carrying its bytes
+have completed and all host memory of the offload is allocated (for a backend
+with ``early_release``, storage by storage while later copies run; otherwise
+once every finisher completed): ``Runtime.release`` shrinks the storage to 0
+bytes and the tensor objects stay.
+``reload`` allocates one flat device buffer per layout, has the backend fill
+it, and re-points every registered tensor into it with ``set_``.
+
+Invariants:
+
+* Nothing moves before validation: a bad tensor raises a :class:`StoreError`
+  with the state where it was. A failed reload leaves the tensors exactly as
+  they were (the host copy is kept).
+* Every finisher a backend returned is awaited, also on the error path, in
+  sorted layout order, so ranks running collectives inside backends agree.
+* ``offload`` of categories already offloaded does nothing; ``reload`` of
+  categories not offloaded does nothing.
+* State moves only in ``offload``/``reload``: the store installs no hooks, so
+  training phases (e.g. gradient accumulation over micro-batches) do no host
+  traffic.
+* After a reload the store holds registered tensors only weakly.
+
+[Note: the steady-state fast path]
+After a reload every tensor of a layout is a view into one flat buffer. At the
+next offload, if every tensor is still where the reload put it (and no new
+tensor joined the layout), the layout is unchanged and leaves in one copy per
+host segment. A backend with ``speculative_offload`` gets that copy issued
+*before* collection, so collecting tens of thousands of tensors overlaps the
+DMA; if collection then finds the layout changed, the speculative copy is
+awaited and discarded and the layout is planned afresh.
+
+[Note: the first offload]
+The state is scattered over the framework's storages. For a backend with
+``streaming_offload`` the offload is streamed (:mod:`refimpl.store.streaming`):
+host segments are pinned and copied while collection goes on. Small storages
+are packed on the device and leave in large copies (:mod:`refimpl.store.source`),
+segments are pinned on the pool's threads (:mod:`refimpl.store.pool`), and
+storages are released as their copies complete. :meth:`OffloadStore.pin_ahead` can take the pinning out of the first
+offload altogether. ``StoreStats.phases`` times each phase.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Awaitable, Iterable, Iterator, Mapping
+
+import torch
+
+from refimpl.runtime.base import Runtime, gather
+from refimpl.store.backend import create_backend
+from refimpl.store.collect import (
+    Collector,
+    Item,
+    ModuleCollector,
+    OptimizerCollector,
+    StorageGroup,
+    StorageGrouper,
+    TensorsCollector,
+    group_by_storage,
+    storage_view,
+)
+from refimpl.store.config import Category, StoreConfig
+from refimpl.store.errors import StoreStateError, TensorChangedError
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
+from refimpl.store.planner import gc_paused, plan_layouts, release_as_copied, release_layouts
+from refimpl.store.pool import PinnedHostPool
+from refimpl.store.residency import changed_tensors, record_released, repoint, restore_released
+from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
+from refimpl.store.stats import PhaseClock, StoreStats
+from refimpl.store.streaming import StreamingPlan
+
+logger = logging.getLogger(__name__)
+
+
+def _sort_key(layout: FlatLayout) -> tuple[int, str, str]:
+    return layout.key.sort_key()
+
+
+class OffloadStore:
+    """Offload/reload of training state through a backend; see the module docstring.
+
+    ``backend``: a registered backend name (``"local"``, ``"local_dedup"``);
+    ``backend_options`` are passed to its factory. ``config``: a
+    :class:`StoreConfig`.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        backend: str = "local",
+        config: StoreConfig | None = None,
+        **backend_options: Any,
+    ) -> None:
+        self.rt = runtime
+        self.config = config or StoreConfig()
+        threads = self.config.pin_threads
+        if threads is None:
+            threads = min(8, max(1, (os.cpu_count() or 2) // 2)) if runtime.device.type == "cuda" else 1
+        self.pool = PinnedHostPool(runtime, fallback=self.config.pin_fallback, pin_threads=threads)
+        self.backend = create_backend(backend, runtime, self.pool, self.config, **backend_options)
+        self._collectors: list[Collector] = []
+        self._layouts: dict[LayoutKey, FlatLayout] = {}
+        self._offloaded: set[Category] = set()
+        self._counters: dict[str, Any] = {
+            "offloads": 0, "reloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
+            "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
+            "skipped_host_resident": 0, "copies": {}, "phases": {},
+        }
+
+    # ------------------------------------------------------------------ attach
+
+    def attach_module(self, module: torch.nn.Module, name: str = "model") -> None:
+        """Register a module's parameters (plain, DTensor, FSDP2), gradients and buffers."""
+        self._attach(ModuleCollector(module, name))
+
+    def attach_optimizer(self, optimizer: Any, name: str = "optim") -> None:
+        """Register a ``torch.optim`` optimizer's state (AdamW ``exp_avg``, ``exp_avg_sq``, ``step`` ...)."""
+        self._attach(OptimizerCollector(optimizer, name))
+
+    def attach_tensors(
+        self, category: Category | str, tensors: Mapping[str, torch.Tensor], name: str = "tensors",
+        *, kind: str | None = None,
+    ) -> None:
+        """Register explicit tensors under ``category``: master weights, DDP-style flat buffers, payloads.
+
+        The mapping is read at every offload (add or replace tensors in it
+        between cycles). Register every tensor object you keep that views a
+        storage (e.g. a flat buffer *and* its parameter views): unregistered
+        views keep pointing at the released storage. ``kind`` labels the
+        entries for backends (``"master_weights"``, ``"ddp_buffer"``; default:
+        the category's value).
+        """
+        self._attach(TensorsCollector(Category.parse(category), tensors, name, kind))
+
+    def _attach(self, collector: Collector) -> None:
+        if self._offloaded:
+            raise StoreStateError(
+                f"cannot attach {collector.name!r} while {sorted(c.value for c in self._offloaded)} are offloaded; "
+                f"reload() first"
+            )
+        if any(c.name == collector.name for c in self._collectors):
+            raise ValueError(f"a source named {collector.name!r} is already attached; pick another name")
+        self._collectors.append(collector)
+
+    # ------------------------------------------------------------------ queries
+
+    def is_offloaded(self, category: Category | str) -> bool:
+        """True while ``category`` is offloaded."""
+        return Category.parse(category) in self._offloaded
+
+    @property
+    def layouts(self) -> dict[LayoutKey, FlatLayout]:
+        """The current flat layouts by key (resident or offloaded)."""
+        return dict(self._layouts)
+
+    def stats(self) -> StoreStats:
+        """Counters and sizes; see :class:`StoreStats`."""
+        pool = self.pool.stats()
+        by_cat: dict[str, int] = {}
+        for layout in self._layouts.values():
+            by_cat[layout.category.value] = by_cat.get(layout.category.value, 0) + layout.data_nbytes
+        c = self._counters
+        return StoreStats(
+            backend=self.backend.name,
+            host_pinned_bytes=pool.host_pinned_bytes,
+            host_pageable_bytes=pool.host_pageable_bytes,
+            backend_host_bytes=self.backend.host_bytes(),
+            registrations=pool.registrations,
+            reuses=pool.reuses,
+            pageable_fallbacks=pool.pageable_fallbacks,
+            bytes_by_category=by_cat,
+            offloaded=tuple(sorted(cat.value for cat in self._offloaded)),
+            layouts=len(self._layouts),
+            storages=sum(len(layout.entries) for layout in self._layouts.values()),
+            tensors=sum(len(e.refs) for layout in self._layouts.values() for e in layout.entries),
+            skipped_zero_size=c["skipped_zero_size"],
+            skipped_host_resident=c["skipped_host_resident"],
+            offloads=c["offloads"],
+            reloads=c["reloads"],
+            last_offload_s=c["last_offload_s"],
+            last_reload_s=c["last_reload_s"],
+            last_offload_bytes=c["last_offload_bytes"],
+            last_reload_bytes=c["last_reload_bytes"],
+            last_device_bytes_freed=c["last_device_bytes_freed"],
+            last_early_releases=c["last_early_releases"],
+            copies=dict(c["copies"]),
+            phases=dict(c["phases"]),
+        )
+
+    def host_tensors(self, include: Iterable[Category | str] | Category | str | None = None) -> dict[str, torch.Tensor]:
+        """Host views (no copy) of every offloaded tensor the backend holds whole, by registered name.
+
+        Valid until the next offload/reload; a checkpoint can read them
+        without reloading to the device. DTensors appear as their local tensors.
+        """
+        cats = Category.select(include)
+        out: dict[str, torch.Tensor] = {}
+        for layout in sorted(self._layouts.values(), key=_sort_key):
+            if layout.state is not LayoutState.OFFLOADED or layout.dropped or layout.category not in cats:
+                continue
+            for e in layout.entries:
+                host = self.backend.host_view(layout, e.offset, e.offset + e.numel)
+                if host is None:
+                    continue
+                st = host.untyped_storage()
+                for r in e.refs:
+                    out[r.name] = torch.empty(0, dtype=layout.dtype).set_(
+                        st, host.storage_offset() + r.offset, r.size, r.stride)
+        return out
+
+    def close(self) -> None:
+        """Free the host memory (state still offloaded is lost: reload first)."""
+        if self._offloaded:
+            logger.warning("closing an offload store while %s are offloaded: that state is dropped",
+                           sorted(c.value for c in self._offloaded))
+        self.backend.close()
+        self.pool.close()
+
+    def pin_ahead(self, include: Iterable[Category | str] | Category | str | None = None, *, wait: bool = False) -> int:
+        """Plan the layouts the next offload will use and start pinning their host memory now.
+
+        Nothing is copied or released. Pinning runs on the pool's threads (or
+        inline with one thread) while the caller goes on, e.g. training its
+        first step, so the first offload finds its buffers pinned. If the state
+        changes shape before that offload, the buffers of changed layouts are
+        re-pinned then. ``wait``: return only once everything is pinned. Returns
+        the host bytes reserved.
+        """
+        cats = Category.select(include) - self._offloaded
+        groups, _ = group_by_storage(self._items(cats), self.rt.device)
+        try:
+            plan = self._plan(groups, cats)
+        finally:
+            self._unadopt(cats)
+        for layout in sorted(plan.values(), key=_sort_key):
+            self.backend.reserve(layout)
+            for e in layout.entries:
+                e.base = None
+        if wait:
+            self.pool.wait_all()
+        return sum(layout.nbytes for layout in plan.values())
+
+    # ------------------------------------------------------------------ sync API
+
+    def offload(self, include: Iterable[Category | str] | Category | str | None = None, drop_grads: bool = False) -> None:
+        """Move the state of ``include`` (default: all categories) to host memory; see :meth:`offload_async`."""
+        self.rt.run(self.offload_async(include, drop_grads=drop_grads))
+
+    def reload(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
+        """Bring the state of ``include`` (default: all) back to the device; see :meth:`reload_async`."""
+        self.rt.run(self.reload_async(include))
+
+    # ------------------------------------------------------------------ offload
+
+    async def offload_async(
+        self, include: Iterable[Category | str] | Category | str | None = None, drop_grads: bool = False
+    ) -> None:
+        """Copy the state to host memory, then release its device memory.
+
+        ``drop_grads``: gradients are released without a copy and come back as
+        zeros. Categories already offloaded are skipped.
+        """
+        cats = Category.select(include) - self._offloaded
+        if not cats:
+            logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in Category.select(include)))
+            return
+        from refimpl.store.checkpoint import wait_for_host_readers
+
+        wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers (Task F)
+        rt = self.rt
+        with rt.span("offload"):
+            await rt.point("store.offload.begin")
+            t0 = rt.now()
+            free_before = rt.memory_info().free
+            speculative: dict[LayoutKey, tuple[FlatLayout, Awaitable[None]]] = {}
+            pending: list[Awaitable[None]] = []
+            staging = StagingArea(rt, self.config)
+            sources: list[DeviceLayoutSource] = []
+            clock = PhaseClock(rt, "offload")
+            stream: StreamingPlan | None = None
+            streamed = False
+            try:
+                if getattr(self.backend, "speculative_offload", False):
+                    for layout in sorted(self._resident(cats), key=_sort_key):
+                        if drop_grads and layout.category is Category.GRADS:
+                            continue
+                        flat = self._resident_flat(layout)
+                        if flat is not None:
+                            src = DeviceLayoutSource(rt, layout, self.config, flat=flat)
+                            sources.append(src)
+                            speculative[layout.key] = (layout, await self.backend.offload(layout, src))
+                clock.lap("speculate")
+                for c in self._collectors:
+                    c.check_phase()
+                if self.backend.streaming_offload and not speculative and not self._resident(cats):
+                    # the first offload: copies start while collection goes on (see refimpl.store.streaming)
+                    stream = StreamingPlan(rt, self.backend, self.config, staging, drop_grads=drop_grads,
+                                           lookahead=self.pool.pin_threads)
+                    grouper = StorageGrouper(rt.device)
+                    with gc_paused():  # tens of thousands of small objects: no collector passes meanwhile
+                        for group in grouper.feed(self._items(cats)):
+                            await stream.add(group)
+                        clock.lap("collect")
+                        groups, report = grouper.finish()
+                        plan = await stream.finish()
+                    streamed = True
+                    clock.lap("plan")
+                    ordered = sorted(plan.values(), key=_sort_key)
+                    sources.extend(stream.sources)
+                    pending = [gather(*stream.completions(lay.key)) for lay in ordered]
+                else:
+                    with gc_paused():
+                        groups, report = group_by_storage(self._items(cats), rt.device)
+                        clock.lap("collect")
+                        plan = self._plan(groups, cats)
+                        clock.lap("plan")
+                    for key in list(speculative):
+                        layout, finisher = speculative[key]
+                        if plan.get(key) is not layout:  # changed since the reload: discard the copy
+                            del speculative[key]
+                            await finisher
+                    ordered = sorted(plan.values(), key=_sort_key)
+                    to_copy = [lay for lay in ordered if not (drop_grads and lay.category is Category.GRADS)]
+                    await self.backend.prepare(to_copy)
+                    for layout in to_copy:
+                        if layout.key in speculative:
+                            pending.append(speculative.pop(layout.key)[1])
+                            continue
+                        src = DeviceLayoutSource(rt, layout, self.config, staging=staging)
+                        sources.append(src)
+                        pending.append(await self.backend.offload(layout, src))
+                clock.lap("issue")
+                record_released(ordered)  # per-tensor bookkeeping while the copies run
+                clock.lap("record")
+                await rt.point("store.offload.wait")
+                self._counters["last_early_releases"] = 0
+                if self.backend.early_release:
+                    await self._release_as_copied(sources)
+                while pending:
+                    await pending.pop(0)
+                clock.lap("wait")
+            except BaseException:
+                await _drain([*pending, *(f for _, f in speculative.values())])
+                if stream is not None and not streamed:
+                    await stream.abort()  # nothing released yet: drop the partial host buffers
+                await staging.close()
+                self._unadopt(cats)
+                raise
+            await staging.close()
+            await rt.point("store.offload.release")
+            moved = self._release(ordered, drop_grads)
+            for key in [k for k in self._layouts if k.category in cats]:
+                del self._layouts[key]
+            self._layouts.update(plan)
+            self._offloaded |= cats
+            clock.lap("release")
+            if self.config.empty_cache:
+                rt.empty_cache()
+            clock.lap("empty_cache")
+            c = self._counters
+            c["offloads"] += 1
+            c["last_offload_s"] = rt.now() - t0
+            c["last_offload_bytes"] = moved
+            c["last_device_bytes_freed"] = rt.memory_info().free - free_before
+            c["skipped_zero_size"] = len(report.skipped_zero_size)
+            c["skipped_host_resident"] = len(report.skipped_host_resident)
+            c["copies"] = describe_copies(sources)
+            c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | clock.laps
+            logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s)", sorted(x.value for x in cats),
+                        len(ordered), moved / 1e9, c["last_offload_s"], c["copies"])
+
+    def _items(self, cats: frozenset[Category]) -> Iterator[Item]:
+        for c in self._collectors:
+            yield from c.items(cats)
+
+    def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
+        return [lay for lay in self._layouts.values()
+                if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
+
+    def _resident_flat(self, layout: FlatLayout) -> torch.Tensor | None:
+        """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor."""
+        for e in layout.entries:
+            for r in e.refs:
+                t = r.live()
+                if t is None:
+                    continue
+                st = t.untyped_storage()
+                if st._cdata == layout.flat_storage and st.nbytes() == layout.nbytes:
+                    return storage_view(st, layout.dtype, t.device, layout.numel)
+        return None
+
+    def _plan(self, groups: list[StorageGroup], cats: frozenset[Category]) -> dict[LayoutKey, FlatLayout]:
+        """Layouts for the collected storages: unchanged resident layouts are reused as they are."""
+        return plan_layouts(groups, self._resident(cats), self.backend, self.config)
+
+    def _release(self, layouts: list[FlatLayout], drop_grads: bool) -> int:
+        """Release the device memory of offloaded layouts; returns the bytes copied out."""
+        return release_layouts(self.rt, layouts, drop_grads)
+
+    async def _release_as_copied(self, sources: list[DeviceLayoutSource]) -> None:
+        """Release each storage as soon as the copies carrying its bytes completed (see :mod:`refimpl.store.planner`)."""
+        self._counters["last_early_releases"] = await release_as_copied(self.rt, sources)
+
+    def _unadopt(self, cats: frozenset[Category]) -> None:
+        """After a failed offload (nothing released): resident layouts go back to weak references."""
+        for layout in self._resident(cats):
+            for e in layout.entries:
+                e.base = None
+                for r in e.refs:
+                    r.weaken()
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
+        """Allocate one flat device buffer per offloaded layout, fill it, re-point every tensor into it.
+
+        Raises :class:`TensorChangedError` (state stays offloaded, nothing
+        lost) if a registered tensor was resized or re-pointed meanwhile.
+        """
+        cats = Category.select(include)
+        todo = sorted((lay for lay in self._layouts.values()
+                       if lay.state is LayoutState.OFFLOADED and lay.category in cats), key=_sort_key)
+        if not todo:
+            self._offloaded -= cats
+            return
+        rt = self.rt
+        with rt.span("reload"):
+            await rt.point("store.reload.begin")
+            t0 = rt.now()
+            flats: list[torch.Tensor] = []
+            pending: list[Awaitable[None]] = []
+            repointed = False
+            clock = PhaseClock(rt, "reload")
+            try:
+                for layout in todo:
+                    flat = rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}")
+                    flats.append(flat)
+                    if layout.dropped:
+                        flat.zero_()
+                    else:
+                        pending.append(await self.backend.reload(layout, flat))
+                clock.lap("issue")
+                problems = changed_tensors(todo)
+                clock.lap("validate")
+                if problems:
+                    raise TensorChangedError(
+                        f"{len(problems)} registered tensor(s) changed while offloaded: " + "; ".join(problems[:5])
+                        + ". The offloaded copy is kept; undo the change (or re-create the store) and reload again"
+                    )
+                repointed = True
+                repoint(todo, flats)  # while the copies run
+                clock.lap("repoint")
+                await rt.point("store.reload.wait")
+                while pending:
+                    await pending.pop(0)
+                clock.lap("wait")
+            except BaseException:
+                await _drain(pending)
+                if repointed:
+                    restore_released(todo)
+                for flat in flats:
+                    rt.release(flat)
+                raise
+            moved = 0
+            for layout, flat in zip(todo, flats):
+                layout.state = LayoutState.ON_DEVICE
+                layout.flat_storage = storage_id(flat)
+                moved += 0 if layout.dropped else layout.data_nbytes
+                layout.dropped = False
+            self._offloaded -= cats
+            c = self._counters
+            c["reloads"] += 1
+            c["last_reload_s"] = rt.now() - t0
+            c["last_reload_bytes"] = moved
+            c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("reload.")} | clock.laps
+            logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats), len(todo),
+                        moved / 1e9, c["last_reload_s"])
+
+
+async def _drain(finishers: Iterable[Awaitable[None]]) -> None:
+    """Await every finisher, keeping the first error only for logging (the caller re-raises its own)."""
+    for f in finishers:
+        try:
+            await f
+        except BaseException as e:  # noqa: BLE001 - the original error is what the caller raises
+            logger.error("while unwinding a failed store operation, a backend finisher also failed: %s", e)
+
+
+__all__ = ["OffloadStore", "StoreStats"]

@@ -1,0 +1,153 @@
+"""The first offload, streamed: copies start while the state is still being collected.
+
+[Note: why stream]
+On the first offload the store must visit every registered tensor (tens of
+thousands for a MoE) before it knows the layouts, and the host memory must be
+pinned before anything can be copied into it. Done one after the other, both
+costs add to the copy time. Streaming overlaps them: layouts are built
+append-only as storages are found (offsets never move once assigned), so a
+host segment is final as soon as the next storage no longer fits in it. At
+that moment the backend starts pinning the segment (:meth:`StoreBackend.stream_reserve`),
+and once ``lookahead`` more segments are pinning, the oldest one's copies are
+issued (:meth:`StoreBackend.stream_copy`), while collection goes on.
+
+The layouts come out identical to :meth:`FlatLayout.build` over the same
+entries (same aligned offsets, same segment cuts), so later cycles reuse the
+pinned buffers. Nothing is released until collection, validation and every
+pinning have succeeded: an error midway waits for the copies already issued,
+discards the partial host buffers and leaves the state on the device.
+
+Only backends with ``streaming_offload`` (no padding, no collectives) take
+this path; ``prepare`` is not called for it.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from refimpl.runtime.base import Completion, Runtime
+from refimpl.store.backend import StoreBackend
+from refimpl.store.collect import StorageGroup
+from refimpl.store.config import Category, StoreConfig
+from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.source import DeviceLayoutSource, StagingArea
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class _OpenLayout:
+    """A layout being built: where the next storage goes and where the open segment starts."""
+
+    layout: FlatLayout
+    source: DeviceLayoutSource
+    align: int
+    seg_numel: int
+    copy: bool
+    offset: int = 0
+    seg_start: int = 0
+    cuts: list[int] = field(default_factory=lambda: [0])
+    completions: list[Completion] = field(default_factory=list)
+
+
+class StreamingPlan:
+    """Builds flat layouts as storage groups arrive and streams full host segments to the backend.
+
+    ``drop_grads``: gradient layouts are built but not copied.
+    ``lookahead``: segments that may be pinning at once before the oldest one's copies are issued.
+    """
+
+    def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, staging: StagingArea,
+                 *, drop_grads: bool, lookahead: int) -> None:
+        self.rt, self.backend, self.config, self.staging = rt, backend, config, staging
+        self.drop_grads = drop_grads
+        self.lookahead = max(1, lookahead)
+        self.open: dict[LayoutKey, _OpenLayout] = {}
+        self.sources: list[DeviceLayoutSource] = []
+        self._keys: dict[tuple[Any, ...], LayoutKey] = {}
+        self._queue: collections.deque[tuple[_OpenLayout, int, int, int]] = collections.deque()
+        self._pairs: list[tuple[StorageEntry, StorageGroup]] = []
+
+    async def add(self, g: StorageGroup) -> None:
+        """Place a newly found storage; close (and maybe start copying) the segment it does not fit in."""
+        entry = StorageEntry(g.category, g.kind, g.dtype, g.numel, g.refs, g.base_view(), g.source)
+        self._pairs.append((entry, g))
+        pk = self.backend.placement_key(entry)
+        raw = (g.category.value, g.dtype, pk)
+        key = self._keys.get(raw)
+        if key is None:
+            key = self._keys[raw] = LayoutKey(g.category, g.dtype, pk)
+        st = self.open.get(key)
+        if st is None:
+            st = self._begin(key)
+        off = _round_up(st.offset, st.align)
+        if off - st.seg_start >= st.seg_numel or (off > st.seg_start and off + entry.numel - st.seg_start > st.seg_numel):
+            await self._close_segment(st, off)
+            st.seg_start = off
+            st.cuts.append(off)
+        entry.offset = off
+        st.layout.entries.append(entry)
+        st.offset = off + entry.numel
+
+    async def finish(self) -> dict[LayoutKey, FlatLayout]:
+        """Close every layout's last segment, issue all remaining copies; return the layouts by key."""
+        for st in self.open.values():
+            layout = st.layout
+            layout.data_numel = st.offset
+            layout.numel = _round_up(st.offset, st.align)
+            await self._close_segment(st, layout.numel)
+            layout._set_segments(st.cuts)
+        while self._queue:
+            await self._issue(*self._queue.popleft())
+        for st in self.open.values():
+            if st.copy:
+                self.backend.stream_end(st.layout)
+        for entry, g in self._pairs:
+            entry.kind = g.kind  # an explicit kind may have arrived after the storage was placed
+        return {key: st.layout for key, st in self.open.items()}
+
+    def completions(self, key: LayoutKey) -> list[Completion]:
+        """The copies issued for a layout."""
+        return self.open[key].completions
+
+    async def abort(self) -> None:
+        """After an error: wait for every copy issued and drop the partial host buffers."""
+        for st in self.open.values():
+            for c in st.completions:
+                if not c.done():
+                    await c
+            if st.copy:
+                self.backend.discard(st.layout)
+
+    # ------------------------------------------------------------------ internals
+
+    def _begin(self, key: LayoutKey) -> _OpenLayout:
+        size = key.dtype.itemsize
+        align = max(1, self.config.alignment_bytes // size)
+        layout = FlatLayout(key, [], 0, 0, ())
+        source = DeviceLayoutSource(self.rt, layout, self.config, staging=self.staging)
+        copy = not (self.drop_grads and key.category is Category.GRADS)
+        st = _OpenLayout(layout, source, align, max(align, self.config.segment_bytes // size), copy)
+        self.open[key] = st
+        if copy:
+            self.sources.append(source)
+            self.backend.stream_begin(layout)
+        return st
+
+    async def _close_segment(self, st: _OpenLayout, stop: int) -> None:
+        start = st.seg_start
+        if not st.copy or stop <= start:
+            return
+        index = self.backend.stream_reserve(st.layout, stop - start)
+        self._queue.append((st, index, start, stop))
+        while len(self._queue) > self.lookahead:
+            await self._issue(*self._queue.popleft())
+
+    async def _issue(self, st: _OpenLayout, index: int, start: int, stop: int) -> None:
+        st.completions.extend(await self.backend.stream_copy(st.layout, st.source, index, start, stop))
+
+
+__all__ = ["StreamingPlan"]

@@ -1,0 +1,124 @@
+"""Bad input gets a clear error and loses nothing (validation happens before anything moves)."""
+import pytest
+import torch
+
+from refimpl.runtime import TorchRuntime
+from refimpl.store import (
+    Category,
+    MixedDtypeError,
+    OffloadStore,
+    SharedStorageError,
+    StoreStateError,
+    TensorChangedError,
+    UnknownBackendError,
+    UnsupportedTensorError,
+    WrongDeviceError,
+)
+
+
+def _store(**tensors):
+    store = OffloadStore(TorchRuntime("cpu"))
+    store.attach_tensors(Category.PARAMS, tensors, name="t")
+    return store
+
+
+def _untouched(tensors, want):
+    return all(t.untyped_storage().nbytes() > 0 and torch.equal(t, w) for t, w in zip(tensors, want))
+
+
+def test_two_dtypes_viewing_one_storage_are_refused_never_cast():
+    base = torch.arange(8, dtype=torch.float32)
+    ok = torch.ones(4)
+    store = _store(ok=ok, f=base, i=base.view(torch.int32))
+    with pytest.raises(MixedDtypeError, match=r"t\.i .*int32.*never casts"):
+        store.offload()
+    assert _untouched([ok, base], [torch.ones(4), torch.arange(8.0)])
+    assert not store.is_offloaded(Category.PARAMS)
+
+
+def test_non_contiguous_views_are_fine_at_storage_level():
+    w = torch.arange(24.0).reshape(4, 6)
+    cols = w[:, 1::2]  # non-contiguous view
+    store = _store(w=w, wt=w.t(), cols=cols)
+    store.offload()
+    store.reload()
+    assert cols.stride() == (6, 2) and torch.equal(cols, torch.arange(24.0).reshape(4, 6)[:, 1::2])
+    cols.fill_(-1)  # still a view of w after the reload
+    assert (w[:, 1::2] == -1).all() and w.t().untyped_storage()._cdata == w.untyped_storage()._cdata
+
+
+def test_sparse_tensors_are_refused_naming_the_tensor():
+    ok = torch.ones(3)
+    store = _store(ok=ok, s=torch.eye(3).to_sparse())
+    with pytest.raises(UnsupportedTensorError, match=r"t\.s.*sparse"):
+        store.offload()
+    assert _untouched([ok], [torch.ones(3)])
+
+
+def test_zero_size_tensors_are_skipped_and_stay_valid():
+    empty = torch.empty(0)
+    full = torch.ones(5)
+    also_empty = full[2:2]
+    store = _store(empty=empty, full=full, view0=also_empty)
+    store.offload()
+    assert store.stats().skipped_zero_size == 1, "torch.empty(0) is skipped; the 0-size view rides along"
+    store.reload()
+    assert empty.shape == (0,) and (empty + 1).numel() == 0
+    assert also_empty.numel() == 0 and torch.equal(full, torch.ones(5))
+    assert also_empty.untyped_storage()._cdata == full.untyped_storage()._cdata
+
+
+def test_tensor_on_another_device_is_refused():
+    ok = torch.ones(3)
+    store = _store(ok=ok, m=torch.empty(4, device="meta"))
+    with pytest.raises(WrongDeviceError, match=r"t\.m is on meta.*cpu"):
+        store.offload()
+    assert _untouched([ok], [torch.ones(3)])
+
+
+def test_tensor_resized_while_offloaded_is_refused_and_the_copy_kept():
+    a = torch.arange(16.0).reshape(4, 4)
+    b = torch.full((3,), 7.0)
+    store = _store(a=a, b=b)
+    store.offload()
+    a.resize_(8)  # grows the released storage under the store's feet
+    with pytest.raises(TensorChangedError, match=r"t\.a"):
+        store.reload()
+    assert store.is_offloaded(Category.PARAMS)
+    assert b.untyped_storage().nbytes() == 0, "the other tensor was not touched either"
+    assert torch.equal(store.host_tensors()["t.a"], torch.arange(16.0).reshape(4, 4)), "nothing lost"
+    a.resize_(4, 4)  # undo
+    a.untyped_storage().resize_(0)
+    store.reload()
+    assert torch.equal(a, torch.arange(16.0).reshape(4, 4)) and torch.equal(b, torch.full((3,), 7.0))
+
+
+def test_tensor_reassigned_while_offloaded_is_refused():
+    p = torch.nn.Parameter(torch.ones(4))
+    store = _store(p=p)
+    store.offload()
+    p.data = torch.zeros(4)
+    with pytest.raises(TensorChangedError, match="other storage"):
+        store.reload()
+    assert store.is_offloaded("params")
+
+
+def test_one_storage_under_two_categories_is_refused():
+    w = torch.ones(4)
+    store = OffloadStore(TorchRuntime("cpu"))
+    store.attach_tensors(Category.PARAMS, {"w": w}, name="a")
+    store.attach_tensors(Category.BUFFERS, {"w_view": w[1:]}, name="b")
+    with pytest.raises(SharedStorageError, match="one category"):
+        store.offload()
+    assert _untouched([w], [torch.ones(4)])
+
+
+def test_attach_while_offloaded_and_unknown_backend_are_refused():
+    store = _store(x=torch.ones(2))
+    store.offload()
+    with pytest.raises(StoreStateError, match="reload"):
+        store.attach_tensors("params", {"y": torch.ones(2)}, name="late")
+    with pytest.raises(ValueError, match="already attached"):
+        store.reload() or store.attach_tensors("params", {}, name="t")
+    with pytest.raises(UnknownBackendError, match="nvme"):
+        OffloadStore(TorchRuntime("cpu"), backend="nvme")
