@@ -204,7 +204,7 @@ class MemorySaverMethod(Method):
         tms = self._tms
         try:
             tms.hook_mode = "torch"  # no LD_PRELOAD needed; only settable before the first region
-        except AssertionError:
+        except (AssertionError, AttributeError):  # already initialised by an earlier method: keep its mode
             pass
         self.rt = rt
         self.state = {}

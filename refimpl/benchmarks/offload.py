@@ -26,6 +26,7 @@ import logging
 import os
 import platform
 import re
+import gc
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import torch
 
 from refimpl.benchmarks.baselines import Method, line_rate, make_method, rss_bytes, sync
 from refimpl.benchmarks.shapes import SHAPES, StateShape
+from refimpl.store.replica_sync import content_digest
 from refimpl.runtime.base import Runtime
 from refimpl.store import StoreConfig
 
@@ -110,7 +112,11 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
         logger.warning("%s skipped: %s", method.name, why)
         return res
     state = shape.materialize(rt.device)
-    ref = [t.clone() for group in state.values() for t in group.values()] if check else []
+    # the reference is a digest of every tensor's bytes, not device clones: clones would share
+    # allocator blocks with the state and keep its memory from being returned on offload
+    originals = [t for group in state.values() for t in group.values()]
+    ref = (content_digest(originals).cpu(), [t.shape for t in originals]) if check else None
+    del originals
     sync(rt)
     try:
         method.setup(rt, state)
@@ -133,9 +139,9 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
             if cycle == 0:
                 cold_details = method.details()  # e.g. the store's phase times of the first cycle
         if check:
-            res.bit_exact = all(
-                a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-                for a, b in zip(method.tensors(), ref))
+            now = method.tensors()
+            res.bit_exact = [t.shape for t in now] == ref[1] and torch.equal(content_digest(now).cpu(), ref[0])
+            del now
         res.details = method.details()
         if cold_details:
             res.details["cold"] = cold_details
@@ -149,6 +155,7 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
         except Exception:  # noqa: BLE001 - closing a method that failed half-way
             logger.exception("closing %s failed", method.name)
         del state, ref
+        gc.collect()  # a method's buffers must not leak into the next one's measurements
         rt.empty_cache()
     cold, steady = res.cycles[0], res.cycles[1:] or res.cycles
     res.cold_offload_s, res.cold_reload_s = cold["offload_s"], cold["reload_s"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
+import weakref
 import warnings
 from dataclasses import dataclass
 
@@ -62,6 +63,12 @@ class HostPinner:
         self.registrations = 0
         #: high-water mark of :attr:`pinned_bytes`
         self.peak_pinned_bytes = 0
+        # A runtime dropped without free_host for each buffer must not leave registrations
+        # behind: the mappings would be unmapped while still registered, and a later mapping
+        # at the same address fails cudaHostRegister with "already mapped" (error 712).
+        # The finalizer holds the registry (not self), so the buffers stay mapped until
+        # they are unregistered.
+        weakref.finalize(self, _unregister_all, self._live)
 
     # ------------------------------------------------------------------ allocate
 
@@ -135,6 +142,18 @@ class HostPinner:
             warnings.simplefilter("ignore")  # frombuffer warns about non-resizable buffers
             # The tensor holds a reference to the mapping; it is unmapped when the tensor dies.
             return torch.frombuffer(mapping, dtype=dtype, count=numel)
+
+
+def _unregister_all(live: dict[int, "_Registration"]) -> None:
+    """Unregister every buffer still registered (a pinner being collected or the process exiting)."""
+    regs = list(live.values())
+    live.clear()
+    for reg in regs:
+        if reg.registered:
+            try:
+                torch.cuda.cudart().cudaHostUnregister(reg.buffer.data_ptr())
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                logger.debug("cudaHostUnregister at teardown failed", exc_info=True)
 
 
 def _key(tensor: torch.Tensor) -> int:
