@@ -3,7 +3,6 @@
 Subcommands:
 
 * ``sim``    run a simulated scenario (the built-in default when no file is given)
-* ``plan``   advise an offload / process-group policy for a model and cluster
 * ``bench``  measure the offload store against the baselines on this machine
 * ``demo``   run a real offload/reload cycle with TorchRuntime on this machine
 
@@ -19,7 +18,6 @@ import sys
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim.cli", "run a simulated scenario (default scenario when none is given)"),
-    "plan": ("refimpl.policy.cli", "advise an offload and process-group policy from the cost model"),
     "bench": ("refimpl.benchmarks.cli", "benchmark the offload store against baselines"),
     "demo": ("refimpl.demo", "run a real offload/reload cycle on this machine"),
 }
