@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# The offload store on the H200 (Task C): pinning probe, CUDA tests, offload benchmark.
+# The offload store on the H200 (Task C): CUDA tests, then the offload benchmark. One call, about 5.5 min.
 #
-#   bash bench/gpu/store_h200.sh [probe] [tests] [bench]     (default: all three; roughly probe 0.5 min,
-#                                                           tests 1.5 min, bench 4 min)
+#   bash bench/gpu/store_h200.sh [tests] [segments] [bench] [probe]   (default: tests bench, which
+#       includes segments; roughly tests 1.5 min, segments 0.3 min, bench 3.5 min; probe 0.5 min)
 #
-# * probe: cudaHostRegister throughput of 4 GiB: one call, 16 x 256 MiB segments on 1 and 8
-#   threads, with transparent huge pages, pre-faulted, and through TorchRuntime.alloc_host;
-#   shows whether pinning can keep up with the first offload's copies (store_pin_probe.json).
-# * tests: tests/store/test_store_cuda.py (bitwise training equality on the GPU, FSDP2 on one
-#   GPU, memory returned per cudaMemGetInfo, host buffers pinned, copy ordering) and the CPU
-#   store tests on this machine's torch.
-# * bench: `timeshare bench offload` on the dense 7B 1/8-shard state (11.8 GB, 1,164 tensors) and
-#   the MoE state (18.5 GB, 25,164 tensors): the store (defaults) and four variants
-#   (1 pinning thread, no device-side packing, 1 GiB host segments, host memory pinned ahead of the
-#   first offload with store.pin_ahead()) against per-tensor copies
-#   (verl), fresh pin_memory (ROLL Megatron), torch_memory_saver (slime/Relax) and the line rate.
-#   Prints the ratio table and whether each store variant meets the issue's targets; writes
-#   <date>-<device>-offload.json.
+# * tests: tests/store/test_store_cuda.py (bitwise training equality on the GPU, FSDP2 on one GPU,
+#   memory returned per cudaMemGetInfo with host memory pinned at attach and at the first offload,
+#   copy ordering) and the CPU store tests on this machine's torch.
+# * bench: `timeshare bench offload` on the dense 7B 1/8-shard state (11.8 GB, 1,164 tensors) and the
+#   MoE state (18.5 GB, 25,164 tensors): the store with its defaults (host memory pinned ahead at
+#   attach; the pinning time is the `pin setup s` column, paid at setup, outside the cycles), and
+#   store_stage4 (4 staging buffers instead of 2: does the first MoE offload's pack/copy pipeline
+#   stall on the staging ring?), against per-tensor copies (verl), fresh pin_memory (ROLL Megatron),
+#   torch_memory_saver with CPU backup (slime/Relax; its retain_cpu_backup mode is left out for time)
+#   and the line rate. Then the default store alone on the MoE shape
+#   in a second process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (does the cold
+#   offload's ~0.2 s of empty_cache, one cudaFree per allocator segment, shrink?). Prints the ratio
+#   tables and whether each store variant meets the issue's targets; writes
+#   <date>-<device>-offload.json and offload_expandable/<date>-<device>-offload.json.
+# * segments (also run with bench): how many caching-allocator segments the MoE state occupies, and how
+#   long empty_cache takes to cudaFree them after releasing every storage at once or in order (as
+#   early_release does); shows whether early release leaves fewer segments to free (store_segments.json).
+# * probe: cudaHostRegister throughput (run 1 measured it: bench/results/2026-11-29-h200-run1/).
 #
 # Everything lands in $OUT (or bench/results). Exit status: non-zero if the tests failed.
 set -uo pipefail
@@ -24,7 +29,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
-WHAT=" ${*:-probe tests bench} "
+WHAT=" ${*:-tests bench} "
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
 
@@ -104,18 +109,58 @@ fi
 
 if [[ "$WHAT" == *" tests "* ]]; then
   echo "=== store tests (CUDA ones included)"
-  $PY -m pytest -q -p no:cacheprovider tests/store/test_store_cuda.py tests/store/test_store_offload.py \
+  $PY -m pytest -q -p no:cacheprovider tests/store/test_store_cuda.py tests/runtime/test_torch_runtime_cuda.py tests/store/test_store_consolidate.py tests/store/test_store_offload.py \
       tests/store/test_store_errors.py tests/store/test_store_pool.py 2>&1 | tee "$OUT/store_tests.txt" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 
+if [[ "$WHAT" == *" segments "* || "$WHAT" == *" bench "* ]]; then
+  echo "=== allocator segments of the MoE state and the cost of returning them (empty_cache)"
+  $PY - "$OUT/store_segments.json" <<'EOF2'
+import json, sys, time
+import torch
+from refimpl.benchmarks.shapes import moe_shape
+
+def segs():
+    return torch.cuda.memory_stats().get("segment.all.current", 0)
+
+res = {}
+for order in ("all_at_once", "in_copy_order_with_sync"):
+    torch.cuda.empty_cache(); base = segs()
+    state = moe_shape().materialize(torch.device("cuda"))
+    tensors = [t for g in state.values() for t in g.values()]
+    torch.cuda.synchronize()
+    res[order] = {"tensors": len(tensors), "segments": segs() - base}
+    if order == "all_at_once":
+        for t in tensors:
+            t.untyped_storage().resize_(0)
+    else:  # release in order, as early_release does, syncing every 1000 storages
+        for i, t in enumerate(tensors):
+            t.untyped_storage().resize_(0)
+            if i % 1000 == 999:
+                torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter(); torch.cuda.empty_cache(); dt = time.perf_counter() - t0
+    res[order] |= {"segments_after_empty_cache": segs() - base, "empty_cache_s": dt,
+                   "us_per_segment": dt / max(res[order]["segments"], 1) * 1e6}
+    print(json.dumps({order: res[order]}))
+    del state, tensors
+json.dump(res, open(sys.argv[1], "w"), indent=1)
+EOF2
+fi
+
 if [[ "$WHAT" == *" bench "* ]]; then
   echo "=== offload benchmark"
+  # store: the defaults (pinning ahead at attach, store.consolidate() at setup, both timed and
+  # reported); store_raw: no consolidation, so its first cycle collects the separately allocated tensors
   $PY -m refimpl -v bench offload --shapes dense,moe --cycles 3 --baseline-cycles 1 --line-max-gb 4 \
-      --variant store_1thread:pin_threads=1 \
-      --variant store_direct:pack_below_bytes=0 \
-      --variant store_seg1g:segment_bytes=1073741824 \
-      --variant store_pin_ahead:pin_ahead=1 \
+      --variant store_raw:consolidate=0 --methods store,store_raw,per_tensor,fresh_pin,memory_saver \
       --out "$OUT" 2>&1 | tee "$OUT/store_bench.txt" | grep -v "^INFO refimpl.store"
+  echo "=== offload benchmark, MoE, unconsolidated store, expandable segments"
+  mkdir -p "$OUT/offload_expandable"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+    $PY -m refimpl -v bench offload --shapes moe --cycles 2 --line-max-gb 4 \
+      --variant store_raw:consolidate=0 --methods store_raw \
+      --out "$OUT/offload_expandable" 2>&1 | tee "$OUT/store_bench_expandable.txt" | grep -v "^INFO refimpl.store"
 fi
 exit $rc

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "per_tensor, fresh_pin, memory_saver, memory_saver_retain)")
     off.add_argument("--variant", action="append", default=[], metavar="NAME[:key=value,...]",
                      help="a store variant with StoreConfig overrides, e.g. store_1t:pin_threads=1; the key "
-                          "pin_ahead=1 pins host memory before the first offload (repeatable; 'store' with "
+                          "pin_ahead=background|off sets pinning ahead, consolidate=0 skips store.consolidate() at setup (repeatable; 'store' with "
                           "defaults is always first)")
     off.add_argument("--cycles", type=int, default=None, help="steady cycles after the cold one (default 3; dry run 2)")
     off.add_argument("--baseline-cycles", type=int, default=None,
@@ -70,12 +70,12 @@ def run_offload(args: argparse.Namespace) -> int:
 
     rt = TorchRuntime(args.device)
     variants = {"store": StoreConfig()}
-    pin_ahead = set()
+    no_consolidate = set()
     for text in args.variant:
-        name, cfg, ahead = parse_variant(text)
+        name, cfg, consolidate = parse_variant(text)
         variants[name] = cfg
-        if ahead:
-            pin_ahead.add(name)
+        if not consolidate:
+            no_consolidate.add(name)
     methods = args.methods.split(",") if args.methods else [*variants, *BASELINES]
     shapes = shapes_by_name([s for s in args.shapes.split(",") if s], tiny=args.dry_run, moe_layers=args.moe_layers)
     cycles = args.cycles if args.cycles is not None else (2 if args.dry_run else 3)
@@ -83,7 +83,7 @@ def run_offload(args: argparse.Namespace) -> int:
     report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
                        baseline_cycles=args.baseline_cycles,
                        check=not args.no_check, line_max_bytes=int(args.line_max_gb * 2**30),
-                       pin_ahead=frozenset(pin_ahead))
+                       no_consolidate=frozenset(no_consolidate))
     report["dry_run"] = bool(args.dry_run)
     print(format_report(report))
     path = write_report(report, args.out)

@@ -69,6 +69,7 @@ class MethodResult:
     offload_vs_line: float = 0.0
     reload_vs_line: float = 0.0
     cold_vs_steady: float = 0.0
+    pin_setup_s: float | None = None
     pinned_bytes: int | None = None
     pinned_vs_state: float | None = None
     rss_offloaded_bytes: int = 0
@@ -81,25 +82,27 @@ class MethodResult:
 
 
 def parse_variant(text: str) -> tuple[str, StoreConfig, bool]:
-    """``"name:key=value,key=value"`` -> (name, StoreConfig, pin_ahead); values are ints, or strings.
+    """``"name:key=value,key=value"`` -> (name, StoreConfig, consolidate); values are ints, or strings.
 
-    The key ``pin_ahead=1`` is not a StoreConfig field: the variant calls ``store.pin_ahead()`` before
-    its first offload.
+    ``pin_ahead`` takes ``background``/``off`` (StoreConfig) and ``1``/``0`` for the same;
+    ``consolidate=0`` skips ``store.consolidate()`` at setup (default: consolidate).
     """
     name, _, spec = text.partition(":")
     if not name:
         raise ValueError(f"store variant {text!r}: expected NAME[:key=value,...]")
     kwargs: dict[str, Any] = {}
-    pin_ahead = False
+    consolidate = True
     for part in filter(None, spec.split(",")):
         key, _, value = part.partition("=")
-        if key == "pin_ahead":
-            pin_ahead = value not in ("0", "false", "False", "")
+        if key == "consolidate":
+            consolidate = value not in ("0", "false", "False", "")
             continue
+        if key == "pin_ahead" and value not in ("background", "off", "None"):
+            value = "off" if value in ("0", "false", "False", "") else "background"
         if key not in StoreConfig.__dataclass_fields__:
             raise ValueError(f"store variant {text!r}: StoreConfig has no field {key!r}")
         kwargs[key] = int(value) if re.fullmatch(r"-?\d+", value) else (None if value == "None" else value)
-    return name, StoreConfig(**kwargs), pin_ahead
+    return name, StoreConfig(**kwargs), consolidate
 
 
 def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line: dict[str, float],
@@ -143,6 +146,7 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
             res.bit_exact = [t.shape for t in now] == ref[1] and torch.equal(content_digest(now).cpu(), ref[0])
             del now
         res.details = method.details()
+        res.pin_setup_s = res.details.get("pin_setup_s")
         if cold_details:
             res.details["cold"] = cold_details
     except Exception as e:  # noqa: BLE001 - one method failing must not lose the others' results
@@ -210,7 +214,7 @@ def _slug(name: str) -> str:
 
 def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], variants: dict[str, StoreConfig],
               cycles: int, check: bool, line_max_bytes: int,
-              pin_ahead: frozenset[str] = frozenset(), baseline_cycles: int | None = None) -> dict[str, Any]:
+              no_consolidate: frozenset[str] = frozenset(), baseline_cycles: int | None = None) -> dict[str, Any]:
     """Measure every method on every shape; return the JSON-ready report."""
     report: dict[str, Any] = {
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
@@ -220,7 +224,7 @@ def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], vari
         "torch": torch.__version__,
         "cuda": getattr(torch.version, "cuda", None),
         "targets": TARGETS,
-        "variants": {k: asdict(v) | {"pin_ahead": k in pin_ahead} for k, v in variants.items()},
+        "variants": {k: asdict(v) | {"consolidate": k not in no_consolidate} for k, v in variants.items()},
         "shapes": [],
     }
     for shape in shapes:
@@ -228,7 +232,7 @@ def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], vari
         line = line_rate(rt, min(shape.nbytes, line_max_bytes))
         results = []
         for name in methods:
-            method = make_method(name, variants, pin_ahead)
+            method = make_method(name, variants, no_consolidate)
             n = cycles if name in variants or baseline_cycles is None else baseline_cycles
             res = measure(rt, method, shape, cycles=n, line=line, check=check)
             if name in variants and not res.skipped:
@@ -249,7 +253,7 @@ def format_report(report: dict[str, Any]) -> str:
                      f"D2H {line['d2h_gbps']:.1f} GB/s, H2D {line['h2d_gbps']:.1f} GB/s "
                      f"({line['bytes'] / 1e9:.2f} GB copies)")
         head = (f"{'method':<22}{'cold off/rel s':>16}{'off GB/s':>10}{'x line':>8}{'rel GB/s':>10}{'x line':>8}"
-                f"{'cold/std':>9}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
+                f"{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
         lines.append(head)
         lines.append("-" * len(head))
         rows = sh["results"]
@@ -262,10 +266,13 @@ def format_report(report: dict[str, Any]) -> str:
             cycle = r["steady_offload_s"] + r["steady_reload_s"]
             vs = f"{cycle / store_cycle:.2f}" if store_cycle else "-"
             pinned = f"{r['pinned_vs_state']:.3f}" if r["pinned_vs_state"] is not None else "-"
+            setup = f"{r['pin_setup_s']:.3f}" if r.get("pin_setup_s") is not None else "-"
+            consol = (r.get("details") or {}).get("consolidate_s")
+            consol = f"{consol:.3f}" if consol is not None else "-"
             lines.append(
                 f"{r['method']:<22}{r['cold_offload_s']:>7.3f}/{r['cold_reload_s']:<8.3f}{r['offload_gbps']:>10.1f}"
                 f"{r['offload_vs_line']:>8.3f}{r['reload_gbps']:>10.1f}{r['reload_vs_line']:>8.3f}"
-                f"{r['cold_vs_steady']:>9.2f}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
+                f"{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
                 f"{r['returned_vs_state']:>8.3f}{str(r['bit_exact'])[0] if r['bit_exact'] is not None else '-':>6}"
                 f"{vs:>14}")
         for r in rows:

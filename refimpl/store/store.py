@@ -44,8 +44,10 @@ The state is scattered over the framework's storages. For a backend with
 host segments are pinned and copied while collection goes on. Small storages
 are packed on the device and leave in large copies (:mod:`refimpl.store.source`),
 segments are pinned on the pool's threads (:mod:`refimpl.store.pool`), and
-storages are released as their copies complete. :meth:`OffloadStore.pin_ahead` can take the pinning out of the first
-offload altogether. ``StoreStats.phases`` times each phase.
+storages are released as their copies complete. By default on CUDA
+(``StoreConfig.pin_ahead``) the host memory is pinned ahead, at attach, on
+background threads (:meth:`OffloadStore.pin_ahead`), so the first offload finds
+it ready. ``StoreStats.phases`` times each phase.
 """
 from __future__ import annotations
 
@@ -69,9 +71,9 @@ from refimpl.store.collect import (
     storage_view,
 )
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.errors import StoreStateError, TensorChangedError
+from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
-from refimpl.store.planner import gc_paused, plan_layouts, release_as_copied, release_layouts
+from refimpl.store.planner import gc_paused, plan_layouts, prepare_release, release_as_copied, release_layouts
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.residency import changed_tensors, record_released, repoint, restore_released
 from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
@@ -150,6 +152,11 @@ class OffloadStore:
         if any(c.name == collector.name for c in self._collectors):
             raise ValueError(f"a source named {collector.name!r} is already attached; pick another name")
         self._collectors.append(collector)
+        if self.config.pin_ahead_mode(self.rt.device.type) == "background":  # see StoreConfig.pin_ahead
+            try:
+                self.pin_ahead()
+            except (StoreError, RuntimeError, ValueError) as e:  # the offload reports it, where nothing moves
+                logger.warning("pinning ahead at attach of %r skipped (%s: %s)", collector.name, type(e).__name__, e)
 
     # ------------------------------------------------------------------ queries
 
@@ -228,7 +235,8 @@ class OffloadStore:
     def pin_ahead(self, include: Iterable[Category | str] | Category | str | None = None, *, wait: bool = False) -> int:
         """Plan the layouts the next offload will use and start pinning their host memory now.
 
-        Nothing is copied or released. Pinning runs on the pool's threads (or
+        With ``StoreConfig.pin_ahead="background"`` (the default on CUDA) every
+        ``attach_*`` call does this. Nothing is copied or released. Pinning runs on the pool's threads (or
         inline with one thread) while the caller goes on, e.g. training its
         first step, so the first offload finds its buffers pinned. If the state
         changes shape before that offload, the buffers of changed layouts are
@@ -248,6 +256,18 @@ class OffloadStore:
         if wait:
             self.pool.wait_all()
         return sum(layout.nbytes for layout in plan.values())
+
+    def consolidate(self) -> None:
+        """Lay the attached state out in the store's flat device buffers now: one offload and reload.
+
+        Separately allocated tensors (25k MoE expert tensors, say) make the first
+        offload pay for collecting them and for returning thousands of allocator
+        blocks to the driver; afterwards each layout is one flat buffer. Call this at
+        setup (after the optimizer's first step, so its state exists) to pay that
+        once, off the switch window. Bit-exact, like every cycle.
+        """
+        self.offload()
+        self.reload()
 
     # ------------------------------------------------------------------ sync API
 
@@ -279,8 +299,7 @@ class OffloadStore:
         rt = self.rt
         with rt.span("offload"):
             await rt.point("store.offload.begin")
-            t0 = rt.now()
-            free_before = rt.memory_info().free
+            t0, free_before = rt.now(), rt.memory_info().free
             speculative: dict[LayoutKey, tuple[FlatLayout, Awaitable[None]]] = {}
             pending: list[Awaitable[None]] = []
             staging = StagingArea(rt, self.config)
@@ -340,11 +359,13 @@ class OffloadStore:
                         pending.append(await self.backend.offload(layout, src))
                 clock.lap("issue")
                 record_released(ordered)  # per-tensor bookkeeping while the copies run
+                release_plan = prepare_release(ordered, drop_grads)
+                self._counters["copies"] = describe_copies(sources)  # before the wait, not after the copies
                 clock.lap("record")
                 await rt.point("store.offload.wait")
                 self._counters["last_early_releases"] = 0
                 if self.backend.early_release:
-                    await self._release_as_copied(sources)
+                    self._counters["last_early_releases"] = await release_as_copied(rt, sources)
                 while pending:
                     await pending.pop(0)
                 clock.lap("wait")
@@ -357,7 +378,7 @@ class OffloadStore:
                 raise
             await staging.close()
             await rt.point("store.offload.release")
-            moved = self._release(ordered, drop_grads)
+            moved = release_layouts(self.rt, ordered, drop_grads, release_plan)
             for key in [k for k in self._layouts if k.category in cats]:
                 del self._layouts[key]
             self._layouts.update(plan)
@@ -373,10 +394,10 @@ class OffloadStore:
             c["last_device_bytes_freed"] = rt.memory_info().free - free_before
             c["skipped_zero_size"] = len(report.skipped_zero_size)
             c["skipped_host_resident"] = len(report.skipped_host_resident)
-            c["copies"] = describe_copies(sources)
             c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | clock.laps
-            logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s)", sorted(x.value for x in cats),
-                        len(ordered), moved / 1e9, c["last_offload_s"], c["copies"])
+            if logger.isEnabledFor(logging.INFO):
+                logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s)", sorted(x.value for x in cats),
+                            len(ordered), moved / 1e9, c["last_offload_s"], c["copies"])
 
     def _items(self, cats: frozenset[Category]) -> Iterator[Item]:
         for c in self._collectors:
@@ -401,14 +422,6 @@ class OffloadStore:
     def _plan(self, groups: list[StorageGroup], cats: frozenset[Category]) -> dict[LayoutKey, FlatLayout]:
         """Layouts for the collected storages: unchanged resident layouts are reused as they are."""
         return plan_layouts(groups, self._resident(cats), self.backend, self.config)
-
-    def _release(self, layouts: list[FlatLayout], drop_grads: bool) -> int:
-        """Release the device memory of offloaded layouts; returns the bytes copied out."""
-        return release_layouts(self.rt, layouts, drop_grads)
-
-    async def _release_as_copied(self, sources: list[DeviceLayoutSource]) -> None:
-        """Release each storage as soon as the copies carrying its bytes completed (see :mod:`refimpl.store.planner`)."""
-        self._counters["last_early_releases"] = await release_as_copied(self.rt, sources)
 
     def _unadopt(self, cats: frozenset[Category]) -> None:
         """After a failed offload (nothing released): resident layouts go back to weak references."""

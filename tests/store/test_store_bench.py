@@ -8,7 +8,8 @@ from refimpl.cli import main
 def test_bench_dry_run_measures_every_method_and_writes_json(tmp_path, capsys):
     rc = main(["bench", "offload", "--dry-run", "--shapes", "moe", "--cycles", "1",
                "--variant", "store_1t:pin_threads=1,pack_below_bytes=0",
-               "--variant", "store_ahead:pin_ahead=1", "--out", str(tmp_path)])
+               "--variant", "store_ahead:pin_ahead=1", "--variant", "store_raw:consolidate=0",
+               "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "moe-tiny" in out and "x line" in out
@@ -25,15 +26,25 @@ def test_bench_dry_run_measures_every_method_and_writes_json(tmp_path, capsys):
         assert len(r["cycles"]) == 2 and r["offload_gbps"] > 0 and r["reload_gbps"] > 0
     assert by["store"]["pinned_bytes"] >= shape["state_bytes"]
     assert by["store_1t"]["details"]["pin_threads"] == 1 and by["store_1t"]["details"]["copies"]["packed"] == 0
-    assert by["store_ahead"]["details"]["pin_ahead_s"] > 0 and by["store"]["details"]["pin_ahead_s"] is None
+    # pinning ahead is paid at setup and reported apart from the cycle; the CPU default does not pin ahead
+    assert by["store_ahead"]["pin_setup_s"] > 0 and by["store"]["pin_setup_s"] is None
+    assert report["variants"]["store_ahead"]["pin_ahead"] == "background"
+    assert by["store_ahead"]["details"]["cold"]["registrations"] == by["store_ahead"]["details"]["registrations"]
+    assert "pin setup s" in out
     assert by["store_ahead"]["bit_exact"] is True
+    # store.consolidate() at setup is timed and reported; the raw variant's first cycle pays the collection
+    assert by["store"]["details"]["consolidate_s"] > 0 and by["store_raw"]["details"]["consolidate_s"] is None
+    assert report["variants"]["store_raw"]["consolidate"] is False and by["store_raw"]["bit_exact"] is True
     assert set(by["store"]["targets_met"]) >= {"offload_vs_line", "cold_vs_steady", "pinned_vs_state"}
     assert by["memory_saver"]["skipped"] or by["memory_saver"]["bit_exact"]
 
 
 def test_variant_parsing_names_bad_fields():
     name, cfg, ahead = parse_variant("fast:segment_bytes=1048576,pin_fallback=pageable_warn,pin_ahead=1")
-    assert name == "fast" and cfg.segment_bytes == 1 << 20 and cfg.pin_fallback == "pageable_warn" and ahead
+    assert name == "fast" and cfg.segment_bytes == 1 << 20 and cfg.pin_fallback == "pageable_warn"
+    assert cfg.pin_ahead == "background" and ahead  # consolidates at setup unless told not to
+    assert parse_variant("slow:pin_ahead=off")[1].pin_ahead == "off"
+    assert parse_variant("raw:consolidate=0")[2] is False
     try:
         parse_variant("x:no_such_field=1")
     except ValueError as e:

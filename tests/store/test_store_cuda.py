@@ -62,7 +62,8 @@ def test_gpu_training_with_offload_every_step_is_bitwise_identical(set_to_none):
     assert stats.skipped_host_resident == len(ref[2]) // 3
 
 
-def test_gpu_memory_is_really_returned_and_host_memory_really_pinned():
+@pytest.mark.parametrize("pin_ahead", ["off", "background"])
+def test_gpu_memory_is_really_returned_and_host_memory_really_pinned(pin_ahead):
     from refimpl.store import Category, OffloadStore, StoreConfig
 
     rt = _runtime()
@@ -72,8 +73,11 @@ def test_gpu_memory_is_really_returned_and_host_memory_really_pinned():
     state = sum(t.numel() * 4 for t in tensors.values())
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    store = OffloadStore(rt, config=StoreConfig(segment_bytes=64 << 20))
+    store = OffloadStore(rt, config=StoreConfig(segment_bytes=64 << 20, pin_ahead=pin_ahead))
     store.attach_tensors(Category.OPTIMIZER, tensors)
+    store.pool.wait_all()
+    at_attach = store.stats().registrations
+    assert (at_attach > 0) == (pin_ahead == "background"), "pinned at attach only when pinning ahead"
     for cycle in range(3):
         free0, _ = torch.cuda.mem_get_info()
         store.offload()
@@ -86,7 +90,9 @@ def test_gpu_memory_is_really_returned_and_host_memory_really_pinned():
         store.reload()
     assert all(torch.equal(tensors[k].cpu(), want[k]) for k in want)
     assert stats.registrations == len(store.layouts[next(iter(store.layouts))].segments)
-    assert stats.reuses == 2 * stats.registrations
+    # pinned once (at attach when pinning ahead, else by the first offload), reused by every later use
+    assert stats.reuses == (3 if pin_ahead == "background" else 2) * stats.registrations
+    assert pin_ahead == "off" or at_attach == stats.registrations
     first = {tensors["s0"].untyped_storage().data_ptr()}
     assert len({t.untyped_storage().data_ptr() for t in tensors.values()} | first) == 1, "one flat buffer"
 

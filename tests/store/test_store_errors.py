@@ -8,6 +8,7 @@ from refimpl.store import (
     MixedDtypeError,
     OffloadStore,
     SharedStorageError,
+    StoreConfig,
     StoreStateError,
     TensorChangedError,
     UnknownBackendError,
@@ -71,6 +72,16 @@ def test_zero_size_tensors_are_skipped_and_stay_valid():
 def test_tensor_on_another_device_is_refused():
     ok = torch.ones(3)
     store = _store(ok=ok, m=torch.empty(4, device="meta"))
+    with pytest.raises(WrongDeviceError, match=r"t\.m is on meta.*cpu"):
+        store.offload()
+    assert _untouched([ok], [torch.ones(3)])
+
+
+def test_bad_state_with_pin_ahead_is_reported_by_the_offload_not_the_attach(caplog):
+    ok = torch.ones(3)
+    store = OffloadStore(TorchRuntime("cpu"), config=StoreConfig(pin_ahead="background"))
+    store.attach_tensors(Category.PARAMS, {"ok": ok, "m": torch.empty(4, device="meta")}, name="t")
+    assert "pinning ahead at attach of 't' skipped" in caplog.text
     with pytest.raises(WrongDeviceError, match=r"t\.m is on meta.*cpu"):
         store.offload()
     assert _untouched([ok], [torch.ones(3)])

@@ -125,12 +125,18 @@ def test_first_offload_packs_small_storages_later_ones_copy_one_flat_buffer():
     assert rt.copy_stats.count[CopyKind.D2H] - d2h_before == first["direct"] + first["packed"] < 201
     store.reload()
     assert all(torch.equal(tensors[k], want[k]) for k in want)
+    releases: list[int] = []
+    release = rt.release
+    rt.release = lambda t: (releases.append(1), release(t))[1]  # count the runtime's releases
     for _ in range(2):
         for t in tensors.values():
             t.mul_(2)  # training changes values in place
         store.offload()
         assert store.stats().copies == {"flat": 1, "direct": 0, "packed": 0}, "one copy of the flat buffer"
         assert store.stats().last_early_releases == 0 and tensors["e0"].untyped_storage().nbytes() == 0
+        assert all(t.untyped_storage().nbytes() == 0 for t in tensors.values()), "every view released"
+        assert releases == [1], "the flat buffer is released once, not once per entry"
+        releases.clear()
         store.reload()
     assert all(torch.equal(tensors[k], want[k] * 4) for k in want)
 
@@ -332,6 +338,31 @@ def test_host_tensors_are_views_of_the_pinned_buffers():
     assert host["m.w"].untyped_storage()._cdata == host["m.wt"].untyped_storage()._cdata
     store.reload()
     assert store.host_tensors() == {}
+
+
+def test_background_pin_ahead_pins_at_attach_so_the_first_offload_pins_nothing():
+    rt = TorchRuntime("cpu")
+    g = torch.Generator().manual_seed(1)
+    params = {f"p{i}": torch.randn(500 + i, generator=g) for i in range(30)}
+    optim = {f"m{i}": torch.randn(700 + i, generator=g) for i in range(30)}
+    want = {k: v.clone() for k, v in (params | optim).items()}
+    store = OffloadStore(rt, config=StoreConfig(segment_bytes=16 << 10, pin_threads=2, pin_ahead="background"))
+    store.attach_tensors(Category.PARAMS, params, name="p")
+    store.attach_tensors(Category.OPTIMIZER, optim, name="o")
+    store.pool.wait_all()
+    state_bytes = sum(t.nbytes for t in want.values())
+    pinned = store.stats()
+    assert state_bytes <= pinned.host_pinned_bytes <= 1.01 * state_bytes + 2 * 512 * 60, "exact-size host buffers"
+    assert all(t.untyped_storage().nbytes() > 0 for t in params.values()), "attaching moved nothing"
+    store.offload()
+    after = store.stats()
+    assert after.registrations == pinned.registrations, "the first offload pinned nothing more"
+    assert after.host_pinned_bytes == pinned.host_pinned_bytes
+    store.reload()
+    assert all(torch.equal((params | optim)[k], want[k]) for k in want)
+    assert StoreConfig().pin_ahead_mode("cuda") == "background" and StoreConfig().pin_ahead_mode("cpu") == "off"
+    with pytest.raises(ValueError, match="pin_ahead"):
+        StoreConfig(pin_ahead="eager")
 
 
 def test_pin_ahead_pins_exactly_what_the_first_offload_uses():
