@@ -254,7 +254,11 @@ class MemorySaverMethod(Method):
 
 
 def line_rate(rt: Runtime, nbytes: int, repeats: int = 3) -> dict[str, float]:
-    """Median D2H and H2D GB/s of one ``nbytes`` copy between device memory and a pinned buffer."""
+    """Median D2H and H2D GB/s of one ``nbytes`` copy between a device buffer and a pinned buffer.
+
+    ``h2d_fresh_gbps``: H2D into a device buffer freshly allocated after ``empty_cache``, the
+    allocation included, which is what a reload must do.
+    """
     dev = torch.empty(nbytes, dtype=torch.uint8, device=rt.device)
     host = rt.alloc_host(nbytes, torch.uint8, pinned=True, tag="bench.line_rate")
     try:
@@ -270,10 +274,24 @@ def line_rate(rt: Runtime, nbytes: int, repeats: int = 3) -> dict[str, float]:
             t2 = rt.now()
             out["d2h_gbps"].append(nbytes / max(t1 - t0, 1e-9) / 1e9)
             out["h2d_gbps"].append(nbytes / max(t2 - t1, 1e-9) / 1e9)
-        return {k: statistics.median(v[1:]) for k, v in out.items()} | {"bytes": float(nbytes)}
+        rates = {k: statistics.median(v[1:]) for k, v in out.items()}
+        # H2D into device memory just taken from the driver, as every reload does (offload gave it back):
+        # on the H200 this runs slower than into a reused buffer (bench/results/2026-11-29-h200-run3)
+        fresh = []
+        del dev
+        for _ in range(repeats):
+            rt.empty_cache()
+            sync(rt)
+            t0 = rt.now()
+            dev = rt.alloc_device(nbytes, torch.uint8, tag="bench.line_rate.fresh")
+            dev.copy_(host, non_blocking=True)
+            sync(rt)
+            fresh.append(nbytes / max(rt.now() - t0, 1e-9) / 1e9)
+            del dev
+        return rates | {"h2d_fresh_gbps": statistics.median(fresh), "bytes": float(nbytes)}
     finally:
         rt.free_host(host)
-        del dev
+        rt.empty_cache()
         rt.empty_cache()
 
 

@@ -68,6 +68,7 @@ class MethodResult:
     reload_gbps: float = 0.0
     offload_vs_line: float = 0.0
     reload_vs_line: float = 0.0
+    reload_vs_fresh_line: float = 0.0
     cold_vs_steady: float = 0.0
     pin_setup_s: float | None = None
     pinned_bytes: int | None = None
@@ -169,6 +170,7 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     res.reload_gbps = shape.nbytes / max(res.steady_reload_s, 1e-9) / 1e9
     res.offload_vs_line = res.offload_gbps / line["d2h_gbps"]
     res.reload_vs_line = res.reload_gbps / line["h2d_gbps"]
+    res.reload_vs_fresh_line = res.reload_gbps / line.get("h2d_fresh_gbps", line["h2d_gbps"])
     res.cold_vs_steady = (res.cold_offload_s + res.cold_reload_s) / max(res.steady_offload_s + res.steady_reload_s, 1e-9)
     last = res.cycles[-1]
     res.pinned_bytes = None if last["pinned_bytes"] < 0 else int(last["pinned_bytes"])
@@ -251,9 +253,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"{sh['shape']}: {sh['tensors']} tensors, {sh['state_bytes'] / 1e9:.2f} GB; line rate "
                      f"D2H {line['d2h_gbps']:.1f} GB/s, H2D {line['h2d_gbps']:.1f} GB/s "
+                     f"(into fresh device memory {line.get('h2d_fresh_gbps', float('nan')):.1f} GB/s) "
                      f"({line['bytes'] / 1e9:.2f} GB copies)")
         head = (f"{'method':<22}{'cold off/rel s':>16}{'off GB/s':>10}{'x line':>8}{'rel GB/s':>10}{'x line':>8}"
-                f"{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
+                f"{'x fresh':>8}{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
         lines.append(head)
         lines.append("-" * len(head))
         rows = sh["results"]
@@ -272,7 +275,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"{r['method']:<22}{r['cold_offload_s']:>7.3f}/{r['cold_reload_s']:<8.3f}{r['offload_gbps']:>10.1f}"
                 f"{r['offload_vs_line']:>8.3f}{r['reload_gbps']:>10.1f}{r['reload_vs_line']:>8.3f}"
-                f"{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
+                f"{r.get('reload_vs_fresh_line', 0.0):>8.3f}{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
                 f"{r['returned_vs_state']:>8.3f}{str(r['bit_exact'])[0] if r['bit_exact'] is not None else '-':>6}"
                 f"{vs:>14}")
         for r in rows:
