@@ -297,7 +297,7 @@ class OffloadStore:
 
         wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers (Task F)
         rt = self.rt
-        with rt.span("offload"):
+        with rt.span("offload"), gc_paused():  # no collector pass in the switch window
             await rt.point("store.offload.begin")
             t0, free_before = rt.now(), rt.memory_info().free
             speculative: dict[LayoutKey, tuple[FlatLayout, Awaitable[None]]] = {}
@@ -446,7 +446,7 @@ class OffloadStore:
             self._offloaded -= cats
             return
         rt = self.rt
-        with rt.span("reload"):
+        with rt.span("reload"), gc_paused():
             await rt.point("store.reload.begin")
             t0 = rt.now()
             flats: list[torch.Tensor] = []
