@@ -113,7 +113,7 @@ def _equal_training(rank, world_size, dense_shape, expert_shape, expert_order):
             "eddp_groups": [g.ranks for g in topo.groups_over(["eddp"])]}
 
 
-def _check(results, ddp_group, eddp_group):
+def check_training_results(results, ddp_group, eddp_group):
     for rank, res in enumerate(results):
         assert res["diffs"] == [], f"rank {rank}: differs after dedup offload/reload: {res['diffs']}"
         assert res["state_keys"] >= 12  # 6 params + exp_avg, exp_avg_sq (and step) each
@@ -144,7 +144,7 @@ def _check(results, ddp_group, eddp_group):
 def test_hsdp_and_moe_dedup_training_4_ranks():
     # expert mesh with ep as the OUTER rank order: eddp lines {0,1},{2,3} differ from the dense ddp lines {0,2},{1,3}
     results = run_distributed(_equal_training, 4, args=((2, 2), (2, 2, 1), [0, 2, 1, 3]), timeout=240)
-    _check(results, ddp_group=lambda r: (r % 2, r % 2 + 2), eddp_group=lambda r: (2 * (r // 2), 2 * (r // 2) + 1))
+    check_training_results(results, ddp_group=lambda r: (r % 2, r % 2 + 2), eddp_group=lambda r: (2 * (r // 2), 2 * (r // 2) + 1))
 
 
 def _eight_rank_job(rank, world_size):
@@ -201,7 +201,7 @@ def _eight_rank_job(rank, world_size):
 @pytest.mark.slow
 def test_moe_dedup_8_ranks_and_safety_checks():
     results = run_distributed(_eight_rank_job, 8, timeout=300, env={"LOCAL_WORLD_SIZE": "4"})
-    _check(results, ddp_group=lambda r: (r % 4, r % 4 + 4), eddp_group=lambda r: (r % 4, r % 4 + 4))
+    check_training_results(results, ddp_group=lambda r: (r % 4, r % 4 + 4), eddp_group=lambda r: (r % 4, r % 4 + 4))
     for rank, res in enumerate(results):
         # ddp/eddp lines {r, r+4} cross the two 4-rank hosts
         assert res["warnings"] and "spans hosts (0, 1)" in res["warnings"][0], res["warnings"]
