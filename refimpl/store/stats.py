@@ -45,6 +45,8 @@ class StoreStats:
     last_device_bytes_freed: int
     #: storages the last offload released while later copies were still in flight
     last_early_releases: int
+    #: offloads that found the state as the last reload left it with the fast check (no full collection)
+    steady_fast_offloads: int = 0
     copies: dict[str, int] = field(default_factory=dict)
     #: seconds per phase of the last offload (``offload.collect`` ...) and reload (``reload.wait`` ...)
     phases: dict[str, float] = field(default_factory=dict)

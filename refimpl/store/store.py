@@ -75,7 +75,9 @@ from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
 from refimpl.store.planner import gc_paused, plan_layouts, prepare_release, release_as_copied, release_layouts
 from refimpl.store.pool import PinnedHostPool
-from refimpl.store.residency import changed_tensors, record_released, repoint, restore_released
+from refimpl.store.residency import (
+    ItemSignature, adopt_resident, changed_tensors, record_released, repoint, restore_released, steady_unchanged,
+)
 from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
 from refimpl.store.stats import PhaseClock, StoreStats
 from refimpl.store.streaming import StreamingPlan
@@ -112,8 +114,9 @@ class OffloadStore:
         self._collectors: list[Collector] = []
         self._layouts: dict[LayoutKey, FlatLayout] = {}
         self._offloaded: set[Category] = set()
+        self._signature: ItemSignature | None = None  # what the last full collection saw
         self._counters: dict[str, Any] = {
-            "offloads": 0, "reloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
+            "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
             "skipped_host_resident": 0, "copies": {}, "phases": {},
         }
@@ -199,6 +202,7 @@ class OffloadStore:
             last_reload_bytes=c["last_reload_bytes"],
             last_device_bytes_freed=c["last_device_bytes_freed"],
             last_early_releases=c["last_early_releases"],
+            steady_fast_offloads=c["steady_fast_offloads"],
             copies=dict(c["copies"]),
             phases=dict(c["phases"]),
         )
@@ -301,11 +305,13 @@ class OffloadStore:
             await rt.point("store.offload.begin")
             t0, free_before = rt.now(), rt.memory_info().free
             speculative: dict[LayoutKey, tuple[FlatLayout, Awaitable[None]]] = {}
+            flats: dict[LayoutKey, torch.Tensor] = {}
             pending: list[Awaitable[None]] = []
             staging = StagingArea(rt, self.config)
             sources: list[DeviceLayoutSource] = []
             clock = PhaseClock(rt, "offload")
             stream: StreamingPlan | None = None
+            fast = False
             streamed = False
             try:
                 if getattr(self.backend, "speculative_offload", False):
@@ -313,6 +319,8 @@ class OffloadStore:
                         if drop_grads and layout.category is Category.GRADS:
                             continue
                         flat = self._resident_flat(layout)
+                        if flat is not None:
+                            flats[layout.key] = flat
                         if flat is not None:
                             src = DeviceLayoutSource(rt, layout, self.config, flat=flat)
                             sources.append(src)
@@ -325,23 +333,35 @@ class OffloadStore:
                     stream = StreamingPlan(rt, self.backend, self.config, staging, drop_grads=drop_grads,
                                            lookahead=self.pool.pin_threads)
                     grouper = StorageGrouper(rt.device)
+                    items: list = []  # recorded as they stream past, for the next offload's fast check
                     with gc_paused():  # tens of thousands of small objects: no collector passes meanwhile
-                        for group in grouper.feed(self._items(cats)):
+                        for group in grouper.feed(_recorded(self._items(cats), items)):
                             await stream.add(group)
                         clock.lap("collect")
                         groups, report = grouper.finish()
                         plan = await stream.finish()
+                        self._signature = ItemSignature(cats, items, plan, report)
                     streamed = True
                     clock.lap("plan")
                     ordered = sorted(plan.values(), key=_sort_key)
                     sources.extend(stream.sources)
                     pending = [gather(*stream.completions(lay.key)) for lay in ordered]
                 else:
-                    with gc_paused():
-                        groups, report = group_by_storage(self._items(cats), rt.device)
-                        clock.lap("collect")
+                    sig = self._signature
+                    fast = (sig is not None and sig.cats == cats and not drop_grads
+                            and steady_unchanged(self._items(cats), sig, self._resident(cats), flats, rt.device))
+                    clock.lap("collect")
+                    if fast:  # see [Note: steady offload check] in refimpl.store.residency
+                        self._counters["steady_fast_offloads"] += 1
+                        plan, report = {lay.key: lay for lay in self._resident(cats)}, sig.report
+                        for lay in plan.values():
+                            adopt_resident(lay, flats[lay.key])
+                    else:
+                        items = list(self._items(cats))
+                        groups, report = group_by_storage(items, rt.device)
                         plan = self._plan(groups, cats)
-                        clock.lap("plan")
+                        self._signature = ItemSignature(cats, items, plan, report)
+                    clock.lap("plan")
                     for key in list(speculative):
                         layout, finisher = speculative[key]
                         if plan.get(key) is not layout:  # changed since the reload: discard the copy
@@ -358,7 +378,8 @@ class OffloadStore:
                         sources.append(src)
                         pending.append(await self.backend.offload(layout, src))
                 clock.lap("issue")
-                record_released(ordered)  # per-tensor bookkeeping while the copies run
+                if not fast:  # the fast path recorded it while adopting
+                    record_released(ordered)  # per-tensor bookkeeping while the copies run
                 release_plan = prepare_release(ordered, drop_grads)
                 self._counters["copies"] = describe_copies(sources)  # before the wait, not after the copies
                 clock.lap("record")
@@ -497,6 +518,13 @@ class OffloadStore:
             c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("reload.")} | clock.laps
             logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats), len(todo),
                         moved / 1e9, c["last_reload_s"])
+
+
+def _recorded(items: Iterator[Item], into: list) -> Iterator[Item]:
+    """Pass ``items`` through, appending each to ``into``."""
+    for it in items:
+        into.append(it)
+        yield it
 
 
 async def _drain(finishers: Iterable[Awaitable[None]]) -> None:
