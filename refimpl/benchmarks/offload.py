@@ -21,12 +21,12 @@ variant. Results go to ``bench/results/<date>-<device>-offload.json``.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import logging
 import os
 import platform
 import re
-import gc
 import statistics
 import subprocess
 import sys
@@ -38,9 +38,9 @@ import torch
 
 from refimpl.benchmarks.baselines import Method, line_rate, make_method, rss_bytes, sync
 from refimpl.benchmarks.shapes import SHAPES, StateShape
-from refimpl.store.replica_sync import content_digest
 from refimpl.runtime.base import Runtime
 from refimpl.store import StoreConfig
+from refimpl.store.replica_sync import content_digest
 
 logger = logging.getLogger(__name__)
 

@@ -311,9 +311,9 @@ class Runtime(abc.ABC):
     def group_live(self, name: str) -> bool:
         """True if the group exists and is not destroyed (it may be suspended)."""
 
+    @abc.abstractmethod
     def group_names(self) -> list[str]:
         """Names of all groups this runtime knows, live or destroyed."""
-        raise NotImplementedError
 
     # communicator memory control (NCCL suspend/resume). Runtimes without it say so.
 

@@ -336,7 +336,7 @@ def create_backend(
     return backend
 
 
-register_backend("local", lambda runtime, pool, config, **options: LocalBackend(runtime, pool, config, **options))
+register_backend("local", LocalBackend)
 
 
 __all__ = [

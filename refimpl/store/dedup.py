@@ -463,7 +463,7 @@ class DedupBackend(StoreBackend):
         self._local.close()
 
 
-register_backend("local_dedup", lambda runtime, pool, config, **options: DedupBackend(runtime, pool, config, **options))
+register_backend("local_dedup", DedupBackend)
 
 
 __all__ = [

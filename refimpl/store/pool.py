@@ -184,10 +184,7 @@ class PinnedHostPool:
         self._buffers[key] = buf
         try:
             for i, n in enumerate(sizes):
-                if self.pin_threads > 1 and n > 0:
-                    buf._futures[i] = self._pool().submit(self._fill, buf, i, n)
-                else:
-                    self._fill(buf, i, n)
+                self._start_fill(buf, i, n)
         except BaseException:
             buf.failed = True
             self.free(key)
@@ -231,10 +228,7 @@ class PinnedHostPool:
                     self._reuses += 1
                 return i
         try:
-            if self.pin_threads > 1 and numel > 0:
-                buf._futures[i] = self._pool().submit(self._fill, buf, i, numel)
-            else:
-                self._fill(buf, i, numel)
+            self._start_fill(buf, i, numel)
         except BaseException:
             buf.failed = True
             raise
@@ -312,6 +306,13 @@ class PinnedHostPool:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.pin_threads, thread_name_prefix="pin")
         return self._executor
+
+    def _start_fill(self, buf: HostBuffer, i: int, numel: int) -> None:
+        """Allocate and pin segment ``i`` of ``buf``: on the pinning threads when there are several, else now."""
+        if self.pin_threads > 1 and numel > 0:
+            buf._futures[i] = self._pool().submit(self._fill, buf, i, numel)
+        else:
+            self._fill(buf, i, numel)
 
     def _fill(self, buf: HostBuffer, i: int, numel: int) -> None:
         """Allocate segment ``i`` (pinned, or pageable with a warning under the fallback)."""

@@ -32,6 +32,13 @@ from refimpl.store.pool import HostBuffer
 logger = logging.getLogger(__name__)
 
 
+async def _finish_issued(copies: list[Completion]) -> None:
+    """Wait for copies already issued: none may still write into host memory the caller is about to free."""
+    for c in copies:
+        if not c.done():
+            await c
+
+
 class StagingArea:
     """A ring of device staging buffers for packing small storages, shared by one offload.
 
@@ -142,10 +149,7 @@ class DeviceLayoutSource(LayoutSource):
                 await self.rt.point("store.offload.copy")
                 await self._copy_into(host.segment(i), lo, hi, out)
         except BaseException:
-            # no copy may still be writing into host memory the caller is about to free
-            for c in out:
-                if not c.done():
-                    await c
+            await _finish_issued(out)
             raise
         return out
 
@@ -159,9 +163,7 @@ class DeviceLayoutSource(LayoutSource):
             await self.rt.point("store.offload.copy")
             await self._copy_into(dst, start, stop, out)
         except BaseException:
-            for c in out:
-                if not c.done():
-                    await c
+            await _finish_issued(out)
             raise
         return out
 

@@ -347,13 +347,13 @@ class OffloadStore:
                     sources.extend(stream.sources)
                     pending = [gather(*stream.completions(lay.key)) for lay in ordered]
                 else:
-                    sig = self._signature
+                    sig, resident = self._signature, self._resident(cats)
                     fast = (sig is not None and sig.cats == cats and not drop_grads
-                            and steady_unchanged(self._items(cats), sig, self._resident(cats), flats, rt.device))
+                            and steady_unchanged(self._items(cats), sig, resident, flats, rt.device))
                     clock.lap("collect")
                     if fast:  # see [Note: steady offload check] in refimpl.store.residency
                         self._counters["steady_fast_offloads"] += 1
-                        plan, report = {lay.key: lay for lay in self._resident(cats)}, sig.report
+                        plan, report = {lay.key: lay for lay in resident}, sig.report
                         for lay in plan.values():
                             adopt_resident(lay, flats[lay.key])
                     else:
