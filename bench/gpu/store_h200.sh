@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The offload store on the H200 (Task C): CUDA tests, then the offload benchmark. One call, about 5.5 min.
 #
-#   bash bench/gpu/store_h200.sh [tests] [segments] [bench] [probe]   (default: tests bench, which
-#       includes segments; roughly tests 1.5 min, segments 0.3 min, bench 3.5 min; probe 0.5 min)
+#   bash bench/gpu/store_h200.sh [tests] [segments] [bench] [expandable] [probe]   (default: tests
+#       bench; roughly tests 1.5 min, segments 0.3 min, bench 3 min, expandable 0.5 min, probe 0.5 min)
 #
 # * tests: tests/store/test_store_cuda.py (bitwise training equality on the GPU, FSDP2 on one GPU,
 #   memory returned per cudaMemGetInfo with host memory pinned at attach and at the first offload,
@@ -13,12 +13,13 @@
 #   store_stage4 (4 staging buffers instead of 2: does the first MoE offload's pack/copy pipeline
 #   stall on the staging ring?), against per-tensor copies (verl), fresh pin_memory (ROLL Megatron),
 #   torch_memory_saver with CPU backup (slime/Relax; its retain_cpu_backup mode is left out for time)
-#   and the line rate. Then the default store alone on the MoE shape
-#   in a second process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (does the cold
-#   offload's ~0.2 s of empty_cache, one cudaFree per allocator segment, shrink?). Prints the ratio
-#   tables and whether each store variant meets the issue's targets; writes
-#   <date>-<device>-offload.json and offload_expandable/<date>-<device>-offload.json.
-# * segments (also run with bench): how many caching-allocator segments the MoE state occupies, and how
+#   and the line rate, with the default phase gap (0.25 s between offload and reload) and one
+#   back-to-back cycle per method. Prints the ratio tables and whether each store variant meets the
+#   issue's targets; writes <date>-<device>-offload.json.
+# * expandable: the unconsolidated store alone on the MoE shape in a second process with
+#   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (does the cold offload's ~0.2 s of empty_cache,
+#   one cudaFree per allocator segment, shrink?); writes offload_expandable/<date>-<device>-offload.json.
+# * segments: how many caching-allocator segments the MoE state occupies, and how
 #   long empty_cache takes to cudaFree them after releasing every storage at once or in order (as
 #   early_release does); shows whether early release leaves fewer segments to free (store_segments.json).
 # * probe: cudaHostRegister throughput (run 1 measured it: bench/results/2026-11-29-h200-run1/).
@@ -114,7 +115,7 @@ if [[ "$WHAT" == *" tests "* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 
-if [[ "$WHAT" == *" segments "* || "$WHAT" == *" bench "* ]]; then
+if [[ "$WHAT" == *" segments "* ]]; then
   echo "=== allocator segments of the MoE state and the cost of returning them (empty_cache)"
   $PY - "$OUT/store_segments.json" <<'EOF2'
 import json, sys, time
@@ -156,6 +157,8 @@ if [[ "$WHAT" == *" bench "* ]]; then
   $PY -m refimpl -v bench offload --shapes dense,moe --cycles 3 --baseline-cycles 1 --line-max-gb 4 \
       --variant store_raw:consolidate=0 --methods store,store_raw,per_tensor,fresh_pin,memory_saver \
       --out "$OUT" 2>&1 | tee "$OUT/store_bench.txt" | grep -v "^INFO refimpl.store"
+fi
+if [[ "$WHAT" == *" expandable "* ]]; then
   echo "=== offload benchmark, MoE, unconsolidated store, expandable segments"
   mkdir -p "$OUT/offload_expandable"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \

@@ -21,6 +21,7 @@ import importlib
 import logging
 import mmap
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -253,11 +254,13 @@ class MemorySaverMethod(Method):
             self.rt.empty_cache()
 
 
-def line_rate(rt: Runtime, nbytes: int, repeats: int = 3) -> dict[str, float]:
+def line_rate(rt: Runtime, nbytes: int, repeats: int = 3, *, phase_gap_s: float = 0.0) -> dict[str, float]:
     """Median D2H and H2D GB/s of one ``nbytes`` copy between a device buffer and a pinned buffer.
 
-    ``h2d_fresh_gbps``: H2D into a device buffer freshly allocated after ``empty_cache``, the
-    allocation included, which is what a reload must do.
+    ``h2d_fresh_gbps``: H2D into a device buffer allocated after ``empty_cache``, the allocation
+    included, as a reload does, ``phase_gap_s`` after the previous buffer went back to the driver;
+    ``h2d_fresh_b2b_gbps``: the same right after the free, while the driver still scrubs the
+    freed memory (see :mod:`refimpl.benchmarks.offload`).
     """
     dev = torch.empty(nbytes, dtype=torch.uint8, device=rt.device)
     host = rt.alloc_host(nbytes, torch.uint8, pinned=True, tag="bench.line_rate")
@@ -275,20 +278,22 @@ def line_rate(rt: Runtime, nbytes: int, repeats: int = 3) -> dict[str, float]:
             out["d2h_gbps"].append(nbytes / max(t1 - t0, 1e-9) / 1e9)
             out["h2d_gbps"].append(nbytes / max(t2 - t1, 1e-9) / 1e9)
         rates = {k: statistics.median(v[1:]) for k, v in out.items()}
-        # H2D into device memory just taken from the driver, as every reload does (offload gave it back):
-        # on the H200 this runs slower than into a reused buffer (bench/results/2026-11-29-h200-run3)
-        fresh = []
+        fresh: dict[str, list[float]] = {"h2d_fresh_gbps": [], "h2d_fresh_b2b_gbps": []}
+        for key, gap in (("h2d_fresh_gbps", phase_gap_s), ("h2d_fresh_b2b_gbps", 0.0)):
+            for _ in range(repeats):
+                del dev
+                rt.empty_cache()
+                sync(rt)
+                if gap:
+                    time.sleep(gap)
+                t0 = rt.now()
+                dev = rt.alloc_device(nbytes, torch.uint8, tag="bench.line_rate.fresh")
+                dev.copy_(host, non_blocking=True)
+                sync(rt)
+                fresh[key].append(nbytes / max(rt.now() - t0, 1e-9) / 1e9)
         del dev
-        for _ in range(repeats):
-            rt.empty_cache()
-            sync(rt)
-            t0 = rt.now()
-            dev = rt.alloc_device(nbytes, torch.uint8, tag="bench.line_rate.fresh")
-            dev.copy_(host, non_blocking=True)
-            sync(rt)
-            fresh.append(nbytes / max(rt.now() - t0, 1e-9) / 1e9)
-            del dev
-        return rates | {"h2d_fresh_gbps": statistics.median(fresh), "bytes": float(nbytes)}
+        rates |= {k: statistics.median(v) for k, v in fresh.items()}
+        return rates | {"bytes": float(nbytes), "phase_gap_s": phase_gap_s}
     finally:
         rt.free_host(host)
         rt.empty_cache()

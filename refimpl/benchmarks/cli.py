@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     off.add_argument("--baseline-cycles", type=int, default=None,
                      help="steady cycles for the baselines (default: as --cycles; they are slow)")
     off.add_argument("--no-check", action="store_true", help="skip the bit-exactness check (saves a state copy)")
+    off.add_argument("--phase-gap-s", type=float, default=None,
+                     help="pause between each offload and the next reload, the other role's turn (default 0.25 "
+                          "on CUDA, 0 on CPU); one extra back-to-back cycle is always measured without it")
+    off.add_argument("--other-role-gb", type=float, default=0.0,
+                     help="device memory the other role takes in each gap and frees right before the reload "
+                          "(default 0)")
     off.add_argument("--line-max-gb", type=float, default=8.0, help="cap on the line-rate copy size")
     off.add_argument("--out", default="bench/results", help="directory for the JSON report")
     for name, (module, help_text) in _OTHER.items():
@@ -79,11 +85,16 @@ def run_offload(args: argparse.Namespace) -> int:
     methods = args.methods.split(",") if args.methods else [*variants, *BASELINES]
     shapes = shapes_by_name([s for s in args.shapes.split(",") if s], tiny=args.dry_run, moe_layers=args.moe_layers)
     cycles = args.cycles if args.cycles is not None else (2 if args.dry_run else 3)
-    print(f"device {rt.device}; shapes: " + "; ".join(s.describe() for s in shapes))
+    gap = args.phase_gap_s if args.phase_gap_s is not None else (0.25 if rt.device.type == "cuda" else 0.0)
+    if gap < 0 or args.other_role_gb < 0:
+        print(f"--phase-gap-s and --other-role-gb must be >= 0, got {gap} and {args.other_role_gb}")
+        return 2
+    print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes))
     report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
                        baseline_cycles=args.baseline_cycles,
                        check=not args.no_check, line_max_bytes=int(args.line_max_gb * 2**30),
-                       no_consolidate=frozenset(no_consolidate))
+                       no_consolidate=frozenset(no_consolidate), phase_gap_s=gap,
+                       other_role_bytes=int(args.other_role_gb * 1e9))
     report["dry_run"] = bool(args.dry_run)
     print(format_report(report))
     path = write_report(report, args.out)

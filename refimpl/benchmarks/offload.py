@@ -7,10 +7,23 @@ in one process:
    buffer (:func:`~refimpl.benchmarks.baselines.line_rate`);
 2. each method (store variants and baselines, :mod:`refimpl.benchmarks.baselines`)
    on a freshly materialized state: the first (cold) offload+reload cycle,
-   then ``cycles`` steady ones. Per cycle it records offload and reload wall
-   time (device synchronized), the rise of the driver's free device memory
-   over the offload (``Runtime.memory_info``), pinned host bytes and process
-   RSS; after the last reload it checks every tensor bit for bit.
+   then ``cycles`` steady ones, then one back-to-back cycle. Per cycle it
+   records offload and reload wall time (device synchronized), the rise of the
+   driver's free device memory over the offload (``Runtime.memory_info``),
+   pinned host bytes and process RSS; after the last reload it checks every
+   tensor bit for bit.
+
+The phase gap. In an RL loop the other role runs between an offload and the
+next reload, for seconds. The benchmark pauses ``phase_gap_s`` there (default
+0.25 s on CUDA). This matters for the reload: the driver zero-fills device
+memory given back to it, in the background, and host-to-device copies into
+memory allocated while that scrub runs lose its time (on the H200: 11 GiB
+copied at 49 GB/s right after the free, 53.6 GB/s after 20 ms, 54.4 GB/s after
+0.5 s, against 55.4 into a reused buffer; ``bench/results/2026-11-29-h200-run7``).
+The back-to-back cycle (no gap, reported as ``reload_b2b_*``) shows the cost
+when a reload follows the free at once. ``other_role_bytes`` plays the other
+role in the gap: it allocates and writes that many bytes, and gives them back
+to the driver right before the reload, as a rollout engine going to sleep does.
 
 Ratios printed: steady offload/reload GB/s against the line rate measured in
 the same run, cold cycle against a steady cycle, pinned bytes and returned
@@ -30,6 +43,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +83,10 @@ class MethodResult:
     offload_vs_line: float = 0.0
     reload_vs_line: float = 0.0
     reload_vs_fresh_line: float = 0.0
+    phase_gap_s: float = 0.0
+    reload_b2b_s: float = 0.0
+    reload_b2b_gbps: float = 0.0
+    reload_b2b_vs_line: float = 0.0
     cold_vs_steady: float = 0.0
     pin_setup_s: float | None = None
     pinned_bytes: int | None = None
@@ -107,9 +125,12 @@ def parse_variant(text: str) -> tuple[str, StoreConfig, bool]:
 
 
 def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line: dict[str, float],
-            check: bool = True) -> MethodResult:
-    """Cold cycle + ``cycles`` steady cycles of ``method`` on a fresh ``shape`` state."""
-    res = MethodResult(method.name, shape.name, shape.nbytes, len(shape.tensors))
+            check: bool = True, phase_gap_s: float = 0.0, other_role_bytes: int = 0) -> MethodResult:
+    """Cold cycle + ``cycles`` steady cycles of ``method`` on a fresh ``shape`` state, each with a pause of
+    ``phase_gap_s`` between offload and reload, then one back-to-back cycle without it."""
+    if phase_gap_s < 0 or other_role_bytes < 0:
+        raise ValueError(f"phase_gap_s and other_role_bytes must be >= 0, got {phase_gap_s}, {other_role_bytes}")
+    res = MethodResult(method.name, shape.name, shape.nbytes, len(shape.tensors), phase_gap_s=phase_gap_s)
     ok, why = method.available()
     if not ok:
         res.skipped = why
@@ -125,7 +146,8 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     try:
         method.setup(rt, state)
         sync(rt)
-        for cycle in range(cycles + 1):
+        for cycle in range(cycles + 2):  # cold, steady..., back-to-back
+            b2b = cycle == cycles + 1
             free0 = rt.memory_info().free
             t0 = rt.now()
             method.offload()
@@ -134,10 +156,15 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
             free1 = rt.memory_info().free
             rss = rss_bytes()
             pinned = method.host_pinned_bytes()
+            if not b2b:
+                _other_role(rt, phase_gap_s, other_role_bytes)
             t2 = rt.now()
             method.reload()
             sync(rt)
             t3 = rt.now()
+            if b2b:
+                res.reload_b2b_s = t3 - t2
+                continue
             res.cycles.append({"offload_s": t1 - t0, "reload_s": t3 - t2, "returned_bytes": free1 - free0,
                                "rss_bytes": rss, "pinned_bytes": -1 if pinned is None else pinned})
             if cycle == 0:
@@ -171,6 +198,8 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     res.offload_vs_line = res.offload_gbps / line["d2h_gbps"]
     res.reload_vs_line = res.reload_gbps / line["h2d_gbps"]
     res.reload_vs_fresh_line = res.reload_gbps / line.get("h2d_fresh_gbps", line["h2d_gbps"])
+    res.reload_b2b_gbps = shape.nbytes / max(res.reload_b2b_s, 1e-9) / 1e9
+    res.reload_b2b_vs_line = res.reload_b2b_gbps / line["h2d_gbps"]
     res.cold_vs_steady = (res.cold_offload_s + res.cold_reload_s) / max(res.steady_offload_s + res.steady_reload_s, 1e-9)
     last = res.cycles[-1]
     res.pinned_bytes = None if last["pinned_bytes"] < 0 else int(last["pinned_bytes"])
@@ -179,6 +208,21 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     res.returned_bytes = int(min(c["returned_bytes"] for c in res.cycles))
     res.returned_vs_state = res.returned_bytes / shape.nbytes
     return res
+
+
+def _other_role(rt: Runtime, seconds: float, nbytes: int) -> None:
+    """The other role's turn between an offload and a reload: ``seconds`` of pause, holding and writing
+    ``nbytes`` of device memory that goes back to the driver at the end."""
+    if nbytes:
+        buf = rt.alloc_device(nbytes, torch.uint8, tag="bench.other_role")
+        buf.fill_(1)
+        sync(rt)
+    if seconds:
+        time.sleep(seconds)
+    if nbytes:
+        del buf
+        rt.empty_cache()
+        sync(rt)
 
 
 def check_targets(res: MethodResult) -> dict[str, bool]:
@@ -216,8 +260,13 @@ def _slug(name: str) -> str:
 
 def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], variants: dict[str, StoreConfig],
               cycles: int, check: bool, line_max_bytes: int,
-              no_consolidate: frozenset[str] = frozenset(), baseline_cycles: int | None = None) -> dict[str, Any]:
-    """Measure every method on every shape; return the JSON-ready report."""
+              no_consolidate: frozenset[str] = frozenset(), baseline_cycles: int | None = None,
+              phase_gap_s: float = 0.0, other_role_bytes: int = 0) -> dict[str, Any]:
+    """Measure every method on every shape; return the JSON-ready report.
+
+    ``phase_gap_s``: the pause between each offload and the next reload; ``other_role_bytes``: device
+    memory the other role takes in that pause and frees right before the reload (module docstring).
+    """
     report: dict[str, Any] = {
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -226,17 +275,20 @@ def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], vari
         "torch": torch.__version__,
         "cuda": getattr(torch.version, "cuda", None),
         "targets": TARGETS,
+        "phase_gap_s": phase_gap_s,
+        "other_role_bytes": other_role_bytes,
         "variants": {k: asdict(v) | {"consolidate": k not in no_consolidate} for k, v in variants.items()},
         "shapes": [],
     }
     for shape in shapes:
         logger.info("shape %s", shape.describe())
-        line = line_rate(rt, min(shape.nbytes, line_max_bytes))
+        line = line_rate(rt, min(shape.nbytes, line_max_bytes), phase_gap_s=phase_gap_s)
         results = []
         for name in methods:
             method = make_method(name, variants, no_consolidate)
             n = cycles if name in variants or baseline_cycles is None else baseline_cycles
-            res = measure(rt, method, shape, cycles=n, line=line, check=check)
+            res = measure(rt, method, shape, cycles=n, line=line, check=check, phase_gap_s=phase_gap_s,
+                          other_role_bytes=other_role_bytes)
             if name in variants and not res.skipped:
                 res.targets_met = check_targets(res)
             results.append(res)
@@ -253,10 +305,15 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"{sh['shape']}: {sh['tensors']} tensors, {sh['state_bytes'] / 1e9:.2f} GB; line rate "
                      f"D2H {line['d2h_gbps']:.1f} GB/s, H2D {line['h2d_gbps']:.1f} GB/s "
-                     f"(into fresh device memory {line.get('h2d_fresh_gbps', float('nan')):.1f} GB/s) "
+                     f"(into fresh device memory {line.get('h2d_fresh_gbps', float('nan')):.1f} GB/s "
+                     f"{report.get('phase_gap_s', 0.0):g} s after the free, "
+                     f"{line.get('h2d_fresh_b2b_gbps', float('nan')):.1f} GB/s right after it) "
                      f"({line['bytes'] / 1e9:.2f} GB copies)")
+        if report.get("other_role_bytes"):
+            lines.append(f"  (the other role takes {report['other_role_bytes'] / 1e9:.1f} GB in each gap and frees it "
+                         f"right before the reload)")
         head = (f"{'method':<22}{'cold off/rel s':>16}{'off GB/s':>10}{'x line':>8}{'rel GB/s':>10}{'x line':>8}"
-                f"{'x fresh':>8}{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
+                f"{'b2b x':>8}{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
         lines.append(head)
         lines.append("-" * len(head))
         rows = sh["results"]
@@ -275,7 +332,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"{r['method']:<22}{r['cold_offload_s']:>7.3f}/{r['cold_reload_s']:<8.3f}{r['offload_gbps']:>10.1f}"
                 f"{r['offload_vs_line']:>8.3f}{r['reload_gbps']:>10.1f}{r['reload_vs_line']:>8.3f}"
-                f"{r.get('reload_vs_fresh_line', 0.0):>8.3f}{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
+                f"{r.get('reload_b2b_vs_line', 0.0):>8.3f}{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
                 f"{r['returned_vs_state']:>8.3f}{str(r['bit_exact'])[0] if r['bit_exact'] is not None else '-':>6}"
                 f"{vs:>14}")
         for r in rows:

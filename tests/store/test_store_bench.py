@@ -1,6 +1,8 @@
 """``timeshare bench offload --dry-run`` and ``timeshare demo`` run end to end on this machine."""
 import json
 
+import pytest
+
 from refimpl.benchmarks.offload import parse_variant
 from refimpl.cli import main
 
@@ -58,3 +60,42 @@ def test_demo_round_trips_a_small_model(capsys):
     out = capsys.readouterr().out
     assert "bit-exact after reload: True" in out and "tied embedding still tied: True" in out
     assert "1 flat buffer(s)" in out and "reuses" in out
+
+
+def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsys):
+    """The gap sits between offload and reload (not in either time), the other role's memory comes and goes in
+    it, and one back-to-back cycle is timed apart from the steady ones."""
+    import time
+
+    rc = main(["bench", "offload", "--dry-run", "--shapes", "dense", "--cycles", "1", "--methods", "store",
+               "--phase-gap-s", "0.2", "--other-role-gb", "0.01", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GB" in out and "b2b x" in out
+    report = json.loads(next(tmp_path.glob("*-offload.json")).read_text())
+    assert report["phase_gap_s"] == 0.2 and report["other_role_bytes"] == 10_000_000
+    (shape,) = report["shapes"]
+    assert shape["line_rate"]["phase_gap_s"] == 0.2 and shape["line_rate"]["h2d_fresh_b2b_gbps"] > 0
+    (r,) = shape["results"]
+    assert r["phase_gap_s"] == 0.2 and len(r["cycles"]) == 2  # cold + 1 steady; the b2b cycle is apart
+    assert r["reload_b2b_s"] > 0 and r["reload_b2b_gbps"] > 0 and r["bit_exact"] is True
+    assert all(c["reload_s"] < 0.2 and c["offload_s"] < 0.2 for c in r["cycles"])  # the gap is in neither time
+
+    # measure() itself: the gap is really waited (wall time grows by about cycles x gap)
+    from refimpl.benchmarks.baselines import StoreMethod, line_rate
+    from refimpl.benchmarks.offload import measure, shapes_by_name
+    from refimpl.runtime import TorchRuntime
+
+    rt = TorchRuntime("cpu")
+    (dense,) = shapes_by_name(["dense"], tiny=True)
+    line = line_rate(rt, 1 << 20)
+    t0 = time.perf_counter()
+    measure(rt, StoreMethod(), dense, cycles=1, line=line, phase_gap_s=0.3)
+    assert time.perf_counter() - t0 >= 0.6  # cold + steady gaps; the back-to-back cycle has none
+    with pytest.raises(ValueError, match="phase_gap_s"):
+        measure(rt, StoreMethod(), dense, cycles=1, line=line, phase_gap_s=-1)
+
+
+def test_bench_rejects_a_negative_gap(tmp_path, capsys):
+    assert main(["bench", "offload", "--dry-run", "--phase-gap-s", "-1", "--out", str(tmp_path)]) == 2
+    assert "must be >= 0" in capsys.readouterr().out
