@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -29,8 +29,12 @@ CACHE_TAG = "allocator cache"
 class RankAllocator:
     """Allocates one rank's device and host tensors and keeps the memory model's ledger in step."""
 
-    def __init__(self, memory: MemoryModel, rank: int, device: torch.device):
+    def __init__(self, memory: MemoryModel, rank: int, device: torch.device,
+                 on_returned: Callable[[int], None] | None = None):
+        """``on_returned(nbytes)`` is called whenever device bytes go back to the driver (``release``,
+        ``empty_cache``), e.g. to start the transport's model of the driver's scrub."""
         self._memory = memory
+        self._on_returned = on_returned
         self.rank = rank
         self.device = device
         self._device: dict[int, tuple[int, str, Any]] = {}  # storage key -> (nbytes, tag, finalizer)
@@ -80,12 +84,19 @@ class RankAllocator:
         nbytes, tag, fin = entry
         fin.detach()
         self._memory.free_device(self.rank, nbytes, tag)
+        self._returned(nbytes)
 
     def empty_cache(self) -> None:
         """Return the bytes of dropped buffers to the device ledger."""
         if self.cached:
-            self._memory.free_device(self.rank, self.cached, CACHE_TAG)
+            n = self.cached
+            self._memory.free_device(self.rank, n, CACHE_TAG)
             self.cached = 0
+            self._returned(n)
+
+    def _returned(self, nbytes: int) -> None:
+        if self._on_returned is not None and nbytes:
+            self._on_returned(nbytes)
 
     def alloc_host(self, numel: int, dtype: torch.dtype, pinned: bool, tag: str) -> torch.Tensor:
         """A 1-D host tensor of exactly ``numel`` elements, charged as pinned or pageable."""

@@ -14,6 +14,14 @@ its direction. Offloads are simulated at the D2H rate and reloads at the H2D
 rate (the topology's links have one rate for both directions, so each direction
 is simulated on its own copy of the preset).
 
+Between an offload and its reload the simulation pauses ``phase_gap_s`` (the
+report's, 0 for reports made before the benchmark had a gap). The H200 presets
+model the driver's scrub of freed device memory ([Note: the driver's scrub of
+freed memory] in :mod:`sim.flows`): the scrub of what the offload freed runs
+from the free on, through the offload's host time that follows it (taken as
+the preset's whole offload host time) and the gap; a reload that starts before
+it is done waits for the rest before its first copy.
+
 The simulated runtime charges no time for host-side Python work. The store's
 host time that does not overlap its copies is added from preset constants
 measured on the H200 (their ``source`` names the run): before/after the
@@ -54,8 +62,9 @@ def _topology(preset: str, pcie_bps: float | None):
     return Topology(data, where=f"preset {preset!r}")
 
 
-def _simulate(shape: Any, topo: Any, cycles: int, config: Any) -> list[dict[str, Any]]:
-    """Offload/reload times of ``shape`` per cycle on one simulated rank of ``topo`` (copies only)."""
+def _simulate(shape: Any, topo: Any, cycles: int, config: Any, gap_s: float = 0.0) -> list[dict[str, Any]]:
+    """Offload/reload times of ``shape`` per cycle on one simulated rank of ``topo`` (copies only), with
+    ``gap_s`` between each offload and its reload."""
     from refimpl.store import OffloadStore
     from sim.collectives import NcclComm, TopologyCollectiveCost
     from sim.flows import FlowTransport
@@ -80,9 +89,13 @@ def _simulate(shape: Any, topo: Any, cycles: int, config: Any) -> list[dict[str,
             await rt.synchronize()
             t1 = rt.now()
             copies = dict(store.stats().copies)
+            if gap_s:
+                await rt.sleep(gap_s)
+            scrub = world.transport.scrub_pending_s(rt.rank)
+            t2 = rt.now()
             await store.reload_async()
             await rt.synchronize()
-            times.append({"offload_s": t1 - t0, "reload_s": rt.now() - t1, "copies": copies})
+            times.append({"offload_s": t1 - t0, "reload_s": rt.now() - t2, "copies": copies, "scrub_wait_s": scrub})
         return times
 
     world.run(cycle)
@@ -108,13 +121,17 @@ def host_overheads(preset: str, tensors: int, nbytes: int) -> dict[str, float]:
 
 
 def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any = None,
-            d2h_bps: float | None = None, h2d_bps: float | None = None) -> dict[str, Any]:
+            d2h_bps: float | None = None, h2d_bps: float | None = None, phase_gap_s: float = 0.0) -> dict[str, Any]:
     """Predicted cold and steady offload/reload seconds of ``shape`` (a ``refimpl.benchmarks.shapes.StateShape``).
 
     ``d2h_bps``/``h2d_bps``: PCIe rate per direction in bytes/s; by default the
     preset's ``pcie_gen5_x16_d2h_run1``/``pcie_gen5_x16_h2d_run1`` where it has
-    them, else its PCIe link's rate. Steady times are medians over cycles 2..n.
+    them, else its PCIe link's rate. ``phase_gap_s``: pause between each offload
+    and its reload. Steady times are medians over cycles 2..n; ``steady_scrub_wait_s``
+    is the part of the steady reload spent waiting for the driver's scrub.
     """
+    if phase_gap_s < 0:
+        raise ValueError(f"phase_gap_s must be >= 0, got {phase_gap_s}")
     from sim.topology import Topology
 
     base = Topology.from_preset(preset)
@@ -126,9 +143,11 @@ def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any
         return c.value if c is not None else None
 
     d2h, h2d = rate(d2h_bps, "pcie_gen5_x16_d2h_run1"), rate(h2d_bps, "pcie_gen5_x16_h2d_run1")
-    out = _simulate(shape, _topology(preset, d2h), cycles, config)
-    back = out if h2d == d2h else _simulate(shape, _topology(preset, h2d), cycles, config)
     host = host_overheads(preset, len(shape.tensors), shape.nbytes)
+    # the offload's host time is not simulated; it passes between the free and the reload all the same
+    gap = phase_gap_s + host["offload_host_s"]
+    out = _simulate(shape, _topology(preset, d2h), cycles, config, gap)
+    back = out if h2d == d2h else _simulate(shape, _topology(preset, h2d), cycles, config, gap)
     offload = [c["offload_s"] + host["offload_host_s"] for c in out]
     reload = [c["reload_s"] + host["reload_host_s"] for c in back]
     return {
@@ -139,11 +158,14 @@ def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any
         "d2h_gbps": (d2h or base.constant("pcie_gen5_x16").value) / 1e9,
         "h2d_gbps": (h2d or base.constant("pcie_gen5_x16").value) / 1e9,
         "copy_latency_s": base.copy.latency_s,
+        "scrub_gbps": base.copy.scrub_bps / 1e9,
+        "phase_gap_s": phase_gap_s,
         **host,
         "cold_offload_s": offload[0],
         "cold_reload_s": reload[0],
         "steady_offload_copy_s": statistics.median(c["offload_s"] for c in out[1:] or out),
         "steady_reload_copy_s": statistics.median(c["reload_s"] for c in back[1:] or back),
+        "steady_scrub_wait_s": statistics.median(c["scrub_wait_s"] for c in back[1:] or back),
         "steady_offload_s": statistics.median(offload[1:] or offload),
         "steady_reload_s": statistics.median(reload[1:] or reload),
         "copies": out[-1]["copies"],
@@ -185,9 +207,10 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
     """Prediction vs measurement of every shape of a recorded offload report, for the store ``methods``.
 
     The prediction uses the line rates the report measured next to each shape
-    (D2H for offloads, H2D for reloads); the measurement is the report's steady
-    median of that method.
+    (D2H for offloads, H2D for reloads) and the report's phase gap (0 when it
+    has none); the measurement is the report's steady median of that method.
     """
+    gap = float(report.get("phase_gap_s") or 0.0)
     from refimpl.benchmarks.shapes import SHAPES
 
     rows = []
@@ -208,7 +231,7 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
                 continue
             n = cycles if cycles is not None else max(1, len(r.get("cycles", [])) - 1)
             p = predict(shape, preset=preset, cycles=n, config=store_config(report["variants"][r["method"]]),
-                        d2h_bps=line["d2h_gbps"] * 1e9, h2d_bps=line["h2d_gbps"] * 1e9)
+                        d2h_bps=line["d2h_gbps"] * 1e9, h2d_bps=line["h2d_gbps"] * 1e9, phase_gap_s=gap)
             for what, direction in (("offload", "d2h"), ("reload", "h2d")):
                 measured, predicted = r[f"steady_{what}_s"], p[f"steady_{what}_s"]
                 rows.append({
@@ -217,6 +240,7 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
                     "ratio": predicted / measured, "rel_error": (predicted - measured) / measured,
                     "line_gbps": line[f"{direction}_gbps"], "copy_s": p[f"steady_{what}_copy_s"],
                     "host_s": p[f"{what}_host_s"], "copies": sum(p["copies"].values()),
+                    "scrub_wait_s": p["steady_scrub_wait_s"] if what == "reload" else 0.0, "phase_gap_s": gap,
                     "measured_copies": sum(r.get("details", {}).get("copies", {}).values()) or None,
                 })
     return rows

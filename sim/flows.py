@@ -232,6 +232,8 @@ class FlowTransport:
         #: (rank, kind, nbytes, start, end) of every finished copy, for traces and tests
         self.log: list[tuple[int, CopyKind, int, float, float]] = []
         self.keep_log = True
+        self.scrub_bps = topology.copy.scrub_bps
+        self._scrub_until: dict[int, float] = {}  # rank -> when the driver finishes zero-filling what it freed
 
     def bind(self, world: "SimWorld") -> None:
         """Attach to the world's engine (SimWorld calls this)."""
@@ -300,6 +302,29 @@ class FlowTransport:
             self._busy[stream] = True
             self._launch(stream)
 
+    def device_freed(self, rank: int, nbytes: int) -> None:
+        """``nbytes`` of ``rank``'s device memory went back to the driver now.
+
+        [Note: the driver's scrub of freed memory]
+        The driver zero-fills device memory given back to it before anyone may
+        see it again, in the background, at ``copy.scrub_bandwidth``; a
+        host-to-device copy issued while that runs starts when it is done
+        (measured on the H200: a copy right after a free finishes later by the
+        freed bytes / 443 GB/s, one issued 20 ms or more later at the line
+        rate; ``bench/results/2026-11-29-h200-run7``, ``-run9``). Frees queue:
+        the backlog drains in order. Device-to-host copies are not held back.
+        """
+        if self.scrub_bps <= 0 or nbytes <= 0 or self._engine is None:
+            return
+        now = self._engine.now
+        self._scrub_until[rank] = max(now, self._scrub_until.get(rank, 0.0)) + nbytes / self.scrub_bps
+
+    def scrub_pending_s(self, rank: int) -> float:
+        """Seconds until the driver has scrubbed everything ``rank`` freed so far (0 when idle)."""
+        if self._engine is None:
+            return 0.0
+        return max(0.0, self._scrub_until.get(rank, 0.0) - self._engine.now)
+
     def slow(self, resources: Iterable[str], factor: float) -> None:
         """Scale the capacity of ``resources`` by ``factor`` from now on (1.0 restores)."""
         now = self._engine.now
@@ -335,8 +360,11 @@ class FlowTransport:
         kind, nbytes, on_done = q.pop(0)
         rank = stream[0]
         start = self._engine.now
-        if self.latency_s > 0:
-            self._engine.schedule(self.latency_s, self._begin, stream, rank, kind, nbytes, on_done, start)
+        wait = self.latency_s
+        if kind is CopyKind.H2D and self._scrub_until:
+            wait += self.scrub_pending_s(rank)  # [Note: the driver's scrub of freed memory]
+        if wait > 0:
+            self._engine.schedule(wait, self._begin, stream, rank, kind, nbytes, on_done, start)
         else:
             self._begin(stream, rank, kind, nbytes, on_done, start)
 

@@ -51,7 +51,10 @@ class Transport(Protocol):
     ``start`` is called when a rank issues a copy of ``nbytes``; the transport
     must call ``on_done()`` exactly once, from an engine event, at the
     simulated time the copy finishes. A flow model may finish concurrent
-    transfers at times that depend on each other.
+    transfers at times that depend on each other. A transport may also define
+    ``device_freed(rank, nbytes)``, called when device memory goes back to the
+    driver, to model the driver's scrub ([Note: the driver's scrub of freed
+    memory] in :mod:`sim.flows`).
     """
 
     def start(self, rank: int, kind: CopyKind, nbytes: int, on_done: Callable[[], None]) -> None: ...

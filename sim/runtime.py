@@ -81,7 +81,9 @@ class SimRuntime(Runtime):
         self._memory = world.memory
         self._faults = world.faults
         self._groups: dict[str, RankGroup] = {}
-        self.allocator = RankAllocator(world.memory, rank, self.device)
+        freed = getattr(world.transport, "device_freed", None)  # optional: a transport that models the scrub
+        self.allocator = RankAllocator(world.memory, rank, self.device,
+                                       None if freed is None else functools.partial(freed, rank))
         self._copies: list[SimFuture] = []
         self._copies_compact_at = 64
 

@@ -150,18 +150,29 @@ def section(raw: Any, where: str, required: Iterable[str]) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class CopyParams:
-    """Costs of copies and pinning on one GPU (the preset's ``copy`` section)."""
+    """Costs of copies and pinning on one GPU (the preset's ``copy`` section).
+
+    ``scrub_bps``: how fast the driver zero-fills device memory given back to it
+    (bytes/s); host-to-device copies issued while it does so wait for it
+    (``bench/results/2026-11-29-h200-run7``). 0: not modelled.
+    """
 
     latency_s: float
     pin_s_per_byte: float
+    scrub_bps: float = 0.0
 
 
 def parse_copy(raw: Any, where: str, table: ConstantTable) -> CopyParams:
-    """Read a ``copy`` section: ``latency`` per copy and ``pin_rate`` (cudaHostRegister time per byte)."""
-    raw = section(raw, where, ("latency", "pin_rate"))
+    """Read a ``copy`` section: ``latency`` per copy, ``pin_rate`` (cudaHostRegister time per byte) and,
+    optionally, ``scrub_bandwidth`` (the driver's zero-fill rate of freed device memory)."""
+    optional = ("scrub_bandwidth",)
+    required = ("latency", "pin_rate")
+    section({k: v for k, v in raw.items() if k not in optional} if isinstance(raw, Mapping) else raw, where, required)
+    scrub = raw.get("scrub_bandwidth")
     return CopyParams(
         latency_s=table.ref(raw["latency"], f"{where}.latency", "time"),
         pin_s_per_byte=table.ref(raw["pin_rate"], f"{where}.pin_rate", "time_per_byte"),
+        scrub_bps=0.0 if scrub is None else table.ref(scrub, f"{where}.scrub_bandwidth", "bandwidth"),
     )
 
 

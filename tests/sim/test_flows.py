@@ -132,3 +132,66 @@ def test_max_min_rates_are_feasible_and_every_flow_has_a_saturated_bottleneck(ps
         # max-min: some resource on the path is full and no flow through it gets more
         assert any(load[r] >= capacity[r] * (1 - 1e-9)
                    and all(y <= x * (1 + 1e-9) for q, y in zip(ps, rates) if r in q) for r in p)
+
+
+SCRUB = 443e9  # the H200 presets' h200_scrub
+
+
+def test_h2d_after_a_free_waits_for_the_drivers_scrub_and_d2h_does_not():
+    """[Note: the driver's scrub of freed memory]: freed bytes queue per GPU; an H2D copy starts once they drained."""
+    tr, engine = _transport("hgx-h200-8x", 8)
+    assert tr.scrub_bps == pytest.approx(SCRUB)
+    tr.device_freed(0, 40 * 10**9)
+    tr.device_freed(0, 4 * 10**9)  # queued behind the first free
+    assert tr.scrub_pending_s(0) == pytest.approx(44e9 / SCRUB) and tr.scrub_pending_s(2) == 0.0
+    done = _run(tr, engine, {"h2d": (0, CopyKind.H2D, 10**9), "d2h": (2, CopyKind.D2H, 10**9),
+                             "other_gpu_h2d": (4, CopyKind.H2D, 10**9)})
+    assert done["h2d"] == pytest.approx(44e9 / SCRUB + LAT + 1e9 / 55.2e9, rel=1e-9)
+    assert done["d2h"] == pytest.approx(LAT + 1e9 / 55.2e9, rel=1e-9)
+    assert done["other_gpu_h2d"] == pytest.approx(LAT + 1e9 / 55.2e9, rel=1e-9)  # scrub is per GPU
+
+
+def test_a_copy_issued_after_the_scrub_finished_runs_at_once_and_a_partial_wait_is_the_rest():
+    tr, engine = _transport("h200-1x", 1)
+    tr.device_freed(0, 10**9)
+    half = 0.5e9 / SCRUB
+    done = {}
+    engine.schedule(half, lambda: tr.start(0, CopyKind.H2D, 10**9, lambda: done.__setitem__("mid", engine.now)))
+    engine.schedule(1.0, lambda: tr.start(0, CopyKind.H2D, 10**9, lambda: done.__setitem__("late", engine.now)))
+    engine.run()
+    assert done["mid"] == pytest.approx(2 * half + LAT + 1e9 / 55.2e9, rel=1e-9)  # waited the other half
+    assert done["late"] == pytest.approx(1.0 + LAT + 1e9 / 55.2e9, rel=1e-9)
+
+
+def test_presets_without_a_scrub_rate_model_none():
+    tr, engine = _transport("a6000-4x-nvlink", 4)
+    assert tr.scrub_bps == 0.0
+    tr.device_freed(0, 10**12)
+    assert tr.scrub_pending_s(0) == 0.0
+
+
+def test_sim_runtime_reports_returns_to_the_driver_to_the_transport():
+    """release and empty_cache start the scrub; a buffer dropped into the allocator cache does not."""
+    import torch
+
+    from sim.memory import TopologyMemory
+    from sim.world import SimWorld
+
+    topo = Topology.from_preset("h200-1x")
+    world = SimWorld(1, payload="meta", transport=FlowTransport(topo), memory=TopologyMemory(topo), trace=False)
+    seen = {}
+
+    async def prog(rt):
+        a = rt.alloc_device(10**9, torch.uint8)
+        b = rt.alloc_device(2 * 10**9, torch.uint8)
+        rt.release(a)
+        seen["after_release"] = world.transport.scrub_pending_s(0)
+        del b  # into the allocator cache: still the process's, not scrubbed
+        seen["after_drop"] = world.transport.scrub_pending_s(0)
+        rt.empty_cache()
+        seen["after_empty_cache"] = world.transport.scrub_pending_s(0)
+
+    world.run(prog)
+    assert seen["after_release"] == pytest.approx(1e9 / SCRUB)
+    assert seen["after_drop"] == pytest.approx(1e9 / SCRUB)
+    assert seen["after_empty_cache"] == pytest.approx(3e9 / SCRUB)

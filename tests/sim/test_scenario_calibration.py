@@ -1,8 +1,11 @@
-"""Calibration: the simulator predicts the H200's offload/reload times of the benchmark shapes within 10%.
+"""Calibration: the simulator predicts the H200's offload/reload times of the benchmark shapes.
 
-The measurement is H200 run 1 of ``bench/offload_bench.py``
-(bench/results/2026-11-29-h200-run1/2026-11-29-h200-offload.json); the shapes
-come from ``refimpl.benchmarks.shapes``, the same ones the benchmark moved.
+The measurements are H200 runs 6 and 8 of ``bench/offload_bench.py``
+(bench/results/2026-11-29-h200-run{6,8}/2026-11-29-h200-offload.json), made
+with the store's current code: run 6 cycled back to back (each reload right
+after the offload freed the state, so it waited for the driver's scrub), run 8
+paused 0.25 s between offload and reload. The shapes come from
+``refimpl.benchmarks.shapes``, the same ones the benchmark moved.
 """
 import json
 from pathlib import Path
@@ -13,30 +16,37 @@ from refimpl.benchmarks.shapes import dense_shape
 from sim.calibration import RESULTS_DIR, compare, host_overheads, latest_report, predict
 from sim.topology import Topology
 
-RUN1 = RESULTS_DIR / "2026-11-29-h200-run1" / "2026-11-29-h200-offload.json"
+RUNS = {n: RESULTS_DIR / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 8)}
 
 
-@pytest.fixture(scope="module")
-def rows():
-    assert RUN1.is_file(), f"the recorded H200 measurement {RUN1} is missing"
-    return compare(json.loads(RUN1.read_text()))
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def run_rows(request):
+    path = RUNS[request.param]
+    assert path.is_file(), f"the recorded H200 measurement {path} is missing"
+    return request.param, compare(json.loads(path.read_text()))
 
 
-def test_predictions_match_the_recorded_h200_measurement(rows):
+def test_predictions_match_the_recorded_h200_measurements_within_5_percent(run_rows):
+    run, rows = run_rows
     assert {(r["shape"], r["phase"]) for r in rows} == {
         (s, p) for s in ("dense-7b-1of8", "moe-1of8") for p in ("offload", "reload")}
-    bad = [r for r in rows if abs(r["rel_error"]) > 0.10]
-    assert not bad, f"predictions more than 10% off {RUN1.name}: {bad}"
+    bad = [r for r in rows if abs(r["rel_error"]) > 0.05]
+    assert not bad, f"predictions more than 5% off run {run}: {bad}"
 
 
-def test_prediction_is_segment_copies_at_the_measured_line_rate_plus_measured_host_time(rows):
+def test_prediction_is_segment_copies_at_the_measured_line_rate_plus_scrub_wait_plus_host_time(run_rows):
+    run, rows = run_rows
     lat = Topology.from_preset("h200-1x").copy.latency_s
     for r in rows:
         # one copy per 256 MiB host segment in steady state, as the H200 run counted
         assert r["copies"] == r["measured_copies"]
-        assert r["copy_s"] == pytest.approx(r["state_bytes"] / (r["line_gbps"] * 1e9) + r["copies"] * lat, rel=1e-6)
+        assert r["copy_s"] == pytest.approx(r["state_bytes"] / (r["line_gbps"] * 1e9) + r["copies"] * lat
+                                            + r["scrub_wait_s"], rel=1e-6)
         host = host_overheads("h200-1x", r["tensors"], r["state_bytes"])[f"{r['phase']}_host_s"]
         assert r["predicted_s"] == pytest.approx(r["copy_s"] + host, rel=1e-9)
+        if r["phase"] == "reload":  # back to back the reload waits for the scrub; after run 8's gap it does not
+            assert (r["scrub_wait_s"] > 0.01) == (run == 6), r
+            assert r["phase_gap_s"] == (0.0 if run == 6 else 0.25)
     moe = [r for r in rows if r["shape"] == "moe-1of8"]
     assert moe and all(r["tensors"] >= 20_000 for r in moe)
 
@@ -54,5 +64,29 @@ def test_default_prediction_uses_the_presets_per_direction_rates():
     d2h, h2d = (topo.constant(n).value for n in ("pcie_gen5_x16_d2h_run1", "pcie_gen5_x16_h2d_run1"))
     copies = sum(p["copies"].values())
     assert p["steady_offload_copy_s"] == pytest.approx(shape.nbytes / d2h + copies * topo.copy.latency_s, rel=1e-6)
-    assert p["steady_reload_copy_s"] == pytest.approx(shape.nbytes / h2d + copies * topo.copy.latency_s, rel=1e-6)
+    scrub = p["steady_scrub_wait_s"]
+    assert p["steady_reload_copy_s"] == pytest.approx(shape.nbytes / h2d + copies * topo.copy.latency_s + scrub,
+                                                      rel=1e-6)
     assert p["cold_offload_s"] >= p["steady_offload_s"]
+
+
+def test_reload_waits_for_the_scrub_of_what_the_offload_freed_unless_a_gap_hides_it():
+    """Back to back, the reload's first copy waits for the rest of the scrub of what the offload freed (freed
+    bytes / ~443 GB/s on the H200, less the offload's host time after the free); after a phase gap longer than
+    that it does not, and a gap shorter than that hides part of it."""
+    topo = Topology.from_preset("h200-1x")
+    assert topo.copy.scrub_bps == pytest.approx(443e9)
+    shape = dense_shape()
+    b2b = predict(shape, cycles=1)
+    # the flat buffers the offload frees hold the state plus alignment padding (< 1 MiB here)
+    expected = shape.nbytes / topo.copy.scrub_bps - b2b["offload_host_s"]
+    assert expected > 0.01 and b2b["steady_scrub_wait_s"] == pytest.approx(expected, rel=1e-3)
+    gap = predict(shape, cycles=1, phase_gap_s=0.25)
+    assert gap["steady_scrub_wait_s"] == 0.0
+    assert b2b["steady_reload_copy_s"] - gap["steady_reload_copy_s"] == pytest.approx(b2b["steady_scrub_wait_s"],
+                                                                                         rel=1e-6)
+    assert gap["steady_offload_copy_s"] == pytest.approx(b2b["steady_offload_copy_s"], rel=1e-9)  # D2H unaffected
+    half = predict(shape, cycles=1, phase_gap_s=b2b["steady_scrub_wait_s"] / 2)
+    assert half["steady_scrub_wait_s"] == pytest.approx(b2b["steady_scrub_wait_s"] / 2, rel=1e-6)
+    with pytest.raises(ValueError, match="phase_gap_s"):
+        predict(shape, cycles=1, phase_gap_s=-1)
