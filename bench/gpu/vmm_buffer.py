@@ -257,11 +257,6 @@ def _mapping_of(tensor: torch.Tensor) -> _Mapping | None:
     return None if ref is None else ref()
 
 
-def is_vmm_tensor(tensor: torch.Tensor) -> bool:
-    """True if ``tensor``'s storage is a :class:`VmmBuffer`."""
-    return _mapping_of(tensor) is not None
-
-
 def release_vmm(tensor: torch.Tensor) -> int:
     """Give the physical memory under ``tensor``'s :class:`VmmBuffer` back to the driver now.
 
@@ -275,8 +270,8 @@ def release_vmm(tensor: torch.Tensor) -> int:
 class VmmBuffer:
     """A 1-D device tensor over a reserved address range, backed by memory as it is committed.
 
-    ``tensor`` exists at once (its first chunk committed); only
-    ``tensor[:committed]`` may be touched. The memory goes back to the driver
+    ``tensor`` exists at once (its first chunk committed); only what
+    :meth:`commit` covered may be touched. The memory goes back to the driver
     when ``tensor``, every view of it and this object are gone, or at once
     through :func:`release_vmm`.
     """
@@ -292,16 +287,6 @@ class VmmBuffer:
         self._map.commit(1)
         self.tensor = torch.as_tensor(self._map, device=f"cuda:{device}").view(dtype)
 
-    @property
-    def committed(self) -> int:
-        """Elements from the start that are backed by memory."""
-        return min(self.numel, self._map.mapped // self._itemsize)
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes mapped per driver call."""
-        return self._map.chunk_bytes
-
     def commit(self, stop: int) -> None:
         """Back elements ``[0, stop)`` with memory (chunk by chunk; a no-op for what is already backed)."""
         if stop > self.numel:
@@ -314,6 +299,6 @@ class VmmBuffer:
 
 
 __all__ = [
-    "DEFAULT_CHUNK_BYTES", "VmmBuffer", "VmmError", "VmmOutOfMemoryError", "granularity", "is_vmm_tensor",
-    "release_vmm", "vmm_supported",
+    "DEFAULT_CHUNK_BYTES", "VmmBuffer", "VmmError", "VmmOutOfMemoryError", "granularity", "release_vmm",
+    "vmm_supported",
 ]

@@ -18,8 +18,8 @@ next reload, for seconds. The benchmark pauses ``phase_gap_s`` there (default
 0.25 s on CUDA). This matters for the reload: the driver zero-fills device
 memory given back to it, in the background, and host-to-device copies into
 memory allocated while that scrub runs lose its time (on the H200: 11 GiB
-copied at 49 GB/s right after the free, 53.6 GB/s after 20 ms, 54.4 GB/s after
-0.5 s, against 55.4 into a reused buffer; ``bench/results/2026-11-29-h200-run7``).
+copied at 49 GB/s right after the free, 53.6 GB/s after 20 ms, 54.2-54.6 GB/s
+after 0.5-2 s, against 55.4 into a reused buffer; ``bench/results/2026-11-29-h200-run7``).
 The back-to-back cycle (no gap, reported as ``reload_b2b_*``) shows the cost
 when a reload follows the free at once. ``other_role_bytes`` plays the other
 role in the gap: it allocates and writes that many bytes, and gives them back
@@ -82,7 +82,6 @@ class MethodResult:
     reload_gbps: float = 0.0
     offload_vs_line: float = 0.0
     reload_vs_line: float = 0.0
-    reload_vs_fresh_line: float = 0.0
     phase_gap_s: float = 0.0
     reload_b2b_s: float = 0.0
     reload_b2b_gbps: float = 0.0
@@ -197,7 +196,6 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     res.reload_gbps = shape.nbytes / max(res.steady_reload_s, 1e-9) / 1e9
     res.offload_vs_line = res.offload_gbps / line["d2h_gbps"]
     res.reload_vs_line = res.reload_gbps / line["h2d_gbps"]
-    res.reload_vs_fresh_line = res.reload_gbps / line.get("h2d_fresh_gbps", line["h2d_gbps"])
     res.reload_b2b_gbps = shape.nbytes / max(res.reload_b2b_s, 1e-9) / 1e9
     res.reload_b2b_vs_line = res.reload_b2b_gbps / line["h2d_gbps"]
     res.cold_vs_steady = (res.cold_offload_s + res.cold_reload_s) / max(res.steady_offload_s + res.steady_reload_s, 1e-9)

@@ -131,17 +131,17 @@ class ConstantTable:
         return out
 
 
-def section(raw: Any, where: str, required: Iterable[str]) -> Mapping[str, Any]:
-    """Check that ``raw`` is an object with exactly the ``required`` keys."""
-    required = tuple(required)
+def section(raw: Any, where: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
+    """Check that ``raw`` is an object with every ``required`` key and no key outside ``required`` + ``optional``."""
+    required, optional = tuple(required), tuple(optional)
     if not isinstance(raw, Mapping):
         raise PresetError(f"{where}: missing or not an object (needs {list(required)})")
     for k in required:
         if k not in raw:
             raise PresetError(f"{where}.{k}: required")
     for k in raw:
-        if k not in required:
-            raise PresetError(f"{where}.{k}: unknown field (expected {list(required)})")
+        if k not in required and k not in optional:
+            raise PresetError(f"{where}.{k}: unknown field (expected {list(required + optional)})")
     return raw
 
 
@@ -165,9 +165,7 @@ class CopyParams:
 def parse_copy(raw: Any, where: str, table: ConstantTable) -> CopyParams:
     """Read a ``copy`` section: ``latency`` per copy, ``pin_rate`` (cudaHostRegister time per byte) and,
     optionally, ``scrub_bandwidth`` (the driver's zero-fill rate of freed device memory)."""
-    optional = ("scrub_bandwidth",)
-    required = ("latency", "pin_rate")
-    section({k: v for k, v in raw.items() if k not in optional} if isinstance(raw, Mapping) else raw, where, required)
+    raw = section(raw, where, ("latency", "pin_rate"), optional=("scrub_bandwidth",))
     scrub = raw.get("scrub_bandwidth")
     return CopyParams(
         latency_s=table.ref(raw["latency"], f"{where}.latency", "time"),
