@@ -184,7 +184,7 @@ class TensorsCollector(Collector):
             return
         flags = EXPLICIT_KIND if self.explicit_kind else 0
         for key, t in self.tensors.items():
-            if not isinstance(t, torch.Tensor):
+            if not isinstance(split_dtensor(t)[0], torch.Tensor):  # a DTensor (or duck-typed one) is accepted
                 raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
             yield (self.category, self.kind, f"{self.name}.{key}", t, self.name, flags)
 

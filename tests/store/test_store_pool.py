@@ -56,6 +56,9 @@ def test_pool_reuses_same_shape_and_repins_a_changed_one():
     assert b is not a and pool.stats().registrations == 3
     assert pool.host_pinned_bytes == rt.pinned_bytes == 480, "the old buffer was unpinned"
     assert b.view(10, 20).numel() == 10
+    c = pool.acquire("k", torch.float32, [130])  # as many segments as before, another size: pinned anew
+    assert c is not b and c.segment_numels == (130,) and pool.stats().registrations == 4
+    assert pool.host_pinned_bytes == rt.pinned_bytes == 520
     with pytest.raises(ValueError, match="spans segments"):
         a.view(90, 110)
     pool.close()
