@@ -1,7 +1,7 @@
 """``python -m tests.planted``: apply each planted bug to a temporary copy and report what caught it.
 
     python -m tests.planted                      # every break, its own selection
-    python -m tests.planted --ci                 # only the breaks marked ci=True
+    python -m tests.planted --ci                 # only the CI breaks, with their narrow ci_tests selections
     python -m tests.planted --only slice_off_by_one no_cooldown_wait
     python -m tests.planted --out bench/results/planted.json --md bench/results/planted.md
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
         root = copy_repo(Path(tmp))
         if not args.no_baseline:
-            selection = tuple(dict.fromkeys(t for b in breaks for t in b.tests))
+            selection = tuple(dict.fromkeys(t for b in breaks for t in _selection(b, args.ci)))
             t0 = time.time()
             status, failed, tail = run_selection(root, selection, timeout_s=args.timeout * 2, maxfail=20)
             report["baseline"] = {"status": status, "failed": failed, "seconds": round(time.time() - t0, 1)}
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"DRIFT   {b.name}: {exc}", flush=True)
                 continue
             try:
-                status, failed, tail = run_selection(root, b.tests, timeout_s=args.timeout)
+                status, failed, tail = run_selection(root, _selection(b, args.ci), timeout_s=args.timeout)
             finally:
                 revert_break(b, root, original)
             caught = status == "failed"
-            row = {"name": b.name, "path": b.path, "what": b.what, "tests": list(b.tests), "ci": b.ci,
+            row = {"name": b.name, "path": b.path, "what": b.what, "tests": list(_selection(b, args.ci)), "ci": b.ci,
                    "status": "caught" if caught else status, "failed": failed,
                    "seconds": round(time.time() - t0, 1)}
             if not caught:
@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.md).write_text(to_markdown(report))
     ok = report["caught"] == report["total"] and report.get("baseline", {}).get("status", "passed") == "passed"
     return 0 if ok else 1
+
+
+def _selection(b, ci: bool) -> tuple[str, ...]:
+    return b.ci_tests if ci and b.ci_tests else b.tests
 
 
 def to_markdown(report: dict) -> str:
