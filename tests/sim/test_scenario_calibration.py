@@ -7,6 +7,7 @@ after the offload freed the state, so it waited for the driver's scrub), run 8
 paused 0.25 s between offload and reload. The shapes come from
 ``refimpl.benchmarks.shapes``, the same ones the benchmark moved.
 """
+import functools
 import json
 from pathlib import Path
 
@@ -19,11 +20,17 @@ from sim.topology import Topology
 RUNS = {n: RESULTS_DIR / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 8)}
 
 
+@functools.lru_cache(maxsize=None)
+def _compared(run):
+    """``compare()`` of a recorded run, simulated once per test session."""
+    path = RUNS[run]
+    assert path.is_file(), f"the recorded H200 measurement {path} is missing"
+    return compare(json.loads(path.read_text()))
+
+
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def run_rows(request):
-    path = RUNS[request.param]
-    assert path.is_file(), f"the recorded H200 measurement {path} is missing"
-    return request.param, compare(json.loads(path.read_text()))
+    return request.param, _compared(request.param)
 
 
 def test_predictions_match_the_recorded_h200_measurements_within_5_percent(run_rows):
@@ -53,7 +60,7 @@ def test_prediction_parts_are_physical_and_count_the_measured_copies(run_rows):
 def test_the_scrub_wait_predicts_the_measured_slowdown_of_a_back_to_back_reload():
     """Runs 6 (back to back) and 8 (0.25 s gap) moved the same shapes: the measured reload is slower in run 6
     by the driver's scrub; the predicted difference has the same sign and is within a factor of two of it."""
-    rows = {n: {(r["shape"], r["phase"]): r for r in compare(json.loads(RUNS[n].read_text()))} for n in RUNS}
+    rows = {n: {(r["shape"], r["phase"]): r for r in _compared(n)} for n in RUNS}
     for shape in ("dense-7b-1of8", "moe-1of8"):
         b2b, gap = rows[6][(shape, "reload")], rows[8][(shape, "reload")]
         measured = b2b["measured_s"] / b2b["state_bytes"] - gap["measured_s"] / gap["state_bytes"]
