@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def run_offload(args: argparse.Namespace) -> int:
     """``timeshare bench offload``."""
     from refimpl.benchmarks.offload import BASELINES, format_report, parse_variant, run_bench, shapes_by_name, write_report
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import StoreConfig
 
     rt = TorchRuntime(args.device)

@@ -17,7 +17,7 @@ order on every rank, which rules out a cycle of waits.
 
 [Note: which library] torch reports the NCCL version it was *built* with
 (``torch.cuda.nccl.version()``), not the one it runs with: with NCCL 2.32.3 in
-``LD_PRELOAD`` torch 2.11 still says 2.28.9. :mod:`refimpl.comm.nccl_loader`
+``LD_PRELOAD`` torch 2.11 still says 2.28.9. :mod:`refimpl.torch_runtime.nccl_loader`
 finds the ``libnccl.so*`` actually mapped in this process and this module asks
 *it* ``ncclGetVersion``.
 
@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from refimpl.comm.nccl_loader import (  # noqa: F401 - re-exported: the library's facts live here too
+from refimpl.torch_runtime.nccl_loader import (  # noqa: F401 - re-exported: the library's facts live here too
     MIN_SUSPEND_VERSION,
     NcclNotLoadedError,
     decode_version,
