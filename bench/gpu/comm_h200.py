@@ -203,7 +203,7 @@ def switch_window(c: Checks, args, can_suspend: bool) -> None:
     """The Relax-style switch window of each policy on this one rank, with 14 one-rank groups."""
     import torch
 
-    from refimpl.benchmarks.switch_window import format_results, mesh_groups, run_steps, summarize
+    from bench.switch_window import format_results, mesh_groups, run_steps, summarize
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
 
