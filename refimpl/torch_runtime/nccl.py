@@ -29,8 +29,9 @@ collective unless the group was bound to a device (``device_id`` in
 either skips a null communicator or creates it with a one-element all-reduce
 (a collective: every member must call it).
 
-This module and the runtime adapters are the only code under ``refimpl/`` that
-imports ``torch.distributed`` or calls ``torch.cuda``.
+Like the rest of :mod:`refimpl.torch_runtime`, the only package under ``refimpl/``
+that imports ``torch.distributed`` or calls ``torch.cuda``, it is implementation:
+protocol code reaches it through :meth:`refimpl.runtime.Runtime.suspend_group`.
 """
 from __future__ import annotations
 
