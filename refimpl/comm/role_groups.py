@@ -65,8 +65,8 @@ class RoleGroups:
         rt: Runtime,
         names: tuple[str, ...],
         control: ControlGroup,
-        config: "LifecycleConfig",
-        stats: "LifecycleStats",
+        config: LifecycleConfig,
+        stats: LifecycleStats,
         cooldown: PortCooldown,
         fail: FailHook,
     ) -> None:
