@@ -195,14 +195,16 @@ def touch_pages(buf: torch.Tensor, stride: int = _PAGE) -> None:
         flat[::stride].zero_()
 
 
-def mapped_buffer(numel: int, dtype: torch.dtype, nbytes: int, prefault: str = "none") -> torch.Tensor:
+def mapped_buffer(numel: int, dtype: torch.dtype, nbytes: int, prefault: str = "none", *,
+                  touch: bool = True) -> torch.Tensor:
     """``numel`` elements of ``dtype`` in their own private anonymous mapping, faulted in per ``prefault``.
 
     ``"none"``: untouched. ``"touch"``: one write per 4 KiB page. ``"thp"``: the
     tensor starts on a 2 MiB boundary of a mapping advised ``MADV_HUGEPAGE`` and
     is touched once per 2 MiB where the kernel grants huge pages (``thp_mode()``
     not ``never``), else per page. ``"populate"``: ``MAP_POPULATE``. The tensor
-    holds the mapping; it is unmapped when the last view dies.
+    holds the mapping; it is unmapped when the last view dies. ``touch=False``
+    maps (and advises) but leaves the touching to the caller (e.g. on several threads).
     """
     if prefault not in PREFAULT_MODES:
         raise ValueError(f"prefault must be one of {PREFAULT_MODES}, got {prefault!r}")
@@ -226,6 +228,8 @@ def mapped_buffer(numel: int, dtype: torch.dtype, nbytes: int, prefault: str = "
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # frombuffer warns about non-resizable buffers
         t = torch.frombuffer(mapping, dtype=dtype, count=numel, offset=offset)
+    if not touch:
+        return t
     if prefault == "touch":
         touch_pages(t)
     elif prefault == "thp":
