@@ -25,12 +25,14 @@ One step, every phase timed between device synchronisations:
                memory stays in torch's caching allocator, the store runs with
                ``empty_cache=False``).
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather
-               each full parameter (``DTensor.full_tensor``), copy it into the
-               rollout weights, and check bitwise that the rollout's weights
-               equal the trainer's (the rollout copy against a fresh gather,
-               compared as integers) and that every rank's rollout copy has the
-               same digest (``all_reduce`` MIN and MAX over ``trainer.dp``).
+               each full parameter (``DTensor.full_tensor``) and copy it into
+               the rollout weights.
 ``reload``     :meth:`PGLifecycle.resume` and the store's reload of the rest.
+
+After every sync (outside the timed phases, with the groups active) the
+weights are checked bitwise: the rollout's copy against a fresh gather of the
+trainer's, compared as integers, and every rank's rollout copy has the same
+digest (``all_reduce`` MIN and MAX over ``trainer.dp``).
 
 ``switch_overhead`` = offload + weight_sync + reload (everything that is not
 training or generation), reported against ``copy_time_at_line`` = the bytes
@@ -237,14 +239,20 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     store.attach_optimizer(optim, name="optim")
     rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)
 
-    def sync_weights() -> dict[str, Any]:
-        """Copy the trainer's full weights into the rollout's; check bitwise; compare digests over ranks."""
+    def sync_weights() -> None:
+        """Copy the trainer's full weights (``full_tensor``: an all-gather over the mesh) into the rollout's."""
+        for name, p in trainer.named_parameters():
+            rparams[name].copy_(_full(p).to(rollout_dtype))
+
+    def check_weights() -> dict[str, Any]:
+        """Bitwise: the rollout's weights against a fresh gather of the trainer's; digests compared over ranks.
+
+        Runs outside the timed phases (it is verification, not part of a step) with the groups active.
+        """
         mismatched: list[str] = []
         digest = 0
         n = 0
         for name, p in trainer.named_parameters():
-            full = _full(p).to(rollout_dtype)
-            rparams[name].copy_(full)
             again = _full(p).to(rollout_dtype)  # a fresh gather: what the trainer holds now
             if not torch.equal(_int_view(rparams[name]), _int_view(again)):
                 mismatched.append(name)
@@ -259,7 +267,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 "bitwise_equal": not mismatched and int(hi[1].item()) == 0 and bool(lo[0].item() == hi[0].item())}
 
     # initial sync: the rollout starts from the trainer's weights
-    rec["initial_sync"] = sync_weights()
+    sync_weights()
+    rec["initial_sync"] = check_weights()
     g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
     steps: list[dict[str, Any]] = []
@@ -279,7 +288,12 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         before = torch.cuda.memory_allocated(device) if cuda else 0
         # ---- offload (the lifecycle pauses the trainer's groups; the release moves the state)
         with clock.phase(step, "offload"):
-            s["lifecycle_after_pause"] = life.pause(release_memory=lambda: store.offload()).name
+            def _release() -> None:
+                t = time.perf_counter()
+                store.offload()
+                clock.sync()
+                s["offload_store_s"] = time.perf_counter() - t
+            s["lifecycle_after_pause"] = life.pause(release_memory=_release).name
         st = store.stats()
         s["offload_bytes"] = st.last_offload_bytes
         s["device_bytes_freed"] = st.last_device_bytes_freed
@@ -296,16 +310,30 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 torch.cuda.empty_cache()
         # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy
         with clock.phase(step, "weight_sync"):
-            def _sync() -> dict[str, Any]:
+            def _sync() -> None:
+                t = time.perf_counter()
                 store.reload("params")
-                return sync_weights()
-            s["weight_check"] = life.weight_sync(_sync)
+                clock.sync()
+                s["reload_params_store_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                sync_weights()
+                clock.sync()
+                s["gather_copy_s"] = time.perf_counter() - t
+            life.weight_sync(_sync)
         # ---- reload the rest; the trainer's groups come back
         with clock.phase(step, "reload"):
             life.resume()
+            t = time.perf_counter()
             store.reload()
+            clock.sync()
+            s["reload_rest_store_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        s["weight_check"] = check_weights()  # untimed by the phases: verification
+        clock.sync()
+        s["weight_check_s"] = time.perf_counter() - t
         st = store.stats()
         s["reload_bytes_last"] = st.last_reload_bytes
+        s["params_bytes"] = st.bytes_by_category.get("params", 0)
         s["lifecycle_state"] = lc.state.name
         steps.append(s)
     spans = clock.spans

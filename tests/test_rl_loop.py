@@ -42,6 +42,9 @@ def test_rl_step_two_gloo_ranks(tmp_path):
             assert wc["tensors"] == rec["initial_sync"]["tensors"] > 0
             assert s["generated_tokens"] == 2 * 4 and s["kv_cache_len"] >= 8
             assert s["offload_bytes"] > 0 and s["lifecycle_state"] == "ACTIVE"
+            assert 0 < s["params_bytes"] < s["offload_bytes"]
+            for k in ("offload_store_s", "reload_params_store_s", "gather_copy_s", "reload_rest_store_s", "weight_check_s"):
+                assert s[k] >= 0
         # training changed the weights: each sync saw new values (the check is not comparing constants)
         digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
         assert len(set(digests)) == 3
@@ -61,6 +64,13 @@ def test_rl_step_two_gloo_ranks(tmp_path):
     on_disk = json.loads((tmp_path / "rl_step_2.json").read_text())
     assert set(on_disk["summary"]["phase_s"]) == {"train", "offload", "rollout", "weight_sync", "reload"}
     assert os.path.getsize(tmp_path / "rl_step_2.png") > 1000
+    # the simulator's model of the step reads the record (sim/colocated.py)
+    from sim.colocated import compare, predict_step
+
+    pred = predict_step(on_disk, preset="h200-1x")
+    assert set(pred["phase_s"]) == set(on_disk["summary"]["phase_s"])
+    assert all(v >= 0 for v in pred["phase_s"].values())
+    assert compare(on_disk, pred)["phases"]["train"]["ratio"] == pytest.approx(1.0)
 
 
 def test_step_config_refuses_bad_values():
