@@ -507,11 +507,18 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
-    if cfg.device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rec: dict[str, Any] = {"world_size": world}
+    try:
+        if cfg.device == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
+    except Exception as e:  # noqa: BLE001 - no process group: record why and stop
+        logger.exception("rank %d: could not start (%s)", rank, e)
+        if rank == 0:
+            rec["error"] = f"start: {type(e).__name__}: {e}"
+            write_outputs(rec, cfg.out)
+        return 1
     rc = 0
     try:
         rec = run_step(rank, world, cfg)

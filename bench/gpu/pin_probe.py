@@ -121,8 +121,14 @@ def main() -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
+    try:
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+    except Exception as e:  # noqa: BLE001 - nothing to measure without CUDA; say so in the record
+        res["error"] = f"CUDA unavailable: {type(e).__name__}: {e}"
+        save()
+        logger.error("%s", res["error"])
+        return 1
     variants = [("cuda_host_alloc", lambda: _cuda_host_alloc(nbytes))]
     variants += [(f"pinner_{m}", (lambda m=m: _pinner(nbytes, m))) for m in ("none", "touch", "thp", "populate")]
     variants += [("thp_parallel", lambda: _thp_parallel(nbytes, a.threads))]

@@ -166,7 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("refimpl").setLevel(logging.WARNING)
     seg = a.seg_mib << 20
-    run(a.device, int(a.state_gib * (1 << 30)), int(a.other_gb * 1e9), a.repeat, a.out, seg=seg)
+    try:
+        run(a.device, int(a.state_gib * (1 << 30)), int(a.other_gb * 1e9), a.repeat, a.out, seg=seg)
+    except Exception as e:  # noqa: BLE001 - record why (the modes write their own errors)
+        logger.exception("reload probe failed")
+        if a.out:
+            try:
+                with open(a.out) as f:
+                    res = json.load(f)
+            except (OSError, ValueError):
+                res = {}
+            res["error"] = f"{type(e).__name__}: {e}"
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return 1
     return 0
 
 
