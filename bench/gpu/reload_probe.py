@@ -4,7 +4,8 @@ The trainer's state (``--state-gib`` in 256 MiB tensors) lives in an
 :class:`~refimpl.store.OffloadStore` (``empty_cache=False``; the driver trips
 below are made explicitly, exactly where ``empty_cache=True`` would make them).
 Each cycle: offload, the other role allocates ``--other-gb`` GB, writes it and
-frees it, then the timed reload. Modes:
+frees it (in 1 GB blocks, as a rollout engine's per-layer KV caches are), then
+the timed reload. Modes:
 
 * ``driver``: the store returns its memory to the driver after the offload
   (``empty_cache``) and the other role frees through the driver
@@ -81,7 +82,7 @@ def line_rate(rt: TorchRuntime, nbytes: int, seg: int, repeat: int) -> float:
 
 
 def run(device: str, state_bytes: int, other_bytes: int, repeat: int, out_path: str | None,
-        modes: tuple[str, ...] = MODES, seg: int = SEG) -> dict:
+        modes: tuple[str, ...] = MODES, seg: int = SEG, chunk: int = 10**9) -> dict:
     """Measure the line rate and every mode; return (and write after each step) the result dict."""
     rt = TorchRuntime(device)
     dev = rt.device
@@ -107,6 +108,7 @@ def run(device: str, state_bytes: int, other_bytes: int, repeat: int, out_path: 
     for mode in modes:
         if mode == "mempool" and (dev.type != "cuda" or not hasattr(torch.cuda, "MemPool")):
             res["modes"][mode] = {"skipped": "needs CUDA and torch.cuda.MemPool"}
+            save()
             continue
         pool = torch.cuda.MemPool() if mode == "mempool" else None
         ctx = (lambda: torch.cuda.use_mem_pool(pool)) if pool is not None else contextlib.nullcontext
@@ -118,9 +120,13 @@ def run(device: str, state_bytes: int, other_bytes: int, repeat: int, out_path: 
                 if mode == "driver":
                     _empty_cache(dev)
                 with ctx():
-                    other = torch.empty(other_bytes, dtype=torch.uint8, device=dev)
-                    other.fill_(7)  # the rollout writes its memory (KV cache)
+                    # the rollout's KV cache: 1 GB blocks (as per-layer caches are), written, then freed
+                    other = [torch.empty(min(chunk, other_bytes - i), dtype=torch.uint8, device=dev)
+                             for i in range(0, other_bytes, chunk)]
+                    for block in other:
+                        block.fill_(7)
                     _sync(dev)
+                    block = None  # noqa: F841 - drop the loop's reference to the last block too
                     del other
                 if mode == "driver":
                     _empty_cache(dev)
