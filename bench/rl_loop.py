@@ -85,6 +85,7 @@ class StepConfig:
     lifecycle_policy: str = "DESTROY_DEFERRED"
     cooldown_s: float = 0.2
     line_mib: int = 1024
+    mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -207,7 +208,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     # ---- models
     torch.manual_seed(cfg.seed)
     mcfg = model_config(cfg.tiny)
-    rollout_dtype = torch.bfloat16 if cuda else torch.float32
+    mixed = cfg.mixed_precision if cfg.mixed_precision is not None else cuda
+    rollout_dtype = torch.bfloat16 if mixed else torch.float32
     with torch.device(device):
         trainer = Qwen2ForCausalLM(mcfg)
     rec["params"] = sum(p.numel() for p in trainer.parameters())
@@ -220,7 +222,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         mesh = init_device_mesh(device.type, (1,))
     rec["mesh"] = list(mesh.shape)
     mp_kwargs = {}
-    if cuda:
+    if mixed:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         mp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -442,16 +444,16 @@ def write_png(rec: dict[str, Any], path: str) -> str | None:
         return None
     colors = {"train": "tab:blue", "offload": "tab:orange", "rollout": "tab:green", "weight_sync": "tab:red",
               "reload": "tab:purple"}
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(rec["steps"])))
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.5 * len(rec["steps"])))
     for s in rec["spans"]:
         ax.barh(s["step"], s["end_s"] - s["start_s"], left=s["start_s"], color=colors[s["phase"]], edgecolor="k")
     ax.set_yticks([s["step"] for s in rec["steps"]], [f"step {s['step']}" for s in rec["steps"]])
     ax.set_xlabel("seconds (rank 0, device-synchronised)")
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, list(colors), ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35), fontsize=8)
+    ax.legend(handles, list(colors), ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.55), fontsize=8)
     sm = rec["summary"]
-    ax.set_title(f"colocated RL step, {rec['world_size']} rank(s), {rec['params'] / 1e9:.3f} B params, "
+    ax.set_title(f"colocated RL step, {rec['world_size']} rank(s), {rec['params'] / 1e6:,.1f} M params, "
                  f"{rec['device']}; switch overhead {sm['switch_overhead_s']:.3f} s", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -490,13 +492,16 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--free", choices=("driver", "allocator"), default="driver")
     ap.add_argument("--shard", type=int, default=2, help="HSDP shard-group size (mesh = (world/shard, shard))")
     ap.add_argument("--policy", default="DESTROY_DEFERRED", help="the lifecycle's PGPolicy name")
+    ap.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto",
+                    help="FSDP2 bf16 params and a bf16 rollout copy (auto: on CUDA only)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
     kw = {k: getattr(a, k) for k in ("batch", "seq", "rollout_batch", "prompt_len", "new_tokens")
           if getattr(a, k) is not None}
     return StepConfig(device=a.device, tiny=a.tiny, steps=a.steps, kv_gb=a.kv_gb, free=a.free, shard=a.shard,
-                      out=a.out, lifecycle_policy=a.policy, line_mib=(4 if a.tiny else 1024), **{**small, **kw})
+                      out=a.out, lifecycle_policy=a.policy, line_mib=(4 if a.tiny else 1024),
+                      mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision], **{**small, **kw})
 
 
 def main(argv: list[str] | None = None) -> int:
