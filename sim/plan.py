@@ -220,11 +220,26 @@ class Planner:
                          "category": cat} for i in range(k)]
         offload = ({"backend": "local", "include": list(include)} if include
                    else {"backend": "tms", "include": ["buffers"]})
-        raw = {"name": f"plan-{role}", "topology": self.inp.cluster, "world_size": n, "mesh": mesh,
+        topology: Any = self.inp.cluster
+        if st.total > 0.8 * self.m.gpu_bytes:
+            # the state does not fit the GPU: simulate the copies on a GPU with room for it (copy and lifecycle
+            # costs do not depend on the capacity); the analytic memory check marks the candidate infeasible
+            import copy as _copy
+
+            from sim.presets import load_preset_data
+
+            topology = _copy.deepcopy(dict(load_preset_data(self.inp.cluster)))
+            grow = math.ceil(st.total / self.m.gpu_bytes) + 1
+            for e in topology["node"]["elements"]:
+                if e.get("kind") == "gpu":
+                    const = topology["constants"][e["hbm"]]
+                    const["value"] = const["value"] * grow
+                    const["source"] = f"plan: {grow} x the preset's GPU memory, to simulate copies of a state that does not fit"
+        raw = {"name": f"plan-{role}", "topology": topology, "world_size": n, "mesh": mesh,
                "model": {"tensors": tensors}, "offload": offload, "pg_policy": pg_policy, "steps": 2,
                "workload": {"rollout_s": self.rollout_full, "touch_groups": True}, "payload": "meta"}
         t0 = time.perf_counter()
-        result, _world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
+        result, world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
         self.sim_wall_s += time.perf_counter() - t0
         if not result.ok:
             raise RuntimeError(f"simulated {role} with {include} / {pg_policy} violated an invariant: {result.violations}")
@@ -238,7 +253,7 @@ class Planner:
             "train_overhead_s": ph["train"],
             "pinned": max(r["peak_host_pinned_bytes"] or 0 for r in ranks),
             "comm_train": max(r["phase_peak_device_bytes"]["train"] for r in ranks) - st.total,
-            "rollout_resident": max(r["phase_peak_device_bytes"]["rollout"] for r in ranks),
+            "rollout_resident": _rollout_resident(world),
         }
         self.sims[key] = out
         return out
@@ -321,7 +336,8 @@ class Planner:
                 own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
             turns[r] = reserve + comm + others + own + self._activations(r)
         actor_rollout = costs["actor_train"]["rollout_resident"]  # resident actor state + communicators kept
-        comm_rollout = max(0.0, actor_rollout - resident["actor_train"])
+        st_a = self.states["actor_train"]
+        comm_rollout = max(0.0, actor_rollout - (st_a.total - sum(st_a.bytes[x] for x in include)))
         fixed = reserve + comm_rollout + sum(resident.values()) + self.engine_bytes
         kv = self.m.gpu_bytes - fixed
         reasons = []
@@ -424,6 +440,23 @@ class Planner:
                 self.progress(f"plan: {what}: {i}/{len(cands)} evaluated, {len(self.sims)} simulations so far")
             out.append(self.evaluate(c))
         return out
+
+
+def _rollout_resident(world) -> float:
+    """Device bytes a rank holds while the rollout runs (last step), the largest over ranks.
+
+    The result's per-phase peak counts everything recorded at the phase's first and last
+    instants, which includes the release that ends ``sleep`` and the reload that starts
+    ``wake_up``; this reads the ledger strictly inside the rollout span instead.
+    """
+    eps = 1e-9
+    best = 0
+    for rt in world.runtimes:
+        spans = [(s, e) for name, s, e in rt.spans if name == "rollout"]
+        if spans:
+            s, e = spans[-1]
+            best = max(best, world.memory.peak_between(rt.rank, s + eps, max(s + eps, e - eps)))
+    return best
 
 
 def rank(outcomes: list[Outcome]) -> list[Outcome]:

@@ -197,7 +197,10 @@ class GpuSpec:
     flops: float
     flops_source: str
     mfu: float = 0.35  # assumption: model FLOPs utilisation of training and scoring passes
-    cpu_adam_params_per_s: float = 0.5e9  # assumption: torch AdamW on CPU tensors, per rank (FSDP2 CPUOffloadPolicy)
+    # torch AdamW on CPU tensors per rank (FSDP2 CPUOffloadPolicy steps the optimizer on the CPU). Measured here:
+    # 0.028 G params/s with torch 2.13 AdamW(foreach=True), 20M fp32 params, 2 threads of a shared 2-core machine
+    # (docs/plan.md has the command); assumed 0.1 G params/s for a rank with about 8 cores.
+    cpu_adam_params_per_s: float = 0.1e9
 
 
 # --------------------------------------------------------------------------- layout
