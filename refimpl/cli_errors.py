@@ -16,9 +16,12 @@ that cannot be written.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import Any, Callable
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -68,6 +71,51 @@ def check_output_path(path: str | os.PathLike, option: str, *, suffix: str | Non
     return p
 
 
+def check_device(text: str | None, option: str = "--device") -> str | None:
+    """``cpu``, ``cuda`` or ``cuda:N`` that exists here; anything else is a :class:`CliInputError`."""
+    if text is None:
+        return None
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise CliInputError(f"{option} {text!r}: expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise CliInputError(f"{option} {text!r}: expected cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CliInputError(f"{option} {text}: no CUDA device in this process; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise CliInputError(f"{option} {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def check_number(option: str, value: float | int | None, *, lo: float, strict: bool = False,
+                 integer: bool = False) -> None:
+    """``value`` (when given) must be ``>= lo`` (``> lo`` if ``strict``); raise :class:`CliInputError` naming ``option``."""
+    if value is None:
+        return
+    bad = value <= lo if strict else value < lo
+    if bad or value != value:  # NaN too
+        kind = "an integer" if integer else "a number"
+        raise CliInputError(f"{option}: expected {kind} {'>' if strict else '>='} {lo:g}, got {value}")
+
+
+def one_line_errors(fn: Callable[..., int]) -> Callable[..., int]:
+    """Decorate a subcommand's ``run(args)``: a :class:`CliInputError` prints ``error: ...`` on stderr and returns 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            return fn(*args, **kwargs)
+        except CliInputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+
+    return wrapper
+
+
 def describe_os_error(exc: OSError, what: str) -> str:
     """One line for an OSError met while writing ``what`` (e.g. ENOSPC after the checks passed)."""
     if exc.errno == errno.ENOSPC:
@@ -76,4 +124,4 @@ def describe_os_error(exc: OSError, what: str) -> str:
 
 
 __all__ = ["CliInputError", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INVARIANT", "EXIT_OK", "MIN_FREE_BYTES",
-           "check_output_path", "describe_os_error"]
+           "check_device", "check_number", "check_output_path", "describe_os_error", "one_line_errors"]

@@ -13,6 +13,7 @@ import argparse
 
 import torch
 
+from refimpl.cli_errors import one_line_errors
 from refimpl.runtime import TorchRuntime
 from refimpl.store import OffloadStore, StoreConfig
 
@@ -61,8 +62,14 @@ def _step(model: DemoLM, opt: torch.optim.Optimizer, vocab: int, device: torch.d
     return float(loss.detach())
 
 
+@one_line_errors
 def run(args: argparse.Namespace) -> int:
     """Build, step, offload, reload, verify, step; print what happened."""
+    from refimpl.cli_errors import check_device, check_number
+
+    check_device(args.device)  # bad input: one line, exit 2 (refimpl.cli_errors)
+    for opt, v in (("--hidden", args.hidden), ("--layers", args.layers), ("--vocab", args.vocab)):
+        check_number(opt, v, lo=1, integer=True)
     rt = TorchRuntime(args.device)
     torch.manual_seed(0)
     model = DemoLM(args.vocab, args.hidden, args.layers).to(rt.device)

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import logging
 
+from refimpl.cli_errors import one_line_errors
+
 logger = logging.getLogger(__name__)
 
 _OTHER = {"switch-window": ("refimpl.benchmarks.switch_window", "process-group policies in the switch window")}
@@ -68,12 +70,25 @@ def run(args: argparse.Namespace) -> int:
     return int(fn(args) or 0)
 
 
+@one_line_errors
 def run_offload(args: argparse.Namespace) -> int:
     """``timeshare bench offload``."""
-    from refimpl.benchmarks.offload import BASELINES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from refimpl.benchmarks.offload import BASELINES, SHAPES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from refimpl.cli_errors import CliInputError, check_device, check_number, check_output_path
     from refimpl.runtime import TorchRuntime
     from refimpl.store import StoreConfig
 
+    # bad input is one line and exit 2 before anything runs (refimpl.cli_errors)
+    check_device(args.device)
+    names = [s for s in args.shapes.split(",") if s]
+    if not names or any(n not in SHAPES for n in names):
+        raise CliInputError(f"--shapes {args.shapes!r}: expected a comma-separated list of {sorted(SHAPES)}")
+    for opt, v in (("--cycles", args.cycles), ("--baseline-cycles", args.baseline_cycles), ("--moe-layers", args.moe_layers)):
+        check_number(opt, v, lo=1, integer=True)
+    check_number("--line-max-gb", args.line_max_gb, lo=0, strict=True)
+    check_number("--phase-gap-s", args.phase_gap_s, lo=0)
+    check_number("--other-role-gb", args.other_role_gb, lo=0)
+    check_output_path(args.out, "--out", is_dir=True)
     rt = TorchRuntime(args.device)
     variants = {"store": StoreConfig()}
     no_consolidate = set()
