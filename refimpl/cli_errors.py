@@ -83,11 +83,13 @@ def check_device(text: str | None, option: str = "--device") -> str | None:
         raise CliInputError(f"{option} {text!r}: expected cpu, cuda or cuda:N") from None
     if dev.type not in ("cpu", "cuda"):
         raise CliInputError(f"{option} {text!r}: expected cpu, cuda or cuda:N")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CliInputError(f"{option} {text}: no CUDA device in this process; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise CliInputError(f"{option} {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "cuda":  # CUDA is reached only through the runtime (tests/test_import_rule.py)
+        from refimpl.runtime import TorchRuntime
+
+        try:
+            TorchRuntime(dev)
+        except (ValueError, RuntimeError, AssertionError) as exc:
+            raise CliInputError(f"{option} {text}: {str(exc).splitlines()[0]}; use --device cpu") from None
     return text
 
 
