@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
+import sys
 
 from refimpl.cli_errors import one_line_errors
 
@@ -46,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default 0)")
     off.add_argument("--line-max-gb", type=float, default=8.0, help="cap on the line-rate copy size")
     off.add_argument("--out", default="bench/results", help="directory for the JSON report")
+    off.add_argument("--json", action="store_true", help="print the report as JSON (common envelope) instead of the table")
     for name, (module, help_text) in _OTHER.items():
         p = sub.add_parser(name, help=help_text)
         try:
@@ -101,19 +104,22 @@ def run_offload(args: argparse.Namespace) -> int:
     shapes = shapes_by_name([s for s in args.shapes.split(",") if s], tiny=args.dry_run, moe_layers=args.moe_layers)
     cycles = args.cycles if args.cycles is not None else (2 if args.dry_run else 3)
     gap = args.phase_gap_s if args.phase_gap_s is not None else (0.25 if rt.device.type == "cuda" else 0.0)
-    if gap < 0 or args.other_role_gb < 0:
-        print(f"--phase-gap-s and --other-role-gb must be >= 0, got {gap} and {args.other_role_gb}")
-        return 2
-    print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes))
+    info = sys.stderr if args.json else sys.stdout
+    print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes), file=info)
     report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
                        baseline_cycles=args.baseline_cycles,
                        check=not args.no_check, line_max_bytes=int(args.line_max_gb * 2**30),
                        no_consolidate=frozenset(no_consolidate), phase_gap_s=gap,
                        other_role_bytes=int(args.other_role_gb * 1e9))
     report["dry_run"] = bool(args.dry_run)
-    print(format_report(report))
+    if args.json:
+        from refimpl.output import envelope
+
+        print(json.dumps(envelope("bench offload", report), indent=1, default=str))
+    else:
+        print(format_report(report))
     path = write_report(report, args.out)
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=info)
     return 0
 
 

@@ -98,4 +98,4 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
 
 def test_bench_rejects_a_negative_gap(tmp_path, capsys):
     assert main(["bench", "offload", "--dry-run", "--phase-gap-s", "-1", "--out", str(tmp_path)]) == 2
-    assert "must be >= 0" in capsys.readouterr().out
+    assert "--phase-gap-s: expected a number >= 0" in capsys.readouterr().err  # one line on stderr, exit 2
