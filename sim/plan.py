@@ -70,6 +70,9 @@ RESERVE_GIB = 2.0
 DECODE_HBM_EFF = 0.6
 
 
+ROLE_ABBREV = {"reference": "ref", "reward": "rm", "critic": "critic"}
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One configuration of the step."""
@@ -85,7 +88,11 @@ class Candidate:
         off = "+".join(self.offload) if self.offload else "no offload"
         if self.offload and self.offload != ("fsdp_cpu",):
             off += f"/{self.backend}"
-        return f"{off}; scoring {'offloaded' if self.score_offload else 'resident'}; pg {self.pg_policy}"
+        text = f"{off}; scoring {'offloaded' if self.score_offload else 'resident'}; pg {self.pg_policy}"
+        middle = [r for r in self.order if r not in ("rollout", "actor_train")]
+        if len(middle) > 1:  # the order only varies when there are two or more roles between rollout and update
+            text += "; " + ">".join(ROLE_ABBREV.get(r, r) for r in middle)
+        return text
 
 
 @dataclass
@@ -490,7 +497,7 @@ def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
     parts = [f"fastest step that fits ({best.step_s:.2f} s, of which {best.switch_s:.2f} s switching)"]
     if base is not None and base is not best:
         if base.feasible:
-            parts.append(f"{base.step_s - best.step_s:+.2f} s against offloading nothing "
+            parts.append(f"{base.step_s - best.step_s:.2f} s faster than offloading nothing "
                          f"(rollout memory {best.rollout_gib:.1f} vs {base.rollout_gib:.1f} GiB)")
         else:
             parts.append(f"offloading nothing does not fit ({base.reason})")
