@@ -64,11 +64,11 @@ def format_compare(label_a: str, label_b: str, a: dict[str, Any], b: dict[str, A
              f"backend {a.get('offload_backend')}, ok {a.get('ok')}",
              f"B: {label_b}: scenario {b.get('scenario')!r}, {b.get('world_size')} ranks, pg_policy {b.get('pg_policy')}, "
              f"backend {b.get('offload_backend')}, ok {b.get('ok')}", ""]
-    head = f"{'':<20}{'A':>14}{'B':>14}{'B/A':>9}"
+    head = f"{'':<24}{'A':>14}{'B':>14}{'B/A':>9}"
     lines += [head, "-" * len(head)]
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        lines.append(f"{r['what'] + ' (' + r['unit'] + ')':<20}{f(r['a']):>14}{f(r['b']):>14}{ratio:>9}")
+        lines.append(f"{r['what'] + ' (' + r['unit'] + ')':<24}{f(r['a']):>14}{f(r['b']):>14}{ratio:>9}")
     lines.append("phases: mean over finished ranks of the last step")
     return "\n".join(lines)
 
