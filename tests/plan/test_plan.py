@@ -156,3 +156,19 @@ def test_nothing_fits_exits_1(capsys):
     # Llama-3-70B on one 8xH200 node with a strict 100 GiB KV need: the state alone leaves too little
     assert main(["plan", "--quiet", "--model", "Llama-3-70B", "--kv-gib", "100"]) == 1
     assert "no candidate fits" in capsys.readouterr().out
+
+
+def test_coarsened_simulation_matches_the_full_tensor_list():
+    # the planner's shortcut (16 tensors per category + analytic per-copy latency) against the simulator
+    # running every one of the 1,455 tensors of a Llama-2-7B FSDP 1/8 shard (docs/plan.md)
+    from sim.runner import run_scenario
+    from sim.scenario import parse_scenario
+
+    p = Planner(PlanInputs(model=model_preset("Llama-2-7B"), layout=Layout(dp=8)))
+    plan = p._simulate("actor_train", ("params", "grads", "optimizer"), "none")
+    full, _world, _ = run_scenario(parse_scenario({
+        "world_size": 8, "topology": "hgx-h200-8x", "model": {"preset": "dense-7b", "fsdp": 8},
+        "offload": {"backend": "local"}, "steps": 2, "workload": {"rollout_s": p.rollout_full}}))
+    assert sum(full.data["model"]["bytes_by_category"].values()) == p.states["actor_train"].total
+    for ours, phase in (("offload_s", "sleep"), ("reload_s", "wake_up")):
+        assert plan[ours] == pytest.approx(full.data["phases"][phase]["max"], rel=0.02)
