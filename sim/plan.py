@@ -425,10 +425,15 @@ class Planner:
 
     def search(self) -> list[Outcome]:
         """Evaluate the candidates (staged unless ``exhaustive``) and return them ranked."""
+        n_off, n_ord = len(self.offload_candidates()), len(self.orders())
         if self.inp.exhaustive:
             cands = [Candidate(c.offload, c.backend, c.score_offload, p, o)
                      for c in self.offload_candidates() for p in PG_POLICIES for o in self.orders()]
+            self.progress(f"plan: exhaustive search of {len(cands)} candidates, at most "
+                          f"{len(OFFLOAD_SETS) * len(PG_POLICIES) * len(self.states)} simulations of about 0.1 s each")
             return rank(self._run(cands, "every combination"))
+        self.progress(f"plan: staged search of about {n_off + self.inp.top * (len(PG_POLICIES) - 1) + n_ord - 1} candidates "
+                      f"(--exhaustive: {n_off * len(PG_POLICIES) * n_ord})")
         stage1 = rank(self._run(self.offload_candidates(), "offload settings"))
         best = [o.candidate for o in stage1 if o.feasible][: self.inp.top] or [o.candidate for o in stage1[: self.inp.top]]
         stage2 = self._run([Candidate(c.offload, c.backend, c.score_offload, p, c.order)
