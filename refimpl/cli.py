@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except CliInputError as exc:  # bad input found by a subcommand's checks: one line, nothing run
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `timeshare plan | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

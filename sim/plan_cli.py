@@ -186,8 +186,10 @@ def run(args: argparse.Namespace) -> int:
     from refimpl.output import envelope
     from sim.plan import make_plan, stderr_progress
 
-    defaults = all(getattr(args, k) in (None, False) for k in ("model", "params_b", "reward_model", "kv_gib",
-                                                                 "tokens_per_s_per_gib", "rollout_s"))
+    fresh = argparse.ArgumentParser()
+    add_arguments(fresh)
+    output_only = {"json", "png", "rows", "quiet"}
+    defaults = all(getattr(args, k, v) == v for k, v in vars(fresh.parse_args([])).items() if k not in output_only)
     try:
         if args.png:
             check_output_path(args.png, "--png", suffix=".png")
@@ -195,9 +197,11 @@ def run(args: argparse.Namespace) -> int:
     except (PlanInputError, CliInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if defaults and not args.json:
-        print("no model given: planning the built-in default (GRPO, Qwen2.5-7B with a reference model, FSDP on one "
-              "8xH200 node); see timeshare plan --help")
+    if defaults:
+        print("no arguments: planning the built-in default (GRPO, Qwen2.5-7B with a reference model, FSDP on one "
+              "8xH200 node); see timeshare plan --help", file=sys.stderr if args.json else sys.stdout)
+    elif args.model is None and args.params_b is None:
+        print("no --model given: planning Qwen2.5-7B", file=sys.stderr if args.json else sys.stdout)
     try:
         plan = make_plan(inputs, None if args.quiet else stderr_progress)
     except PlanInputError as exc:

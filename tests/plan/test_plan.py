@@ -134,7 +134,7 @@ def test_cli_plan_without_arguments_says_it_runs_the_default(tmp_path, capsys):
     png = tmp_path / "t.png"
     assert main(["plan", "--quiet", "--png", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "built-in default" in out and "recommendation:" in out and "Pareto front" in out
+    assert "no arguments: planning the built-in default" in out and "recommendation:" in out and "Pareto front" in out
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
