@@ -78,7 +78,11 @@ def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | N
     except (ScenarioError, CliInputError) as exc:
         print(f"error: {'invalid scenario: ' if isinstance(exc, ScenarioError) else ''}{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    result, world, plan = run_scenario(scn)
+    try:
+        result, world, plan = run_scenario(scn)
+    except ScenarioError as exc:  # a check the runner makes on the scenario (e.g. its size)
+        print(f"error: invalid scenario: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     info = sys.stderr if as_json else sys.stdout
     if as_json:
         print(json.dumps(envelope("sim run", result.to_dict(), ok=result.ok), indent=1))
