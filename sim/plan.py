@@ -48,13 +48,13 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from sim.plan_model import (GPU_FLOPS, GiB, GpuSpec, Layout, ModelShape, PlanInputError, RoleState, Workload,
-                            model_preset, role_state)
+from sim.plan_model import (GPU_FLOPS, GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
+                            Workload, model_preset, role_state)
+from sim.plan_rank import pareto, rank, recommend
 
 log = logging.getLogger(__name__)
 
@@ -138,44 +138,12 @@ class PlanInputs:
     reserve_gib: float = RESERVE_GIB
 
 
-class _Machine:
-    """The figures of the topology the analytic parts use (all SI)."""
-
-    def __init__(self, cluster: str, nodes: int):
-        from refimpl.runtime.base import CopyKind
-        from sim.presets import PresetError
-        from sim.topology import Topology
-
-        try:
-            self.topo = Topology.from_preset(cluster, nodes=nodes if nodes > 1 else None)
-        except PresetError as exc:
-            raise PlanInputError(f"--cluster: {exc}") from None
-        if nodes > 1 and self.topo.nodes != nodes:
-            raise PlanInputError(f"--nodes {nodes}: preset {cluster!r} is one node; pick a multi-node preset such as hgx-h200-8x-ib")
-        t = self.topo
-        self.gpus = t.num_gpus
-        self.per_node = t.gpus_per_node
-        self.gpu_bytes = t.hbm_bytes(0)
-        caps = t.capacities()
-        path = t.copy_path(0, CopyKind.H2D)
-        self.pcie = min(caps[r] for r in path if r.startswith("link:"))
-        duplex = [caps[r] for r in path if r.startswith("duplex:")]
-        self.duplex = min(duplex) if duplex else 2 * self.pcie
-        self.nvlink = t.p2p(0, 1)[0] if self.per_node > 1 else math.inf
-        eff = t.collective.efficiency.get(t.p2p(0, 1)[1].value, 1.0) if self.per_node > 1 else 1.0
-        self.nvlink_eff = self.nvlink * eff
-        self.hbm_bw = 2 * t.element(t.gpu(0))["copy_bandwidth"]
-        self.copy_latency = t.copy.latency_s
-        numas = {t.numa_of(r) for r in range(self.per_node)}
-        self.host_per_node = sum(t.host_capacity(n) for n in numas)
-
-
 class Planner:
     """Evaluates candidates for one set of inputs; simulations are cached across candidates."""
 
     def __init__(self, inputs: PlanInputs, progress: Callable[[str], None] | None = None):
         self.inp = inputs
-        self.m = _Machine(inputs.cluster, inputs.nodes)
+        self.m = Machine(inputs.cluster, inputs.nodes)
         self.lay = inputs.layout.resolved(inputs.model, self.m.gpus, self.m.gpu_bytes)
         if inputs.gpu is None:
             flops, src = GPU_FLOPS.get(inputs.cluster, (None, None))
@@ -184,7 +152,7 @@ class Planner:
             inputs.gpu = GpuSpec(flops, src)
         self.gpu = inputs.gpu
         self.w = inputs.workload
-        self.progress = progress or (lambda _msg: None)
+        self.progress = progress or log.info
         self.sims: dict[tuple, dict[str, float]] = {}
         self.sim_wall_s = 0.0
         model = inputs.model
@@ -256,7 +224,7 @@ class Planner:
         ranks = result.data["ranks"]
         # no per-tensor correction: after the first cycle the store copies each dtype's flat buffer per pinned
         # host segment (docs/calibration.md), so the copy count does not follow the tensor count (checked
-        # against the full tensor list in tests/plan/test_plan.py)
+        # against the full tensor list in tests/sim/test_plan.py)
         extra = 0.0
         out = {
             "offload_s": ph["sleep"] + extra,
@@ -476,46 +444,6 @@ def _rollout_resident(world) -> float:
     return best
 
 
-def rank(outcomes: list[Outcome]) -> list[Outcome]:
-    """Feasible first, then by step time; ties (1 ms) broken by more rollout memory, then less pinned host."""
-    return sorted(outcomes, key=lambda o: (not o.feasible, round(o.step_s, 3), -o.rollout_gib, o.pinned_node_gib))
-
-
-def pareto(outcomes: list[Outcome]) -> list[Outcome]:
-    """Feasible outcomes no other beats on all of step time, rollout memory and pinned host per node."""
-    ok = [o for o in outcomes if o.feasible]
-    front = []
-    for o in ok:
-        dominated = any(
-            p.step_s <= o.step_s and p.rollout_gib >= o.rollout_gib and p.pinned_node_gib <= o.pinned_node_gib
-            and (p.step_s < o.step_s or p.rollout_gib > o.rollout_gib or p.pinned_node_gib < o.pinned_node_gib)
-            for p in ok)
-        if not dominated:
-            front.append(o)
-    return rank(front)
-
-
-def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
-    """The fastest feasible candidate and a sentence saying why."""
-    ok = [o for o in ranked if o.feasible]
-    if not ok:
-        why = ranked[0].reason if ranked else "no candidates"
-        return None, f"no candidate fits: the best one fails because {why}"
-    best = ok[0]
-    base = next((o for o in ranked if o.candidate.offload == () and o.candidate.pg_policy == best.candidate.pg_policy
-                 and not o.candidate.score_offload), None)
-    parts = [f"fastest step that fits ({best.step_s:.2f} s, of which {best.switch_s:.2f} s switching)"]
-    if base is not None and base is not best:
-        if base.feasible:
-            parts.append(f"{base.step_s - best.step_s:.2f} s faster than offloading nothing "
-                         f"(rollout memory {best.rollout_gib:.1f} vs {base.rollout_gib:.1f} GiB)")
-        else:
-            parts.append(f"offloading nothing does not fit ({base.reason})")
-    elif base is best:
-        parts.append("offloading would only add switch time: the rollout already has the KV cache it needs")
-    return best, "; ".join(parts)
-
-
 def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the search; returns a JSON-ready plan: inputs, ranked outcomes, Pareto front, recommendation."""
     t0 = time.perf_counter()
@@ -554,10 +482,6 @@ def default_inputs() -> PlanInputs:
     return PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="hgx-h200-8x", layout=Layout(dp=8))
 
 
-def stderr_progress(msg: str) -> None:
-    """Progress lines go to stderr so that ``--json`` output stays clean."""
-    print(msg, file=sys.stderr, flush=True)
-
-
 __all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
-           "make_plan", "pareto", "rank", "recommend", "stderr_progress"]
+           "make_plan", "pareto", "rank", "recommend"]
+

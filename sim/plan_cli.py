@@ -94,9 +94,9 @@ def inputs_from_args(args: argparse.Namespace):
     reward = _model(args.reward_model, args, "--reward-model") if args.reward_model else None
     gpus_hint = None
     if args.dp is None:
-        from sim.plan import _Machine
+        from sim.plan_model import Machine
 
-        gpus_hint = _Machine(args.cluster, args.nodes).gpus
+        gpus_hint = Machine(args.cluster, args.nodes).gpus
         dp = max(1, gpus_hint // (args.tp * args.pp)) if args.tp >= 1 and args.pp >= 1 else 0
     else:
         dp = args.dp
@@ -180,11 +180,16 @@ def write_timeline_png(plan: dict, path: str) -> None:
     plt.close(fig)
 
 
+def stderr_progress(msg: str) -> None:
+    """Progress lines go to stderr so that ``--json`` output stays clean."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare plan``; returns the exit status."""
     from refimpl.cli_errors import CliInputError, check_output_path
     from refimpl.output import envelope
-    from sim.plan import make_plan, stderr_progress
+    from sim.plan import make_plan
 
     fresh = argparse.ArgumentParser()
     add_arguments(fresh)
@@ -217,4 +222,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan["recommendation"] else 1
 
 
-__all__ = ["add_arguments", "format_plan", "inputs_from_args", "run", "write_timeline_png"]
+__all__ = ["add_arguments", "format_plan", "inputs_from_args", "run", "stderr_progress", "write_timeline_png"]

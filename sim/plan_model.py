@@ -203,6 +203,38 @@ class GpuSpec:
     cpu_adam_params_per_s: float = 0.1e9
 
 
+class Machine:
+    """The figures of a topology preset that the planner's analytic parts use (all SI); ``PlanInputError`` for a bad preset."""
+
+    def __init__(self, cluster: str, nodes: int):
+        from refimpl.runtime.base import CopyKind
+        from sim.presets import PresetError
+        from sim.topology import Topology
+
+        try:
+            self.topo = Topology.from_preset(cluster, nodes=nodes if nodes > 1 else None)
+        except PresetError as exc:
+            raise PlanInputError(f"--cluster: {exc}") from None
+        if nodes > 1 and self.topo.nodes != nodes:
+            raise PlanInputError(f"--nodes {nodes}: preset {cluster!r} is one node; pick a multi-node preset such as hgx-h200-8x-ib")
+        t = self.topo
+        self.gpus = t.num_gpus
+        self.per_node = t.gpus_per_node
+        self.gpu_bytes = t.hbm_bytes(0)
+        caps = t.capacities()
+        path = t.copy_path(0, CopyKind.H2D)
+        self.pcie = min(caps[r] for r in path if r.startswith("link:"))
+        duplex = [caps[r] for r in path if r.startswith("duplex:")]
+        self.duplex = min(duplex) if duplex else 2 * self.pcie
+        self.nvlink = t.p2p(0, 1)[0] if self.per_node > 1 else math.inf
+        eff = t.collective.efficiency.get(t.p2p(0, 1)[1].value, 1.0) if self.per_node > 1 else 1.0
+        self.nvlink_eff = self.nvlink * eff
+        self.hbm_bw = 2 * t.element(t.gpu(0))["copy_bandwidth"]
+        self.copy_latency = t.copy.latency_s
+        numas = {t.numa_of(r) for r in range(self.per_node)}
+        self.host_per_node = sum(t.host_capacity(n) for n in numas)
+
+
 # --------------------------------------------------------------------------- layout
 
 
@@ -346,6 +378,7 @@ __all__ = [
     "GpuSpec",
     "Layout",
     "MODEL_PRESETS",
+    "Machine",
     "ModelShape",
     "PlanInputError",
     "ROLES",

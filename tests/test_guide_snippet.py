@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests._dist import run_distributed
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 
 
 def snippet() -> str:
