@@ -71,28 +71,6 @@ def check_output_path(path: str | os.PathLike, option: str, *, suffix: str | Non
     return p
 
 
-def check_device(text: str | None, option: str = "--device") -> str | None:
-    """``cpu``, ``cuda`` or ``cuda:N`` that exists here; anything else is a :class:`CliInputError`."""
-    if text is None:
-        return None
-    import torch
-
-    try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise CliInputError(f"{option} {text!r}: expected cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise CliInputError(f"{option} {text!r}: expected cpu, cuda or cuda:N")
-    if dev.type == "cuda":  # CUDA is reached only through the runtime (tests/test_import_rule.py)
-        from refimpl.runtime import TorchRuntime
-
-        try:
-            TorchRuntime(dev)
-        except (ValueError, RuntimeError, AssertionError) as exc:
-            raise CliInputError(f"{option} {text}: {str(exc).splitlines()[0]}; use --device cpu") from None
-    return text
-
-
 def check_number(option: str, value: float | int | None, *, lo: float, strict: bool = False,
                  integer: bool = False) -> None:
     """``value`` (when given) must be ``>= lo`` (``> lo`` if ``strict``); raise :class:`CliInputError` naming ``option``."""
@@ -126,4 +104,4 @@ def describe_os_error(exc: OSError, what: str) -> str:
 
 
 __all__ = ["CliInputError", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INVARIANT", "EXIT_OK", "MIN_FREE_BYTES",
-           "check_device", "check_number", "check_output_path", "describe_os_error", "one_line_errors"]
+           "check_number", "check_output_path", "describe_os_error", "one_line_errors"]

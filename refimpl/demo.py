@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from refimpl.cli_errors import one_line_errors
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import OffloadStore, StoreConfig
 
 
@@ -65,7 +65,8 @@ def _step(model: DemoLM, opt: torch.optim.Optimizer, vocab: int, device: torch.d
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
     """Build, step, offload, reload, verify, step; print what happened."""
-    from refimpl.cli_errors import check_device, check_number
+    from refimpl.cli_errors import check_number
+    from refimpl.torch_runtime.device_check import check_device
 
     check_device(args.device)  # bad input: one line, exit 2 (refimpl.cli_errors)
     for opt, v in (("--hidden", args.hidden), ("--layers", args.layers), ("--vocab", args.vocab)):

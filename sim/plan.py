@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 from sim.plan_model import (GPU_FLOPS, GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
                             Workload, model_preset, role_state)
-from sim.plan_rank import pareto, rank, recommend
+from sim.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -70,56 +70,6 @@ PG_POLICIES = ("none", "destroy", "destroy_deferred", "paused_live", "suspend")
 RESERVE_GIB = 2.0
 #: assumption: fraction of HBM bandwidth a decode step reaches
 DECODE_HBM_EFF = 0.6
-
-
-ROLE_ABBREV = {"reference": "ref", "reward": "rm", "critic": "critic"}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration of the step."""
-
-    offload: tuple[str, ...]
-    backend: str = "local"
-    score_offload: bool = True
-    pg_policy: str = "none"
-    order: tuple[str, ...] = ()
-
-    def label(self) -> str:
-        """Short name used in tables, e.g. ``params+optimizer/local, ref off, suspend``."""
-        off = "+".join(self.offload) if self.offload else "no offload"
-        if self.offload and self.offload != ("fsdp_cpu",):
-            off += f"/{self.backend}"
-        text = f"{off}; scoring {'offloaded' if self.score_offload else 'resident'}; pg {self.pg_policy}"
-        middle = [r for r in self.order if r not in ("rollout", "actor_train")]
-        if len(middle) > 1:  # the order only varies when there are two or more roles between rollout and update
-            text += "; " + ">".join(ROLE_ABBREV.get(r, r) for r in middle)
-        return text
-
-
-@dataclass
-class Outcome:
-    """What a candidate costs. Memory in GiB per GPU (pinned host per rank and per node), times in s."""
-
-    candidate: Candidate
-    feasible: bool
-    reason: str
-    step_s: float
-    switch_s: float
-    compute_s: dict[str, float]
-    rollout_s: float
-    peak_gpu_gib: float
-    rollout_gib: float
-    pinned_rank_gib: float
-    pinned_node_gib: float
-    timeline: list[tuple[str, str, float]] = field(default_factory=list)  # (role, kind, seconds) in step order
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (the candidate's fields inline)."""
-        d = asdict(self)
-        d["candidate"] = {**asdict(self.candidate), "label": self.candidate.label()}
-        d["timeline"] = [{"role": r, "kind": k, "s": s} for r, k, s in self.timeline]
-        return d
 
 
 @dataclass

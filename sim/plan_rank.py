@@ -1,10 +1,58 @@
-"""Ranking, Pareto front and recommendation of ``timeshare plan``'s outcomes (:mod:`sim.plan`)."""
+"""What ``timeshare plan`` ranks: a :class:`Candidate`, its :class:`Outcome`, and the ranking, Pareto front
+and recommendation over outcomes (:mod:`sim.plan` evaluates them)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from sim.plan import Outcome
+ROLE_ABBREV = {"reference": "ref", "reward": "rm", "critic": "critic"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the step."""
+
+    offload: tuple[str, ...]
+    backend: str = "local"
+    score_offload: bool = True
+    pg_policy: str = "none"
+    order: tuple[str, ...] = ()
+
+    def label(self) -> str:
+        """Short name used in tables, e.g. ``params+optimizer/local, ref off, suspend``."""
+        off = "+".join(self.offload) if self.offload else "no offload"
+        if self.offload and self.offload != ("fsdp_cpu",):
+            off += f"/{self.backend}"
+        text = f"{off}; scoring {'offloaded' if self.score_offload else 'resident'}; pg {self.pg_policy}"
+        middle = [r for r in self.order if r not in ("rollout", "actor_train")]
+        if len(middle) > 1:  # the order only varies when there are two or more roles between rollout and update
+            text += "; " + ">".join(ROLE_ABBREV.get(r, r) for r in middle)
+        return text
+
+
+@dataclass
+class Outcome:
+    """What a candidate costs. Memory in GiB per GPU (pinned host per rank and per node), times in s."""
+
+    candidate: Candidate
+    feasible: bool
+    reason: str
+    step_s: float
+    switch_s: float
+    compute_s: dict[str, float]
+    rollout_s: float
+    peak_gpu_gib: float
+    rollout_gib: float
+    pinned_rank_gib: float
+    pinned_node_gib: float
+    timeline: list[tuple[str, str, float]] = field(default_factory=list)  # (role, kind, seconds) in step order
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the candidate's fields inline)."""
+        d = asdict(self)
+        d["candidate"] = {**asdict(self.candidate), "label": self.candidate.label()}
+        d["timeline"] = [{"role": r, "kind": k, "s": s} for r, k, s in self.timeline]
+        return d
 
 
 def rank(outcomes: list[Outcome]) -> list[Outcome]:
@@ -47,4 +95,4 @@ def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
     return best, "; ".join(parts)
 
 
-__all__ = ["pareto", "rank", "recommend"]
+__all__ = ["Candidate", "Outcome", "ROLE_ABBREV", "pareto", "rank", "recommend"]

@@ -379,9 +379,13 @@ def parse_scenario(raw: Any) -> Scenario:
 
 def load_scenario(path_or_name: str | Path) -> Scenario:
     """Load a scenario from a JSON or YAML file, or a shipped example by name (``"default"``)."""
-    from sim.scenario_io import read_scenario_raw  # JSON/YAML, UTF-8 checked, one-line errors
+    from sim.scenario_files import ScenarioFileError, read_document  # JSON/YAML, UTF-8 checked, one-line errors
 
-    return parse_scenario(read_scenario_raw(path_or_name))
+    try:
+        raw = read_document(path_or_name)
+    except ScenarioFileError as exc:
+        raise ScenarioError(str(exc)) from None
+    return parse_scenario(raw)
 
 
 __all__ = [

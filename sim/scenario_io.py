@@ -1,116 +1,37 @@
-"""Reading scenario files for the command line: JSON or YAML, UTF-8 checked, ``--set key=value`` overrides.
+"""The command line's way into scenarios: read (JSON or YAML), override (``--set``), validate.
 
-* :func:`read_scenario_raw` reads a scenario file (``.json``, ``.yaml`` / ``.yml``) or a shipped
-  example by name and returns the parsed object; every problem is one
-  :class:`sim.scenario.ScenarioError` line (unreadable, not UTF-8, not JSON/YAML).
-* :func:`apply_overrides` applies ``--set`` overrides the way verl/ROLL users override configs:
-  dotted keys (``workload.rollout_s=30``, ``faults.0.ranks=[1]``), values parsed as JSON (numbers,
-  ``true``/``false``, ``null``, lists, objects) and otherwise taken as strings.
-* :func:`load_scenario_with` does both and validates with :func:`sim.scenario.parse_scenario`.
-
-YAML needs ``pyyaml`` (the ``yaml`` extra: ``pip install 'gpu-timeshare[yaml]'``); JSON needs nothing.
+:func:`read_scenario_raw` and :func:`apply_overrides` are :mod:`sim.scenario_files`' reader
+and overrides with their errors reported as :class:`sim.scenario.ScenarioError`;
+:func:`load_scenario_with` does both and validates with :func:`sim.scenario.parse_scenario`.
 """
 from __future__ import annotations
 
-import copy
-import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from sim import scenario_files
 from sim.scenario import Scenario, ScenarioError, parse_scenario
-
-YAML_SUFFIXES = (".yaml", ".yml")
+from sim.scenario_files import YAML_SUFFIXES, parse_value
 
 
 def read_scenario_raw(path_or_name: str | Path) -> Any:
-    """The parsed content of a scenario file or shipped example (see the module docstring)."""
-    from sim.presets import PresetError, scenario_path
-
-    path = Path(path_or_name)
-    if not path.suffix and not path.exists():
-        try:
-            path = scenario_path(str(path_or_name))
-        except PresetError as exc:
-            raise ScenarioError(str(exc)) from None
+    """The parsed document of a scenario file or shipped example; :class:`ScenarioError` (one line) if not."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the scenario ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScenarioError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                            "save the scenario as UTF-8") from None
-    if path.suffix.lower() in YAML_SUFFIXES:
-        try:
-            import yaml
-        except ImportError:
-            raise ScenarioError(f"{path}: YAML scenarios need pyyaml (pip install 'gpu-timeshare[yaml]'), "
-                                "or write the scenario as JSON") from None
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            raise ScenarioError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-
-
-def parse_value(text: str) -> Any:
-    """A ``--set`` value: JSON if it parses (``30``, ``true``, ``[1, 2]``, ``{"a": 1}``), else the string itself."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        return scenario_files.read_document(path_or_name)
+    except scenario_files.ScenarioFileError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def apply_overrides(raw: Any, sets: Iterable[str]) -> Any:
-    """A copy of ``raw`` with each ``KEY=VALUE`` applied (dotted keys; integer parts index lists)."""
-    out = copy.deepcopy(raw)
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ScenarioError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. workload.rollout_s=30")
-        parts = key.strip().split(".")
-        if not isinstance(out, dict):
-            raise ScenarioError(f"--set {key}: the scenario is not an object")
-        node: Any = out
-        for i, part in enumerate(parts[:-1]):
-            where = ".".join(parts[: i + 1])
-            if isinstance(node, list):
-                node = _index(node, part, where, key)
-            elif isinstance(node, dict):
-                if part not in node or node[part] is None:
-                    node[part] = {}
-                node = node[part]
-            else:
-                raise ScenarioError(f"--set {key}: {where} is a {type(node).__name__}, not an object or list")
-        last = parts[-1]
-        if isinstance(node, list):
-            idx = _index_number(node, last, key)
-            node[idx] = parse_value(value)
-        elif isinstance(node, dict):
-            node[last] = parse_value(value)
-        else:
-            raise ScenarioError(f"--set {key}: {'.'.join(parts[:-1])} is a {type(node).__name__}, not an object or list")
-    return out
-
-
-def _index_number(node: list, part: str, key: str) -> int:
-    if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
-        raise ScenarioError(f"--set {key}: {part!r} is not an index of a list of {len(node)}")
-    return int(part)
-
-
-def _index(node: list, part: str, where: str, key: str) -> Any:
-    return node[_index_number(node, part, key)]
+    """A copy of ``raw`` with each ``KEY=VALUE`` applied; :class:`ScenarioError` for a malformed one."""
+    try:
+        return scenario_files.apply_overrides(raw, sets)
+    except scenario_files.ScenarioFileError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def load_scenario_with(path_or_name: str | Path, sets: Iterable[str] = ()) -> Scenario:
-    """Read, override and validate a scenario (the command line's way in)."""
+    """Read, override and validate a scenario."""
     return parse_scenario(apply_overrides(read_scenario_raw(path_or_name), list(sets)))
 
 

@@ -1,9 +1,9 @@
 """``timeshare bench``: benchmarks that print ratios against baselines measured in the same run.
 
 * ``timeshare bench offload [--dry-run] ...``: the offload store against per-tensor copies,
-  fresh pinning, torch_memory_saver and the PCIe line rate (:mod:`refimpl.benchmarks.offload`).
+  fresh pinning, torch_memory_saver and the PCIe line rate (:mod:`bench.offload`).
 * ``timeshare bench switch-window ...``: process-group policies in the actor/rollout switch
-  (:mod:`refimpl.benchmarks.switch_window`).
+  (:mod:`bench.switch_window`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from refimpl.cli_errors import one_line_errors
 
 logger = logging.getLogger(__name__)
 
-_OTHER = {"switch-window": ("refimpl.benchmarks.switch_window", "process-group policies in the switch window")}
+_OTHER = {"switch-window": ("bench.switch_window", "process-group policies in the switch window")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
 @one_line_errors
 def run_offload(args: argparse.Namespace) -> int:
     """``timeshare bench offload``."""
-    from refimpl.benchmarks.offload import BASELINES, SHAPES, format_report, parse_variant, run_bench, shapes_by_name, write_report
-    from refimpl.cli_errors import CliInputError, check_device, check_number, check_output_path
-    from refimpl.runtime import TorchRuntime
+    from bench.offload import BASELINES, SHAPES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from refimpl.cli_errors import CliInputError, check_number, check_output_path
+    from refimpl.torch_runtime import TorchRuntime
+    from refimpl.torch_runtime.device_check import check_device
     from refimpl.store import StoreConfig
 
     # bad input is one line and exit 2 before anything runs (refimpl.cli_errors)
