@@ -165,6 +165,17 @@ class TorchRuntime(Runtime):
         if self._cuda:
             torch.cuda.synchronize(self.device)
 
+    def settle_device(self) -> None:
+        """``torch.cuda.synchronize`` of :attr:`device` (nothing on CPU): every span ends with its device work.
+
+        NCCL collectives issued with ``async_op=True`` and waited with
+        ``work.wait()`` only order the current stream after the collective; the
+        host goes on at once. Without this, a span around a 4 GB all-gather
+        read 0.4 ms (issue 10).
+        """
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
     # ------------------------------------------------------------------ groups
 
     async def new_group(self, spec: GroupSpec) -> None:
