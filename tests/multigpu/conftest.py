@@ -55,7 +55,7 @@ class GpuWorld:
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0,
             env: dict[str, str] | None = None) -> list[Any]:
         """``fn(rank, world_size, *args)`` on every rank; results in rank order (a rank's error fails the test)."""
-        env = {"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **(env or {})}
+        env = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", **(env or {})}
         return run_distributed(fn, self.world_size, args, timeout=timeout, env=env, backend=self.backend)
 
 

@@ -50,7 +50,7 @@ def _local(t):
 
 def _train(build, batch, rank, with_store):
     """STEPS AdamW steps of ``build()``'s model; with a dedup offload+reload around each step."""
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # bitwise runs; warn, not fail, on a missing kernel
     net, opt = build()
     store = _store(net, opt) if with_store else None
     losses, shares = [], []
