@@ -47,12 +47,15 @@ def _entry(fn, rank, world_size, port, args, env, queue, backend="gloo"):  # run
         )
         try:
             result = fn(rank, world_size, *args)
+            # reported before the teardown: a rank whose groups were aborted (fault tests) must not
+            # lose its result if destroying the broken groups hangs; the parent kills it then
+            queue.put((rank, True, result))
         finally:
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - a failed rank may leave the group broken
                 pass
-        queue.put((rank, True, result))
+        return
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, False, traceback.format_exc()))
 
