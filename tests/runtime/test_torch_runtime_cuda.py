@@ -163,3 +163,21 @@ def test_suspend_frees_comm_memory_and_blocks_collectives(nccl_world):
     assert held.suspendable > 0, f"comm_memory reported {held}"
     assert freed >= held.suspendable * 0.9, f"suspend freed {freed} bytes of {held.suspendable} suspendable"
     assert values == [2.0] * 8
+
+
+def test_a_span_ends_when_its_device_work_ends_and_an_error_does_not_wait():
+    """docs/runtime.md, "How spans are timed": the span waits for the kernel it queued; on an error it does not."""
+    rt = TorchRuntime()
+    torch.cuda.synchronize()
+    cycles = int(torch.cuda.get_device_properties(rt.device).clock_rate * 1e3 * 0.2)  # ~0.2 s of spinning
+    with rt.span("spin"):
+        torch.cuda._sleep(cycles)
+    name, start, end = rt.spans[-1]
+    assert name == "spin" and end - start >= 0.1, f"span closed {end - start:.4f} s after queueing 0.2 s of work"
+    with pytest.raises(RuntimeError, match="boom"):
+        with rt.span("failed"):
+            torch.cuda._sleep(cycles)
+            raise RuntimeError("boom")
+    name, start, end = rt.spans[-1]
+    assert name == "failed" and end - start < 0.1, "a failing span must not wait for the device"
+    torch.cuda.synchronize()
