@@ -234,3 +234,12 @@ def test_a_hung_rank_makes_the_others_fail_within_the_agreement_timeout(faults):
     assert AGREE_S * 0.9 <= r0["elapsed"] < AGREE_S + 5.0, "bounded, not a hang"
     for r in results:
         assert r["error"] is not None and r["state"] == "FAILED" and not any(r["live"])
+
+
+def test_a_port_held_on_one_rank_at_the_rebuild_makes_every_rank_retry_after_the_cooldown(gpus):
+    """tests/comm/test_port_held.py's job on NCCL: the pair group's own rendezvous port is taken on rank 0."""
+    from tests._dist import _free_port
+    from tests.comm.test_port_held import check_port_held, port_held_job
+
+    hold_s = 3.0
+    check_port_held(gpus.run(port_held_job, _free_port(), hold_s, timeout=180), hold_s)
