@@ -76,7 +76,7 @@ def gathered(obj):
 
 def nccl_loaded() -> str | None:
     try:
-        from refimpl.comm import nccl
+        from refimpl.torch_runtime import nccl
 
         return nccl.NcclLibrary.load().version_string
     except Exception as e:  # noqa: BLE001 - recorded as unknown, with why
@@ -87,7 +87,7 @@ def can_suspend() -> str | None:
     """None if NCCL suspend works here, else why not."""
     if dist.get_backend() != "nccl":
         return "Gloo run (no NCCL communicators)"
-    from refimpl.comm.validation import NcclOffloadUnavailableError, require_offload_nccl
+    from refimpl.torch_runtime.nccl_validation import NcclOffloadUnavailableError, require_offload_nccl
 
     try:
         require_offload_nccl()
@@ -100,7 +100,7 @@ def can_suspend() -> str | None:
 
 
 def switch_window(args, checks: list) -> dict:
-    from refimpl.benchmarks.switch_window import format_results, mesh_groups, run_steps, summarize
+    from bench.switch_window import format_results, mesh_groups, run_steps, summarize
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
 
@@ -152,7 +152,7 @@ def comm_raw(args, checks: list) -> dict | None:
     if why:
         log(f"comm_raw skipped: {why}")
         return {"skipped": why}
-    from refimpl.comm import nccl
+    from refimpl.torch_runtime import nccl
 
     dev = torch.device("cuda", torch.cuda.current_device())
     ranks = list(range(dist.get_world_size()))

@@ -1,7 +1,7 @@
 """A rendezvous port really held on one rank's rebuild (Gloo processes here; NCCL in tests/multigpu).
 
 The role group has its own rendezvous port (``GroupSpec`` option ``rendezvous_port``, see
-:mod:`refimpl.runtime.rendezvous`). After a pause destroys it, another socket on rank 0 listens on
+:mod:`refimpl.torch_runtime.rendezvous`). After a pause destroys it, another socket on rank 0 listens on
 that port (and drops whatever connects): the weight sync's rebuild fails on rank 0 with
 ``AddressInUseError`` and on rank 1 with a timeout reaching the master; every rank agrees, waits the
 cooldown and retries; once the port is free the group comes back and its collectives work.

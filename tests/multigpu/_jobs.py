@@ -10,7 +10,7 @@ def suspend_unavailable() -> str | None:
 
     if dist.get_backend() != "nccl":
         return "the job runs on Gloo (TIMESHARE_MULTIGPU_ON_GLOO): no NCCL communicators"
-    from refimpl.comm.validation import NcclOffloadUnavailableError, require_offload_nccl
+    from refimpl.torch_runtime.nccl_validation import NcclOffloadUnavailableError, require_offload_nccl
 
     try:
         require_offload_nccl()

@@ -1,7 +1,7 @@
 """PGLifecycle on N GPUs with NCCL role groups: every policy, a canary failure, faults in the weight sync.
 
 The role groups are four of the Relax group families over a (dp=N, tp=1) mesh
-(:func:`refimpl.benchmarks.switch_window.mesh_groups`: one-rank and all-rank
+(:func:`bench.switch_window.mesh_groups`: one-rank and all-rank
 groups) plus a pair group (ranks 0 and 1); the
 control group is Gloo, as in production. Every policy of :class:`PGPolicy` is
 run (a policy added later is picked up) for 3 RL steps, and after every resume
@@ -19,7 +19,7 @@ STEPS, COOLDOWN_S, ROLLOUT_S = 3, 0.3, 0.5
 
 
 def _specs(world_size, prefix):
-    from refimpl.benchmarks.switch_window import RELAX_FAMILIES, mesh_groups
+    from bench.switch_window import RELAX_FAMILIES, mesh_groups
     from refimpl.runtime import GroupSpec
 
     # four of the 14 families (tp, dp, dp_cp, mp): one-rank and all-rank groups; the benchmark runs all 14
