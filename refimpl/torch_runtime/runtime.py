@@ -460,6 +460,8 @@ class TorchRuntime(Runtime):
             # an all-reduce on this device, instead of barrier()'s guess of the device
             token = torch.zeros(1, device=self.device)
             self._run("barrier", group, lambda: dist.all_reduce(token, group=pg, async_op=True), timeout_s)
+            # work.wait() only makes the stream wait; the host returns once every member's token arrived
+            self.settle_device()
             return
         self._run("barrier", group, lambda: dist.barrier(group=pg, async_op=True), timeout_s)
 

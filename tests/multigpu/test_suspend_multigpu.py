@@ -109,3 +109,30 @@ def test_a_span_around_an_all_gather_lasts_at_least_the_transfer(gpus):
         assert r["right"], f"rank {rank}: wrong all-gather result"
         gbps = r["received"] / r["span_s"] / 1e9
         assert gbps <= 450, f"rank {rank}: span of {r['span_s'] * 1e3:.3f} ms = {gbps:.0f} GB/s, faster than NVLink"
+
+
+def _barrier_job(rank, world_size, late_s):
+    import time
+
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
+
+    rt = TorchRuntime()
+    rt.run(rt.new_group(GroupSpec("bar", tuple(range(world_size)))))
+    rt.run(rt.barrier("bar"))  # warm: the communicator exists
+    out = {}
+    for group in ("world", "bar"):
+        if rank == 1:
+            time.sleep(late_s)
+        t0 = time.monotonic()
+        rt.run(rt.barrier(group))
+        out[group] = time.monotonic() - t0
+    return out
+
+
+def test_barrier_returns_only_once_every_member_entered(gpus):
+    """On NCCL a barrier is an all-reduce whose ``work.wait()`` alone would return before the late rank came."""
+    late_s = 1.0
+    results = gpus.run(_barrier_job, late_s, timeout=120)
+    for group, waited in results[0].items():
+        assert waited >= 0.8 * late_s, f"rank 0 left the {group!r} barrier after {waited:.3f} s, before rank 1 entered"
