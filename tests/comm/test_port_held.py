@@ -90,3 +90,16 @@ def test_a_port_held_on_one_rank_makes_every_rank_retry_the_rebuild_after_the_co
     hold_s = 3.0
     results = run_distributed(port_held_job, 2, args=(_free_port(), hold_s), timeout=120)
     check_port_held(results, hold_s)
+
+
+def test_a_bad_rendezvous_port_is_refused_with_the_value_named():
+    import pytest
+
+    from refimpl.runtime import GroupError, GroupSpec
+    from refimpl.torch_runtime.rendezvous import backend_options, rendezvous_port
+
+    spec = GroupSpec("g", (0, 1), options=(("rendezvous_port", 70000), ("is_high_priority_stream", True)))
+    with pytest.raises(GroupError, match="must be a TCP port 1-65535, got 70000"):
+        rendezvous_port(spec)
+    assert backend_options(spec) == (("is_high_priority_stream", True),), "the runtime's own option stays out of NCCL's"
+    assert rendezvous_port(GroupSpec("h", (0,))) is None
