@@ -9,12 +9,19 @@
 #   4. (if time is left) the RL step on 1 GPU with the roles sharing the caching allocator (--free allocator)
 # Writes $OUT/loop.tgz (everything, with the log) and $OUT/summary.txt.
 set -u
+cd "$(dirname "$0")/../.."
+# NVLink multicast off, as bench/gpu/run_multigpu.sh (docs/gpu.md)
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/loop_out}
 mkdir -p "$OUT"
 W=$(mktemp -d)
 LOG=$W/log.txt
 T0=$(date +%s)
 PY=${PYTHON:-python3}
+if ! $PY -c "import transformers" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels, as run_multigpu.sh
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-$PWD}"
+fi
 elapsed() { echo $(( $(date +%s) - T0 )); }
 step() {  # step NAME TIMEOUT CMD...
   local name=$1 to=$2; shift 2
