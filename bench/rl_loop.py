@@ -53,7 +53,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -86,7 +86,6 @@ class StepConfig:
     cooldown_s: float = 0.2
     line_mib: int = 1024
     mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
