@@ -34,7 +34,7 @@ step() {  # step NAME TIMEOUT CMD...
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; $PY -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda)"; \
   $PY -c "import transformers;print('transformers',transformers.__version__)"; cat /sys/kernel/mm/transparent_hugepage/enabled; nproc; } >>"$LOG" 2>&1
 export TIMESHARE_PIN_PREFAULT=${TIMESHARE_PIN_PREFAULT:-touch}
-step pin 35 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/pin_probe.py --gib 8 --threads 8 --out "$W/pin.json"
+step pin 40 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/pin_probe.py --gib 8 --threads 8 --out "$W/pin.json"
 step reload 45 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/reload_probe.py --state-gib 11 --other-gb 40 --repeat 3 --out "$W/reload.json"
 step rl1 70 $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 --out "$W/rl1"
 step rl2 80 $PY -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpu/rl_step.py --steps 3 --out "$W/rl2"
