@@ -155,6 +155,11 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64, 1: torch.uint8}[t.element_size()])
 
 
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True iff ``a`` and ``b`` have the same shape, dtype and bits (``-0.0`` differs from ``0.0``; a NaN equals itself)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_int_view(a), _int_view(b))
+
+
 def _digest(t: torch.Tensor) -> int:
     """A position-weighted integer digest of the tensor's bits (same bits -> same digest)."""
     bits = _int_view(t).reshape(-1).to(torch.int64)
@@ -255,7 +260,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         n = 0
         for name, p in trainer.named_parameters():
             again = _full(p).to(rollout_dtype)  # a fresh gather: what the trainer holds now
-            if not torch.equal(_int_view(rparams[name]), _int_view(again)):
+            if not bitwise_equal(rparams[name], again):
                 mismatched.append(name)
             digest = (digest + _digest(rparams[name])) % (1 << 61)
             n += 1
@@ -270,7 +275,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     # initial sync: the rollout starts from the trainer's weights
     sync_weights()
     rec["initial_sync"] = check_weights()
-    g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own prompts and batch
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
     steps: list[dict[str, Any]] = []
     for step in range(cfg.steps):
@@ -337,6 +342,13 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         s["params_bytes"] = st.bytes_by_category.get("params", 0)
         s["lifecycle_state"] = lc.state.name
         steps.append(s)
+        if rank == 0:  # a partial record after every step, in case the run is cut short
+            try:
+                write_outputs({**rec, "steps": steps, "partial": True,
+                               "spans": [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in clock.spans]},
+                              cfg.out)
+            except OSError as e:
+                logger.warning("partial record not written: %s", e)
     spans = clock.spans
     rec["spans"] = [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
     rec["steps"] = steps

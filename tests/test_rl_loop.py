@@ -73,6 +73,21 @@ def test_rl_step_two_gloo_ranks(tmp_path):
     assert compare(on_disk, pred)["phases"]["train"]["ratio"] == pytest.approx(1.0)
 
 
+def test_bitwise_equal_compares_bits_not_values():
+    import torch
+
+    from bench.rl_loop import _digest, bitwise_equal
+
+    a = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
+    assert bitwise_equal(a, a.clone())
+    assert not bitwise_equal(a, torch.tensor([1.0, 0.0, float("nan")], dtype=torch.bfloat16))  # -0 vs +0
+    one_ulp = a.clone()
+    one_ulp.view(torch.int16)[0] += 1
+    assert not bitwise_equal(a, one_ulp)
+    assert not bitwise_equal(a, a.float())  # dtype differs
+    assert _digest(a) == _digest(a.clone()) and _digest(a) != _digest(one_ulp)
+
+
 def test_step_config_refuses_bad_values():
     from bench.rl_loop import StepConfig
 
