@@ -21,18 +21,25 @@ the measured line rates of that run and, per step, what each phase spent.
   NCCL ring latency per parameter: ``full_tensor`` gathers each on its own);
 * ``reload``: the simulated reload of the rest (optimizer state).
 
+To each switching phase is added the lifecycle's own time (agreements, group
+destroy / rebuild / suspend, the cooldown), from the real
+:class:`~refimpl.comm.PGLifecycle` run on a simulated world of the preset with
+the record's policy and cooldown (:func:`simulate_lifecycle`; for more than one
+rank on ``hgx-h200-8x``, which has the GPUs). Beside it the result gives
+``lifecycle_measured_s``: the phase's measured time minus the store / gather
+time measured inside it, to see where a gap comes from.
+
 What is **not** predicted but taken from the record, and named so in the
 result (``inputs``): ``train`` and ``rollout`` (compute; the simulator has no
-model of it), and the lifecycle's own time in each switching phase (the
-phase's measured time minus the store / gather time measured inside it:
-group destroy/rebuild, agreements, cooldown). :func:`compare` sets prediction
-against measurement per phase (issue 16's target: within 15%).
+model of it). :func:`compare` sets prediction against measurement per phase
+(issue 16's target: within 15%).
 
     python -m sim.colocated RECORD.json [--preset h200-1x]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import statistics
@@ -98,6 +105,50 @@ def _sim_times(shape, preset: str, d2h_bps: float, h2d_bps: float) -> tuple[floa
     return out[-1]["offload_s"], back[-1]["reload_s"]
 
 
+@functools.lru_cache(maxsize=32)
+def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, steps: int = 3) -> dict[str, float]:
+    """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of one group
+    ``trainer.dp`` over ``world`` ranks, in the steady step (the last of ``steps``), by the real
+    :class:`~refimpl.comm.PGLifecycle` on a :class:`~sim.world.SimWorld` of the preset (its NCCL create /
+    destroy / suspend costs, the cooldown)."""
+    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.runtime import GroupSpec
+    from sim.collectives import NcclComm, TopologyCollectiveCost
+    from sim.flows import FlowTransport
+    from sim.memory import TopologyMemory
+    from sim.topology import Topology
+    from sim.world import SimWorld
+
+    topo = Topology.from_preset(preset)
+    world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
+                      memory=TopologyMemory(topo, record=False), comm=NcclComm(topo), trace=False)
+
+    async def job(rt):
+        """The RL step's lifecycle calls, as bench/rl_loop.py makes them."""
+        await rt.new_group(GroupSpec("trainer.dp", tuple(range(world))))
+        lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
+            policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120, canary_timeout_s=60,
+            control_group="trainer.control"))
+        await lc.start()
+        out = []
+
+        async def no_sync():
+            return None
+
+        for _ in range(steps):
+            a = rt.now()
+            await lc.pause()
+            b = rt.now()
+            await lc.weight_sync(no_sync)
+            c = rt.now()
+            await lc.resume()
+            out.append({"offload": b - a, "weight_sync": c - b, "reload": rt.now() - c})
+        return out[-1]
+
+    per_rank = world_.run(job)
+    return {ph: max(r[ph] for r in per_rank) for ph in ("offload", "weight_sync", "reload")}
+
+
 def predict_step(rec: dict[str, Any], *, preset: str = "h200-1x", free: str | None = None,
                  kv_bytes: float | None = None) -> dict[str, Any]:
     """Predicted seconds per phase of a steady step of ``rec``; see the module docstring.
@@ -148,7 +199,11 @@ def predict_step(rec: dict[str, Any], *, preset: str = "h200-1x", free: str | No
         step = topo.constants.get("nccl_step_nvlink")
         gather_s += tensors * ((lat.value if lat else 0.0) + (world - 1) * (step.value if step else 0.0))
     measured = measured_phases(rec)
-    lifecycle = {
+    cfg = rec.get("config", {})
+    lc_preset = preset if world == 1 else "hgx-h200-8x"  # a preset with enough GPUs for the world
+    lifecycle = dict(simulate_lifecycle(lc_preset, world, str(cfg.get("lifecycle_policy", "DESTROY_DEFERRED")),
+                                        float(cfg.get("cooldown_s", 0.2))))
+    lifecycle_measured = {
         "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
         "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")
                            - _mean(steady, "gather_copy_s")),
@@ -168,7 +223,9 @@ def predict_step(rec: dict[str, Any], *, preset: str = "h200-1x", free: str | No
         "kv_bytes": kv_bytes, "line": dict(line),
         "phase_s": {ph: predicted[ph] for ph in PHASES},
         "parts": parts,
-        "inputs": {"train": measured["train"], "rollout": measured["rollout"], "lifecycle_s": lifecycle},
+        "lifecycle_s": lifecycle, "lifecycle_preset": lc_preset,
+        "inputs": {"train": measured["train"], "rollout": measured["rollout"]},
+        "lifecycle_measured_s": lifecycle_measured,
         "switch_overhead_s": predicted["offload"] + predicted["weight_sync"] + predicted["reload"],
     }
 
