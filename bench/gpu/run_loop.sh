@@ -37,7 +37,7 @@ export TIMESHARE_PIN_PREFAULT=${TIMESHARE_PIN_PREFAULT:-touch}
 step pin 40 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/pin_probe.py --gib 8 --threads 8 --out "$W/pin.json"
 step reload 45 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/reload_probe.py --state-gib 11 --other-gb 40 --repeat 3 --out "$W/reload.json"
 step rl1 70 $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 --out "$W/rl1"
-step rl2 80 $PY -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpu/rl_step.py --steps 3 --out "$W/rl2"
+step rl2 75 $PY -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpu/rl_step.py --steps 3 --out "$W/rl2"
 left=$(( 225 - $(elapsed) ))
 if [ "$left" -gt 25 ]; then
   step rl1_alloc "$left" $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 --free allocator --out "$W/rl1_alloc"
