@@ -79,3 +79,12 @@ def test_torch_runtime_default_prefault_on_cpu(monkeypatch):
     monkeypatch.setenv("TIMESHARE_PIN_PREFAULT", "thp")
     assert TorchRuntime("cpu").pinner.prefault == "thp"
     assert TorchRuntime("cpu", pin_prefault="populate").pinner.prefault == "populate"
+
+
+def test_pin_touch_bench_measures_every_mode():
+    from bench.pin_touch import measure
+
+    res = measure(4 << 20, repeat=1)
+    assert set(res["gbps"]) == {"torch_empty_touch", "touch", "thp", "populate"}
+    assert all(v > 0 for v in res["gbps"].values())
+    assert res["thp_mode"] == thp_mode()
