@@ -55,7 +55,7 @@ from refimpl.runtime.base import (
     Runtime,
 )
 from refimpl.torch_runtime.copy_stream import CopyEngine
-from refimpl.torch_runtime.pinning import HostPinner, host_memory
+from refimpl.torch_runtime.pinning import PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,11 @@ class TorchRuntime(Runtime):
         self.copy_stats = CopyStats()
         cuda_present = torch.cuda.is_available()
         if pin_prefault is None:
-            pin_prefault = os.environ.get("TIMESHARE_PIN_PREFAULT") or ("touch" if cuda_present else "none")
+            env = os.environ.get("TIMESHARE_PIN_PREFAULT")
+            if env and env not in PREFAULT_MODES:
+                raise ValueError(f"TIMESHARE_PIN_PREFAULT={env!r} is not a prefault mode; use one of {PREFAULT_MODES} "
+                                 "or unset it")
+            pin_prefault = env or ("touch" if cuda_present else "none")
         self.pinner = HostPinner(use_cuda=cuda_present, prefault=pin_prefault)
         self._copies = CopyEngine(device, self.copy_stats)
         self._distributed = dist.is_available() and dist.is_initialized()

@@ -79,6 +79,9 @@ def test_torch_runtime_default_prefault_on_cpu(monkeypatch):
     monkeypatch.setenv("TIMESHARE_PIN_PREFAULT", "thp")
     assert TorchRuntime("cpu").pinner.prefault == "thp"
     assert TorchRuntime("cpu", pin_prefault="populate").pinner.prefault == "populate"
+    monkeypatch.setenv("TIMESHARE_PIN_PREFAULT", "huge")
+    with pytest.raises(ValueError, match="TIMESHARE_PIN_PREFAULT='huge' is not a prefault mode"):
+        TorchRuntime("cpu")
 
 
 def test_pin_touch_bench_measures_every_mode():
