@@ -8,9 +8,15 @@
   (open it in https://ui.perfetto.dev) and a PNG timeline;
 * ``timeshare sim list`` lists the topology presets and example scenarios.
 
+Before a run it prints an estimate of its wall time and memory to stderr and
+refuses it past ``--max-est-seconds`` / ``--max-est-gb`` (``--force`` runs it
+anyway); while it runs it reports the simulated time and events every few
+seconds. Symmetric jobs are folded (one node simulated for all, the result
+expanded, identical to the full run; ``--no-fold`` turns it off).
+
 The exit status is 0 when every invariant held, 1 when one was violated (the
 JSON says which), 2 when the scenario itself is invalid (the message names the
-field).
+field), 3 when the run was refused for its estimated cost.
 """
 from __future__ import annotations
 
@@ -32,20 +38,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (opens in Perfetto)")
     run.add_argument("--png", metavar="TIMELINE.png", help="write a PNG timeline, one row per rank (needs matplotlib)")
     run.add_argument("--quiet", action="store_true", help="print only the result line, not the per-rank table")
+    run.add_argument("--max-est-seconds", type=float, default=None, metavar="S",
+                     help="refuse a run estimated to take longer (default 900)")
+    run.add_argument("--max-est-gb", type=float, default=None, metavar="GB",
+                     help="refuse a run estimated to need more memory (default 8)")
+    run.add_argument("--force", action="store_true", help="run even past the estimate's budget")
+    run.add_argument("--no-fold", action="store_true",
+                     help="simulate every rank even where symmetric ranks could be simulated once (docs/sim.md)")
+    run.add_argument("--progress-every", type=float, default=5.0, metavar="S",
+                     help="report simulated time and events to stderr every S seconds of wall time (default 5)")
     sub.add_parser("list", help="list topology presets and example scenarios")
 
 
-def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool) -> int:
-    from sim.runner import run_scenario
+def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
+             args: argparse.Namespace | None = None) -> int:
+    from sim.fold import plan_fold
+    from sim.scale import (DEFAULT_MAX_GB, DEFAULT_MAX_SECONDS, BudgetError, Progress, SizeError, estimate,
+                           precheck_file, run_auto)
     from sim.scenario import ScenarioError, load_scenario
     from sim.trace import Timeline, TraceError, write_chrome_trace, write_png
 
+    max_s = getattr(args, "max_est_seconds", None)
+    max_gb = getattr(args, "max_est_gb", None)
+    force = getattr(args, "force", False)
+    # a trace shows every rank, so it needs every rank simulated
+    fold = not getattr(args, "no_fold", False) and not (trace or png)
     try:
+        precheck_file(name_or_path)
         scn = load_scenario(name_or_path)
-        result, world, plan = run_scenario(scn)
-    except ScenarioError as exc:
+        planned = plan_fold(scn) if fold else (None, "folding turned off" if not (trace or png) else
+                                               "a trace or timeline needs every rank")
+        est = estimate(scn, *planned)
+        print(est.line(), file=sys.stderr)
+        if not force:
+            est.check(DEFAULT_MAX_SECONDS if max_s is None else max_s, DEFAULT_MAX_GB if max_gb is None else max_gb)
+        with Progress(lambda line: print(line, file=sys.stderr, flush=True),
+                      every_s=getattr(args, "progress_every", 5.0)) as progress:
+            result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch)
+    except (ScenarioError, SizeError) as exc:
         print(f"error: invalid scenario: {exc}", file=sys.stderr)
         return 2
+    except BudgetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     print(result.table().split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
     print(result.table().split("\n\n", 1)[1])
     if out:
@@ -85,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if command == "list":
         return _list()
     if command == "run":
-        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet)
+        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet, args)
     return _run_one("default", None, None, None, False)
 
 

@@ -18,7 +18,8 @@ the first ``k`` nodes) have the same timeline when, by induction over events:
 * they run the same program on the same inputs: every rank runs
   :func:`sim.runner.rank_main`, meta payloads (no bytes whose values differ by
   rank), no fault plan, no process-group lifecycle (its agreements reduce over
-  rank ids);
+  rank ids), the plain offload store or the TMS pause (the dedup backend gives
+  each member of a group its own slice);
 * they sit at the same place in the topology: the resources of every copy path,
   the HBM size, the NUMA node and its capacities of ``r`` are those of
   ``rep(r)`` with the node renamed, and every copy path stays inside its node
@@ -130,25 +131,31 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", k: int) -> str | None
 
     g = topo.gpus_per_node
     caps = topo.capacities()
-    for r in range(scn.world_size):
+    kinds = list(CopyKind)
+    rep_paths: dict[int, list[tuple[str, ...]]] = {}
+    for rep in range(min(k * g, scn.world_size)):  # the representatives' own paths stay inside their node
+        node = rep // g
+        rep_paths[rep] = [topo.copy_path(rep, kind) for kind in kinds]
+        for path in rep_paths[rep]:
+            for res in path:
+                if _nodes_in(res) != {node}:
+                    return f"rank {rep}'s copy path uses {res!r}, which is not inside its node n{node}"
+    for r in range(k * g, scn.world_size):
         node, rep = r // g, r % (k * g)
         rep_node = rep // g
+        old, new = f"n{rep_node}/", f"n{node}/"
         if topo.hbm_bytes(r) != topo.hbm_bytes(rep):
             return f"rank {r} has another HBM size than rank {rep}"
         numa, rnuma = topo.numa_of(r), topo.numa_of(rep)
-        if _rename_node(rnuma, node) != numa:
+        if rnuma.replace(old, new) != numa:
             return f"rank {r}'s NUMA node {numa!r} is not its representative's {rnuma!r} on node {node}"
-        if rep_node == node:
-            continue
         if topo.host_capacity(numa) != topo.host_capacity(rnuma) or topo.pinnable_bytes(numa) != topo.pinnable_bytes(rnuma):
             return f"NUMA node {numa!r} has other capacities than {rnuma!r}"
-        for kind in CopyKind:
-            path, rpath = topo.copy_path(r, kind), topo.copy_path(rep, kind)
-            if len(path) != len(rpath):
-                return f"rank {r}'s {kind.name} path differs in length from rank {rep}'s"
+        for kind, rpath in zip(kinds, rep_paths[rep]):
+            path = topo.copy_path(r, kind)
+            if path != tuple(res.replace(old, new) for res in rpath):
+                return f"rank {r}'s {kind.name} path {path} is not rank {rep}'s {rpath} on node {node}"
             for a, b in zip(path, rpath):
-                if _nodes_in(a) != {node} or _rename_node(b, node) != a:
-                    return f"rank {r}'s {kind.name} path leaves its node or differs from rank {rep}'s ({a!r} vs {b!r})"
                 if caps.get(a) != caps.get(b):
                     return f"resource {a!r} has another capacity than {b!r}"
     return None
@@ -200,6 +207,8 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
         return None, "a fault plan breaks the symmetry between ranks"
     if scn.pg_policy != "none":
         return None, "the process-group lifecycle's agreements reduce over rank ids"
+    if scn.offload.backend not in ("local", "tms"):
+        return None, f"offload backend {scn.offload.backend!r} gives each rank of a group its own slice"
     if scn.world_size % g or scn.world_size // g < 2:
         return None, f"{scn.world_size} ranks are not two or more whole nodes of {g} GPUs"
     nodes = scn.world_size // g
@@ -338,8 +347,11 @@ def expand_events(fold: Fold, folded_events: int, completions: dict[str, int], l
     return total
 
 
-def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True) -> tuple[ScenarioResult, "SimWorld", "FaultPlan | None"]:
+def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
+               on_world: Any = None) -> tuple[ScenarioResult, "SimWorld", "FaultPlan | None"]:
     """Run ``scn`` with only the fold's active ranks and expand the result to every rank.
+
+    ``on_world(world)``, if given, is called once the world is built.
 
     Raises :class:`FoldBroken` if the run met anything the symmetry checks do
     not cover (the caller then runs the full job).
@@ -351,6 +363,8 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True) -> tu
     topo = scn.topo
     world, plan = build_world(scn, topo, record_memory=record_memory)
     world.runtimes = world.runtimes[:fold.active]  # a prefix: world.runtimes[rank] still works for active ranks
+    if on_world is not None:
+        on_world(world)
     rdv = world.rendezvous = FoldedRendezvous(world, fold)
     per_group = rdv.completions  # group-owned events: completions, and the first user's lazy-init sleep
     first_use = getattr(world.comm, "first_use", None)
@@ -364,6 +378,10 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True) -> tu
         world.comm.first_use = counted_first_use
     layout = group_layout(scn)
     ctx = RankContext(scn, topo, layout, build_state(scn.model))
+    if scn.pg_policy != "none":  # as run_scenario; plan_fold refuses it, a caller passing a fold may not
+        from refimpl.comm import lifecycle as lc_mod
+
+        ctx.lifecycle_cls = lc_mod
     gc_was_enabled = gc.isenabled()
     gc.disable()  # see [Note: no cyclic GC during a run] in sim/runner.py
     try:
