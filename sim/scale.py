@@ -35,20 +35,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-#: the largest world the simulator accepts (8x the 16,384-rank goal of issue 18; a folded run of it
-#: takes a few minutes and a few GB, and the topology graph alone grows with it)
+#: the largest world the simulator accepts: 8x the 16,384-rank goal of issue 18 (larger ones are refused
+#: before the topology, which grows with the nodes, is built)
 MAX_RANKS = 131_072
 
-# Cost model (see the module docstring; figures from bench/results/2026-11-30-cpu-sim-scale.json,
-# measured on the shared 2-core machine, so on the slow side):
-BASE_S = 2.0  # interpreter, torch and simulator imports, first-use caches
-BASE_GB = 0.40
-PER_TENSOR_S = 30e-6  # protocol code per simulated rank and tensor (store collect/pack/copy, allocator)
+# Cost model (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
+# processes, bench/results/2026-11-30-cpu-sim-scale-growth.json: full runs at 256 and 1,024 ranks
+# (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs at 1k-16k ranks
+# (3.7 s / 0.44 GB to 8.5 s / 0.74 GB) the base and per-world-rank ones. Wall time on a loaded
+# machine is higher; on an idle one it is about the CPU time (the simulator is single-threaded).
+BASE_S = 3.0  # interpreter, torch (1.3 s) and torch._dynamo (1.3 s, on the first meta torch.cat) imports
+BASE_GB = 0.38
+PER_TENSOR_S = 36e-6  # protocol code per simulated rank and tensor (store collect/pack/copy, allocator)
 PER_TENSOR_GB = 3.6e3 / 1e9  # meta tensors, store and ledger entries per simulated rank and tensor
 PER_SIM_RANK_S = 2e-3  # a simulated rank's fixed work (groups, phases, flows)
 PER_SIM_RANK_GB = 50e3 / 1e9
-PER_WORLD_RANK_S = 0.9e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
-PER_WORLD_RANK_GB = 60e3 / 1e9
+PER_WORLD_RANK_S = 0.4e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
+PER_WORLD_RANK_GB = 25e3 / 1e9
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_GB = 8.0
