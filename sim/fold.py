@@ -1,4 +1,4 @@
-"""Symmetry folding: simulate one node (or a few) of a large symmetric job and expand the result.
+"""Symmetry folding: simulate a node or a few of a large symmetric job and expand the result to every rank.
 
 [Note: why fold]
 Profiling the default multi-node scenario (``{"world_size": N, "topology":
@@ -12,8 +12,11 @@ work fit in a minute; but in such a job most ranks do exactly the same thing
 at exactly the same simulated times.
 
 [Note: when two ranks follow the same timeline]
-Rank ``r`` and its representative ``rep(r) = r mod A`` (``A`` = the ranks of
-the first ``k`` nodes) have the same timeline when, by induction over events:
+A fold simulates the first ``head`` nodes as themselves and the next ``k``
+nodes as a period that every later node repeats: rank ``r`` follows its
+representative ``rep(r)`` (itself if it runs, else the rank at the same place
+of the period). Rank ``r`` and ``rep(r)`` have the same timeline when, by
+induction over events:
 
 * they run the same program on the same inputs: every rank runs
   :func:`sim.runner.rank_main`, meta payloads (no bytes whose values differ by
@@ -29,18 +32,26 @@ the first ``k`` nodes) have the same timeline when, by induction over events:
   group (so a collective completes at the same instant: the last arrival is a
   representative's), the two groups have the same size and the same
   collective cost (size, ring bus bandwidth, spans nodes), and the families
-  sort in the same order by group name.
+  sort in the same order by group name;
+* nobody is first for them (see [Note: first come, first served]): a group
+  whose members share representatives (a DP group across all nodes) starts in
+  the head, so the member that initialises its lazily created communicator,
+  and sleeps for it while the others wait, is a rank that stands only for
+  itself. Hence the default scenario runs node 0 as itself and node 1 for
+  every other node (16 ranks); a fold without a head (8 ranks) gave the right
+  phase times but, in a drawn scenario, a phase's memory peak of the other
+  nodes that differed by one export bucket (``property_tests/test_fold_property.py``).
 
-:func:`plan_fold` checks all of this and picks the smallest ``k`` for which it
+:func:`plan_fold` checks all of this and picks the smallest fold for which it
 holds. :func:`run_folded` then runs a world of all ``N`` ranks (topology,
 groups, flow pruning and collective costs see every rank) in which only the
-``A`` active ranks run; a collective completes when its active members have
+active ranks run; a collective completes when its active members have
 arrived. Each inactive rank's result is its representative's, with group
 names in ``last_op`` renamed to its own. The event count is expanded exactly:
-every event is a step of a rank or a flow of a rank (node-local), or the
-completion of a collective on one group, so the total is the folded run's
-rank events times ``N / A`` plus, for every group of the full job, the
-completions of its representative group.
+every event is a step of a rank or a flow of a rank (node-local), counted
+once per rank its owner stands for, or the completion of a collective on one
+group, counted once per group of the full job through its representative
+group.
 
 Anything the checks did not foresee (a collective moving real bytes, a rank
 that did not finish, a deadlock) makes :func:`run_auto` fall back to the full
@@ -86,29 +97,42 @@ class FoldBroken(SimError):
 
 @dataclass(frozen=True)
 class Fold:
-    """Ranks ``0..active-1`` (the first ``nodes`` nodes) stand for all ``world_size`` ranks."""
+    """Which ranks run, and which active rank each rank of the job follows.
+
+    The first ``head`` nodes run and stand only for themselves; the next
+    ``nodes`` nodes run and stand, periodically, for every later node. So
+    ``rep(r) = r`` for the ``active`` ranks, and for a later rank the rank at
+    the same place of the tail period.
+    """
 
     world_size: int
     gpus_per_node: int
-    nodes: int  # simulated nodes (k)
+    nodes: int  # tail period in nodes (k)
+    head: int = 0  # leading nodes simulated as themselves
 
     @property
     def active(self) -> int:
         """Ranks that really run."""
-        return self.nodes * self.gpus_per_node
-
-    @property
-    def multiplicity(self) -> int:
-        """How many ranks each active rank stands for."""
-        return self.world_size // self.active
+        return (self.head + self.nodes) * self.gpus_per_node
 
     def rep(self, rank: int) -> int:
         """The active rank whose timeline ``rank`` follows."""
-        return rank % self.active
+        if rank < self.active:
+            return rank
+        h = self.head * self.gpus_per_node
+        return h + (rank - h) % (self.nodes * self.gpus_per_node)
 
     def rep_node(self, node: int) -> int:
         """The simulated node whose timeline ``node`` follows."""
-        return node % self.nodes
+        if node < self.head + self.nodes:
+            return node
+        return self.head + (node - self.head) % self.nodes
+
+    def multiplicity(self, rank: int) -> int:
+        """How many ranks of the job active ``rank`` stands for (itself included)."""
+        if rank < self.head * self.gpus_per_node:
+            return 1
+        return (self.world_size // self.gpus_per_node - self.head) // self.nodes
 
 
 # --------------------------------------------------------------------------- can this scenario fold?
@@ -125,7 +149,7 @@ def _nodes_in(name: str) -> set[int]:
     return {int(j) for j in _NODE_ANY.findall(name)}
 
 
-def _topology_symmetric(scn: "Scenario", topo: "Topology", k: int) -> str | None:
+def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | None:
     """None when every rank sits where its representative does (node renamed); else why not."""
     from refimpl.runtime.base import CopyKind
 
@@ -133,17 +157,16 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", k: int) -> str | None
     caps = topo.capacities()
     kinds = list(CopyKind)
     rep_paths: dict[int, list[tuple[str, ...]]] = {}
-    for rep in range(min(k * g, scn.world_size)):  # the representatives' own paths stay inside their node
+    for rep in range(fold.active):  # the representatives' own paths stay inside their node
         node = rep // g
         rep_paths[rep] = [topo.copy_path(rep, kind) for kind in kinds]
         for path in rep_paths[rep]:
             for res in path:
                 if _nodes_in(res) != {node}:
                     return f"rank {rep}'s copy path uses {res!r}, which is not inside its node n{node}"
-    for r in range(k * g, scn.world_size):
-        node, rep = r // g, r % (k * g)
-        rep_node = rep // g
-        old, new = f"n{rep_node}/", f"n{node}/"
+    for r in range(fold.active, scn.world_size):
+        node, rep = r // g, fold.rep(r)
+        old, new = f"n{rep // g}/", f"n{node}/"
         if topo.hbm_bytes(r) != topo.hbm_bytes(rep):
             return f"rank {r} has another HBM size than rank {rep}"
         numa, rnuma = topo.numa_of(r), topo.numa_of(rep)
@@ -161,18 +184,27 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", k: int) -> str | None
     return None
 
 
-def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", k: int) -> str | None:
+def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold: Fold) -> str | None:
     """None when every rank's groups look like its representative's (see the module docstring)."""
     from sim.collectives import TopologyCollectiveCost
 
-    active = k * topo.gpus_per_node
+    active, rep_of = fold.active, fold.rep
+    head = fold.head * topo.gpus_per_node
     by_name = {s.name: s for s in layout.specs}
-    repset = {s.name: frozenset(m % active for m in s.ranks) for s in layout.specs}
+    repset: dict[str, frozenset[int]] = {}
+    for spec in layout.specs:
+        reps = [rep_of(m) for m in spec.ranks]
+        repset[spec.name] = frozenset(reps)
+        # [Note: first come, first served] The first member to use a lazily created communicator pays
+        # its initialisation; the others do not. Members that share a representative must therefore
+        # not include that first one, unless a head rank (standing only for itself) comes first.
+        if len(repset[spec.name]) < len(reps) and not (spec.ranks[0] < head):
+            return f"group {spec.name!r} has members that share a representative and no head rank"
     actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in layout.specs}
     cost = TopologyCollectiveCost(topo)
     fams = [f.name for f in scn.groups]
     for r in range(scn.world_size):
-        rep = r % active
+        rep = rep_of(r)
         mine, theirs = layout.member[r], layout.member[rep]
         if set(mine) != set(theirs):
             return f"rank {r} is in other group families than rank {rep}"
@@ -216,12 +248,15 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
     why = "no candidate"
     k = 1
     while k < nodes and k * g <= MAX_ACTIVE:
-        if nodes % k == 0:
-            why = _topology_symmetric(scn, topo, k) or _groups_symmetric(scn, topo, layout, k)
+        for head in (0, k):  # no head, or one period of nodes simulated as themselves before the tail
+            if head + k >= nodes or (nodes - head) % k:
+                continue
+            fold = Fold(scn.world_size, g, k, head)
+            why = _groups_symmetric(scn, topo, layout, fold) or _topology_symmetric(scn, topo, fold)
             if why is None:
-                fold = Fold(scn.world_size, g, k)
-                return fold, f"{scn.world_size} ranks follow the timelines of the {fold.active} ranks of {k} node(s)"
-            log.debug("fold over %d node(s) rejected: %s", k, why)
+                return fold, (f"{scn.world_size} ranks follow the timelines of {fold.active} simulated ranks "
+                              f"({head} head node(s), then a period of {k} node(s))")
+            log.debug("fold (head %d, period %d nodes) rejected: %s", head, k, why)
         k *= 2
     return None, f"no symmetric fold: {why}"
 
@@ -230,12 +265,11 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
 
 
 class FoldedRendezvous(Rendezvous):
-    """Completes a collective when its *active* members arrived; counts completions per group."""
+    """Completes a collective when its *active* members arrived."""
 
     def __init__(self, world: "SimWorld", fold: Fold):
         super().__init__(world)
         self.fold = fold
-        self.completions: dict[str, int] = {}
         self._expected: dict[tuple[str, int], int] = {}
 
     def expected(self, spec) -> int:
@@ -275,10 +309,6 @@ class FoldedRendezvous(Rendezvous):
         """Timeouts would fire on behalf of ranks that do not run: not foldable."""
         raise FoldBroken("a collective with a timeout (the fold does not model timeouts)")
 
-    def _complete(self, p: Pending) -> None:
-        name = p.spec.name
-        self.completions[name] = self.completions.get(name, 0) + 1
-        super()._complete(p)
 
 
 class _ExpandedMemory:
@@ -325,25 +355,62 @@ def _rename_groups(text: str, mine: dict[str, str], theirs: dict[str, str]) -> s
     return text
 
 
-def expand_events(fold: Fold, folded_events: int, completions: dict[str, int], layout: "Layout") -> int:
+class _EventOwners:
+    """Counts the events a folded run executes by owner: a rank (its process steps, its copies' flow
+    events), a group (a collective's completion) or nobody in particular."""
+
+    def __init__(self, world: "SimWorld"):
+        from sim.engine import Process
+        from sim.flows import FlowTransport
+
+        self.by_rank: dict[int, int] = {}
+        self.by_group: dict[str, int] = {}
+        self.other = 0
+        self.current: int | None = None  # the rank whose process step runs now
+        engine = world.engine
+        pop = engine._pop
+        proc_step, begin, complete = Process._step, FlowTransport._begin, FlowTransport._complete
+        rdv_complete = Rendezvous._complete
+
+        def counted_pop():
+            ev = pop()
+            if ev is not None:
+                cb = ev.callback
+                fn = getattr(cb, "__func__", None)
+                self.current = None
+                if fn is proc_step:
+                    rank = self.current = int(cb.__self__.name[4:])  # processes are named "rank<r>" (SimWorld.run)
+                    self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
+                elif fn is begin:
+                    self.by_rank[ev.args[1]] = self.by_rank.get(ev.args[1], 0) + 1
+                elif fn is complete:
+                    rank = ev.args[0].key[0]
+                    self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
+                elif fn is rdv_complete or isinstance(getattr(cb, "__self__", None), Rendezvous):
+                    name = ev.args[0].spec.name
+                    self.by_group[name] = self.by_group.get(name, 0) + 1
+                else:
+                    self.other += 1
+            return ev
+
+        engine._pop = counted_pop  # instance attribute: Engine.run looks it up on the instance
+
+
+def expand_events(fold: Fold, owners: _EventOwners, layout: "Layout") -> int:
     """The event count of the full run (see [Note: when two ranks follow the same timeline]).
 
-    ``completions``: events of the folded run that belong to a group rather than
-    to a rank (a collective's completion, the sleep of the first rank that
-    initialises a lazily created communicator), by group name.
+    Each active rank's events count once per rank it stands for; each group of
+    the full job counts its representative group's completions.
     """
     fam_of: dict[str, str] = {}
     for r in range(fold.world_size):
         for fam, name in layout.member[r].items():
             fam_of.setdefault(name, fam)
-    shared = sum(completions.values())
-    total = (folded_events - shared) * fold.multiplicity
-    total += completions.get(WORLD, 0)
+    total = owners.other + owners.by_group.get(WORLD, 0)
+    total += sum(n * fold.multiplicity(rank) for rank, n in owners.by_rank.items())
     for spec in layout.specs:
-        if spec.name == WORLD:
-            continue
         rep_group = layout.member[fold.rep(spec.ranks[0])][fam_of[spec.name]]
-        total += completions.get(rep_group, 0)
+        total += owners.by_group.get(rep_group, 0)
     return total
 
 
@@ -365,18 +432,25 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     world.runtimes = world.runtimes[:fold.active]  # a prefix: world.runtimes[rank] still works for active ranks
     if on_world is not None:
         on_world(world)
-    rdv = world.rendezvous = FoldedRendezvous(world, fold)
-    per_group = rdv.completions  # group-owned events: completions, and the first user's lazy-init sleep
+    world.rendezvous = FoldedRendezvous(world, fold)
+    layout = group_layout(scn)
+    owners = _EventOwners(world)
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
-        def counted_first_use(spec):
+        shared = {s.name for s in layout.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
+        head = fold.head * fold.gpus_per_node
+
+        def checked_first_use(spec):
+            """See [Note: first come, first served]: in a group whose members share representatives the
+            first user must be a head rank, or the ranks it stands for would all seem to pay the init."""
             delay = first_use(spec)
-            if delay > 0:  # only the first caller of a group sleeps (one event), and only once per group
-                per_group[spec.name] = per_group.get(spec.name, 0) + 1
+            if delay > 0 and spec.name in shared:
+                user = owners.current
+                if user is None or user >= head:
+                    raise FoldBroken(f"the first user of group {spec.name!r} (rank {user}) stands for other ranks")
             return delay
 
-        world.comm.first_use = counted_first_use
-    layout = group_layout(scn)
+        world.comm.first_use = checked_first_use
     ctx = RankContext(scn, topo, layout, build_state(scn.model))
     if scn.pg_policy != "none":  # as run_scenario; plan_fold refuses it, a caller passing a fold may not
         from refimpl.comm import lifecycle as lc_mod
@@ -397,7 +471,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
             raise FoldBroken(f"rank {rank} did not finish in the folded run ({r!r})")
     wall_run = time.perf_counter() - t0
     rep_report = world.report()
-    events = expand_events(fold, rep_report.events, per_group, layout)
+    events = expand_events(fold, owners, layout)
     outcomes: list[RankOutcome] = []
     reports: list[RankReport] = []
     for r in range(scn.world_size):
