@@ -68,13 +68,18 @@ def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | N
         scn = load_scenario(name_or_path)
         planned = plan_fold(scn) if fold else (None, "folding turned off" if not (trace or png) else
                                                "a trace or timeline needs every rank")
-        est = estimate(scn, *planned)
-        print(est.line(), file=sys.stderr)
-        if not force:
-            est.check(DEFAULT_MAX_SECONDS if max_s is None else max_s, DEFAULT_MAX_GB if max_gb is None else max_gb)
+        limits = (DEFAULT_MAX_SECONDS if max_s is None else max_s, DEFAULT_MAX_GB if max_gb is None else max_gb)
+
+        def check(est) -> None:
+            print(est.line(), file=sys.stderr)
+            if not force:
+                est.check(*limits)
+
+        check(estimate(scn, *planned))
         with Progress(lambda line: print(line, file=sys.stderr, flush=True),
                       every_s=getattr(args, "progress_every", 5.0)) as progress:
-            result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch)
+            result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch,
+                                                 check_full=check)
     except (ScenarioError, SizeError) as exc:
         print(f"error: invalid scenario: {exc}", file=sys.stderr)
         return 2

@@ -197,11 +197,13 @@ class HowRun:
 
 
 def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], None] | None = None,
-             planned: tuple[Any, str] | None = None,
+             planned: tuple[Any, str] | None = None, check_full: Callable[[Estimate], None] | None = None,
              ) -> tuple["ScenarioResult", "SimWorld", "FaultPlan | None", HowRun]:
     """Run ``scn``, folded by symmetry when :func:`sim.fold.plan_fold` allows it and ``fold`` is True.
 
     ``planned``: ``plan_fold(scn)``'s answer if the caller already has it.
+    ``check_full(estimate)``: called before falling back from a folded run to
+    the full one (which may cost far more); it may raise :class:`BudgetError`.
 
     The result is the same either way (``tests/sim/test_fold.py``); the
     returned world holds only the simulated ranks when folded. A folded run
@@ -222,6 +224,8 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
         except FoldBroken as exc:
             log.warning("%s: folded run abandoned (%s); simulating every rank", scn.name, exc)
             reason = f"fold abandoned: {exc}"
+            if check_full is not None:
+                check_full(estimate(scn, None, reason))
     result, world, faults = run_scenario(scn, on_world=on_world)
     return result, world, faults, HowRun(False, scn.world_size, reason)
 

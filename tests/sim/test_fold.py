@@ -120,6 +120,10 @@ def test_a_fold_the_run_cannot_honour_falls_back_to_the_full_run():
     result, world, _, how = run_auto(parse_scenario(raw), planned=plan_fold(parse_scenario(_store_scale(32))))
     assert not how.folded and "fold abandoned" in how.reason and len(world.runtimes) == 32
     assert _text(result) == _text(run_scenario(parse_scenario(raw))[0])
+    # the fallback is budgeted too: a full run past the budget is refused, not started
+    with pytest.raises(BudgetError, match="fold abandoned"):
+        run_auto(parse_scenario(raw), planned=plan_fold(parse_scenario(_store_scale(32))),
+                 check_full=lambda est: est.check(max_seconds=0.001))
 
 
 def test_estimate_and_budget():
