@@ -1,7 +1,7 @@
 """For every mesh, group layout and workload Hypothesis draws: wherever plan_fold folds, the folded run's
 result is the full run's, bit for bit (the JSON text apart from the wall-clock field).
 
-Worlds are small (2-4 HGX nodes, a few tensors per rank) so the full run is cheap; what is drawn is
+Worlds are small (2-6 HGX nodes, a few tensors per rank) so the full run is cheap; what is drawn is
 what the fold's symmetry checks reason about: mesh dimension order and sizes (groups aligned with
 nodes, spanning them, straddling their borders), which families exist, collectives and an export
 on them, steps, copy streams and the offload backend.
@@ -27,7 +27,7 @@ def _divisors(n: int) -> list[int]:
 @st.composite
 def scenarios(draw):
     """A valid multi-node scenario with meta payloads and no faults (the fold's domain)."""
-    nodes = draw(st.integers(2, 4))
+    nodes = draw(st.integers(2, 6))
     n = 8 * nodes
     a = draw(st.sampled_from(_divisors(n)))
     b = draw(st.sampled_from(_divisors(n // a)))
