@@ -17,12 +17,10 @@ and refuses one past ``--max-est-seconds`` / ``--max-est-gb`` unless given
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from sim.errors import SimError
@@ -72,25 +70,6 @@ def check_size(world_size: Any) -> None:
             f"world_size {world_size:,} is past the simulator's limit of {MAX_RANKS:,} ranks "
             f"(sim.scale.MAX_RANKS); simulate a smaller job, e.g. one with the same per-node layout"
         )
-
-
-def precheck_file(name_or_path: str) -> None:
-    """Read a scenario file (or shipped example) just far enough to refuse absurd sizes before it is built.
-
-    Errors other than the size (no such file, bad JSON) are left to
-    :func:`sim.scenario.load_scenario`, which names them.
-    """
-    from sim.presets import scenario_path
-
-    path = Path(name_or_path)
-    try:
-        if not path.suffix and not path.exists():
-            path = scenario_path(str(name_or_path))
-        raw = json.loads(path.read_text())
-    except Exception:  # noqa: BLE001 - load_scenario reports these with the field named
-        return
-    if isinstance(raw, dict):
-        check_size(raw.get("world_size"))
 
 
 @dataclass(frozen=True)
@@ -231,4 +210,4 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
 
 
 __all__ = ["BudgetError", "DEFAULT_MAX_GB", "DEFAULT_MAX_SECONDS", "Estimate", "HowRun", "MAX_RANKS", "Progress",
-           "SizeError", "check_size", "estimate", "precheck_file", "run_auto"]
+           "SizeError", "check_size", "estimate", "run_auto"]

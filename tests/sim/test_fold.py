@@ -141,7 +141,7 @@ def test_estimate_and_budget():
 def test_cli_prints_the_estimate_refuses_past_the_budget_and_rejects_absurd_sizes(tmp_path, capsys):
     small = tmp_path / "s.json"
     small.write_text(json.dumps(_multinode(64)))
-    assert main(["sim", "run", str(small), "--quiet", "--max-est-seconds", "0.01"]) == 3
+    assert main(["sim", "run", str(small), "--quiet", "--max-est-seconds", "0.01"]) == 2  # nothing was run
     err = capsys.readouterr().err
     assert "estimate: 64 ranks" in err and "refusing to run" in err and "--force" in err
     out = tmp_path / "r.json"
