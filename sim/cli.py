@@ -10,8 +10,8 @@
 * ``timeshare sim compare A B`` puts two runs' phases side by side
   (:mod:`sim.compare`).
 
-Before a run it prints an estimate of its wall time and memory to stderr and
-refuses it past ``--max-est-seconds`` / ``--max-est-gb`` (``--force`` runs it
+Before a large run it prints an estimate of its wall time and memory to stderr;
+it refuses a run past ``--max-est-seconds`` / ``--max-est-gb`` (``--force`` runs it
 anyway); while it runs it reports the simulated time and events every few
 seconds. Symmetric jobs are folded (a node or two simulated for all, the result
 expanded, identical to the full run; ``--no-fold`` turns it off; see
@@ -108,7 +108,8 @@ def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | N
     limits = (DEFAULT_MAX_SECONDS if max_s is None else max_s, DEFAULT_MAX_GB if max_gb is None else max_gb)
 
     def check(est) -> None:
-        print(est.line(), file=sys.stderr)
+        if est.large:
+            print(est.line(), file=sys.stderr)
         if not force:
             est.check(*limits)
 

@@ -11,7 +11,7 @@ cost per rank of the whole world (topology, groups, ledgers, the expanded
 result). The constants come from measurements on the shared 2-core
 development machine (``bench/sim_scale_bench.py``; see ``docs/sim.md``,
 "Cluster scale"); they are meant to be right within a factor of two, which
-is what a budget needs. ``timeshare sim run`` prints the estimate before a run
+is what a budget needs. ``timeshare sim run`` prints the estimate before a large run
 and refuses one past ``--max-est-seconds`` / ``--max-est-gb`` unless given
 ``--force``.
 """
@@ -53,6 +53,10 @@ PER_WORLD_RANK_GB = 25e3 / 1e9
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_GB = 8.0
+#: runs estimated to take at least this long (or ANNOUNCE_GB of memory) have the CLI print the estimate
+#: first; smaller ones keep stderr for errors only (refusals name the estimate in their one line anyway)
+ANNOUNCE_SECONDS = 10.0
+ANNOUNCE_GB = 1.0
 
 
 class SizeError(SimError, ValueError):
@@ -91,6 +95,11 @@ class Estimate:
         return (f"estimate: {self.world_size:,} ranks, {self.tensors_per_rank:,} tensors per rank, {how}: "
                 f"about {self.seconds:,.0f} s and {self.gb:.1f} GB")
 
+    @property
+    def large(self) -> bool:
+        """True when the CLI should print the estimate before running."""
+        return self.seconds >= ANNOUNCE_SECONDS or self.gb >= ANNOUNCE_GB
+
     def check(self, max_seconds: float = DEFAULT_MAX_SECONDS, max_gb: float = DEFAULT_MAX_GB) -> None:
         """Raise :class:`BudgetError` (one line) when the estimate is past either limit."""
         over = []
@@ -101,7 +110,8 @@ class Estimate:
         if over:
             how = "folded" if self.folded else f"every rank simulated: {self.reason}"
             raise BudgetError(
-                f"refusing to run: estimated {' and '.join(over)} for {self.world_size:,} ranks ({how}); "
+                f"refusing to run: estimated {' and '.join(over)} for {self.world_size:,} ranks, "
+                f"{self.tensors_per_rank:,} tensors per rank ({how}); "
                 "raise the limits or pass --force to run anyway"
             )
 
@@ -209,5 +219,5 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
     return result, world, faults, HowRun(False, scn.world_size, reason)
 
 
-__all__ = ["BudgetError", "DEFAULT_MAX_GB", "DEFAULT_MAX_SECONDS", "Estimate", "HowRun", "MAX_RANKS", "Progress",
-           "SizeError", "check_size", "estimate", "run_auto"]
+__all__ = ["ANNOUNCE_GB", "ANNOUNCE_SECONDS", "BudgetError", "DEFAULT_MAX_GB", "DEFAULT_MAX_SECONDS", "Estimate",
+           "HowRun", "MAX_RANKS", "Progress", "SizeError", "check_size", "estimate", "run_auto"]

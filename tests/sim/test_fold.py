@@ -138,17 +138,20 @@ def test_estimate_and_budget():
         full.check()
 
 
-def test_cli_prints_the_estimate_refuses_past_the_budget_and_rejects_absurd_sizes(tmp_path, capsys):
+def test_cli_prints_the_estimate_refuses_past_the_budget_and_rejects_absurd_sizes(tmp_path, capsys, monkeypatch):
     small = tmp_path / "s.json"
     small.write_text(json.dumps(_multinode(64)))
     assert main(["sim", "run", str(small), "--quiet", "--max-est-seconds", "0.01"]) == 2  # nothing was run
-    err = capsys.readouterr().err
-    assert "estimate: 64 ranks" in err and "refusing to run" in err and "--force" in err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: refusing to run: estimated") and "\n" not in err
+    assert "64 ranks, 1,455 tensors per rank" in err and "--force" in err
+    monkeypatch.setattr("sim.scale.ANNOUNCE_SECONDS", 0.0)  # print the estimate even for this small run
     out = tmp_path / "r.json"
     assert main(["sim", "run", str(small), "--quiet", "--max-est-seconds", "0.01", "--force", "--out", str(out),
                  "--progress-every", "0.01"]) == 0
     err = capsys.readouterr().err
-    assert "simulated ranks stand for all" in err and "events run" in err  # progress lines came
+    assert "estimate: 64 ranks" in err and "simulated ranks stand for all" in err
+    assert "events run" in err  # progress lines came
     assert json.loads(out.read_text())["world_size"] == 64
     huge = tmp_path / "huge.json"
     huge.write_text(json.dumps(_multinode(10**7)))
