@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from refimpl.benchmarks.offload import TARGETS
+from bench.offload import TARGETS
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 # the record docs/store.md and docs/gpu.md cite for "every store target met on both shapes" (H200 run 8)

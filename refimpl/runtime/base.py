@@ -36,6 +36,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Coroutine, Generator, Iterator, TypeVar
 
@@ -130,10 +131,16 @@ class GroupSpec:
 
     def group_rank(self, global_rank: int) -> int:
         """Position of ``global_rank`` within this group."""
-        try:
-            return self.ranks.index(global_rank)
-        except ValueError:
-            raise GroupError(f"rank {global_rank} is not a member of group {self.name!r} {self.ranks}") from None
+        pos = self._positions.get(global_rank)
+        if pos is None:
+            raise GroupError(f"rank {global_rank} is not a member of group {self.name!r} {self.ranks}")
+        return pos
+
+    @functools.cached_property
+    def _positions(self) -> dict[int, int]:
+        # rank -> position, built on first use: ``ranks.index`` made every member's
+        # lookup O(size), so installing a 16,384-rank world group was O(n^2)
+        return {r: i for i, r in enumerate(self.ranks)}
 
     @property
     def store_prefix(self) -> str:
@@ -382,12 +389,31 @@ class Runtime(abc.ABC):
 
         Spans are kept in :attr:`spans` as ``(name, start, end)`` on this
         runtime's clock; the simulator also writes them to its trace.
+
+        A span ends when the device work issued inside it ends, not when the
+        host has queued it: on a normal exit :meth:`settle_device` runs before
+        the end is read (a synchronize on CUDA), so a span around an NCCL
+        collective or a copy measures the transfer. On an exception the end is
+        read at once: a collective that failed or timed out may never finish,
+        and waiting for it would turn an error into a hang.
         """
         start = self.now()
+        finished = False
         try:
             yield
+            finished = True
         finally:
+            if finished:
+                self.settle_device()
             self._spans().append((name, start, self.now()))
+
+    def settle_device(self) -> None:
+        """Block until the device work this rank has queued is done (closes :meth:`span`).
+
+        A no-op where awaitables already complete with their device work (the
+        simulator, CPU); :class:`~refimpl.runtime.TorchRuntime` synchronizes the
+        CUDA device.
+        """
 
     @property
     def spans(self) -> list[tuple[str, float, float]]:

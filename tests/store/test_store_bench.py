@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from refimpl.benchmarks.offload import parse_variant
+from bench.offload import parse_variant
 from refimpl.cli import main
 
 
@@ -78,7 +78,7 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
                "--phase-gap-s", "0.2", "--other-role-gb", "0.01", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GB" in out and "b2b x" in out
+    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GiB" in out and "b2b x" in out
     report = json.loads(next(tmp_path.glob("*-offload.json")).read_text())
     assert report["phase_gap_s"] == 0.2 and report["other_role_bytes"] == 10_000_000
     (shape,) = report["shapes"]
@@ -93,8 +93,8 @@ def test_measure_waits_the_gap_between_offload_and_reload_and_times_neither_with
     in neither the offload nor the reload time. The runtime's clock skips the gap instead of sleeping
     it, so a 1000 s gap costs nothing and no wall-clock bound can flake on a loaded machine: a time that
     included the gap would be >= 1000 s."""
-    from refimpl.benchmarks import offload
-    from refimpl.benchmarks.baselines import StoreMethod, line_rate
+    from bench import offload
+    from bench.baselines import StoreMethod, line_rate
     from refimpl.runtime import TorchRuntime
 
     class SkippingClock(TorchRuntime):
@@ -126,4 +126,4 @@ def test_measure_waits_the_gap_between_offload_and_reload_and_times_neither_with
 
 def test_bench_rejects_a_negative_gap(tmp_path, capsys):
     assert main(["bench", "offload", "--dry-run", "--phase-gap-s", "-1", "--out", str(tmp_path)]) == 2
-    assert "must be >= 0" in capsys.readouterr().out
+    assert "--phase-gap-s: expected a number >= 0" in capsys.readouterr().err  # one line on stderr, exit 2

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import sim
-
-from refimpl.runtime.torch_runtime import TorchRuntime
 from refimpl.store import Category, OffloadStore
+from refimpl.torch_runtime.runtime import TorchRuntime
 from refimpl.worker import WorkerStateControl, auto_offload, log_gpu_memory_usage, state_offload_manager, wants_offload
 
 

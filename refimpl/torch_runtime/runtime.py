@@ -1,0 +1,523 @@
+"""TorchRuntime: the runtime seam on real tensors, CUDA streams and ``torch.distributed``.
+
+Theory of operation
+-------------------
+Every awaitable of this runtime completes before it is awaited or while it is
+awaited, without suspending the coroutine, so :meth:`Runtime.run` (``run_sync``)
+drives protocol code to completion synchronously.
+
+* Memory: device buffers come from the caching allocator on :attr:`device`;
+  host buffers from :class:`refimpl.torch_runtime.pinning.HostPinner`, page-locked at
+  their exact size with ``cudaHostRegister`` (plain memory without CUDA).
+* Copies (CUDA): one dedicated copy stream per runtime. Before each copy it
+  waits on the current (compute) stream, so the copy reads the values the
+  queued compute produces; device sources are ``record_stream``-ed on the copy
+  stream so the caching allocator cannot hand their blocks out early; an event
+  marks the end of the copy. Awaiting the completion synchronizes that event
+  and makes the current stream wait on it, so later compute sees the copied
+  bytes. On CPU a copy is done at once and returns :class:`Ready`.
+* Groups: ``"world"`` is the default process group. :meth:`new_group` calls
+  ``dist.new_group`` on every rank (torch requires it); the spec is kept so
+  :meth:`recreate_group` can rebuild with the same arguments. torch gives every
+  ``new_group`` call a fresh store prefix (its group name); it is recorded in
+  :meth:`torch_group_name`. Without an initialised ``torch.distributed`` the
+  runtime is a single-rank world whose collectives are local copies.
+* Suspend/resume delegates to :mod:`refimpl.torch_runtime.nccl`; the suspended flag is
+  checked before any collective touches the communicator.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from refimpl.runtime.base import (
+    WORLD,
+    AddressInUseError,
+    CollectiveFailedError,
+    CollectiveTimeoutError,
+    CommMemory,
+    Completion,
+    CopyKind,
+    CopyStats,
+    GroupError,
+    GroupSpec,
+    GroupSuspendedError,
+    MemoryInfo,
+    ReduceOp,
+    Runtime,
+)
+from refimpl.torch_runtime.copy_stream import CopyEngine
+from refimpl.torch_runtime.pinning import PREFAULT_MODES, HostPinner, host_memory
+from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
+
+logger = logging.getLogger(__name__)
+
+_TORCH_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX}
+
+
+@dataclass
+class _Group:
+    """What this runtime knows about one named group."""
+
+    spec: GroupSpec
+    pg: Any  # torch ProcessGroup; None for a local (undistributed) group or a non-member
+    live: bool = True
+    suspended: bool = False
+    handles: list[int] = field(default_factory=list)
+    torch_name: str = ""
+    store: Any = None  # the group's own rendezvous store (option "rendezvous_port"), kept while live
+
+
+class TorchRuntime(Runtime):
+    """The runtime on real torch: CUDA (NCCL) when available, else CPU (Gloo).
+
+    ``device``: where :meth:`alloc_device` places buffers; defaults to
+    ``cuda:<current>`` when CUDA is available, else ``cpu``.
+    ``default_backend``: backend of groups whose spec says ``None``; defaults to
+    ``"nccl"`` on CUDA and ``"gloo"`` on CPU.
+    ``pin_prefault``: how pinned host buffers are faulted in before
+    ``cudaHostRegister`` (:data:`refimpl.torch_runtime.pinning.PREFAULT_MODES`);
+    defaults to the environment variable ``TIMESHARE_PIN_PREFAULT``, else
+    ``"touch"`` with CUDA (issue 16: 3x faster than registering untouched
+    memory on the H200) and ``"none"`` without.
+    """
+
+    def __init__(self, device: torch.device | str | None = None, *, default_backend: str | None = None,
+                 pin_prefault: str | None = None) -> None:
+        if device is None:
+            device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"TorchRuntime(device={device}): CUDA is not available in this process")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self._cuda = device.type == "cuda"
+        self.default_backend = default_backend or ("nccl" if self._cuda else "gloo")
+        self.copy_stats = CopyStats()
+        cuda_present = torch.cuda.is_available()
+        if pin_prefault is None:
+            env = os.environ.get("TIMESHARE_PIN_PREFAULT")
+            if env and env not in PREFAULT_MODES:
+                raise ValueError(f"TIMESHARE_PIN_PREFAULT={env!r} is not a prefault mode; use one of {PREFAULT_MODES} "
+                                 "or unset it")
+            pin_prefault = env or ("touch" if cuda_present else "none")
+        self.pinner = HostPinner(use_cuda=cuda_present, prefault=pin_prefault)
+        self._copies = CopyEngine(device, self.copy_stats)
+        self._distributed = dist.is_available() and dist.is_initialized()
+        if self._distributed:
+            self.rank = dist.get_rank()
+            self.world_size = dist.get_world_size()
+            world_backend = str(dist.get_backend())
+            world_pg = dist.group.WORLD
+        else:
+            self.rank, self.world_size, world_backend, world_pg = 0, 1, self.default_backend, None
+        world_spec = GroupSpec(WORLD, tuple(range(self.world_size)), backend=world_backend)
+        self._groups: dict[str, _Group] = {WORLD: _Group(world_spec, world_pg, torch_name=self._pg_name(world_pg))}
+        logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
+                     self._distributed)
+
+    # ------------------------------------------------------------------ memory
+
+    def alloc_device(self, numel: int, dtype: torch.dtype, *, tag: str = "") -> torch.Tensor:
+        """A new 1-D buffer of ``numel`` elements on :attr:`device`."""
+        return torch.empty(numel, dtype=dtype, device=self.device)
+
+    def alloc_host(self, numel: int, dtype: torch.dtype, *, pinned: bool = True, tag: str = "") -> torch.Tensor:
+        """A new 1-D host buffer; pinned at its exact size with ``cudaHostRegister`` when CUDA is present."""
+        return self.pinner.alloc(numel, dtype, pinned=pinned, tag=tag)
+
+    def free_host(self, tensor: torch.Tensor) -> None:
+        """Unpin a buffer from :meth:`alloc_host`; its memory goes when the last reference does."""
+        self.pinner.free(tensor)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes pinned now through :meth:`alloc_host` (marked pinned, without CUDA)."""
+        return self.pinner.pinned_bytes
+
+    @property
+    def pin_registrations(self) -> int:
+        """How many pinned buffers :meth:`alloc_host` has created over this runtime's life."""
+        return self.pinner.registrations
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Resize the tensor's storage to 0 bytes; the allocator gets the block back."""
+        tensor.untyped_storage().resize_(0)
+
+    def empty_cache(self) -> None:
+        """Return cached unused device blocks to the driver (``torch.cuda.empty_cache``)."""
+        if self._cuda:
+            torch.cuda.empty_cache()
+
+    def memory_info(self) -> MemoryInfo:
+        """``cudaMemGetInfo`` on CUDA; available/total host memory on CPU."""
+        if self._cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+        else:
+            free, total = host_memory()
+        return MemoryInfo(free=int(free), total=int(total))
+
+    # ------------------------------------------------------------------ copies
+
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, kind: CopyKind) -> Completion:
+        """Copy ``src`` into ``dst`` after the compute already queued; await the result before use.
+
+        On CUDA the copy runs on this runtime's copy stream (see :mod:`refimpl.torch_runtime.copy_stream`).
+        """
+        return self._copies.copy(dst, src, kind)
+
+    async def synchronize(self) -> None:
+        """Wait for all queued work on :attr:`device`."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
+    def settle_device(self) -> None:
+        """Synchronize the current (compute) stream of :attr:`device` (nothing on CPU): spans end with their work.
+
+        NCCL collectives issued with ``async_op=True`` and waited with
+        ``work.wait()`` only make the current stream wait for the collective;
+        the host goes on at once. Without this, a span around a 4 GB all-gather
+        read 0.4 ms (issue 10). The current stream is what a phase's work
+        drains into: collectives (``work.wait``), awaited copies (their
+        completion makes it wait on the copy event) and compute. Copies issued
+        but not yet awaited (a prefetch for the next phase on the copy stream)
+        are not waited for, so a span does not stall the pipelined dedup reload.
+        """
+        if self._cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    # ------------------------------------------------------------------ groups
+
+    async def new_group(self, spec: GroupSpec) -> None:
+        """Create ``spec.name`` with ``dist.new_group``; every rank must call it, in the same order."""
+        old = self._groups.get(spec.name)
+        if old is not None and (old.live or spec.name == WORLD):
+            raise GroupError(f"group {spec.name!r} already exists; destroy it first or use another name")
+        bad = [r for r in spec.ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise GroupError(f"group {spec.name!r}: ranks {bad} are outside the world of {self.world_size} ranks")
+        pg, store = self._create_checked(spec)
+        self._groups[spec.name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
+
+    def _create_checked(self, spec: GroupSpec) -> tuple[Any, Any]:
+        """:meth:`_create`, then, for a group with its own rendezvous port, the members' check-in there
+        (see :mod:`refimpl.torch_runtime.rendezvous`); on a failed check-in the new group is destroyed again."""
+        port = rendezvous_port(spec)
+        pg = self._create(spec)
+        if port is None or not self._distributed or self.rank not in spec.ranks:
+            return pg, None
+        try:
+            return pg, check_in(spec, self.rank, port)
+        except BaseException:
+            if pg is not None:
+                try:
+                    dist.destroy_process_group(pg)
+                except Exception as e:  # noqa: BLE001 - the check-in error is the one to raise
+                    logger.warning("destroying group %r after a failed check-in raised %s", spec.name, e)
+            raise
+
+    def _create(self, spec: GroupSpec) -> Any:
+        """Build the torch process group for ``spec`` (None on non-members and without dist)."""
+        if not self._distributed:
+            return None
+        backend = spec.backend or self.default_backend
+        kwargs: dict[str, Any] = dict(timeout=timedelta(seconds=spec.timeout_s), backend=backend)
+        if backend_options(spec):
+            kwargs["pg_options"] = self._pg_options(spec, backend)
+        try:
+            pg = dist.new_group(list(spec.ranks), **kwargs)
+        except Exception as e:  # noqa: BLE001 - classified below
+            if _address_in_use(e):
+                raise AddressInUseError(
+                    f"group {spec.name!r} (generation {spec.generation}) could not bind its rendezvous "
+                    f"address: {e}. Wait for the port's TIME_WAIT to pass (the lifecycle's cooldown) and retry."
+                ) from e
+            raise GroupError(f"dist.new_group for group {spec.name!r} ranks {spec.ranks} failed: {e}") from e
+        if pg is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        return pg
+
+    @staticmethod
+    def _pg_options(spec: GroupSpec, backend: str) -> Any:
+        """Backend options from ``spec.options``: ``("name", v)`` sets ``opts.name``, ``("config.name", v)``
+        sets ``opts.config.name`` (NCCL only)."""
+        if backend != "nccl":
+            raise GroupError(
+                f"group {spec.name!r}: options {dict(backend_options(spec))} are NCCL process-group options but the "
+                f"backend is {backend!r}; drop the options or use backend='nccl'"
+            )
+        opts = dist.ProcessGroupNCCL.Options()
+        for key, value in backend_options(spec):
+            target, attr = (opts.config, key[len("config."):]) if key.startswith("config.") else (opts, key)
+            if not hasattr(target, attr):
+                raise GroupError(f"group {spec.name!r}: unknown NCCL option {key!r}")
+            setattr(target, attr, value)
+        return opts
+
+    @staticmethod
+    def _pg_name(pg: Any) -> str:
+        if pg is None:
+            return ""
+        try:
+            return str(pg.group_name)
+        except Exception:  # noqa: BLE001 - older builds; the name is informational
+            return ""
+
+    def torch_group_name(self, name: str) -> str:
+        """torch's name (store prefix) of the group's current process group; "" where there is none."""
+        return self._entry(name).torch_name
+
+    async def destroy_group(self, name: str, *, abort: bool = False) -> None:
+        """Destroy the group's process group (``abort``: skip the graceful shutdown). ``"world"`` is refused."""
+        if name == WORLD:
+            raise GroupError("the 'world' group is never destroyed; destroy subgroups only")
+        g = self._entry(name)
+        if not g.live:
+            raise GroupError(f"group {name!r} is already destroyed; recreate_group({name!r}) rebuilds it")
+        pg, g.pg, g.live, g.suspended, g.handles = g.pg, None, False, False, []
+        g.store = None  # closes the group's own rendezvous port, if it has one
+        if pg is None:
+            return
+        try:
+            if abort:
+                _abort(pg)
+            else:
+                dist.destroy_process_group(pg)
+        except Exception as e:  # noqa: BLE001 - the group is gone from our view either way
+            logger.warning("destroying group %r (abort=%s) raised %s; treating it as destroyed", name, abort, e)
+
+    async def recreate_group(self, name: str) -> GroupSpec:
+        """Rebuild a destroyed group with its original arguments under the next generation."""
+        g = self._entry(name)
+        if g.live:
+            raise GroupError(f"group {name!r} is live; destroy_group({name!r}) before recreating it")
+        spec = replace(g.spec, generation=g.spec.generation + 1)
+        # the generation is used up even if creation fails, so every rank's next
+        # attempt uses the same (fresh) generation, as in the simulator
+        g.spec = spec
+        pg, store = self._create_checked(spec)
+        self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
+        return spec
+
+    def group_spec(self, name: str) -> GroupSpec:
+        """The spec of a known group, live or destroyed."""
+        return self._entry(name).spec
+
+    def group_live(self, name: str) -> bool:
+        """True if the group exists and is not destroyed."""
+        g = self._groups.get(name)
+        return g is not None and g.live
+
+    def group_names(self) -> list[str]:
+        """Every group name this runtime knows."""
+        return list(self._groups)
+
+    def _entry(self, name: str) -> _Group:
+        try:
+            return self._groups[name]
+        except KeyError:
+            raise GroupError(f"unknown group {name!r}; known: {sorted(self._groups)}; call new_group first") from None
+
+    # ------------------------------------------------------------------ suspend / resume
+
+    def _nccl_group(self, name: str, action: str) -> _Group:
+        g = self._entry(name)
+        if not g.live:
+            raise GroupError(f"cannot {action} group {name!r}: it is destroyed")
+        if self._distributed and g.pg is not None and dist.get_backend(g.pg) != "nccl":
+            raise GroupError(
+                f"cannot {action} group {name!r}: its backend is {dist.get_backend(g.pg)!r}; only NCCL "
+                f"communicators can be suspended"
+            )
+        if not self._distributed:
+            raise GroupError(f"cannot {action} group {name!r}: torch.distributed is not initialised, "
+                             f"so there is no communicator")
+        return g
+
+    async def suspend_group(self, name: str) -> None:
+        """Release the communicator's GPU memory (``ncclCommSuspend``); collectives raise until resumed."""
+        g = self._nccl_group(name, "suspend")
+        if g.suspended:
+            raise GroupError(f"group {name!r} is already suspended")
+        if g.pg is not None:
+            from refimpl.torch_runtime import nccl
+
+            g.handles = nccl.pg_comm_handles(g.pg, create_lazy=True)
+            nccl.suspend_comms(g.handles)
+        g.suspended = True
+
+    async def resume_group(self, name: str) -> None:
+        """Re-allocate a suspended communicator's memory (``ncclCommResume``)."""
+        g = self._nccl_group(name, "resume")
+        if not g.suspended:
+            raise GroupError(f"group {name!r} is not suspended")
+        if g.pg is not None:
+            from refimpl.torch_runtime import nccl
+
+            nccl.resume_comms(g.handles)
+        g.suspended = False
+
+    def group_suspended(self, name: str) -> bool:
+        """True while the group's communicator is suspended."""
+        return self._entry(name).suspended
+
+    def comm_memory(self, name: str) -> CommMemory:
+        """Sum of ``ncclCommMemStats`` over the group's communicators on this rank (0 for Gloo)."""
+        g = self._entry(name)
+        if not (self._distributed and g.live and g.pg is not None) or dist.get_backend(g.pg) != "nccl":
+            return CommMemory()
+        from refimpl.torch_runtime import nccl
+
+        handles = g.handles or nccl.pg_comm_handles(g.pg, create_lazy=False)
+        stats = [nccl.comm_mem_stats(h) for h in handles]
+        return CommMemory(sum(s.suspendable for s in stats), sum(s.persistent for s in stats))
+
+    # ------------------------------------------------------------------ collectives
+
+    def _member_pg(self, name: str, timeout_s: float | None) -> tuple[_Group, Any]:
+        """The group for a collective, after the checks that must precede touching the communicator."""
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"collective on {name!r}: timeout_s must be > 0 seconds or None, got {timeout_s}")
+        g = self._entry(name)
+        if not g.live:
+            raise GroupError(f"collective on destroyed group {name!r}; recreate_group({name!r}) first")
+        if g.suspended:
+            raise GroupSuspendedError(f"collective on suspended group {name!r}; resume_group({name!r}) first")
+        if self.rank not in g.spec.ranks:
+            raise GroupError(f"rank {self.rank} is not a member of group {name!r} {g.spec.ranks}")
+        return g, g.pg
+
+    def _run(self, what: str, name: str, issue: Callable[[], Any], timeout_s: float | None) -> None:
+        try:
+            work = issue()
+            if work is not None:
+                ok = work.wait() if timeout_s is None else work.wait(timeout=timedelta(seconds=timeout_s))
+                if ok is False:
+                    raise TimeoutError(f"work.wait returned False after {timeout_s}s")
+        except (GroupError, ValueError):
+            raise
+        except Exception as e:  # noqa: BLE001 - every backend failure is classified
+            if _is_timeout(e):
+                raise CollectiveTimeoutError(
+                    f"{what} on group {name!r} did not complete within {timeout_s}s: {e}. A peer is slow, "
+                    f"hung or gone; the group should be torn down."
+                ) from e
+            raise CollectiveFailedError(f"{what} on group {name!r} failed: {e}") from e
+
+    async def all_gather_into_tensor(
+        self, output: torch.Tensor, input: torch.Tensor, group: str = WORLD, *, timeout_s: float | None = None
+    ) -> None:
+        """``output`` receives every member's ``input`` in group-rank order."""
+        g, pg = self._member_pg(group, timeout_s)
+        if output.dtype != input.dtype or output.numel() != g.spec.size * input.numel():
+            raise ValueError(
+                f"all_gather_into_tensor on {group!r}: output must be {g.spec.size} x {input.numel()} "
+                f"{input.dtype} elements, got {output.numel()} {output.dtype}"
+            )
+        if not output.is_contiguous():
+            raise ValueError("all_gather_into_tensor: output must be contiguous (it is written through a view)")
+        out, inp = output.view(-1), input.reshape(-1)
+        if pg is None:
+            out.copy_(inp)
+            return
+
+        # torch >= 2.13 renames all_gather_into_tensor to all_gather_single (the old name warns)
+        gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+        def issue() -> Any:
+            try:
+                return gather_single(out, inp, group=pg, async_op=True)
+            except (RuntimeError, NotImplementedError) as e:
+                if "support" not in str(e).lower():
+                    raise
+                return dist.all_gather(list(out.chunk(g.spec.size)), inp, group=pg, async_op=True)
+
+        self._run("all_gather_into_tensor", group, issue, timeout_s)
+
+    async def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: str = WORLD, *, timeout_s: float | None = None
+    ) -> None:
+        """Reduce ``tensor`` in place across the group (SUM, MIN or MAX)."""
+        _, pg = self._member_pg(group, timeout_s)
+        if pg is None:
+            return
+        self._run(f"all_reduce({op.name})", group,
+                  lambda: dist.all_reduce(tensor, op=_TORCH_OPS[op], group=pg, async_op=True), timeout_s)
+
+    async def broadcast(
+        self, tensor: torch.Tensor, src: int, group: str = WORLD, *, timeout_s: float | None = None
+    ) -> None:
+        """Copy global rank ``src``'s ``tensor`` to every member."""
+        g, pg = self._member_pg(group, timeout_s)
+        if src not in g.spec.ranks:
+            raise GroupError(f"broadcast source rank {src} is not a member of group {group!r} {g.spec.ranks}")
+        if pg is None:
+            return
+        self._run("broadcast", group, lambda: dist.broadcast(tensor, src=src, group=pg, async_op=True), timeout_s)
+
+    async def barrier(self, group: str = WORLD, *, timeout_s: float | None = None) -> None:
+        """Return once every member has entered."""
+        _, pg = self._member_pg(group, timeout_s)
+        if pg is None:
+            return
+        if dist.get_backend(pg) == "nccl":
+            # an all-reduce on this device, instead of barrier()'s guess of the device
+            token = torch.zeros(1, device=self.device)
+            self._run("barrier", group, lambda: dist.all_reduce(token, group=pg, async_op=True), timeout_s)
+            # work.wait() only makes the stream wait; the host returns once every member's token arrived
+            self.settle_device()
+            return
+        self._run("barrier", group, lambda: dist.barrier(group=pg, async_op=True), timeout_s)
+
+    # ------------------------------------------------------------------ time
+
+    def now(self) -> float:
+        """``time.monotonic()``."""
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Block for ``seconds`` of wall time."""
+        if seconds < 0:
+            raise ValueError(f"sleep: seconds must be >= 0, got {seconds}")
+        time.sleep(seconds)
+
+
+def _abort(pg: Any) -> None:
+    """Abort a process group without the graceful shutdown, then forget it."""
+    abort_pg = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort_pg is not None:
+        abort_pg(pg)
+        return
+    if hasattr(pg, "abort"):
+        pg.abort()
+    dist.destroy_process_group(pg)
+
+
+def _address_in_use(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            return True
+        if "address already in use" in str(e).lower() or "eaddrinuse" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _is_timeout(e: BaseException) -> bool:
+    if isinstance(e, TimeoutError):
+        return True
+    text = str(e).lower()
+    return "timed out" in text or "timeout" in text
+
+
+__all__ = ["TorchRuntime"]
