@@ -18,12 +18,13 @@ import datetime as _dt
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.planted import BreakDriftError, apply_break, by_name, copy_repo, revert_break, run_selection
+from tests.planted import REPO, BreakDriftError, apply_break, by_name, copy_repo, revert_break, run_selection
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()})",
         "command": "python -m tests.planted " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": _commit(),
         "hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
         "breaks": [],
     }
@@ -99,6 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def _commit() -> str:
+    """The checked-out commit, with "+changes" when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=REPO).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def _selection(b, ci: bool) -> tuple[str, ...]:
     return b.ci_tests if ci and b.ci_tests else b.tests
 
@@ -107,6 +121,7 @@ def to_markdown(report: dict) -> str:
     """The report as a Markdown table: break, file, status, tests that failed."""
     lines = [f"# Planted-bug report, {report['date']}", "",
              f"- machine: {report['machine']}", f"- command: `{report['command']}`",
+             f"- commit: {report.get('commit', 'unknown')}",
              f"- Hypothesis profile: {report['hypothesis_profile']}",
              f"- baseline: {report.get('baseline', {}).get('status', 'not run')}",
              f"- caught: {report['caught']}/{report['total']} in {report['seconds']:.0f} s (wall clock on a shared, "
