@@ -4,11 +4,12 @@ from collections.abc import Mapping
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.runtime import CopyKind, TorchRuntime
 from refimpl.store import Category, FlatLayout, MixedDtypeError, OffloadStore, StoreConfig
+from tests._hypothesis import BUDGET
 
 SMALL = StoreConfig(segment_bytes=4096, pack_below_bytes=512, staging_bytes=2048, alignment_bytes=64)
 
@@ -48,7 +49,7 @@ def test_copies_start_before_collection_ends():
     assert all(torch.equal(tensors[k], want[k]) for k in want)
 
 
-@settings(max_examples=25, deadline=None)
+@BUDGET.settings(25)
 @given(sizes=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(["f32", "bf16", "i64"])), min_size=1, max_size=30),
        seg=st.sampled_from([256, 4096, 1 << 20]))
 def test_streamed_layouts_equal_the_batch_plan(sizes, seg):
