@@ -21,15 +21,21 @@ def pytest_report_header(config):
             f"max_faults={BUDGET.max_faults}, chooser_depth={BUDGET.chooser_depth}, x{BUDGET.example_scale:g} examples)")
 
 
+def _is_hypothesis(item) -> bool:
+    """A ``@given`` test, or the TestCase of a Hypothesis RuleBasedStateMachine."""
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+        return True
+    cls = getattr(item, "cls", None)
+    return cls is not None and any(b.__module__ == "hypothesis.stateful" for b in cls.__mro__)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
-    fn = getattr(item, "obj", None)
-    if not (getattr(fn, "is_hypothesis_test", False) or "Machine" in type(getattr(item, "cls", None) or object).__name__
-            or getattr(getattr(item, "cls", None), "TestCase", None) is not None):
+    if not _is_hypothesis(item):
         return
     cmd = (f"HYPOTHESIS_PROFILE={BUDGET.profile} python -m pytest -n 0 -p no:cacheprovider "
            f"{shlex.quote(item.nodeid)}")
