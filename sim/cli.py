@@ -27,9 +27,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-#: presets written by ``timeshare sim calibrate`` on the recorded fit set (docs/calibration.md)
-CALIBRATED = Path(__file__).parent / "presets" / "calibrated"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Wire the ``sim`` subcommand's arguments into ``parser``."""
@@ -47,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the calibrated preset")
     val = sub.add_parser("validate", help="replay each record in the simulator; predicted against measured")
     val.add_argument("records", nargs="+", metavar="RECORD.json", help="the validation set (multigpu, offload reports)")
-    val.add_argument("--preset", default=str(CALIBRATED / "hgx-h200-8x.json"),
+    val.add_argument("--preset", default="calibrated/hgx-h200-8x",
                      help="preset for switch-window records (default: the shipped calibrated hgx-h200-8x)")
-    val.add_argument("--offload-preset", default=str(CALIBRATED / "h200-1x.json"),
+    val.add_argument("--offload-preset", default="calibrated/h200-1x",
                      help="preset for offload reports (default: the shipped calibrated h200-1x)")
     val.add_argument("--tolerance", type=float, default=0.15, help="per switch-window phase (default 0.15)")
     val.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")

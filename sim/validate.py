@@ -91,35 +91,27 @@ def check_disjoint(preset_data: dict[str, Any], record: Record, section: str) ->
             )
 
 
-def simulate_switch_window(topology: Any, settings: dict[str, Any], policies: Iterable[str]) -> dict[str, Any]:
-    """Each policy's :class:`PolicyResult` for the record's settings on a simulated world of ``topology``."""
-    import sim
-    from refimpl.benchmarks.switch_window import mesh_groups, run_steps, summarize
-    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from sim.collectives import NcclComm, TopologyCollectiveCost
-    from sim.memory import TopologyMemory
+def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iterable[str]) -> dict[str, Any]:
+    """Each policy's :class:`PolicyResult` for a record's settings, simulated on ``preset`` (the
+    switch-window benchmark's own simulation, :func:`refimpl.benchmarks.switch_window.simulate`)."""
+    from refimpl.benchmarks.switch_window import mesh_groups, simulate, summarize
+    from refimpl.comm import PGPolicy
 
     dp, tp = settings["dp"], settings["tp"]
-    specs = mesh_groups(dp, tp)
-    per_rank = len([s for s in specs if 0 in s.ranks])
+    per_rank = len([s for s in mesh_groups(dp, tp) if 0 in s.ranks])
     if per_rank != settings["groups_per_rank"]:
         raise RecordError(f"settings.groups_per_rank: the record says {settings['groups_per_rank']} but "
                           f"mesh_groups({dp}, {tp}) gives {per_rank}; the benchmark's group families changed")
     out = {}
     for name in policies:
-        policy = PGPolicy[name]
-        world = sim.SimWorld(dp * tp, trace=False, collective_cost=TopologyCollectiveCost(topology),
-                             memory=TopologyMemory(topology, record=False),
-                             comm=NcclComm(topology, lazy_init=True, init_at_collective=True))
-        config = LifecycleConfig(policy=policy, cooldown_s=settings["cooldown_s"])
-
-        async def rank(rt, config=config):
-            lc = PGLifecycle(rt, specs, config=config)
-            tp_group = next(s.name for s in specs if s.name.rstrip("0123456789") == "tp" and rt.rank in s.ranks)
-            return await run_steps(rt, lc, steps=settings["steps"], train_s=settings["train_s"],
-                                   rollout_s=settings["rollout_s"], sync_group=tp_group)
-
-        out[name] = summarize(policy, world.run(rank), settings["warmup"])
+        try:
+            policy = PGPolicy[name]
+        except KeyError:
+            raise RecordError(f"switch_window.results: unknown policy {name!r}; known: "
+                              f"{[p.name for p in PGPolicy]}") from None
+        per_rank_steps = simulate(policy, dp=dp, tp=tp, steps=settings["steps"], train_s=settings["train_s"],
+                                  rollout_s=settings["rollout_s"], cooldown_s=settings["cooldown_s"], topology=preset)
+        out[name] = summarize(policy, per_rank_steps, settings["warmup"])
     return out
 
 
@@ -138,7 +130,7 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *, tolerance: fl
     if record.world_size > topo.num_gpus:
         raise RecordError(f"{record.name}: world size {record.world_size} does not fit preset {preset!r} "
                           f"({topo.num_gpus} GPUs)")
-    predicted = simulate_switch_window(topo, dict(sw.settings), sw.results)
+    predicted = simulate_switch_window(preset, dict(sw.settings), sw.results)
     rows = []
     for name, meas in sw.results.items():
         pred = predicted[name]

@@ -1,0 +1,133 @@
+"""The simulator fitted on one set of H200 records and checked on records it was not fitted to.
+
+Fit set (``timeshare sim calibrate``): one-rank communicator costs of H200 run 1
+(``comm_raw`` of its comm_h200 record), two-rank communicator costs of the
+2 x H200 table (``comm_raw``), the scrub probe of run 7. Validation set
+(``timeshare sim validate``): the lifecycle's switch window on 2 x H200, and the
+store's offload/reload of runs 6 (back to back) and 9 (reload right after
+another role freed 40 GB).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from refimpl.cli import main
+from sim.fit import calibrated_preset
+from sim.presets import PRESET_DIR, load_preset_data
+from sim.records import MultiGpuRecord, RecordError, load_record
+from sim.validate import validate_offload, validate_switch_window
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+TWO_GPU = RESULTS / "2026-11-30-h200x2-gpumd" / "2026-11-30-h200x2-multigpu.json"
+RUN1_COMM = RESULTS / "2026-11-29-h200-run1" / "comm_h200-nccl2.32.3.json"
+SCRUB = RESULTS / "2026-11-29-h200-run7" / "h2d_scrub_probe.json"
+FIT_SET = [RUN1_COMM, TWO_GPU, SCRUB]
+OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
+
+
+@pytest.mark.parametrize("base", ["hgx-h200-8x", "h200-1x"])
+def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path):
+    out = tmp_path / "p.json"
+    assert main(["sim", "calibrate", *map(str, FIT_SET), "--base", base, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads((PRESET_DIR / "calibrated" / f"{base}.json").read_text())
+
+
+def test_each_fitted_constant_names_its_record_and_section():
+    data, obs = calibrated_preset("hgx-h200-8x", [load_record(p) for p in FIT_SET])
+    two = "bench/results/2026-11-30-h200x2-gpumd/2026-11-30-h200x2-multigpu.json#comm_raw"
+    by = {o.constant: o for o in obs}
+    assert by["nccl_suspend_multi"].record == two and by["nccl_suspend_multi"].value == pytest.approx(2.15 / 14)
+    assert by["nccl_destroy_multi"].value == pytest.approx(1.99 / 14)
+    assert by["nccl_suspend"].record.endswith("comm_h200-nccl2.32.3.json#comm_raw")
+    assert by["h200_scrub"].value == pytest.approx(428.7e9, rel=1e-3)
+    for name in by:
+        assert by[name].record.split("#")[0] in data["constants"][name]["source"]
+    # the multi-rank figures are wired into the comm section; one-rank ones stay the plain keys
+    assert data["comm"]["suspend_multi"] == "nccl_suspend_multi" and data["comm"]["suspend"] == "nccl_suspend"
+
+
+def test_validate_refuses_records_of_the_fit_set(capsys):
+    run8 = RESULTS / "2026-11-29-h200-run8" / "2026-11-29-h200-offload.json"  # store host constants come from it
+    with pytest.raises(RecordError, match="fit set"):
+        validate_offload(load_record(run8), "calibrated/h200-1x")
+    rec = load_record(RUN1_COMM)  # its one-rank destroy constant was derived from its own switch window
+    with pytest.raises(RecordError, match="fit set"):
+        validate_switch_window(rec, "calibrated/hgx-h200-8x")
+    assert main(["sim", "validate", str(run8)]) == 2
+    assert "fit set" in capsys.readouterr().err
+
+
+def test_two_gpu_record_is_read_with_its_settings():
+    rec = load_record(TWO_GPU)
+    assert isinstance(rec, MultiGpuRecord) and rec.world_size == 2
+    assert rec.comm_raw.comm_ranks == 2 and rec.comm_raw.per_comm("resume_s") == pytest.approx(0.72 / 14)
+    assert rec.switch_window.settings["groups_per_rank"] == 14
+    assert rec.switch_window.results["PAUSED_LIVE"]["sleep"] is None
+
+
+def test_record_errors_name_the_field(tmp_path):
+    bad = json.loads(TWO_GPU.read_text())
+    del bad["switch_window"]["settings"]["cooldown_s"]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(bad))
+    with pytest.raises(RecordError, match=r"switch_window\.settings\.cooldown_s: required"):
+        load_record(p)
+    bad = json.loads(TWO_GPU.read_text())
+    bad["comm_raw"]["n_comms"] = -1
+    p.write_text(json.dumps(bad))
+    with pytest.raises(RecordError, match=r"comm_raw\.n_comms: expected a non-negative integer"):
+        load_record(p)
+    p.write_text("{}")
+    with pytest.raises(RecordError, match="not a record this code reads"):
+        load_record(p)
+
+
+@pytest.mark.slow
+def test_offload_and_reload_validate_within_10_percent_on_records_not_fitted():
+    """Runs 6 and 9 (the reload right after another role frees 40 GB), with the preset's own line rates."""
+    rows = [r for p in OFFLOAD_VALIDATION for r in validate_offload(load_record(p), "calibrated/h200-1x")]
+    assert len(rows) == 8
+    worst = max(rows, key=lambda r: abs(r.rel_error))
+    assert all(r.ok for r in rows), f"{worst.record} {worst.what}: {worst.rel_error:+.1%}"
+    run9_reloads = [r for r in rows if "run9" in r.record and r.what.endswith("reload")]
+    run6_reloads = [r for r in rows if "run6" in r.record and r.what.endswith("reload")]
+    # the other role's 40 GB scrub is what makes run 9's reloads longer, predicted and measured alike
+    for a, b in zip(run9_reloads, run6_reloads):
+        assert a.predicted - b.predicted == pytest.approx(a.measured - b.measured, abs=0.03)
+
+
+def test_two_gpu_switch_window_ranking_and_the_phases_the_model_gets():
+    rows, facts = validate_switch_window(load_record(TWO_GPU), "calibrated/hgx-h200-8x")
+    assert facts["predicted_order"] == facts["measured_order"] == [
+        "PAUSED_LIVE", "DESTROY_DEFERRED", "DESTROY", "SUSPEND"]
+    by = {r.what: r for r in rows}
+    for what in ("SUSPEND sleep", "DESTROY sleep", "PAUSED_LIVE total"):
+        assert by[what].ok, f"{what}: {by[what].rel_error:+.1%}"
+    # SUSPEND keeps only the persistent 4 MiB of each of the 14 communicators: 0.05 GiB measured
+    assert facts["memory_gib"]["SUSPEND"][1] == pytest.approx(0.05, abs=0.005)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 11 not done: from the fit set's raw costs the model misses the 2 x H200 "
+                   "group creation (wake_up 0.55 s measured, 0.03 s predicted), destroy in the lifecycle (1.51 s vs "
+                   "1.03 s) and the canary after resume (SUSPEND wake_up 2.02 s vs 0.81 s); see docs/calibration.md")
+def test_every_two_gpu_switch_window_phase_within_15_percent():
+    rows, _ = validate_switch_window(load_record(TWO_GPU), "calibrated/hgx-h200-8x")
+    assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.0%}" for r in rows if not r.ok]
+
+
+def test_validate_cli_prints_predicted_against_measured_and_fails_outside_tolerance(capsys):
+    assert main(["sim", "validate", str(TWO_GPU)]) == 1
+    out = capsys.readouterr().out
+    assert "DESTROY wake_up" in out and "OUTSIDE" in out and "predicted PAUSED_LIVE < DESTROY_DEFERRED" in out
+    # a tolerance wide enough for every phase passes
+    assert main(["sim", "validate", str(TWO_GPU), "--tolerance", "1.0"]) == 0
+
+
+def test_calibrate_without_anything_to_fit_says_so(tmp_path, capsys):
+    assert main(["sim", "calibrate", str(OFFLOAD_VALIDATION[0]), "--out", str(tmp_path / "p.json")]) == 2
+    assert "none of the records gives a constant to fit" in capsys.readouterr().err
+    assert load_preset_data("calibrated/hgx-h200-8x")["comm"]["destroy_multi"] == "nccl_destroy_multi"
