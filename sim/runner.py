@@ -342,7 +342,8 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True) -> tuple[Scenario
         results = world.run(lambda rt: rank_main(rt, world, ctx), return_exceptions=True)
     except DeadlockError as exc:
         error = {"kind": "deadlock", "message": str(exc), "blocked": {str(k): v for k, v in exc.blocked.items()},
-                 "cycle": exc.cycle, "absent": {str(k): v for k, v in exc.absent.items()}, "time": exc.time}
+                 "cycle": exc.cycle, "absent": {str(k): v for k, v in exc.absent.items()}, "time": exc.time,
+                 "stopped_at": exc.stopped_at}
     except CollectiveMismatchError as exc:
         error = {"kind": "collective_mismatch", "message": str(exc), "group": exc.group, "seq": exc.seq,
                  "ops": {str(k): v for k, v in exc.ops.items()}}
@@ -356,6 +357,9 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True) -> tuple[Scenario
     for rank in range(scn.world_size):
         o = ctx.outcomes.get(rank) or RankOutcome(rank=rank)
         r = results[rank] if rank < len(results) else None
+        proc = world.runtimes[rank].process
+        if r is None and proc is not None and proc.exception is not None:  # the run stopped (deadlock) first
+            r = proc.exception
         if isinstance(r, BaseException):
             o.error = f"{type(r).__name__}: {r}"
         outcomes.append(o)

@@ -200,6 +200,12 @@ def _build_topology(data: Mapping[str, Any], name: str, nodes: int | None, world
             topo = Topology.from_dict(data, where="topology")
     except PresetError as exc:
         raise ScenarioError(str(exc)) from None
+    if topo.nodes > 1 and data.get("fabric") is None and world_size > topo.gpus_per_node:
+        raise ScenarioError(
+            f"topology.nodes: {topo.nodes} nodes of {name!r} have no NICs, so ranks on different nodes cannot "
+            f"communicate; use a preset with a network fabric such as hgx-h200-8x-ib, or world_size <= "
+            f"{topo.gpus_per_node}"
+        )
     if topo.num_gpus < world_size:
         hint = (f"set \"nodes\": {math.ceil(world_size / topo.gpus_per_node)}" if data.get("fabric") is not None
                 else "use a multi-node preset such as hgx-h200-8x-ib")
@@ -322,6 +328,22 @@ def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
     )
 
 
+def _check_fault_links(faults: FaultPlan, topo: Topology) -> None:
+    """A slow_link fault must name a link or element of the scenario's topology (``faults[i].link``)."""
+    if not any(f.link for f in faults.faults):
+        return
+    from sim.faults import check_link
+    from sim.flows import FlowTransport
+
+    transport = FlowTransport(topo)
+    for i, f in enumerate(faults.faults):
+        if f.link:
+            try:
+                check_link(f.link, transport, f"faults[{i}].link")
+            except FaultPlanError as exc:
+                raise ScenarioError(str(exc)) from None
+
+
 def parse_scenario(raw: Any) -> Scenario:
     """Validate a parsed scenario object; raises :class:`ScenarioError` naming the bad field."""
     raw = _obj(raw, "", _TOP)
@@ -353,6 +375,8 @@ def parse_scenario(raw: Any) -> Scenario:
     name = raw.get("name", "unnamed")
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"name: expected a non-empty string, got {name!r}")
+    topo = _build_topology(topology, topo_name, nodes, world_size)
+    _check_fault_links(faults, topo)
     return Scenario(
         name=name,
         description=str(raw.get("description", "")),
@@ -374,7 +398,7 @@ def parse_scenario(raw: Any) -> Scenario:
         streams=_choice(transport, "streams", "transport", ("per_rank", "per_kind"), "per_rank"),
         lazy_init=_bool(comm, "lazy_init", "comm", True),
         raw=raw,
-        topo=_build_topology(topology, topo_name, nodes, world_size),
+        topo=topo,
     )
 
 

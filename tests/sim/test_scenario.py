@@ -65,6 +65,12 @@ _DROP = object()
     ({"workload__export__group": "pp"}, r"^workload\.export\.group: 'pp' is not a group family"),
     ({"faults": [{"kind": "crash", "ranks": [7]}]}, r"^faults\[0\]\.ranks: \[7\] names ranks outside world_size 4"),
     ({"payload": "real", "model": {"preset": "dense-7b"}}, r"^payload: 'real' would allocate"),
+    # issue 11: a link that does not exist is named, not a FlowError traceback from inside the run
+    ({"faults": [{"kind": "slow_link", "link": "n0/pcisw9", "factor": 0.5, "at_time": 0.0}]},
+     r"^faults\[0\]\.link: 'n0/pcisw9' is not a link or element of topology 'hgx-h200-8x'"),
+    # issue 11: ranks on nodes without NICs, named as such (was a deadlock "waiting for ranks []")
+    ({"world_size": 16, "mesh": {"dp": 8, "tp": 2}, "topology": {"preset": "hgx-h200-8x", "nodes": 2},
+      "payload": "meta"}, r"^topology\.nodes: 2 nodes of 'hgx-h200-8x' have no NICs"),
 ])
 def test_a_bad_scenario_gets_an_error_naming_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
