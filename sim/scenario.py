@@ -58,6 +58,8 @@ class OffloadConfig:
     include: tuple[str, ...] = ("params", "grads", "optimizer")
     tms_pause_s: float = 0.0
     tms_resume_s: float = 0.0
+    #: mesh dims over which every rank's state is replicated (``local_dedup`` stores it 1/N per rank)
+    replicate_over: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -292,17 +294,69 @@ def _model(raw: Any, world_size: int) -> ModelConfig:
     return ModelConfig(tensors=tuple(specs), **kw)
 
 
-def _offload(raw: Any) -> OffloadConfig:
-    raw = _obj(raw if raw is not None else {}, "offload", {"backend", "include", "tms_pause_s", "tms_resume_s"})
+#: mesh dim names read as data-parallel replicas when ``offload.replicate_over`` is not given
+REPLICA_DIM_NAMES = ("dp", "ddp", "hsdp", "replicate", "replica")
+
+
+def _offload(raw: Any, mesh: tuple[tuple[str, int], ...], model: ModelConfig, world_size: int) -> OffloadConfig:
+    raw = _obj(raw if raw is not None else {}, "offload",
+               {"backend", "include", "tms_pause_s", "tms_resume_s", "replicate_over"})
     include = raw.get("include", ["params", "grads", "optimizer"])
     if not isinstance(include, list) or not include or not all(c in CATEGORIES for c in include):
         raise ScenarioError(f"offload.include: expected a non-empty list drawn from {list(CATEGORIES)}, got {include!r}")
+    backend = _choice(raw, "backend", "offload", BACKENDS, "local")
+    replicate = _replicate_over(raw, backend, mesh, model, world_size)
     return OffloadConfig(
-        backend=_choice(raw, "backend", "offload", BACKENDS, "local"),
+        backend=backend,
         include=tuple(include),
         tms_pause_s=_num(raw, "tms_pause_s", "offload", 0.0),
         tms_resume_s=_num(raw, "tms_resume_s", "offload", 0.0),
+        replicate_over=replicate,
     )
+
+
+def _replicate_over(raw: Mapping[str, Any], backend: str, mesh: tuple[tuple[str, int], ...], model: ModelConfig,
+                    world_size: int) -> tuple[str, ...]:
+    """The mesh dims the state is replicated over: declared, or inferred from the model's parallelism.
+
+    The model shards its state over ``fsdp x tp x ep`` ranks, so ``world_size / that`` ranks hold each
+    shard; those replicas lie along the mesh dims named like data parallelism (:data:`REPLICA_DIM_NAMES`)
+    whose sizes multiply to that count. Anything else must be declared.
+    """
+    names = [d for d, _ in mesh]
+    sizes = dict(mesh)
+    if "replicate_over" in raw:
+        dims = raw["replicate_over"]
+        if not isinstance(dims, list) or not all(d in names for d in dims) or len(set(dims)) != len(dims):
+            raise ScenarioError(f"offload.replicate_over: expected a list of distinct mesh dimensions {names}, "
+                                f"got {dims!r}")
+        if backend != "local_dedup":
+            raise ScenarioError(f"offload.replicate_over: only the local_dedup backend deduplicates replicas; "
+                                f"the backend is {backend!r}")
+        if dims and math.prod(sizes[d] for d in dims) * model.fsdp * model.tp * model.ep > world_size:
+            raise ScenarioError(
+                f"offload.replicate_over: {dims} ({math.prod(sizes[d] for d in dims)} replicas) times the model's "
+                f"sharding fsdp x tp x ep = {model.fsdp * model.tp * model.ep} is more than world_size {world_size}"
+            )
+        return tuple(dims)
+    if backend != "local_dedup":
+        return ()
+    shards = model.fsdp * model.tp * model.ep
+    replicas, rem = divmod(world_size, shards)
+    if rem or replicas <= 1:
+        raise ScenarioError(
+            f"offload.backend: 'local_dedup' needs state held by several ranks, but the model is sharded over "
+            f"fsdp x tp x ep = {shards} of {world_size} ranks, so no rank's state has a replica; declare "
+            f"offload.replicate_over (mesh dims {names}) or use backend 'local'"
+        )
+    dims = [d for d in names if d in REPLICA_DIM_NAMES]
+    if math.prod(sizes[d] for d in dims) != replicas:
+        raise ScenarioError(
+            f"offload.replicate_over: the model's sharding (fsdp x tp x ep = {shards}) leaves {replicas} replicas "
+            f"of each rank's state, but the mesh dims named like data parallelism ({dims or 'none'}, sizes "
+            f"{[sizes[d] for d in dims]}) do not multiply to {replicas}; declare the dims to replicate over"
+        )
+    return tuple(dims)
 
 
 def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
@@ -387,7 +441,7 @@ def parse_scenario(raw: Any) -> Scenario:
         mesh=mesh,
         groups=families,
         model=model,
-        offload=_offload(raw.get("offload")),
+        offload=_offload(raw.get("offload"), mesh, model, world_size),
         pg_policy=pg_policy,
         lifecycle=lifecycle,
         workload=_workload(raw.get("workload"), families),
@@ -427,6 +481,7 @@ __all__ = [
     "OffloadConfig",
     "PG_POLICIES",
     "REAL_PAYLOAD_LIMIT",
+    "REPLICA_DIM_NAMES",
     "Scenario",
     "ScenarioError",
     "WorkloadConfig",
