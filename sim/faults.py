@@ -109,11 +109,9 @@ class Fault:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "fault") -> "Fault":
         """Build from JSON; errors name the field (``faults[2].at_time: ...``)."""
-        if not isinstance(raw, Mapping):
-            raise FaultPlanError(f"{where}: expected an object")
-        for key in raw:
-            if key not in _FIELDS:
-                raise FaultPlanError(f"{where}.{key}: unknown field (expected {sorted(_FIELDS)})")
+        from sim.schemas import check_fields
+
+        check_fields(raw, where, (), sorted(_FIELDS), FaultPlanError)
         try:
             kind = FaultType(raw.get("kind"))
         except ValueError:

@@ -1,7 +1,7 @@
 """Scenario files: what to simulate, validated with errors that name the field.
 
-A scenario (JSON; schema in ``sim/schema/scenario.schema.json``, documented in
-docs/scenario.md) says which machine (a topology preset or an inline graph),
+A scenario (JSON; schema in ``sim/schema/scenario.schema.json``, which
+:func:`parse_scenario` checks first with ``jsonschema``; documented in docs/scenario.md) says which machine (a topology preset or an inline graph),
 how many ranks and how they are arranged (mesh and process-group families),
 what state each rank holds (a model preset or explicit tensors), how it leaves
 the GPU (offload store backend or a TMS-style pause), what the process-group
@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from sim.faults import FaultPlan, FaultPlanError
 from sim.presets import PresetError, list_presets, load_preset_data, scenario_path
 from sim.presets.models import ARCHITECTURES, CATEGORIES, DTYPES, ModelConfig, TensorSpec, build_state
+from sim.schemas import check, check_fields
 from sim.topology import Topology
 
 #: process-group policies a scenario may name ("none": no lifecycle, groups stay as they are)
@@ -126,12 +127,8 @@ def _path(where: str, key: str) -> str:
 
 
 def _obj(raw: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise ScenarioError(f"{where or 'scenario'}: expected an object, got {type(raw).__name__}")
-    for k in raw:
-        if k not in allowed:
-            raise ScenarioError(f"{_path(where, k)}: unknown field (expected one of {sorted(allowed)})")
-    return raw
+    # the schema already refused unknown fields; this keeps the reader honest if the two drift apart
+    return check_fields(raw, where, (), sorted(allowed), ScenarioError)
 
 
 def _int(raw: Mapping[str, Any], key: str, where: str, default: int | None = None, *, lo: int = 0) -> int:
@@ -399,7 +396,14 @@ def _check_fault_links(faults: FaultPlan, topo: Topology) -> None:
 
 
 def parse_scenario(raw: Any) -> Scenario:
-    """Validate a parsed scenario object; raises :class:`ScenarioError` naming the bad field."""
+    """Validate a parsed scenario object; raises :class:`ScenarioError` naming the bad field.
+
+    First against ``sim/schema/scenario.schema.json`` (types, ranges, choices, required and unknown
+    fields; :func:`sim.schemas.check`), then in code for what a schema cannot express (a preset that
+    exists, a mesh that multiplies to the world size, groups over mesh dims, faults on ranks and links
+    that exist, a real payload that fits, replicas for local_dedup).
+    """
+    check(raw, "scenario", ScenarioError)
     raw = _obj(raw, "", _TOP)
     world_size = _int(raw, "world_size", "", None, lo=1)
     topology, topo_name, nodes = _topology(raw.get("topology", "hgx-h200-8x"))

@@ -91,11 +91,7 @@ class ConstantTable:
         self.by_name: dict[str, Constant] = {}
         for name, c in raw.items():
             w = f"{where}.{name}"
-            if not isinstance(c, Mapping):
-                raise PresetError(f"{w}: expected {{value, unit, source}}")
-            for k in c:
-                if k not in ("value", "unit", "source"):
-                    raise PresetError(f"{w}.{k}: unknown field (expected value, unit, source)")
+            section(c, w, (), ("value", "unit", "source"))
             val, unit, source = c.get("value"), c.get("unit"), c.get("source")
             if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val) or val < 0:
                 raise PresetError(f"{w}.value: expected a finite non-negative number, got {val!r}")
@@ -134,16 +130,9 @@ class ConstantTable:
 
 def section(raw: Any, where: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
     """Check that ``raw`` is an object with every ``required`` key and no key outside ``required`` + ``optional``."""
-    required, optional = tuple(required), tuple(optional)
-    if not isinstance(raw, Mapping):
-        raise PresetError(f"{where}: missing or not an object (needs {list(required)})")
-    for k in required:
-        if k not in raw:
-            raise PresetError(f"{where}.{k}: required")
-    for k in raw:
-        if k not in required and k not in optional:
-            raise PresetError(f"{where}.{k}: unknown field (expected {list(required + optional)})")
-    return raw
+    from sim.schemas import check_fields
+
+    return check_fields(raw, where, required, optional, PresetError)
 
 
 # --------------------------------------------------------------------------- parameter sections
