@@ -95,12 +95,12 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
             out.append(Observation("nccl_init" + suffix, per, where,
                                    f"create_first_collective_s {raw.create_first_collective_s:.3f} s for {what}, "
                                    f"less {less}"))
-        if raw.suspendable_bytes is not None:
-            out.append(Observation("nccl_comm_memory" + suffix, raw.suspendable_bytes, where,
-                                   f"ncclCommMemStats suspendable bytes of a {raw.comm_ranks}-rank communicator"))
-        if raw.persistent_bytes is not None:
-            out.append(Observation("nccl_comm_persistent" + suffix, raw.persistent_bytes, where,
-                                   f"ncclCommMemStats persistent bytes of a {raw.comm_ranks}-rank communicator"))
+        for field, name, part in (("suspendable_bytes", "nccl_comm_memory", "suspendable"),
+                                  ("persistent_bytes", "nccl_comm_persistent", "persistent")):
+            per = raw.per_comm(field)
+            if per is not None:
+                out.append(Observation(name + suffix, per, where, f"ncclCommMemStats {part} bytes, "
+                                       f"{getattr(raw, field):,} over {what}"))
     return out
 
 

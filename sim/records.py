@@ -7,10 +7,11 @@ Three kinds of JSON record are read, each into one shape:
   table into it): ``world_size``; ``switch_window`` (``settings`` of the
   lifecycle benchmark and one result per policy, the fields of
   :class:`refimpl.benchmarks.switch_window.PolicyResult`); ``comm_raw``
-  (``n_comms`` communicators of ``comm_ranks`` ranks, default ``world_size``,
-  each holding ``suspendable_bytes`` + ``persistent_bytes``; ``suspend_s``,
-  ``resume_s``, ``destroy_s``, ``create_first_collective_s`` are totals over the
-  ``n_comms`` communicators done one after the other; optional finer splits:
+  (``n_comms`` communicators of ``ranks_per_comm`` ranks, default ``world_size``;
+  ``suspendable_bytes``, ``persistent_bytes``, ``suspend_s``, ``resume_s``,
+  ``destroy_s``, ``create_first_collective_s`` are totals over the ``n_comms``
+  communicators done one after the other, as ``bench/gpu/multigpu.py`` writes
+  them; a part the script skipped is ``{"skipped": why}``; optional finer splits:
   ``create_s``, ``first_collective_s``, ``first_collective_after_resume_s``,
   ``destroy_uninitialized_s``); ``dedup``.
 * The one-GPU communicator record of ``bench/gpu/comm_h200.py``
@@ -53,8 +54,8 @@ class RecordError(ValueError):
 class CommRaw:
     """Raw communicator costs: ``n_comms`` communicators of ``comm_ranks`` ranks, handled one after the other.
 
-    Times are totals over the ``n_comms`` communicators (None: not measured);
-    :meth:`per_comm` divides.
+    Times and bytes are totals over the ``n_comms`` communicators (None: not
+    measured); :meth:`per_comm` divides.
     """
 
     n_comms: int
@@ -71,7 +72,7 @@ class CommRaw:
     destroy_uninitialized_s: float | None = None
 
     def per_comm(self, what: str) -> float | None:
-        """Seconds per communicator of ``what`` (one of ``suspend_s`` ... ), or None if not measured."""
+        """``what`` (``suspend_s`` ..., ``suspendable_bytes``) per communicator, or None if not measured."""
         total = getattr(self, what)
         return None if total is None else total / self.n_comms
 
@@ -196,7 +197,7 @@ def _comm_raw(raw: Any, where: str, world_size: int) -> CommRaw:
     n = _num(raw, "n_comms", where, integer=True)
     if n < 1:
         raise RecordError(f"{where}.n_comms: must be >= 1")
-    ranks = _num(raw, "comm_ranks", where, optional=True, integer=True) or world_size
+    ranks = _num(raw, "ranks_per_comm", where, optional=True, integer=True) or world_size
     return CommRaw(
         n_comms=n, comm_ranks=ranks,
         suspendable_bytes=_num(raw, "suspendable_bytes", where, optional=True, integer=True),
@@ -210,8 +211,13 @@ def _multigpu(data: Mapping[str, Any], path: Path) -> MultiGpuRecord:
     if data.get("schema") != 1:
         raise RecordError(f"{where}.schema: {data.get('schema')!r} is not a schema this code reads (1)")
     ws = _num(data, "world_size", where, integer=True)
+    if data.get("dry_run"):
+        raise RecordError(f"{where}.dry_run: a dry run (CPU, Gloo, tiny sizes) measures nothing to fit or validate")
     sw = data.get("switch_window")
     cr = data.get("comm_raw")
+    if isinstance(cr, Mapping) and "skipped" in cr:
+        log.info("%s.comm_raw was skipped when measured: %s", where, cr["skipped"])
+        cr = None
     dedup = data.get("dedup") or []
     if not isinstance(dedup, list):
         raise RecordError(f"{where}.dedup: expected a list")
@@ -237,7 +243,7 @@ def _comm_h200(data: Mapping[str, Any], path: Path) -> MultiGpuRecord:
         first = per_group[0]
         comm_raw = CommRaw(
             n_comms=len(per_group), comm_ranks=1,
-            suspendable_bytes=int(first["suspendable"]) if "suspendable" in first else None,
+            suspendable_bytes=sum(int(g["suspendable"]) for g in per_group) if "suspendable" in first else None,
             persistent_bytes=None,
             suspend_s=sum(float(g["suspend_s"]) for g in per_group),
             resume_s=sum(float(g["resume_s"]) for g in per_group),
@@ -245,7 +251,7 @@ def _comm_h200(data: Mapping[str, Any], path: Path) -> MultiGpuRecord:
         )
         stats = data.get("mem_stats") or []
         if stats and "persistent" in stats[0]:
-            comm_raw = CommRaw(**{**comm_raw.__dict__, "persistent_bytes": int(stats[0]["persistent"])})
+            comm_raw = CommRaw(**{**comm_raw.__dict__, "persistent_bytes": int(stats[0]["persistent"]) * len(per_group)})
     sw = None
     raw_sw = data.get("switch_window")
     if raw_sw:

@@ -65,6 +65,7 @@ def test_two_gpu_record_is_read_with_its_settings():
     rec = load_record(TWO_GPU)
     assert isinstance(rec, MultiGpuRecord) and rec.world_size == 2
     assert rec.comm_raw.comm_ranks == 2 and rec.comm_raw.per_comm("resume_s") == pytest.approx(0.72 / 14)
+    assert rec.comm_raw.per_comm("suspendable_bytes") == 192 * 2**20  # totals over n_comms, as multigpu.py writes
     assert rec.switch_window.settings["groups_per_rank"] == 14
     assert rec.switch_window.results["PAUSED_LIVE"]["sleep"] is None
 
@@ -131,3 +132,13 @@ def test_calibrate_without_anything_to_fit_says_so(tmp_path, capsys):
     assert main(["sim", "calibrate", str(OFFLOAD_VALIDATION[0]), "--out", str(tmp_path / "p.json")]) == 2
     assert "none of the records gives a constant to fit" in capsys.readouterr().err
     assert load_preset_data("calibrated/hgx-h200-8x")["comm"]["destroy_multi"] == "nccl_destroy_multi"
+
+
+def test_a_dry_run_or_skipped_part_is_not_fitted(tmp_path):
+    raw = json.loads(TWO_GPU.read_text())
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({**raw, "dry_run": True}))
+    with pytest.raises(RecordError, match=r"dry_run: a dry run"):
+        load_record(p)
+    p.write_text(json.dumps({**raw, "comm_raw": {"skipped": "NCCL 2.28.9 has no ncclCommSuspend"}}))
+    assert load_record(p).comm_raw is None
