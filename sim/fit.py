@@ -57,7 +57,17 @@ class Observation:
 
 
 def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Observation]:
-    """Every constant value the fit set gives (see the module docstring for which)."""
+    """Every constant value the fit set gives (see the module docstring for which).
+
+    A record that gives creation and first collective only together has the group object's cost
+    taken off: the mean ``create_s`` the fit set measured for that size class, else ``pg_create_s``.
+    """
+    records = list(records)
+    created: dict[str, list[float]] = {}
+    for rec in records:
+        raw = getattr(rec, "comm_raw", None)
+        if raw is not None and raw.per_comm("create_s") is not None:
+            created.setdefault("" if raw.comm_ranks == 1 else "_multi", []).append(raw.per_comm("create_s"))
     out: list[Observation] = []
     for rec in records:
         if isinstance(rec, ScrubProbeRecord):
@@ -86,12 +96,16 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
             out.append(Observation("nccl_init" + suffix, per, where,
                                    f"first_collective_s {raw.first_collective_s:.3f} s for {what}"))
         elif raw.per_comm("create_first_collective_s") is not None:
-            per = raw.per_comm("create_first_collective_s") - (raw.per_comm("create_s") or pg_create_s)
+            if suffix in created:
+                group_s = sum(created[suffix]) / len(created[suffix])
+                less = f"the group object's create_s measured in the fit set ({group_s * 1e3:.2f} ms each)"
+            else:
+                group_s = pg_create_s
+                less = f"the group object's pg_create ({pg_create_s * 1e3:g} ms, assumption) each"
+            per = raw.per_comm("create_first_collective_s") - group_s
             if per <= 0:
                 raise RecordError(f"{where}.create_first_collective_s: not more than the group object's own cost; "
                                   "no init time left to fit")
-            less = (f"create_s {raw.create_s:.3f} s" if raw.create_s is not None
-                    else f"the group object's pg_create ({pg_create_s * 1e3:g} ms, assumption) each")
             out.append(Observation("nccl_init" + suffix, per, where,
                                    f"create_first_collective_s {raw.create_first_collective_s:.3f} s for {what}, "
                                    f"less {less}"))
