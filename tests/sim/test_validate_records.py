@@ -25,7 +25,8 @@ RESULTS = ROOT / "bench" / "results"
 TWO_GPU = RESULTS / "2026-11-30-h200x2-gpumd" / "2026-11-30-h200x2-multigpu.json"
 RUN1_COMM = RESULTS / "2026-11-29-h200-run1" / "comm_h200-nccl2.32.3.json"
 SCRUB = RESULTS / "2026-11-29-h200-run7" / "h2d_scrub_probe.json"
-FIT_SET = [RUN1_COMM, TWO_GPU, SCRUB]
+SPLIT = [RESULTS / "2026-11-30-h200x2-commsplit" / f"2026-11-30-h200x2-comm-split-ranks{k}.json" for k in (2, 1)]
+FIT_SET = [RUN1_COMM, TWO_GPU, *SPLIT, SCRUB]
 OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
 
 
@@ -39,26 +40,40 @@ def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path):
 def test_each_fitted_constant_names_its_record_and_section():
     data, obs = calibrated_preset("hgx-h200-8x", [load_record(p) for p in FIT_SET])
     two = "bench/results/2026-11-30-h200x2-gpumd/2026-11-30-h200x2-multigpu.json#comm_raw"
-    by = {o.constant: o for o in obs}
+    by = {o.constant: o for o in obs}  # the last observation of each constant
+    by["nccl_suspend_multi"] = next(o for o in obs if o.constant == "nccl_suspend_multi")
     assert by["nccl_suspend_multi"].record == two and by["nccl_suspend_multi"].value == pytest.approx(2.15 / 14)
-    assert by["nccl_destroy_multi"].value == pytest.approx(1.99 / 14)
+    # two records give the two-rank destroy: the preset holds their mean, and the source names both
+    destroy = [o for o in obs if o.constant == "nccl_destroy_multi"]
+    assert sorted(o.value for o in destroy) == pytest.approx([1.99 / 14, 2.512083 / 14], rel=1e-4)
+    assert data["constants"]["nccl_destroy_multi"]["value"] == pytest.approx((1.99 + 2.512083) / 28, rel=1e-4)
+    assert all(o.record.split("#")[0] in data["constants"]["nccl_destroy_multi"]["source"] for o in destroy)
+    # torch creates communicators lazily: a group object costs a fraction of a millisecond (2 x H200)
+    assert by["pg_create_multi"].value < 1e-3 and by["nccl_init"].value == pytest.approx(0.0346, rel=0.01)
     assert by["nccl_suspend"].record.endswith("comm_h200-nccl2.32.3.json#comm_raw")
     assert by["h200_scrub"].value == pytest.approx(428.7e9, rel=1e-3)
-    for name in by:
-        assert by[name].record.split("#")[0] in data["constants"][name]["source"]
+    for o in obs:
+        assert o.record.split("#")[0] in data["constants"][o.constant]["source"]
     # the multi-rank figures are wired into the comm section; one-rank ones stay the plain keys
     assert data["comm"]["suspend_multi"] == "nccl_suspend_multi" and data["comm"]["suspend"] == "nccl_suspend"
 
 
-def test_validate_refuses_records_of_the_fit_set(capsys):
+def test_validate_refuses_records_of_the_fit_set(capsys, tmp_path):
     run8 = RESULTS / "2026-11-29-h200-run8" / "2026-11-29-h200-offload.json"  # store host constants come from it
     with pytest.raises(RecordError, match="fit set"):
         validate_offload(load_record(run8), "calibrated/h200-1x")
-    rec = load_record(RUN1_COMM)  # its one-rank destroy constant was derived from its own switch window
-    with pytest.raises(RecordError, match="fit set"):
-        validate_switch_window(rec, "calibrated/hgx-h200-8x")
     assert main(["sim", "validate", str(run8)]) == 2
     assert "fit set" in capsys.readouterr().err
+    # a constant whose source names a record without a section (or with the switch_window section) refuses it;
+    # one fitted on its comm_raw only does not (the shipped preset: comm_raw of the 2 x H200 record)
+    data = load_preset_data("calibrated/hgx-h200-8x")
+    data["constants"]["nccl_destroy"]["source"] = f"derived from {TWO_GPU.relative_to(ROOT)}#switch_window"
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"#switch_window is in the fit set"):
+        validate_switch_window(load_record(TWO_GPU), str(bad))
+    rows, _ = validate_switch_window(load_record(RUN1_COMM), "calibrated/hgx-h200-8x")  # comm_raw fitted only
+    assert len(rows) == 16
 
 
 def test_two_gpu_record_is_read_with_its_settings():
@@ -113,8 +128,9 @@ def test_two_gpu_switch_window_ranking_and_the_phases_the_model_gets():
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 not done: from the fit set's raw costs the model misses the 2 x H200 "
-                   "group creation (wake_up 0.55 s measured, 0.03 s predicted), destroy in the lifecycle (1.51 s vs "
-                   "1.03 s) and the canary after resume (SUSPEND wake_up 2.02 s vs 0.81 s); see docs/calibration.md")
+                   "rebuild (wake_up 0.55 s measured, 0.002 s predicted: new_group costs 0.2 ms raw), destroy in the "
+                   "lifecycle (1.51 s vs 1.12 s) and the canary after resume (SUSPEND wake_up 2.02 s vs 0.81 s); "
+                   "see docs/calibration.md")
 def test_every_two_gpu_switch_window_phase_within_15_percent():
     rows, _ = validate_switch_window(load_record(TWO_GPU), "calibrated/hgx-h200-8x")
     assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.0%}" for r in rows if not r.ok]
@@ -142,3 +158,15 @@ def test_a_dry_run_or_skipped_part_is_not_fitted(tmp_path):
         load_record(p)
     p.write_text(json.dumps({**raw, "comm_raw": {"skipped": "NCCL 2.28.9 has no ncclCommSuspend"}}))
     assert load_record(p).comm_raw is None
+
+
+def test_one_gpu_switch_window_of_run_1_ranking_and_destroy():
+    """Run 1's lifecycle on one H200 (14 one-rank groups); its raw suspend/resume are in the fit set, its switch
+    window is not. The destroy of used one-rank groups (35 ms each, measured apart on 2 x H200) predicts its
+    DESTROY_DEFERRED pause; SUSPEND is predicted 47% slow there (raw suspends 0.338 s each, 0.230 s inside the
+    lifecycle), which the strict xfail above does not cover: see docs/calibration.md."""
+    rows, facts = validate_switch_window(load_record(RUN1_COMM), "calibrated/hgx-h200-8x")
+    assert facts["predicted_order"] == facts["measured_order"]
+    by = {r.what: r for r in rows}
+    assert by["DESTROY_DEFERRED sleep"].ok and by["DESTROY sleep"].ok and by["DESTROY total"].ok
+    assert not by["SUSPEND sleep"].ok and by["SUSPEND sleep"].rel_error > 0.3
