@@ -18,8 +18,14 @@ import sys
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim.cli", "run a simulated scenario (default scenario when none is given)"),
-    "bench": ("refimpl.benchmarks.cli", "benchmark the offload store against baselines"),
+    "bench": ("bench.cli", "benchmark the offload store against baselines"),
     "demo": ("refimpl.demo", "run a real offload/reload cycle on this machine"),
+}
+
+
+#: subcommands of ``timeshare sim`` that live above the simulator: they drive the benchmarks
+SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("bench.validate", "replay each record in the simulator; predicted against measured"),
 }
 
 
@@ -34,8 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError as exc:  # a subcommand whose module is missing stays listed but says why
             p.set_defaults(_missing=f"{name}: not available ({exc})")
             continue
-        mod.add_arguments(p)
+        subs = mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+        for extra, (extra_module, extra_help) in (SIM_SUBCOMMANDS.items() if name == "sim" else ()):
+            e = subs.add_parser(extra, help=extra_help)
+            extra_mod = importlib.import_module(extra_module)
+            extra_mod.add_arguments(e)
+            e.set_defaults(_run=extra_mod.run)
     return parser
 
 

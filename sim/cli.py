@@ -10,8 +10,9 @@
 * ``timeshare sim calibrate RECORD.json... --out PRESET.json`` fits the
   communicator and scrub constants on a fit set of records (:mod:`sim.fit`);
 * ``timeshare sim validate RECORD.json...`` replays each record in the
-  simulator and prints predicted against measured (:mod:`sim.validate`); exit
-  1 when a figure is outside its tolerance or the policies rank differently.
+  simulator and prints predicted against measured (:mod:`bench.validate`,
+  wired here by ``refimpl.cli``); exit 1 when a figure is outside its
+  tolerance or the policies rank differently.
 
 The exit status is 0 when every invariant held, 1 when one was violated (the
 JSON says which), 2 when the scenario itself is invalid (the message names the
@@ -24,12 +25,14 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Wire the ``sim`` subcommand's arguments into ``parser``."""
+def add_arguments(parser: argparse.ArgumentParser) -> Any:
+    """Wire the ``sim`` subcommand's arguments into ``parser``; returns its subparsers, to which
+    ``refimpl.cli`` adds ``validate`` (it drives the benchmarks, a floor above the simulator)."""
     sub = parser.add_subparsers(dest="sim_command", metavar="{run,list,calibrate,validate}")
     run = sub.add_parser("run", help="run a scenario file (or a shipped example by name)")
     run.add_argument("scenario", help="path to a scenario JSON file, or the name of a shipped example")
@@ -42,16 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("records", nargs="+", metavar="RECORD.json", help="the fit set (multigpu, comm_h200, scrub probe)")
     cal.add_argument("--base", default="hgx-h200-8x", help="preset whose other constants are kept (default hgx-h200-8x)")
     cal.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the calibrated preset")
-    val = sub.add_parser("validate", help="replay each record in the simulator; predicted against measured")
-    val.add_argument("records", nargs="+", metavar="RECORD.json", help="the validation set (multigpu, offload reports)")
-    val.add_argument("--preset", default="calibrated/hgx-h200-8x",
-                     help="preset for switch-window records (default: the shipped calibrated hgx-h200-8x)")
-    val.add_argument("--offload-preset", default="calibrated/h200-1x",
-                     help="preset for offload reports (default: the shipped calibrated h200-1x)")
-    val.add_argument("--tolerance", type=float, default=0.15, help="per switch-window phase (default 0.15)")
-    val.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
-    val.add_argument("--floor-s", type=float, default=0.1,
-                     help="phases shorter than this are held to tolerance x this many seconds (default 0.1)")
+    return sub
 
 
 def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool) -> int:
@@ -117,42 +111,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace) -> int:
-    from sim.presets import PresetError
-    from sim.records import MultiGpuRecord, OffloadRecord, RecordError, load_record
-    from sim.validate import format_rows, validate_offload, validate_switch_window
-
-    rows, orders_ok, checked = [], True, 0
-    try:
-        for path in args.records:
-            rec = load_record(path)
-            if isinstance(rec, MultiGpuRecord) and rec.switch_window is not None:
-                r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance, floor_s=args.floor_s)
-                rows += r
-                same = facts["measured_order"] == facts["predicted_order"]
-                orders_ok &= same
-                print(f"{rec.name}: policies by total, measured {' < '.join(facts['measured_order'])}; predicted "
-                      f"{' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
-                for pol, (meas, pred) in facts["memory_gib"].items():
-                    if meas is not None:
-                        print(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
-                              "(reported, not checked)")
-            elif isinstance(rec, OffloadRecord):
-                rows += validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance)
-            else:
-                print(f"{rec.name}: nothing to validate (no switch_window, not an offload report)")
-                continue
-            checked += 1
-    except (RecordError, PresetError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_rows(rows))
-    bad = [r for r in rows if not r.ok]
-    print(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
-          + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
-    return 0 if rows and not bad and orders_ok else 1
-
-
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim``; returns the exit status."""
     command = getattr(args, "sim_command", None)
@@ -160,8 +118,6 @@ def run(args: argparse.Namespace) -> int:
         return _list()
     if command == "calibrate":
         return _calibrate(args)
-    if command == "validate":
-        return _validate(args)
     if command == "run":
         return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet)
     return _run_one("default", None, None, None, False)

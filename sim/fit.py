@@ -25,7 +25,7 @@ What is fitted, and from which part of which record (each fitted constant's
 Several records giving one constant are averaged (the source lists each).
 Everything else comes from the base preset unchanged, with its own source.
 The lifecycle's switch window, the offload/reload times of the store and the
-dedup reload are *not* fitted: :mod:`sim.validate` predicts them from these
+dedup reload are *not* fitted: :mod:`bench.validate` predicts them from these
 costs and compares with records outside the fit set.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ Three kinds of JSON record are read, each into one shape:
   ``bench/results/2026-11-30-h200x2-gpumd/`` transcribes the first 2 x H200
   table into it): ``world_size``; ``switch_window`` (``settings`` of the
   lifecycle benchmark and one result per policy, the fields of
-  :class:`refimpl.benchmarks.switch_window.PolicyResult`); ``comm_raw``
+  :class:`bench.switch_window.PolicyResult`); ``comm_raw``
   (``n_comms`` communicators of ``ranks_per_comm`` ranks, default ``world_size``;
   ``suspendable_bytes``, ``persistent_bytes``, ``suspend_s``, ``resume_s``,
   ``destroy_s``, ``create_first_collective_s`` are totals over the ``n_comms``
@@ -97,6 +97,9 @@ class MultiGpuRecord:
     switch_window: SwitchWindow | None
     comm_raw: CommRaw | None
     dedup: list[Mapping[str, Any]] = field(default_factory=list)
+    #: the run's default group was bound to a device (``init_process_group(device_id=...)``), so torch
+    #: initialised each new group's communicator at ``new_group``; None where the record does not say
+    eager_init: bool | None = None
 
     @property
     def name(self) -> str:
@@ -227,6 +230,7 @@ def _multigpu(data: Mapping[str, Any], path: Path) -> MultiGpuRecord:
         switch_window=None if sw is None else _switch_window(sw, f"{where}.switch_window"),
         comm_raw=None if cr is None else _comm_raw(cr, f"{where}.comm_raw", ws),
         dedup=list(dedup),
+        eager_init=(data.get("init_process_group") or {}).get("device_id_bound"),
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from refimpl.benchmarks import switch_window as sw
+from bench import switch_window as sw
 from refimpl.comm import PGPolicy
 
 MiB = 2**20

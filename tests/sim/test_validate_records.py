@@ -18,7 +18,7 @@ from refimpl.cli import main
 from sim.fit import calibrated_preset
 from sim.presets import PRESET_DIR, load_preset_data
 from sim.records import MultiGpuRecord, RecordError, load_record
-from sim.validate import validate_offload, validate_switch_window
+from bench.validate import validate_offload, validate_switch_window
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"

@@ -1,7 +1,10 @@
 """``timeshare sim validate``: replay each record's workload in the simulator, predicted against measured.
 
+It lives with the benchmarks (the application floor) because it runs their
+switch-window driver; ``refimpl.cli`` wires it under ``timeshare sim``.
+
 For a ``multigpu`` record (:mod:`sim.records`) the lifecycle benchmark of
-:mod:`refimpl.benchmarks.switch_window` runs with the record's settings (mesh
+:mod:`bench.switch_window` runs with the record's settings (mesh
 ``dp`` x ``tp``, steps, warmup, train, rollout, cooldown) on a simulated world
 of the preset, each policy the record has, and every phase (``sleep``,
 ``update_weights``, ``wake_up``, ``total``) is compared; so is the order of the
@@ -28,8 +31,10 @@ directory) is refused: fit and validation sets must be disjoint.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import re
+import sys
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +98,8 @@ def check_disjoint(preset_data: dict[str, Any], record: Record, section: str) ->
 
 def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iterable[str]) -> dict[str, Any]:
     """Each policy's :class:`PolicyResult` for a record's settings, simulated on ``preset`` (the
-    switch-window benchmark's own simulation, :func:`refimpl.benchmarks.switch_window.simulate`)."""
-    from refimpl.benchmarks.switch_window import mesh_groups, simulate, summarize
+    switch-window benchmark's own simulation, :func:`bench.switch_window.simulate`)."""
+    from bench.switch_window import mesh_groups, simulate, summarize
     from refimpl.comm import PGPolicy
 
     dp, tp = settings["dp"], settings["tp"]
@@ -171,5 +176,58 @@ def median_abs_error(rows: list[Row]) -> float:
     return statistics.median(abs(r.rel_error) for r in rows) if rows else 0.0
 
 
-__all__ = ["ABS_FLOOR_S", "OFFLOAD_TOLERANCE", "Row", "SWITCH_TOLERANCE", "check_disjoint", "fitted_on",
-           "format_rows", "median_abs_error", "simulate_switch_window", "validate_offload", "validate_switch_window"]
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``timeshare sim validate``."""
+    parser.add_argument("records", nargs="+", metavar="RECORD.json", help="the validation set (multigpu, offload reports)")
+    parser.add_argument("--preset", default="calibrated/hgx-h200-8x",
+                     help="preset for switch-window records (default: the shipped calibrated hgx-h200-8x)")
+    parser.add_argument("--offload-preset", default="calibrated/h200-1x",
+                     help="preset for offload reports (default: the shipped calibrated h200-1x)")
+    parser.add_argument("--tolerance", type=float, default=0.15, help="per switch-window phase (default 0.15)")
+    parser.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
+    parser.add_argument("--floor-s", type=float, default=0.1,
+                     help="phases shorter than this are held to tolerance x this many seconds (default 0.1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
+    from sim.presets import PresetError
+    from sim.records import load_record
+
+    rows, orders_ok, checked = [], True, 0
+    try:
+        for path in args.records:
+            rec = load_record(path)
+            if isinstance(rec, MultiGpuRecord) and rec.switch_window is not None:
+                r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance, floor_s=args.floor_s)
+                rows += r
+                same = facts["measured_order"] == facts["predicted_order"]
+                orders_ok &= same
+                if rec.eager_init:
+                    print(f"{rec.name}: measured with the default group bound to a device (NCCL initialised at "
+                          "new_group); the simulator models torch's lazy init, so rebuilds are predicted cheaper")
+                print(f"{rec.name}: policies by total, measured {' < '.join(facts['measured_order'])}; predicted "
+                      f"{' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
+                for pol, (meas, pred) in facts["memory_gib"].items():
+                    if meas is not None:
+                        print(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
+                              "(reported, not checked)")
+            elif isinstance(rec, OffloadRecord):
+                rows += validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance)
+            else:
+                print(f"{rec.name}: nothing to validate (no switch_window, not an offload report)")
+                continue
+            checked += 1
+    except (RecordError, PresetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_rows(rows))
+    bad = [r for r in rows if not r.ok]
+    print(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
+          + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
+    return 0 if rows and not bad and orders_ok else 1
+
+
+__all__ = ["ABS_FLOOR_S", "OFFLOAD_TOLERANCE", "Row", "SWITCH_TOLERANCE", "add_arguments", "check_disjoint",
+           "fitted_on", "format_rows", "median_abs_error", "run", "simulate_switch_window", "validate_offload",
+           "validate_switch_window"]
