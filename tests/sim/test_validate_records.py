@@ -170,3 +170,17 @@ def test_one_gpu_switch_window_of_run_1_ranking_and_destroy():
     by = {r.what: r for r in rows}
     assert by["DESTROY_DEFERRED sleep"].ok and by["DESTROY sleep"].ok and by["DESTROY total"].ok
     assert not by["SUSPEND sleep"].ok and by["SUSPEND sleep"].rel_error > 0.3
+
+
+def test_two_gpu_lazy_init_record_ranking_and_destroy():
+    """The lifecycle on 2 x H200 with torch's lazy NCCL init (the simulator's model): a rebuild costs
+    milliseconds, as predicted; the GPU.md table was the eager kind (its rebuild took 0.55 s)."""
+    lazy = load_record(RESULTS / "2026-11-30-h200x2-lifecycle-bind" / "2026-11-30-h200x2-lifecycle-lazy.json")
+    eager = load_record(RESULTS / "2026-11-30-h200x2-lifecycle-bind" / "2026-11-30-h200x2-lifecycle-eager.json")
+    assert lazy.eager_init is False and eager.eager_init is True and load_record(TWO_GPU).eager_init is True
+    rows, facts = validate_switch_window(lazy, "calibrated/hgx-h200-8x")
+    assert facts["predicted_order"] == facts["measured_order"] == ["PAUSED_LIVE", "DESTROY_DEFERRED", "DESTROY"]
+    by = {r.what: r for r in rows}
+    for what in ("DESTROY sleep", "DESTROY wake_up", "DESTROY total", "DESTROY_DEFERRED wake_up", "PAUSED_LIVE total"):
+        assert by[what].ok, f"{what}: {by[what].rel_error:+.1%}"
+    assert eager.switch_window.results["DESTROY"]["wake_up"] > 100 * lazy.switch_window.results["DESTROY"]["wake_up"]
