@@ -127,10 +127,10 @@ def test_two_gpu_switch_window_ranking_and_the_phases_the_model_gets():
     assert facts["memory_gib"]["SUSPEND"][1] == pytest.approx(0.05, abs=0.005)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 not done: from the fit set's raw costs the model misses the 2 x H200 "
-                   "rebuild (wake_up 0.55 s measured, 0.002 s predicted: new_group costs 0.2 ms raw), destroy in the "
-                   "lifecycle (1.51 s vs 1.12 s) and the canary after resume (SUSPEND wake_up 2.02 s vs 0.81 s); "
-                   "see docs/calibration.md")
+@pytest.mark.xfail(strict=True, reason="issue 11 not done: the GPU.md table's run initialised NCCL eagerly (rebuild "
+                   "0.55 s; lazy: 0.004 s, bench/results/2026-11-30-h200x2-lifecycle-bind), which the simulator does "
+                   "not model; destroy inside the lifecycle (1.51 s vs 1.12 s) and the canary after a resume (SUSPEND "
+                   "wake_up 2.02 s vs 0.81 s) are not in any raw record; see docs/calibration.md")
 def test_every_two_gpu_switch_window_phase_within_15_percent():
     rows, _ = validate_switch_window(load_record(TWO_GPU), "calibrated/hgx-h200-8x")
     assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.0%}" for r in rows if not r.ok]
