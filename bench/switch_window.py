@@ -232,10 +232,13 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup >= args.steps:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
-        from sim.presets import list_presets
+        from sim.presets import PresetError, list_presets, load_preset_data
 
-        if args.topology not in list_presets():
-            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()} or ''")
+        try:
+            load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
+        except PresetError:
+            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
+                                "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
     if args.json:
         check_output_path(args.json, "--json")
     try:
