@@ -191,6 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
+    from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
     from sim.presets import PresetError
     from sim.records import load_record
 
@@ -220,12 +221,12 @@ def run(args: argparse.Namespace) -> int:
             checked += 1
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     print(format_rows(rows))
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
           + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
-    return 0 if rows and not bad and orders_ok else 1
+    return EXIT_OK if rows and not bad and orders_ok else EXIT_FAILED
 
 
 __all__ = ["ABS_FLOOR_S", "OFFLOAD_TOLERANCE", "Row", "SWITCH_TOLERANCE", "add_arguments", "check_disjoint",

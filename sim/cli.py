@@ -158,6 +158,7 @@ def _list() -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT
     from sim.fit import calibrated_preset, write_preset
     from sim.presets import PresetError
     from sim.records import RecordError, load_record
@@ -168,7 +169,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         path = write_preset(data, args.out)
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     print(f"fitted on {len(records)} record(s), base preset {args.base}:")
     for o in obs:
         print(f"  {o.constant:<34} {o.value:>14.6g}  {o.record}: {o.how}")
