@@ -34,8 +34,8 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import sys
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
