@@ -171,6 +171,9 @@ def test_lifecycle_never_deadlocks_and_ranks_end_together(n, policies, two_phase
     alive = [r for r in results if isinstance(r, dict)]
     gone = [r for r in results if not isinstance(r, dict)]
     assert all(isinstance(g, (sim.RankCrashedError, sim.RankHungError)) for g in gone), gone
+    killed = {d.rank for d in drawn if d.fired and d.kind in ("crash", "hang")}
+    if len(killed) == n:  # several faults can crash or hang every rank: nobody is left to report
+        return
     assert alive, "at least the ranks without a crash or hang report"
     states = {r["state"] for r in alive}
     assert len(states) == 1, f"ranks ended in different states: {[r['state'] for r in results if isinstance(r, dict)]}"
