@@ -139,14 +139,17 @@ def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, pl
     return plan.moved_bytes
 
 
-async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource]) -> int:
+async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource],
+                            released: list[tuple[FlatLayout, StorageEntry, Any, int]]) -> int:
     """Release each storage as soon as every copy carrying its bytes has completed.
 
     Runs while later copies are still in flight, so the per-storage work of a
     scattered offload overlaps the DMA. Only entries that own their storage;
     all host memory is already pinned (``copy_to_host`` waited for every
     segment), so a pinning failure can no longer happen after this starts.
-    Returns how many storages it released.
+    Appends ``(layout, entry, storage, bytes)`` of each released storage to
+    ``released`` as it goes (what a rollback must bring back if a later copy
+    fails). Returns how many storages it released.
     """
     remaining: dict[int, int] = {}
     for src in sources:
@@ -154,7 +157,7 @@ async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource]) -> i
             for e in entries:
                 remaining[id(e)] = remaining.get(id(e), 0) + 1
     release = rt.release
-    released = 0
+    count = 0
     for src in sources:
         for completion, entries in src.track:
             if not entries:
@@ -165,10 +168,12 @@ async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource]) -> i
                 left = remaining[id(e)] - 1
                 remaining[id(e)] = left
                 if left == 0 and e.owns_storage and e.base is not None:
+                    st = e.base.untyped_storage()
+                    released.append((src.layout, e, st, st.nbytes()))
                     release(e.base)
                     e.base = None
-                    released += 1
-    return released
+                    count += 1
+    return count
 
 
 @contextlib.contextmanager
