@@ -20,7 +20,7 @@ live for the optional content check.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, MutableMapping, Sequence
+from typing import Any, Iterable, MutableMapping, Sequence
 
 import torch
 
@@ -28,9 +28,6 @@ from refimpl.runtime.base import WORLD, GroupError, ReduceOp, Runtime
 from refimpl.store.config import CATEGORY_ORDER
 from refimpl.store.layout import FlatLayout
 from refimpl.store.replica import ReplicaGroup, warn_if_multi_host
-
-if TYPE_CHECKING:  # pragma: no cover
-    from refimpl.store.dedup import DedupConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +104,14 @@ async def agree_on_groups(rt: Runtime, mine: Iterable[ReplicaGroup]) -> list[Rep
     return sorted(ReplicaGroup(ranks) for ranks in found)
 
 
-async def ensure_groups(rt: Runtime, groups: Sequence[ReplicaGroup], config: DedupConfig) -> None:
-    """Create (or rebuild, if destroyed) each group's process group, in the given order, on every rank."""
-    lws = config.ranks_per_host()
+async def ensure_groups(rt: Runtime, groups: Sequence[ReplicaGroup], *, backend: str | None = None,
+                        ranks_per_host: int | None = None, timeout_s: float = 600.0) -> None:
+    """Create (or rebuild, if destroyed) each group's process group, in the given order, on every rank.
+
+    ``backend``: the groups' backend (None: the runtime's default); ``ranks_per_host``: warn when a group
+    spans hosts; ``timeout_s``: the groups' collective timeout.
+    """
+    lws = ranks_per_host
     for g in groups:
         try:
             rt.group_spec(g.name)
@@ -117,7 +119,7 @@ async def ensure_groups(rt: Runtime, groups: Sequence[ReplicaGroup], config: Ded
         except GroupError:
             known = False
         if not known:
-            await rt.new_group(g.spec(backend=config.group_backend))
+            await rt.new_group(g.spec(backend=backend, timeout_s=timeout_s))
         elif not rt.group_live(g.name):
             await rt.recreate_group(g.name)
         if lws is not None and rt.rank in g.ranks:
@@ -165,11 +167,31 @@ async def members_agree(rt: Runtime, values: torch.Tensor, group: str, *, elemen
     return equal if elementwise else all(equal)
 
 
+async def members_agree_any(rt: Runtime, values: torch.Tensor, flag: bool, group: str):
+    """:func:`members_agree` of ``values`` plus whether any member raised ``flag``, in one collective.
+
+    Returns ``(same, any_flag)``; ``same`` is None where collectives move no data (``any_flag`` then False).
+    """
+    n = values.numel()
+    buf = rt.alloc_device(2 * n + 1, torch.int64, tag="dedup.check")
+    meta = buf.device.type == "meta"
+    v = values.to(buf.device).bitwise_and(_MASK62) if not meta else values.to("meta")
+    buf[:n].copy_(v)
+    buf[n:2 * n].copy_(-v)
+    buf[2 * n:].fill_(int(bool(flag)))
+    await rt.all_reduce(buf, ReduceOp.MAX, group)
+    if meta:
+        return None, False
+    out = buf.cpu()
+    return bool((out[:n] == -out[n:2 * n]).all()), bool(out[2 * n] > 0)
+
+
 __all__ = [
     "agree_on_groups",
     "content_digest",
     "ensure_groups",
     "layout_signature",
     "members_agree",
+    "members_agree_any",
     "shape_fingerprint",
 ]
