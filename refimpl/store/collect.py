@@ -244,6 +244,9 @@ class CollectReport:
 
     skipped_zero_size: list[str] = field(default_factory=list)
     skipped_host_resident: list[str] = field(default_factory=list)
+    #: the store's own flat buffers that tensor objects it does not know also view: storage id -> the
+    #: ids of the tensors it knows there (those views are parked at the release, see park_strays)
+    stray_views: dict[int, set[int]] = field(default_factory=dict)
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -267,8 +270,11 @@ class StorageGrouper:
     thousands for a MoE), so it sticks to cheap attribute reads.
     """
 
-    def __init__(self, device: torch.device, viewers: dict[int, int] | None = None) -> None:
+    def __init__(self, device: torch.device, viewers: dict[int, int] | None = None,
+                 own: frozenset[int] = frozenset()) -> None:
         self.device = device
+        #: storage ids of the store's own flat buffers (a view of one kept by the user is parked, not refused)
+        self.own = own
         #: tensor objects known to view a storage (by id) counted before the store made views of its own
         self.known_viewers = viewers or {}
         self.report = CollectReport()
@@ -368,7 +374,9 @@ class StorageGrouper:
             if sid not in self._live_ids:
                 report.skipped_zero_size.extend(r.name for r in g.refs)
             elif g.viewers > len(g.refs) and g.viewers > len(g.refs) + len(_view_bases(g)):
-                raise unattached_alias_error(g)
+                if sid not in self.own:
+                    raise unattached_alias_error(g)
+                report.stray_views[sid] = {id(r.tensor) for r in g.refs} | set(_view_bases(g))
         if report.skipped_zero_size:
             logger.debug("left %d zero-size tensors in place: %s", len(report.skipped_zero_size),
                          report.skipped_zero_size[:5])
@@ -403,8 +411,8 @@ def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
     )
 
 
-def group_by_storage(items: Iterable[Item], device: torch.device,
-                     viewers: dict[int, int] | None = None) -> tuple[list[StorageGroup], CollectReport]:
+def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[int, int] | None = None,
+                     own: frozenset[int] = frozenset()) -> tuple[list[StorageGroup], CollectReport]:
     """Validate ``items`` and group them by storage (all at once; see :class:`StorageGrouper`).
 
     Raises a :class:`StoreError` subclass naming the tensor for anything that
@@ -413,10 +421,11 @@ def group_by_storage(items: Iterable[Item], device: torch.device,
     categories, a view of a storage whose memory is already freed, a
     non-resizable storage, a storage that tensor objects the store does not know
     also view (:class:`UnattachedAliasError`; ``viewers`` gives counts taken
-    before the store made views of its own). Storages whose registered tensors
-    all have zero elements are left out (reported).
+    before the store made views of its own; for the store's own flat buffers,
+    ``own``, such views are reported in ``stray_views`` instead). Storages
+    whose registered tensors all have zero elements are left out (reported).
     """
-    grouper = StorageGrouper(device, viewers)
+    grouper = StorageGrouper(device, viewers, own)
     for _ in grouper.feed(items):
         pass
     return grouper.finish()

@@ -194,29 +194,46 @@ storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 one while a Python storage object for it exists); None on builds without it (the alias check is skipped)."""
 
 
-def describe_aliases(storage_id: int, known: set[int], limit: int = 3) -> list[str]:
+def find_views(storage_id: int, known: set[int]) -> list[torch.Tensor]:
     """Tensors alive in this process that view ``storage_id`` and whose ids are not in ``known``.
 
-    Walks every object the garbage collector tracks: for error messages only.
+    Walks every object the garbage collector tracks: for the rare cases where a count does not add up.
     """
     import gc
     import warnings
 
-    out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on deprecated torch objects warns
-        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and id(o) not in known]
+    out = []
     for obj in objects:
-        if isinstance(obj, torch.Tensor) and id(obj) not in known:
+        try:
+            if obj.untyped_storage()._cdata == storage_id:
+                out.append(obj)
+        except Exception:  # noqa: BLE001 - wrappers without storage
+            continue
+    return out
+
+
+def describe_aliases(storage_id: int, known: set[int], limit: int = 3) -> list[str]:
+    """Descriptions of :func:`find_views` (for error messages)."""
+    return [f"a {type(t).__name__} of shape {tuple(t.shape)} {t.dtype} at storage offset {t.storage_offset()}"
+            for t in find_views(storage_id, known)[:limit]]
+
+
+def park_strays(storage_id: int, known: set[int]) -> list[str]:
+    """Park every tensor that views ``storage_id`` but is not in ``known`` (views of the store's own flat
+    buffer made after a reload and kept, or kept by a runtime); returns their descriptions."""
+    found = find_views(storage_id, known)
+    out = []
+    with torch.no_grad():
+        for t in found:
+            out.append(f"{type(t).__name__} of shape {tuple(t.shape)}")
+            st, _ = placeholder(t.device, t.dtype)
             try:
-                if obj.untyped_storage()._cdata != storage_id:
-                    continue
-            except Exception:  # noqa: BLE001 - wrappers without storage
-                continue
-            out.append(f"a {type(obj).__name__} of shape {tuple(obj.shape)} {obj.dtype} at storage offset "
-                       f"{obj.storage_offset()}")
-            if len(out) >= limit:
-                break
+                t.set_(st, 0, tuple(t.shape), zero_strides(t.dim()))
+            except RuntimeError as e:  # e.g. a view that autograd guards: left as it is
+                logger.warning("could not park a stray view of an offloaded flat buffer (%s)", e)
     return out
 
 
@@ -225,6 +242,8 @@ __all__ = [
     "OffloadedTensorError",
     "debug_mode",
     "describe_aliases",
+    "find_views",
+    "park_strays",
     "guard",
     "is_guarded",
     "is_parked",

@@ -75,7 +75,7 @@ from refimpl.store.collect import (
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
-from refimpl.store.parking import storage_use_count
+from refimpl.store.parking import park_strays, storage_use_count
 from refimpl.store.planner import gc_paused, plan_layouts, prepare_release, release_as_copied, release_layouts
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.residency import (
@@ -410,7 +410,8 @@ class OffloadStore:
                             adopt_resident(lay, flats[lay.key])
                     else:
                         items = list(self._items(cats))
-                        groups, report = group_by_storage(items, rt.device, viewers)
+                        own = frozenset(lay.flat_storage for lay in resident)
+                        groups, report = group_by_storage(items, rt.device, viewers, own)
                         plan = self._plan(groups, cats)
                         self._signature = ItemSignature(cats, items, plan, report)
                     clock.lap("plan")
@@ -459,6 +460,15 @@ class OffloadStore:
                 flat = src = release_plan = parked = None  # noqa: F841
                 raise
             await staging.close()
+            strays = {} if fast else report.stray_views
+            if strays:  # nothing can fail from here on; the store's own views are not strays
+                ours = {id(t) for t in flats.values()} | {id(t) for t in release_plan.flat_bases.values()}
+                ours |= {id(e.base) for lay in ordered for e in lay.entries if e.base is not None}
+            for sid, known in strays.items():
+                found = park_strays(sid, known | ours)
+                logger.warning("views of an attached tensor kept across the offload (%s) are parked: they read "
+                               "NaN/0 and do not come back on reload; take views after reload() instead",
+                               "; ".join(found[:3]) or "none reachable from Python")
             await rt.point("store.offload.release")
             moved = release_layouts(self.rt, ordered, drop_grads, release_plan)
             for key in [k for k in self._layouts if k.category in cats]:
