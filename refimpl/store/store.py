@@ -442,6 +442,7 @@ class OffloadStore:
                 while pending:
                     await pending.pop(0)
                 clock.lap("wait")
+                await rt.point("store.offload.release")  # the last point where a failure rolls back
             except BaseException:
                 await _drain([*pending, *(f for _, f in speculative.values())])
                 if early:
@@ -469,7 +470,6 @@ class OffloadStore:
                 logger.warning("views of an attached tensor kept across the offload (%s) are parked: they read "
                                "NaN/0 and do not come back on reload; take views after reload() instead",
                                "; ".join(found[:3]) or "none reachable from Python")
-            await rt.point("store.offload.release")
             moved = release_layouts(self.rt, ordered, drop_grads, release_plan)
             for key in [k for k in self._layouts if k.category in cats]:
                 del self._layouts[key]
