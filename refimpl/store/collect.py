@@ -44,7 +44,9 @@ from refimpl.store.errors import (
     WrongDeviceError,
 )
 from refimpl.store.layout import TensorRef
-from refimpl.store.parking import describe_aliases, is_placeholder, storage_use_count
+from refimpl.store.parking import (
+    describe_aliases, is_placeholder, own_view, own_view_mark, own_views_of, storage_use_count,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +203,7 @@ class StorageGroup:
     """
 
     __slots__ = ("storage_id", "storage", "device", "dtype", "category", "kind", "source", "nbytes", "refs",
-                 "viewers")
+                 "viewers", "mark")
 
     def __init__(self, storage_id: int, storage: Any, device: torch.device, dtype: torch.dtype,
                  category: Category, kind: str, source: str, nbytes: int) -> None:
@@ -216,6 +218,8 @@ class StorageGroup:
         self.refs: list[TensorRef] = []
         #: tensor objects viewing the storage when it was found (registered or not); -1: unknown
         self.viewers = -1
+        #: :func:`own_view_mark` when ``viewers`` was counted (the store's views made before it are in it)
+        self.mark = 0
 
     @property
     def numel(self) -> int:
@@ -229,13 +233,13 @@ class StorageGroup:
         for r in self.refs[:2]:
             t = r.tensor
             if r.offset == 0 and t.dim() == 1 and r.size[0] == n and r.stride[0] == 1:
-                return t.detach()  # a new tensor object on the same storage, no autograd
+                return own_view(t.detach())  # a new tensor object on the same storage, no autograd
         return storage_view(self.storage, self.dtype, self.device, n)
 
 
 def storage_view(storage: Any, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
-    """A 1-D ``dtype`` tensor over the first ``numel`` elements of ``storage``."""
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, (numel,), (1,))
+    """A 1-D ``dtype`` tensor over the first ``numel`` elements of ``storage`` (a view the store owns)."""
+    return own_view(torch.empty(0, dtype=dtype, device=device).set_(storage, 0, (numel,), (1,)))
 
 
 @dataclass
@@ -270,12 +274,12 @@ class StorageGrouper:
     thousands for a MoE), so it sticks to cheap attribute reads.
     """
 
-    def __init__(self, device: torch.device, viewers: dict[int, int] | None = None,
+    def __init__(self, device: torch.device, viewers: dict[int, tuple[int, int]] | None = None,
                  own: frozenset[int] = frozenset()) -> None:
         self.device = device
         #: storage ids of the store's own flat buffers (a view of one kept by the user is parked, not refused)
         self.own = own
-        #: tensor objects known to view a storage (by id) counted before the store made views of its own
+        #: ``(tensor objects viewing a storage, own_view_mark())`` counted before the store made views of it
         self.known_viewers = viewers or {}
         self.report = CollectReport()
         self._groups: dict[int, StorageGroup] = {}
@@ -339,9 +343,10 @@ class StorageGrouper:
                     )
                 known = self.known_viewers.get(sid)
                 if known is not None:
-                    g.viewers = known
+                    g.viewers, g.mark = known
                 elif storage_use_count is not None:
                     g.viewers = storage_use_count(sid) - 1  # minus the Python storage object held here
+                    g.mark = own_view_mark()
                 if g.nbytes % g.dtype.itemsize:
                     raise MixedDtypeError(
                         f"{name}: its storage is {g.nbytes} bytes, not a whole number of {g.dtype} elements; "
@@ -373,7 +378,8 @@ class StorageGrouper:
         for sid, g in self._groups.items():
             if sid not in self._live_ids:
                 report.skipped_zero_size.extend(r.name for r in g.refs)
-            elif g.viewers > len(g.refs) and g.viewers > len(g.refs) + len(_view_bases(g)):
+            elif g.viewers > len(g.refs) and g.viewers > len(g.refs) + len(_view_bases(g)) + len(
+                    own_views_of(sid, g.mark)):
                 if sid not in self.own:
                     raise unattached_alias_error(g)
                 report.stray_views[sid] = {id(r.tensor) for r in g.refs} | set(_view_bases(g))
@@ -411,7 +417,7 @@ def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
     )
 
 
-def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[int, int] | None = None,
+def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[int, tuple[int, int]] | None = None,
                      own: frozenset[int] = frozenset()) -> tuple[list[StorageGroup], CollectReport]:
     """Validate ``items`` and group them by storage (all at once; see :class:`StorageGrouper`).
 

@@ -64,7 +64,7 @@ from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.pool import HostBuffer, PinnedHostPool
 from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
-from refimpl.store.parking import DEBUG_ENV, debug_mode
+from refimpl.store.parking import DEBUG_ENV, debug_mode, own_view
 from refimpl.store.replica_sync import (
     agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree, members_agree_any,
 )
@@ -426,7 +426,7 @@ class DedupBackend(StoreBackend):
             raise DedupError(f"layout {key.label()}: device buffer has {device_flat.numel()} elements, the "
                              f"all-gather needs {plan.padded_numel} (padded_numel was not applied)")
         lo = plan.index * plan.chunk
-        mine = device_flat[lo:lo + plan.chunk]
+        mine = own_view(device_flat[lo:lo + plan.chunk])
         host = self._held[key]
         completions = []
         if host is not None:

@@ -69,8 +69,6 @@ class TensorRef:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     dtensor: Any = None
-    #: ``(storage id, storage offset)`` of the placeholder the offload parked the tensor on (checked before reload)
-    released: tuple[int, int] | None = None
     _weak_tensor: Any = None
     _weak_dtensor: Any = None
 

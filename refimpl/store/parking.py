@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -189,6 +190,40 @@ def is_guarded(t: torch.Tensor) -> bool:
 
 # --------------------------------------------------------------------------- aliases
 
+_OWN_VIEWS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+
+
+_OWN_SEQ = [0]
+
+
+def own_view(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as a view the store made for itself (not counted as an unattached alias); returns ``t``.
+
+    A failed offload's traceback, a debugger or a tracer may keep such views alive after the store dropped them.
+    """
+    _OWN_SEQ[0] += 1
+    t._timeshare_own = _OWN_SEQ[0]  # type: ignore[attr-defined]
+    _OWN_VIEWS.add(t)
+    return t
+
+
+def own_view_mark() -> int:
+    """A mark: :func:`own_views_of` with ``before=`` this counts only views made before now."""
+    return _OWN_SEQ[0] + 1
+
+
+def own_views_of(storage_id: int, before: int | None = None) -> set[int]:
+    """Ids of the live views the store made of ``storage_id`` (see :func:`own_view`), made before ``before``."""
+    out = set()
+    for t in list(_OWN_VIEWS):
+        try:
+            if t.untyped_storage()._cdata == storage_id and (before is None or t._timeshare_own < before):
+                out.add(id(t))
+        except Exception:  # noqa: BLE001 - a tensor being torn down
+            continue
+    return out
+
+
 storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 """``storage_use_count(storage_id)``: how many references the StorageImpl has (TensorImpls viewing it, plus
 one while a Python storage object for it exists); None on builds without it (the alias check is skipped)."""
@@ -202,6 +237,7 @@ def find_views(storage_id: int, known: set[int]) -> list[torch.Tensor]:
     import gc
     import warnings
 
+    known = known | own_views_of(storage_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on deprecated torch objects warns
         objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and id(o) not in known]
@@ -245,6 +281,9 @@ __all__ = [
     "find_views",
     "park_strays",
     "guard",
+    "own_view",
+    "own_view_mark",
+    "own_views_of",
     "is_guarded",
     "is_parked",
     "is_placeholder",

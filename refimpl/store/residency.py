@@ -19,7 +19,8 @@ import torch
 from refimpl.store.collect import StorageGroup
 from refimpl.store.layout import FlatLayout
 from refimpl.store.parking import _ORIGINAL_CLASS as _GUARDED
-from refimpl.store.parking import debug_mode, guard, placeholder, unguard, zero_strides
+from refimpl.store.parking import _ZERO_STRIDES as _ZEROS
+from refimpl.store.parking import debug_mode, guard, own_view, placeholder, unguard, zero_strides
 
 
 def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
@@ -40,7 +41,7 @@ def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
         return False
     flat = group.base_view()
     for e in layout.entries:
-        e.base = flat[e.offset:e.offset + e.numel]
+        e.base = own_view(flat[e.offset:e.offset + e.numel])
         e.owns_storage = False
         for r in e.refs:
             c = collected[id(r.live())]
@@ -53,11 +54,13 @@ def changed_tensors(layouts: list[FlatLayout]) -> list[str]:
     problems = []
     for layout in layouts:
         dtype = layout.dtype
+        if not layout.entries:
+            continue
+        sid, off = placeholder(layout.entries[0].refs[0].tensor.device, dtype)[1], 0
         for e in layout.entries:
             for r in e.refs:
                 t = r.tensor
-                assert t is not None and r.released is not None
-                sid, off = r.released
+                assert t is not None
                 st = t.untyped_storage()
                 if st._cdata == sid and t.storage_offset() == off and t.shape == r.size and t.dtype is dtype \
                         and t.stride() == zero_strides(len(r.size)):
@@ -90,8 +93,7 @@ def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: Park
 
     Runs once every copy is issued, while they run: the copies read the store's own
     views. Records where each tensor was in ``record`` (filled before the
-    layout's tensors move, so :func:`unpark` undoes a park that failed midway)
-    and, in ``TensorRef.released``, where it is parked (checked before reload).
+    layout's tensors move, so :func:`unpark` undoes a park that failed midway).
     ``flats``: the flat buffer of each layout resident in one (fast path), by key.
     """
     guarding = debug_mode()
@@ -107,13 +109,13 @@ def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: Park
             record.origins.append((layout, flat, origins))
             if not layout.entries:
                 continue
-            st, sid = placeholder(layout.entries[0].refs[0].tensor.device, layout.dtype)
-            released = (sid, 0)
-            for e in layout.entries:
+            st, _ = placeholder(layout.entries[0].refs[0].tensor.device, layout.dtype)
+            zs = _ZEROS
+            for e in layout.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
                 for r in e.refs:
-                    t = r.tensor
-                    t.set_(st, 0, r.size, zero_strides(len(r.size)))
-                    r.released = released
+                    t, size = r.tensor, r.size
+                    z = zs.get(len(size)) or zero_strides(len(size))
+                    t.set_(st, 0, size, z)
                     if guarding:
                         guard(t, r.name)
 
@@ -169,11 +171,10 @@ def restore_released(layouts: list[FlatLayout]) -> None:
             for e in layout.entries:
                 for r in e.refs:
                     t = r.live()
-                    if t is None or r.released is None:
+                    if t is None:
                         continue
-                    st, sid = placeholder(t.device, layout.dtype)
+                    st, _ = placeholder(t.device, layout.dtype)
                     t.set_(st, 0, r.size, zero_strides(len(r.size)))
-                    r.released = (sid, 0)
                     r.strengthen()
                     if guarding:
                         guard(t, r.name)
@@ -268,7 +269,7 @@ def adopt_resident(layout: FlatLayout, flat: torch.Tensor) -> None:
     first = True
     for e in layout.entries:
         e.owns_storage = False
-        e.base = flat[e.offset:e.offset + e.numel] if first else None  # one view: the release frees the storage
+        e.base = own_view(flat[e.offset:e.offset + e.numel]) if first else None  # one view: the release frees the storage
         first = False
         for r in e.refs:
             r.strengthen()

@@ -75,7 +75,7 @@ from refimpl.store.collect import (
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
-from refimpl.store.parking import park_strays, storage_use_count
+from refimpl.store.parking import own_view, own_view_mark, park_strays, storage_use_count
 from refimpl.store.planner import gc_paused, plan_layouts, prepare_release, release_as_copied, release_layouts
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.residency import (
@@ -360,7 +360,7 @@ class OffloadStore:
             stream: StreamingPlan | None = None
             fast = False
             streamed = False
-            viewers: dict[int, int] = {}  # tensor objects viewing each resident flat buffer, before ours
+            viewers: dict[int, tuple[int, int]] = {}  # tensor objects viewing each resident flat buffer, before ours
             parked = ParkRecord()
             early: list = []  # storages released while later copies ran
             plan: dict[LayoutKey, FlatLayout] = {}
@@ -400,7 +400,7 @@ class OffloadStore:
                 else:
                     sig, resident = self._signature, self._resident(cats)
                     fast = (sig is not None and sig.cats == cats and not drop_grads
-                            and all(viewers.get(lay.flat_storage) == lay.resident_views for lay in resident)
+                            and all(viewers.get(lay.flat_storage, (-1,))[0] == lay.resident_views for lay in resident)
                             and steady_unchanged(self._items(cats), sig, resident, flats, rt.device))
                     clock.lap("collect")
                     if fast:  # see [Note: steady offload check] in refimpl.store.residency
@@ -499,7 +499,7 @@ class OffloadStore:
         return [lay for lay in self._layouts.values()
                 if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
 
-    def _resident_flat(self, layout: FlatLayout, viewers: dict[int, int]) -> torch.Tensor | None:
+    def _resident_flat(self, layout: FlatLayout, viewers: dict[int, tuple[int, int]]) -> torch.Tensor | None:
         """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor.
 
         Records in ``viewers`` how many tensor objects view the buffer before the store adds its own.
@@ -512,7 +512,7 @@ class OffloadStore:
                 st = t.untyped_storage()
                 if st._cdata == layout.flat_storage and st.nbytes() == layout.nbytes:
                     if storage_use_count is not None:
-                        viewers[st._cdata] = storage_use_count(st._cdata) - 1  # minus the Python storage object
+                        viewers[st._cdata] = (storage_use_count(st._cdata) - 1, own_view_mark())  # minus st
                     return storage_view(st, layout.dtype, t.device, layout.numel)
         return None
 
@@ -591,7 +591,7 @@ class OffloadStore:
             clock = PhaseClock(rt, "reload")
             try:
                 for layout in todo:
-                    flat = rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}")
+                    flat = own_view(rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
                     flats.append(flat)
                     if layout.dropped:
                         flat.zero_()
