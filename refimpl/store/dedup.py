@@ -67,6 +67,7 @@ from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
 from refimpl.store.parking import DEBUG_ENV, debug_mode, own_view
 from refimpl.store.replica_sync import (
     agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree, members_agree_any,
+    release_digest_weights,
 )
 
 log = logging.getLogger(__name__)
@@ -364,6 +365,7 @@ class DedupBackend(StoreBackend):
                 self._verified.update(lays)
         if verified:
             self.verified_offloads += 1
+            release_digest_weights()  # their device memory goes back with the state's
         flag = rt.alloc_device(1, torch.int64, tag="dedup.flag")
         flag.fill_(code)
         await rt.all_reduce(flag, ReduceOp.MAX, WORLD)

@@ -33,8 +33,23 @@ log = logging.getLogger(__name__)
 
 _MASK62 = (1 << 62) - 1
 
-_HASH_CHUNK = 1 << 22
 _WEIGHT_MOD = 65521  # largest prime below 2**16: position weights 1..65521
+_HASH_CHUNK = _WEIGHT_MOD * 64  # a multiple of the modulus: every chunk has the same position weights
+_WEIGHTS: dict[str, torch.Tensor] = {}
+
+
+def _weights(device: torch.device, n: int) -> torch.Tensor:
+    """Position weights ``j % 65521 + 1`` for the first ``n`` words of any chunk (one tensor per device, kept)."""
+    key = str(device)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        w = _WEIGHTS[key] = torch.arange(_HASH_CHUNK, dtype=torch.int64, device=device) % _WEIGHT_MOD + 1
+    return w[:n]
+
+
+def release_digest_weights() -> None:
+    """Drop the cached position weights (device memory); the next :func:`content_digest` builds them again."""
+    _WEIGHTS.clear()
 
 
 def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
@@ -58,9 +73,8 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
         h2 = torch.zeros((), dtype=torch.int64, device=t.device)
         for lo in range(0, words.numel(), _HASH_CHUNK):
             x = words[lo:lo + _HASH_CHUNK].to(torch.int64)
-            w = torch.arange(lo, lo + x.numel(), dtype=torch.int64, device=t.device) % _WEIGHT_MOD + 1
             h1 += x.sum()
-            h2 += (x * w).sum()
+            h2 += (x * _weights(t.device, x.numel())).sum()
         out[2 * i] = h1.to(dev)
         out[2 * i + 1] = h2.to(dev)
     return out
@@ -189,6 +203,7 @@ async def members_agree_any(rt: Runtime, values: torch.Tensor, flag: bool, group
 __all__ = [
     "agree_on_groups",
     "content_digest",
+    "release_digest_weights",
     "ensure_groups",
     "layout_signature",
     "members_agree",
