@@ -17,9 +17,16 @@ it, and re-points every registered tensor into it with ``set_``.
 
 Invariants:
 
-* Nothing moves before validation: a bad tensor raises a :class:`StoreError`
-  with the state where it was. A failed reload leaves the tensors exactly as
-  they were (the host copy is kept).
+* Every byte of attached state is, at every moment, in exactly one valid
+  place: its device storage or the host copy. Nothing is released before
+  validation (a bad tensor raises a :class:`StoreError` with the state where
+  it was); a failure after a storage was released early restores it from its
+  host copy before the error propagates. A failed reload leaves the state
+  offloaded (the host copy is kept).
+* While offloaded every registered tensor is parked on a placeholder (see
+  :mod:`refimpl.store.parking`): touching it never crashes the process.
+* One operation at a time: other threads wait; the same thread gets a
+  :class:`StoreStateError`.
 * Every finisher a backend returned is awaited, also on the error path, in
   sorted layout order, so ranks running collectives inside backends agree.
 * ``offload`` of categories already offloaded does nothing; ``reload`` of
