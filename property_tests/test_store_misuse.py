@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.runtime.base import Completion, CopyKind
 from refimpl.store import Category, OffloadStore, StoreConfig, StoreError, TensorChangedError, is_parked
 

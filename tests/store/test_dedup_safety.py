@@ -8,7 +8,7 @@ from tests._dist import run_distributed
 def _dedup_store(rank, *, verify=None, timeout_s=600.0):
     import torch
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig
     from refimpl.store.replica import ReplicaGroup, ReplicaPolicy

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from refimpl.benchmarks.offload import parse_variant
+from bench.offload import parse_variant
 from refimpl.cli import main
 
 
@@ -71,7 +71,7 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
                "--phase-gap-s", "0.2", "--other-role-gb", "0.01", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GB" in out and "b2b x" in out
+    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GiB" in out and "b2b x" in out
     report = json.loads(next(tmp_path.glob("*-offload.json")).read_text())
     assert report["phase_gap_s"] == 0.2 and report["other_role_bytes"] == 10_000_000
     (shape,) = report["shapes"]
@@ -82,8 +82,8 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
     assert all(c["reload_s"] < 0.2 and c["offload_s"] < 0.2 for c in r["cycles"])  # the gap is in neither time
 
     # measure() itself: the gap is really waited (wall time grows by about cycles x gap)
-    from refimpl.benchmarks.baselines import StoreMethod, line_rate
-    from refimpl.benchmarks.offload import measure, shapes_by_name
+    from bench.baselines import StoreMethod, line_rate
+    from bench.offload import measure, shapes_by_name
     from refimpl.runtime import TorchRuntime
 
     rt = TorchRuntime("cpu")
@@ -98,4 +98,4 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
 
 def test_bench_rejects_a_negative_gap(tmp_path, capsys):
     assert main(["bench", "offload", "--dry-run", "--phase-gap-s", "-1", "--out", str(tmp_path)]) == 2
-    assert "must be >= 0" in capsys.readouterr().out
+    assert "--phase-gap-s: expected a number >= 0" in capsys.readouterr().err  # one line on stderr, exit 2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.runtime.base import Completion, CopyKind
 from refimpl.store import (
     Category,
@@ -168,7 +168,7 @@ def test_uncovered_bytes_of_a_storage_come_back_whole():
 
 _TOUCH = textwrap.dedent("""
     import sys, torch
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, OffloadedTensorError
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 8)

@@ -1,4 +1,8 @@
-"""Per-GPU training-state shapes the offload benchmark moves.
+"""Per-GPU training-state shapes the offload benchmark moves (``timeshare bench offload``).
+
+They live with the presets, below both users: the benchmark (:mod:`bench.offload`)
+measures them on a GPU and the calibration (:mod:`sim.calibration`) simulates the
+same tensors.
 
 A shape is a list of tensors by category: bf16 parameters (:attr:`Category.PARAMS`)
 and, per parameter, an fp32 master weight and AdamW's ``exp_avg`` /
@@ -52,7 +56,7 @@ class StateShape:
 
     def describe(self) -> str:
         """One line: name, tensor count, size."""
-        return f"{self.name}: {len(self.tensors)} tensors, {self.nbytes / 1e9:.2f} GB"
+        return f"{self.name}: {len(self.tensors)} tensors, {self.nbytes / 2**30:.2f} GiB"
 
     def materialize(self, device: torch.device, seed: int = 0) -> dict[Category, dict[str, torch.Tensor]]:
         """Allocate the tensors on ``device`` filled with normal noise, grouped by category."""
