@@ -83,7 +83,8 @@ from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
 from refimpl.store.parking import own_view, own_view_mark, park_strays, storage_use_count
-from refimpl.store.planner import gc_paused, plan_layouts, prepare_release, release_as_copied, release_layouts
+from refimpl.store.planner import gc_paused, plan_layouts
+from refimpl.store.release import prepare_release, release_as_copied, release_layouts
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.residency import (
     ItemSignature, ParkRecord, adopt_resident, changed_tensors, force_repoint_prepare, park, repoint,
