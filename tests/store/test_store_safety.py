@@ -279,6 +279,29 @@ def test_nested_auto_offload_moves_state_only_around_the_outer_call():
     assert w.state.store.stats().reloads == 1 and w.state.store.stats().offloads == 2
 
 
+def test_auto_offload_from_two_threads_keeps_the_state_resident_while_either_call_runs():
+    w = _Worker()
+    x = torch.ones(3, 4)
+    want = w.model(x).sum()
+    w.state.offload_states()
+    seen, errors = [], []
+
+    def call():
+        try:
+            for _ in range(10):
+                seen.append(torch.equal(w.inner(x), want))
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and seen == [True] * 20, "no call ran on offloaded state"
+    assert w.state.offloaded and w.state.users == 0
+
+
 # --------------------------------------------------------------------------- recovery after TensorChangedError
 
 
