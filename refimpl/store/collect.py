@@ -45,7 +45,7 @@ from refimpl.store.errors import (
 )
 from refimpl.store.layout import TensorRef
 from refimpl.store.parking import (
-    describe_aliases, is_placeholder, own_view, own_view_mark, own_views_of, storage_use_count,
+    describe_aliases, is_placeholder, own_view, own_view_mark, own_views_index, storage_use_count,
 )
 
 logger = logging.getLogger(__name__)
@@ -375,11 +375,20 @@ class StorageGrouper:
     def finish(self) -> tuple[list[StorageGroup], CollectReport]:
         """The groups to move, in the order :meth:`feed` yielded them, and what was left out."""
         report = self.report
+        own_idx: dict[int, list[tuple[int, int]]] | None = None  # built once, when a storage needs it
         for sid, g in self._groups.items():
             if sid not in self._live_ids:
                 report.skipped_zero_size.extend(r.name for r in g.refs)
-            elif g.viewers > len(g.refs) and g.viewers > len(g.refs) + len(_view_bases(g)) + len(
-                    own_views_of(sid, g.mark)):
+                continue
+            if g.viewers <= len(g.refs):
+                continue
+            bases = _view_bases(g)
+            if g.viewers <= len(g.refs) + len(bases):
+                continue
+            if own_idx is None:
+                own_idx = own_views_index()
+            mine = sum(1 for mark, _ in own_idx.get(sid, ()) if mark < g.mark)
+            if g.viewers > len(g.refs) + len(bases) + mine:
                 if sid not in self.own:
                     raise unattached_alias_error(g)
                 report.stray_views[sid] = {id(r.tensor) for r in g.refs} | set(_view_bases(g))

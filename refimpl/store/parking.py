@@ -212,6 +212,17 @@ def own_view_mark() -> int:
     return _OWN_SEQ[0] + 1
 
 
+def own_views_index() -> dict[int, list[tuple[int, int]]]:
+    """Every live view the store made, by storage id: ``[(mark, id(view)), ...]`` (one pass)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for t in list(_OWN_VIEWS):
+        try:
+            out.setdefault(t.untyped_storage()._cdata, []).append((t._timeshare_own, id(t)))
+        except Exception:  # noqa: BLE001 - a tensor being torn down
+            continue
+    return out
+
+
 def own_views_of(storage_id: int, before: int | None = None) -> set[int]:
     """Ids of the live views the store made of ``storage_id`` (see :func:`own_view`), made before ``before``."""
     out = set()
@@ -283,6 +294,7 @@ __all__ = [
     "guard",
     "own_view",
     "own_view_mark",
+    "own_views_index",
     "own_views_of",
     "is_guarded",
     "is_parked",
