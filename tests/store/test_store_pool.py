@@ -13,6 +13,7 @@ import sim
 from refimpl.runtime import PinningError, TorchRuntime
 from refimpl.store import Category, OffloadStore, PageableFallbackWarning, PinnedHostPool, StoreConfig
 from sim.faults import Fault, FaultPlan, FaultType
+from refimpl.store.parking import is_parked
 
 
 def _tensors(n=6, seed=0):
@@ -91,7 +92,7 @@ def _sim_roundtrip(fallback, fault_min_bytes):
             await store.offload_async()
         except PinningError as e:
             outcome = e
-        on_device = all(t.untyped_storage().nbytes() > 0 for t in tensors.values())
+        on_device = all(not is_parked(t) for t in tensors.values())
         intact = on_device and all(torch.equal(tensors[k], want[k]) for k in want)
         if outcome is None:
             await store.reload_async()
