@@ -226,7 +226,9 @@ class DeviceLayoutSource(LayoutSource):
             pos = off + view.numel()
         packed = buf[:end - start]
         with torch.no_grad():
-            if len(parts) == 1:
+            if packed.is_meta:
+                pass  # meta payloads carry no bytes (and torch.cat(out=) on meta imports torch._dynamo: ~1 s)
+            elif len(parts) == 1:
                 packed.copy_(parts[0])
             else:
                 torch.cat(parts, out=packed)
