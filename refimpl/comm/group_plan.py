@@ -229,11 +229,13 @@ class PlannedGroups:
         plan = self._plan()
         role, rt = self.role, self.role.rt
         todo = set(names)
-        to_suspend = [n for n in names if plan.actions[n] is GroupAction.SUSPEND and role.member(n)]
+        to_suspend = [n for n in names if plan.actions[n] is GroupAction.SUSPEND]
+        # decided from the agreed plan, not from membership: every rank takes the same agreements
         if preflight and to_suspend:
             async def read() -> None:
                 for name in to_suspend:
-                    role.suspended_bytes[name] = rt.comm_memory(name).suspendable
+                    if role.member(name):
+                        role.suspended_bytes[name] = rt.comm_memory(name).suspendable
 
             await role.step("plan.preflight", read)
 
