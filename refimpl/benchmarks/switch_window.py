@@ -12,6 +12,10 @@ deferred cooldown can hide. Policies:
 * ``DESTROY_DEFERRED``: the same with the wait deferred to the next rebuild;
 * ``PAUSED_LIVE``: groups kept live (NCCL memory stays held in the rollout);
 * ``SUSPEND``: groups kept, NCCL memory released (ncclCommSuspend/Resume).
+* ``SUSPEND_PLANNED``: one agreed plan per group (keep / suspend / destroy),
+  each group taken down once per step and brought back once at wake
+  (:mod:`refimpl.comm.group_plan`); no sync groups are declared here, so all
+  stay up through the weight sync, as in the GPU benchmark.
 
 On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
 Megatron group families of the Relax report over a DP x TP mesh), on the

@@ -87,6 +87,11 @@ class PGPolicy(enum.Enum):
         return self in (PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND, PGPolicy.SUSPEND_PLANNED)
 
     @property
+    def suspends(self) -> bool:
+        """True for the policies that call ``ncclCommSuspend`` (they need NCCL >= 2.29.7)."""
+        return self in (PGPolicy.SUSPEND, PGPolicy.SUSPEND_PLANNED)
+
+    @property
     def code(self) -> int:
         """A small integer naming the policy, so ranks can agree on it with a MIN/MAX reduction."""
         return list(PGPolicy).index(self)

@@ -264,3 +264,16 @@ def test_rules_are_checked():
 
     with pytest.raises(sim.RankFailedError, match=r"\['b'\] that are not role groups"):
         world.run(job)
+
+
+def test_switch_window_benchmark_runs_the_planned_policy_beside_the_old_ones():
+    from refimpl.benchmarks import switch_window as sw
+
+    kw = dict(dp=2, tp=1, steps=3, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="hgx-h200-8x")
+    res = {p: sw.summarize(p, sw.simulate(p, **kw), warmup=1) for p in
+           (PGPolicy.DESTROY_DEFERRED, PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND, PGPolicy.SUSPEND_PLANNED)}
+    planned, old = res[PGPolicy.SUSPEND_PLANNED], res[PGPolicy.SUSPEND]
+    assert planned.states[1:] == ["PLANNED"] * 2
+    assert planned.total < old.total and planned.total < res[PGPolicy.DESTROY_DEFERRED].total
+    assert planned.held_in_rollout_gib <= 0.02 * res[PGPolicy.PAUSED_LIVE].held_in_rollout_gib
+    assert PGPolicy.SUSPEND_PLANNED.suspends and PGPolicy.SUSPEND.suspends and not PGPolicy.PAUSED_LIVE.suspends
