@@ -40,7 +40,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from refimpl.runtime.base import GroupError
 
@@ -107,22 +107,58 @@ class GroupPlanRules:
         return sorted(named - known)
 
 
-def choose_action(rules: GroupPlanRules, name: str, size: int, suspendable: int) -> GroupAction:
-    """This rank's vote for one group it is a member of, from declared use and ``ncclCommMemStats``.
+@dataclass(frozen=True)
+class PlanRow:
+    """One row of the per-group choice: the first row whose ``guard`` holds gives the group its ``action``.
 
-    In order: declared ``keep_live`` keeps it; declared ``destroy`` destroys it;
-    negligible suspendable memory keeps it; a one-rank NCCL group is destroyed
-    (if ``destroy_single_rank``); everything else is suspended.
+    ``down`` / ``up``: what the pause (or the walk after the weight sync) and
+    the wake do with a group that got this action.
     """
-    if name in rules.keep_live:
-        return GroupAction.KEEP
-    if name in rules.destroy:
-        return GroupAction.DESTROY
-    if suspendable <= rules.keep_below_bytes:
-        return GroupAction.KEEP
-    if size == 1 and rules.destroy_single_rank:
-        return GroupAction.DESTROY
-    return GroupAction.SUSPEND
+
+    guard: str
+    action: GroupAction
+    down: str
+    up: str
+    holds: Callable[[GroupPlanRules, str, int, int], bool] = field(repr=False, compare=False)
+
+
+_DOWN = {GroupAction.KEEP: "nothing", GroupAction.SUSPEND: "ncclCommSuspend (members)",
+         GroupAction.DESTROY: "destroy (every rank), cooldown deferred"}
+_UP = {GroupAction.KEEP: "nothing", GroupAction.SUSPEND: "ncclCommResume, then the canary pass",
+       GroupAction.DESTROY: "rebuild with its original arguments (cooldown rule)"}
+
+
+def _row(guard: str, action: GroupAction, holds: Callable[[GroupPlanRules, str, int, int], bool]) -> PlanRow:
+    return PlanRow(guard, action, _DOWN[action], _UP[action], holds)
+
+
+#: the per-group choice of SUSPEND_PLANNED, in order (name, size, suspendable bytes of this rank)
+PLAN_ROWS: tuple[PlanRow, ...] = (
+    _row("declared in keep_live (the rollout uses it)", GroupAction.KEEP,
+         lambda r, name, size, mem: name in r.keep_live),
+    _row("declared in destroy (not needed until the next training step)", GroupAction.DESTROY,
+         lambda r, name, size, mem: name in r.destroy),
+    _row("ncclCommMemStats suspendable <= keep_below_bytes (Gloo, never-created or tiny communicator)",
+         GroupAction.KEEP, lambda r, name, size, mem: mem <= r.keep_below_bytes),
+    _row("one rank and destroy_single_rank (H200: destroy 0.036 s, suspend 0.30 s)", GroupAction.DESTROY,
+         lambda r, name, size, mem: size == 1 and r.destroy_single_rank),
+    _row("otherwise", GroupAction.SUSPEND, lambda r, name, size, mem: True),
+)
+
+
+def choose_action(rules: GroupPlanRules, name: str, size: int, suspendable: int) -> GroupAction:
+    """This rank's vote for one group it is a member of: the action of the first row of :data:`PLAN_ROWS` that holds."""
+    for row in PLAN_ROWS:
+        if row.holds(rules, name, size, suspendable):
+            return row.action
+    raise AssertionError("PLAN_ROWS ends with a row that always holds")  # pragma: no cover
+
+
+def format_plan_rows() -> str:
+    """:data:`PLAN_ROWS` as a markdown table (docs/comm.md embeds it; a test checks they match)."""
+    lines = ["| guard (first that holds) | action | pause / after the sync | wake |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.guard} | {r.action.name} | {r.down} | {r.up} |" for r in PLAN_ROWS]
+    return "\n".join(lines)
 
 
 def local_votes(
@@ -290,8 +326,11 @@ __all__ = [
     "GroupAction",
     "GroupPlan",
     "GroupPlanRules",
+    "PLAN_ROWS",
+    "PlanRow",
     "PlannedGroups",
     "UndeclaredGroupError",
     "choose_action",
+    "format_plan_rows",
     "local_votes",
 ]

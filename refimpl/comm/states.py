@@ -147,7 +147,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "every group up on every rank (agreed)", "none"),
     Transition(_S.ACTIVE, _E.PAUSE_PLANNED, _S.SYNC_READY,
                "policy SUSPEND_PLANNED; gates pass and preservation ready on every rank (agreed)",
-               "agree one plan per group (keep / suspend / destroy, from ncclCommMemStats and declared use) "
+               "agree one plan per group (group_plan.PLAN_ROWS: keep / suspend / destroy, from ncclCommMemStats "
+               "and declared use) "
                "and which groups the weight sync needs; suspend or destroy the others in one ordered walk, "
                "one agreement"),
     Transition(_S.SYNC_READY, _E.APPLY_PLAN, _S.PLANNED,

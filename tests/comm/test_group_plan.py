@@ -39,3 +39,14 @@ def test_undeclared_sync_groups_keep_everything_up_for_the_sync():
                         {"a": 192 * MiB, "b": 192 * MiB})
     plan = GroupPlan.from_agreed(names, votes)
     assert plan.for_sync == {"a", "b"} and plan.acted(sync=False) == [] and plan.acted(sync=True) == ["a", "b"]
+
+
+def test_docs_embed_the_plan_rows():
+    from pathlib import Path
+
+    from refimpl.comm.group_plan import PLAN_ROWS, format_plan_rows
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "comm.md").read_text()
+    flat = "\n".join(line.strip() for line in doc.splitlines())
+    assert format_plan_rows() in flat, "docs/comm.md's plan table is out of date; print format_plan_rows()"
+    assert PLAN_ROWS[-1].guard == "otherwise", "the last row must always hold"
