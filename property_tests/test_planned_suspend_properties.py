@@ -12,6 +12,7 @@ plan took down, racing its peers' collectives):
   or every one of them fails (FAILED, each with an error);
 * a crash, hang or exception fails every surviving rank;
 * the plan is the same on every rank;
+* a group one rank declares keep_live stays live on every member (and its canary runs after the pause);
 * without faults every group's all-reduce is right after every wake, NCCL
   memory in the rollout is the persistent part of the suspended groups only,
   and device memory returns exactly.
@@ -102,12 +103,13 @@ def _names(decl, rank, n):
     syncs=st.integers(1, 2),
     decl=st.lists(declarations, min_size=4, max_size=4),
     single_rank=st.booleans(),
+    keep_mp=st.booleans(),
     misuse=st.one_of(st.none(), st.integers(0, 3)),
     fault=faults,
     data=st.data(),
 )
-def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, misuse, fault,
-                                                                 data):
+def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, keep_mp, misuse,
+                                                                 fault, data):
     drawn = None if fault is None else DrawnFault(fault[0], fault[1] % n, fault[2], fault[3])
     misuse_rank = None if misuse is None else misuse % n
     world = sim.SimWorld(n, faults=drawn, group_timeouts=True, chooser=sim.HypothesisChooser(data, max_choices=50))
@@ -116,7 +118,8 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
     specs = mesh(n)
 
     async def job(rt):
-        rules = GroupPlanRules(sync_groups=_names(decl[rt.rank], rt.rank, n), destroy_single_rank=single_rank)
+        rules = GroupPlanRules(sync_groups=_names(decl[rt.rank], rt.rank, n), destroy_single_rank=single_rank,
+                               keep_live={"mp"} if keep_mp and rt.rank == 0 else ())
         lc = PGLifecycle(rt, specs, config=config, plan=rules)
         error, sums, held, plans = None, [], [], []
         before = rt.memory_info().used
@@ -179,5 +182,6 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
                 assert step == {g: float(sum(x + 1 for x in by_name[g].ranks)) for g in step}
                 assert len(step) == sum(rank in s.ranks for s in specs)
             for st_, mem in r["held"]:
-                assert st_ is PGState.PLANNED and mem.suspendable == 0
+                assert st_ is PGState.PLANNED
+                assert mem.suspendable == (384 << 20 if keep_mp else 0), "only the kept-live group holds memory"
             assert r["leaked"] == 0, "communicator memory returns exactly"

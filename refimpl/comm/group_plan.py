@@ -165,38 +165,45 @@ def local_votes(
     rules: GroupPlanRules, names: tuple[str, ...], members: Mapping[str, bool], sizes: Mapping[str, int],
     suspendable: Mapping[str, int],
 ) -> list[int]:
-    """``[action per group..., not-needed-by-sync per group...]`` for the plan agreement (MIN over ranks).
+    """``[action, not-needed-by-sync, not-declared-keep-live]`` per group, for the plan agreement (MIN over ranks).
 
-    A non-member votes the largest action and "not needed", so the members decide.
+    A non-member votes the largest action and "no" twice, so the members decide.
     """
-    actions, unneeded = [], []
+    actions, unneeded, undeclared = [], [], []
     for name in names:
         if not members[name]:
             actions.append(int(GroupAction.DESTROY))
             unneeded.append(1)
+            undeclared.append(1)
             continue
         actions.append(int(choose_action(rules, name, sizes[name], suspendable[name])))
         needed = rules.sync_groups is None or name in rules.sync_groups
         unneeded.append(int(not needed))
-    return actions + unneeded
+        undeclared.append(int(name not in rules.keep_live))
+    return actions + unneeded + undeclared
 
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """The agreed plan: every group's action and which groups the weight sync needs (same on every rank)."""
+    """The agreed plan (same on every rank): every group's action, which groups the weight sync needs,
+    and which kept groups were declared ``keep_live`` (checked by a canary after the pause, as
+    PAUSED_LIVE's groups are)."""
 
     actions: Mapping[str, GroupAction]
     for_sync: frozenset[str] = field(default_factory=frozenset)
+    kept_live: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def from_agreed(cls, names: tuple[str, ...], agreed: list[int]) -> "GroupPlan":
         """The plan from the MIN-reduced :func:`local_votes`."""
         n = len(names)
-        if len(agreed) != 2 * n:
-            raise ValueError(f"plan agreement has {len(agreed)} values, expected {2 * n} for {n} groups")
+        if len(agreed) != 3 * n:
+            raise ValueError(f"plan agreement has {len(agreed)} values, expected {3 * n} for {n} groups")
         actions = {name: GroupAction(agreed[i]) for i, name in enumerate(names)}
         for_sync = frozenset(name for i, name in enumerate(names) if agreed[n + i] == 0)
-        return cls(actions, for_sync)
+        kept_live = frozenset(name for i, name in enumerate(names)
+                              if agreed[2 * n + i] == 0 and actions[name] is GroupAction.KEEP)
+        return cls(actions, for_sync, kept_live)
 
     def acted(self, *, sync: bool) -> list[str]:
         """Groups (in walk order) that are suspended or destroyed at the pause (``sync=False``) or after the sync."""
@@ -235,7 +242,7 @@ class PlannedGroups:
             return local_votes(self.rules, names, members, sizes, suspendable)
 
         error: Exception | None = None
-        votes = [int(GroupAction.DESTROY)] * len(names) + [1] * len(names)
+        votes = [int(GroupAction.DESTROY)] * len(names) + [1] * (2 * len(names))
         try:
             await rt.point("lifecycle.plan")
             votes = await facts()

@@ -312,6 +312,8 @@ class PGLifecycle:
                 await self.planned.apply(plan.acted(sync=False))
                 self._transition(PGEvent.PAUSE_PLANNED)
                 await self.role.step("release_memory", lambda: _call(release_memory))
+                if plan.kept_live:  # groups the rollout keeps using: checked as PAUSED_LIVE's are
+                    await self._check_canary(only=sorted(plan.kept_live))
             else:
                 await self.role.destroy_all(inline_wait=inline_cooldown(policy))
                 self._transition(PGEvent.DESTROY)

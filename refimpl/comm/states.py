@@ -151,6 +151,9 @@ TRANSITIONS: tuple[Transition, ...] = (
                "and declared use) "
                "and which groups the weight sync needs; suspend or destroy the others in one ordered walk, "
                "one agreement"),
+    Transition(_S.SYNC_READY, _E.CANARY_FAILED, _S.DESTROYED,
+               "canary after the pause on the groups declared keep_live wrong or late on some rank (agreed)",
+               "abort groups at once; preservation off for the process"),
     Transition(_S.SYNC_READY, _E.APPLY_PLAN, _S.PLANNED,
                "the weight sync succeeded on every rank (agreed)",
                "suspend or destroy the weight-sync groups as planned, one ordered walk, one agreement"),

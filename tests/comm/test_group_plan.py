@@ -22,13 +22,14 @@ def test_min_of_the_votes_is_the_plan():
     names = ("a", "b", "c")
     sizes = {"a": 2, "b": 1, "c": 2}
     mem = {"a": 192 * MiB, "b": 384 * MiB, "c": 192 * MiB}
-    r0 = local_votes(GroupPlanRules(sync_groups={"a"}), names, {"a": True, "b": True, "c": True}, sizes, mem)
+    r0 = local_votes(GroupPlanRules(sync_groups={"a"}, keep_live={"c"}), names, {"a": True, "b": True, "c": True}, sizes, mem)
     r1 = local_votes(GroupPlanRules(sync_groups=set(), keep_live={"c"}), names, {"a": True, "b": False, "c": True},
                      sizes, mem)
     agreed = [min(x, y) for x, y in zip(r0, r1)]
     plan = GroupPlan.from_agreed(names, agreed)
     assert plan.actions == {"a": GroupAction.SUSPEND, "b": GroupAction.DESTROY, "c": GroupAction.KEEP}
     assert plan.for_sync == {"a"}, "needed by the sync if any rank needs it; a non-member never does"
+    assert plan.kept_live == {"c"}, "declared keep_live by one rank: canaried after the pause by all"
     assert plan.acted(sync=False) == ["b"] and plan.acted(sync=True) == ["a"]
     assert plan.counts() == {"KEEP": 1, "SUSPEND": 1, "DESTROY": 1}
 

@@ -137,10 +137,11 @@ def test_planned_suspend_keeps_gloo_and_declared_groups_and_can_suspend_single_r
         during = {g: ("suspended" if rt.group_suspended(g) else "live" if rt.group_live(g) else "destroyed")
                   for g in lc.groups if rt.is_member(g)}
         await lc.resume()
-        return during, dict(lc.planned.plan.actions), await sums(rt, lc.groups)
+        return during, dict(lc.planned.plan.actions), await sums(rt, lc.groups), lc.planned.plan, lc.stats.canaries
 
-    for rank, (during, actions, after) in enumerate(world.run(job)):
+    for rank, (during, actions, after, plan, canaries) in enumerate(world.run(job)):
         assert during == {"pair": "suspended", f"solo{rank}": "suspended", "ctl": "live", "rollout": "live"}
+        assert plan.kept_live == {"rollout"} and canaries == 2, "the kept-live group is checked after the pause"
         assert actions["ctl"] is GroupAction.KEEP, "a Gloo group holds no NCCL memory: kept"
         assert set(after) == set(during)
 
@@ -277,3 +278,19 @@ def test_switch_window_benchmark_runs_the_planned_policy_beside_the_old_ones():
     assert planned.total < old.total and planned.total < res[PGPolicy.DESTROY_DEFERRED].total
     assert planned.held_in_rollout_gib <= 0.02 * res[PGPolicy.PAUSED_LIVE].held_in_rollout_gib
     assert PGPolicy.SUSPEND_PLANNED.suspends and PGPolicy.SUSPEND.suspends and not PGPolicy.PAUSED_LIVE.suspends
+
+
+def test_a_corrupted_canary_on_a_kept_live_group_after_the_pause_destroys_everywhere():
+    specs = mesh_groups(2, 1)
+    world = sim.SimWorld(2, faults=PointFaults(corrupt_canary_rank=0))
+
+    async def job(rt):
+        lc = PGLifecycle(rt, specs, config=config(two_phase=False), plan=GroupPlanRules(keep_live={"dp"}))
+        state = await lc.pause()
+        await lc.weight_sync(lambda: sums(rt, ["dp"]))
+        await rt.sleep(3.0)
+        await lc.resume()
+        return state, lc.state, await sums(rt, lc.groups), want([g for g in lc.groups if rt.is_member(g)], specs)
+
+    for state, end, after, expected in world.run(job):
+        assert state is PGState.DESTROYED and end is PGState.ACTIVE and after == expected
