@@ -294,3 +294,14 @@ def test_a_corrupted_canary_on_a_kept_live_group_after_the_pause_destroys_everyw
 
     for state, end, after, expected in world.run(job):
         assert state is PGState.DESTROYED and end is PGState.ACTIVE and after == expected
+
+
+def test_first_use_after_wake_is_the_slowest_ranks_mean_over_steady_steps():
+    from refimpl.benchmarks.switch_window import StepTimes, first_use_after_wake
+
+    def steps(*first):
+        return [StepTimes(0, 0, 0, 0, 0, "PLANNED", f) for f in first]
+
+    per_rank = [steps(9.0, 1.0, 2.0, 3.0), steps(9.0, 2.0, 1.0, 5.0)]
+    assert first_use_after_wake(per_rank, warmup=2) == 4.0  # max of (2, 1) and (3, 5), mean
+    assert first_use_after_wake(per_rank, warmup=0) == (2.0 + 2.0 + 5.0) / 3, "step 0 (group creation) left out"
