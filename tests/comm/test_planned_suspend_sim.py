@@ -303,5 +303,5 @@ def test_first_use_after_wake_is_the_slowest_ranks_mean_over_steady_steps():
         return [StepTimes(0, 0, 0, 0, 0, "PLANNED", f) for f in first]
 
     per_rank = [steps(9.0, 1.0, 2.0, 3.0), steps(9.0, 2.0, 1.0, 5.0)]
-    assert first_use_after_wake(per_rank, warmup=2) == 4.0  # max of (2, 1) and (3, 5), mean
+    assert first_use_after_wake(per_rank, warmup=2) == 3.5  # max of (2, 1) and of (3, 5), mean
     assert first_use_after_wake(per_rank, warmup=0) == (2.0 + 2.0 + 5.0) / 3, "step 0 (group creation) left out"
