@@ -12,6 +12,8 @@ plan took down, racing its peers' collectives):
   or every one of them fails (FAILED, each with an error);
 * a crash, hang or exception fails every surviving rank;
 * the plan is the same on every rank;
+* a collective racing the wake on a group the plan took down is refused at once and the wake
+  still succeeds on every rank;
 * a group one rank declares keep_live stays live on every member (and its canary runs after the pause);
 * without faults every group's all-reduce is right after every wake, NCCL
   memory in the rollout is the persistent part of the suspended groups only,
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 import sim
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.comm.group_plan import GroupPlanRules
-from refimpl.runtime.base import GroupSpec
+from refimpl.runtime.base import GroupError, GroupSpec
 
 POINTS = ["lifecycle.pause.decide", "lifecycle.plan", "lifecycle.plan.apply", "lifecycle.plan.group",
           "lifecycle.plan.preflight", "lifecycle.resume.preflight", "lifecycle.resume", "lifecycle.canary",
@@ -104,14 +106,16 @@ def _names(decl, rank, n):
     decl=st.lists(declarations, min_size=4, max_size=4),
     single_rank=st.booleans(),
     keep_mp=st.booleans(),
+    early=st.one_of(st.none(), st.integers(0, 3)),
     misuse=st.one_of(st.none(), st.integers(0, 3)),
     fault=faults,
     data=st.data(),
 )
-def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, keep_mp, misuse,
-                                                                 fault, data):
+def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, keep_mp, early,
+                                                                 misuse, fault, data):
     drawn = None if fault is None else DrawnFault(fault[0], fault[1] % n, fault[2], fault[3])
     misuse_rank = None if misuse is None else misuse % n
+    early_rank = None if early is None else early % n
     world = sim.SimWorld(n, faults=drawn, group_timeouts=True, chooser=sim.HypothesisChooser(data, max_choices=50))
     config = LifecycleConfig(policy=PGPolicy.SUSPEND_PLANNED, agree_timeout_s=AGREE_S, canary_timeout_s=CANARY_S,
                              cooldown_s=2.0, two_phase=False)
@@ -121,7 +125,7 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
         rules = GroupPlanRules(sync_groups=_names(decl[rt.rank], rt.rank, n), destroy_single_rank=single_rank,
                                keep_live={"mp"} if keep_mp and rt.rank == 0 else ())
         lc = PGLifecycle(rt, specs, config=config, plan=rules)
-        error, sums, held, plans = None, [], [], []
+        error, sums, held, plans, refused = None, [], [], [], []
         before = rt.memory_info().used
 
         async def sync():
@@ -143,6 +147,15 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
                     await lc.weight_sync(sync)
                 held.append((lc.state, lc.comm_memory()))
                 await rt.sleep(ROLLOUT_S)
+                if rt.rank == early_rank and lc.state is PGState.PLANNED:
+                    # a collective racing the wake on a group the plan took down: refused at once, no hang
+                    down = [g for g, a in lc.planned.plan.actions.items() if a.name != "KEEP" and rt.is_member(g)]
+                    for g in down[:1]:
+                        try:
+                            await rt.all_reduce(torch.ones(1), group=g, timeout_s=CANARY_S)
+                            refused.append(None)
+                        except GroupError as exc:
+                            refused.append(type(exc).__name__)
                 await lc.resume()
                 step = {}
                 for g in lc.groups:
@@ -154,6 +167,7 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
         except Exception as exc:  # noqa: BLE001 - the property is about how ranks end
             error = exc
         return dict(state=lc.state, history=[(a, e, b) for _, a, e, b in lc.history], error=error, sums=sums,
+                    refused=refused,
                     held=held, plans=plans, end=rt.now(), leaked=rt.memory_info().used - before)
 
     results = world.run(job, return_exceptions=True)  # a deadlock raises here and fails the property
@@ -174,6 +188,8 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
     if gone or (drawn is not None and drawn.fired and drawn.kind == "raise"):
         assert state is PGState.FAILED, "a crash, hang or exception fails every surviving rank"
     assert max(r["end"] for r in alive) <= steps * (ROLLOUT_S + 14 * (AGREE_S + CREATE_S + CANARY_S)) + 200
+    for r in alive:
+        assert None not in r["refused"], "a collective on a group the plan took down is refused"
     if drawn is None and misuse_rank is None:
         assert state is PGState.ACTIVE
         by_name = {s.name: s for s in specs}
