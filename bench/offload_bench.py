@@ -1,6 +1,6 @@
 """The offload benchmark: ``python bench/offload_bench.py [--dry-run] ...`` is ``timeshare bench offload``.
 
-See :mod:`refimpl.benchmarks.offload` for what it measures; ``--help`` for the options.
+See :mod:`bench.offload` for what it measures; ``--help`` for the options.
 """
 import sys
 from pathlib import Path

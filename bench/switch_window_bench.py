@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from refimpl.benchmarks import switch_window  # noqa: E402
+from bench import switch_window  # noqa: E402
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=switch_window.__doc__.split("\n\n")[0])

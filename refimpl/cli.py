@@ -18,7 +18,7 @@ import sys
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim.cli", "run a simulated scenario (default scenario when none is given)"),
-    "bench": ("refimpl.benchmarks.cli", "benchmark the offload store against baselines"),
+    "bench": ("bench.cli", "benchmark the offload store against baselines"),
     "demo": ("refimpl.demo", "run a real offload/reload cycle on this machine"),
 }
 

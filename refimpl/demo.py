@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import OffloadStore, StoreConfig
 
 

@@ -8,7 +8,7 @@ The same ``async def`` protocol code that runs on ``TorchRuntime`` runs here on
     results = world.run(lambda rt: protocol(rt))
 
 Kernel: :mod:`sim.engine`. Model protocols and defaults (time, memory, faults,
-communicators): :mod:`sim.models`. Rendezvous and mismatch detection:
+communicators): :mod:`sim.model_protocols`. Rendezvous and mismatch detection:
 :mod:`sim.rendezvous`. Deadlock detection: :mod:`sim.deadlock`.
 """
 from sim.engine import (
@@ -18,7 +18,7 @@ from sim.errors import (
     CollectiveMismatchError, DeadlockError, RankCrashedError, RankFailedError, RankHungError, SimError,
     SimOutOfMemoryError, SimUsageError,
 )
-from sim.models import (
+from sim.model_protocols import (
     CollectiveCost, CommModel, FaultAction, FaultHooks, FaultKind, FixedBandwidthTransport, LedgerMemory,
     MemoryModel, NcclCommModel, NoFaults, RingCollectiveCost, Transport,
 )

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from sim.models import MemoryModel
+from sim.model_protocols import MemoryModel
 
 log = logging.getLogger(__name__)
 

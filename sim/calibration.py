@@ -2,10 +2,10 @@
 
 ``bench/offload_bench.py`` (``timeshare bench offload``) measures the offload
 store on a real GPU for the per-rank state shapes of
-:mod:`refimpl.benchmarks.shapes` (a dense 7B 1/8 shard, 1,164 tensors, 11.79 GB;
+:mod:`sim.presets.bench_shapes` (a dense 7B 1/8 shard, 1,164 tensors, 11.79 GB;
 a fine-grained MoE 1/8 shard, 25,164 tensors, 18.54 GB) and writes
 ``bench/results/<...>/<date>-<device>-offload.json``. :func:`predict` takes the
-shape's tensors from :mod:`refimpl.benchmarks.shapes` (same names, sizes and
+shape's tensors from :mod:`sim.presets.bench_shapes` (same names, sizes and
 dtypes) and runs the *same store code* on one simulated rank of a topology
 preset (default ``h200-1x``, the measured test machine) with meta payloads. What
 the simulation gives is the copy time: one copy per 256 MiB host segment after
@@ -122,7 +122,7 @@ def host_overheads(preset: str, tensors: int, nbytes: int) -> dict[str, float]:
 
 def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any = None,
             d2h_bps: float | None = None, h2d_bps: float | None = None, phase_gap_s: float = 0.0) -> dict[str, Any]:
-    """Predicted cold and steady offload/reload seconds of ``shape`` (a ``refimpl.benchmarks.shapes.StateShape``).
+    """Predicted cold and steady offload/reload seconds of ``shape`` (a ``sim.presets.bench_shapes.StateShape``).
 
     ``d2h_bps``/``h2d_bps``: PCIe rate per direction in bytes/s; by default the
     preset's ``pcie_gen5_x16_d2h_run1``/``pcie_gen5_x16_h2d_run1`` where it has
@@ -211,7 +211,7 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
     has none); the measurement is the report's steady median of that method.
     """
     gap = float(report.get("phase_gap_s") or 0.0)
-    from refimpl.benchmarks.shapes import SHAPES
+    from sim.presets.bench_shapes import SHAPES
 
     rows = []
     shapes = {factory().name: factory for factory in SHAPES.values()}
@@ -222,7 +222,7 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
             continue
         shape = factory()
         if shape.nbytes != sh["state_bytes"] or len(shape.tensors) != sh["tensors"]:
-            raise ValueError(f"shape {shape.name}: refimpl.benchmarks.shapes gives {len(shape.tensors)} tensors, "
+            raise ValueError(f"shape {shape.name}: sim.presets.bench_shapes gives {len(shape.tensors)} tensors, "
                              f"{shape.nbytes} B but the report measured {sh['tensors']} tensors, {sh['state_bytes']} B;"
                              " compare a report made with the current shapes")
         line = sh["line_rate"]

@@ -1,6 +1,6 @@
 """Collective and communicator costs from a topology, in nccl-tests' bus-bandwidth terms.
 
-Collectives (:class:`TopologyCollectiveCost`, a :class:`sim.models.CollectiveCost`)
+Collectives (:class:`TopologyCollectiveCost`, a :class:`sim.model_protocols.CollectiveCost`)
 -------------------------------------------------------------------------------
 nccl-tests reports, for a collective of *size* ``S`` bytes taking ``t`` seconds,
 ``algbw = S / t`` and ``busbw = algbw * f(n)`` with ``f = 2(n-1)/n`` for
@@ -23,7 +23,7 @@ comparable across ``n``. The model inverts that, alpha-beta style::
 
 A barrier is timed as a one-element all_reduce (what torch does on NCCL).
 
-Communicators (:class:`NcclComm`, a :class:`sim.models.CommModel`)
+Communicators (:class:`NcclComm`, a :class:`sim.model_protocols.CommModel`)
 ------------------------------------------------------------------
 Memory and lifecycle times come from the preset's ``comm`` section. torch
 creates NCCL communicators lazily, at the first collective of a (re)built

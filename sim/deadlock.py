@@ -13,7 +13,7 @@ that wait *for* them are.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import networkx as nx
 
@@ -21,7 +21,15 @@ from sim.engine import ProcessState
 from sim.errors import DeadlockError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.world import SimWorld
+    from sim.engine import Engine
+    from sim.runtime import SimRuntime
+
+
+class WaitingWorld(Protocol):
+    """What deadlock detection reads of a world (:class:`sim.SimWorld` is one): its clock and its ranks."""
+
+    engine: "Engine"
+    runtimes: Sequence["SimRuntime"]
 
 MAX_LISTED = 32
 
@@ -30,7 +38,7 @@ def _is_hang(fut) -> bool:
     return getattr(fut.blocker, "hang", False)
 
 
-def _status(world: "SimWorld", rank: int) -> str:
+def _status(world: WaitingWorld, rank: int) -> str:
     rt = world.runtimes[rank]
     p = rt.process
     if p is None:
@@ -47,7 +55,7 @@ def _status(world: "SimWorld", rank: int) -> str:
     return f"rank {rank} is blocked: {rt.last_op}"
 
 
-def find_deadlock(world: "SimWorld") -> DeadlockError | None:
+def find_deadlock(world: WaitingWorld) -> DeadlockError | None:
     """The DeadlockError describing the blocked ranks, or None if none is blocked on another."""
     blocked: dict[int, str] = {}
     waits: dict[int, list[int]] = {}

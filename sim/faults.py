@@ -1,7 +1,7 @@
 """Fault plans: which fault hits which rank, when, in a simulated job.
 
 A :class:`FaultPlan` is a list of :class:`Fault` specs and implements
-:class:`sim.models.FaultHooks`, so it is passed as ``SimWorld(faults=plan)``.
+:class:`sim.model_protocols.FaultHooks`, so it is passed as ``SimWorld(faults=plan)``.
 Each fault has a kind and a trigger:
 
 =====================  ===========================================================
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from refimpl.runtime.base import AddressInUseError, CollectiveFailedError, GroupSpec, PinningError
-from sim.models import FaultAction
+from sim.model_protocols import FaultAction
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.world import SimWorld
@@ -168,7 +168,7 @@ class FiredFault:
 
 
 class FaultPlan:
-    """A list of faults, applied through the :class:`sim.models.FaultHooks` protocol."""
+    """A list of faults, applied through the :class:`sim.model_protocols.FaultHooks` protocol."""
 
     def __init__(self, faults: list[Fault] | tuple[Fault, ...] = ()):
         self.faults: tuple[Fault, ...] = tuple(faults)

@@ -207,7 +207,7 @@ def max_min_rates(paths: list[tuple[int, ...]], capacity: Mapping[int, float]) -
 
 
 class FlowTransport:
-    """The :class:`sim.models.Transport` of a topology: copies share bandwidth max-min fairly.
+    """The :class:`sim.model_protocols.Transport` of a topology: copies share bandwidth max-min fairly.
 
     Args:
         topology: where paths and capacities come from.

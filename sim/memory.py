@@ -1,6 +1,6 @@
 """Memory ledgers: HBM per GPU and host memory (pinned and pageable) per NUMA node.
 
-:class:`TopologyMemory` implements :class:`sim.models.MemoryModel` with the
+:class:`TopologyMemory` implements :class:`sim.model_protocols.MemoryModel` with the
 capacities of a :class:`sim.topology.Topology`:
 
 * each rank's GPU has the preset's HBM capacity; every allocation is charged
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from refimpl.runtime.base import MemoryInfo, PinningError
 from sim.errors import SimError, SimOutOfMemoryError
-from sim.models import RankLedger
+from sim.model_protocols import RankLedger
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.topology import Topology

@@ -10,8 +10,8 @@ arrival with a different signature is a :class:`sim.CollectiveMismatchError`,
 which stops the simulation: it is a protocol bug, not a runtime condition.
 
 When the last member arrives the collective completes ``cost`` seconds later
-(cost from :class:`sim.models.CollectiveCost` or, for group creation, from
-:class:`sim.models.CommModel`): on real payloads the data moves then (so a
+(cost from :class:`sim.model_protocols.CollectiveCost` or, for group creation, from
+:class:`sim.model_protocols.CommModel`): on real payloads the data moves then (so a
 rank that read its output before awaiting would see stale bytes), and every
 member's future is resolved. A member whose future already failed (it timed
 out) contributed its input but receives nothing.
@@ -23,7 +23,7 @@ what the deadlock detector draws as waits-for edges.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
@@ -32,9 +32,21 @@ from sim.engine import Event, SimFuture
 from sim.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.world import SimWorld
+    from sim.engine import Engine
+    from sim.model_protocols import CollectiveCost, CommModel
 
 log = logging.getLogger(__name__)
+
+
+class RendezvousHost(Protocol):
+    """What the rendezvous reads of its world (:class:`sim.SimWorld` is one): clock and cost models."""
+
+    engine: "Engine"
+    comm: "CommModel"
+    collective_cost: "CollectiveCost"
+
+    def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
+        """``spec`` with its backend filled in."""
 
 CREATE_SEQ = -1
 
@@ -115,7 +127,7 @@ class HangBlocker:
 class Rendezvous:
     """All pending collectives of a world, keyed by ``(group, generation, seq)``."""
 
-    def __init__(self, world: "SimWorld"):
+    def __init__(self, world: RendezvousHost):
         self._world = world
         self._pending: dict[tuple[str, int, int], Pending] = {}
 

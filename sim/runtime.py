@@ -3,10 +3,10 @@
 Protocol code awaits the same operations it awaits on ``TorchRuntime``; here
 each one suspends the rank's coroutine until the simulated time at which it
 finishes (see :mod:`sim.engine`). Time comes from the world's
-:class:`~sim.models.Transport`, :class:`~sim.models.CollectiveCost` and
-:class:`~sim.models.CommModel`; memory is charged to its
-:class:`~sim.models.MemoryModel`; faults come from its
-:class:`~sim.models.FaultHooks` (see :mod:`sim.models`).
+:class:`~sim.model_protocols.Transport`, :class:`~sim.model_protocols.CollectiveCost` and
+:class:`~sim.model_protocols.CommModel`; memory is charged to its
+:class:`~sim.model_protocols.MemoryModel`; faults come from its
+:class:`~sim.model_protocols.FaultHooks` (see :mod:`sim.model_protocols`).
 
 Payloads: with ``payload="real"`` buffers are real (small) CPU tensors and
 copies and collectives move real bytes; with ``"meta"`` they are meta tensors
@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import torch
 
@@ -33,13 +33,35 @@ from refimpl.runtime.base import (
 from sim.allocator import RankAllocator
 from sim.engine import Crash, Process, SimFuture, Timeout
 from sim.errors import SimUsageError
-from sim.models import FaultAction, FaultKind
+from sim.model_protocols import FaultAction, FaultKind
 from sim.rendezvous import CREATE_SEQ, HangBlocker, describe
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.world import SimWorld
+    from sim.engine import Engine
+    from sim.model_protocols import CommModel, FaultHooks, MemoryModel, Transport
+    from sim.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
+
+
+class RankHost(Protocol):
+    """What a :class:`SimRuntime` reads of the world that made it (:class:`sim.SimWorld` is one).
+
+    Declared here, with the runtime that needs it, so this module stays below the world.
+    """
+
+    world_size: int
+    payload_real: bool
+    group_timeouts: bool
+    engine: "Engine"
+    transport: "Transport"
+    memory: "MemoryModel"
+    faults: "FaultHooks | None"
+    comm: "CommModel"
+    rendezvous: "Rendezvous"
+
+    def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
+        """``spec`` with its backend filled in."""
 
 
 _COPY_LABEL = {k: f"copy {k.value}" for k in CopyKind}
@@ -68,7 +90,7 @@ class RankGroup:
 class SimRuntime(Runtime):
     """One simulated rank of a :class:`sim.SimWorld`. Create through the world, not directly."""
 
-    def __init__(self, world: "SimWorld", rank: int):
+    def __init__(self, world: RankHost, rank: int):
         self.world = world
         self.rank = rank
         self.world_size = world.world_size
@@ -178,6 +200,13 @@ class SimRuntime(Runtime):
         rg = RankGroup(spec, GroupState.LIVE, member, spec.group_rank(self.rank) if member else -1)
         self._groups[spec.name] = rg
         return rg
+
+    def join_world_group(self, spec: GroupSpec) -> None:
+        """Install the world's default group on this rank and charge its communicator memory.
+
+        The world calls this once per rank while it is built (no rendezvous: every rank starts in it).
+        """
+        self._charge_comm(self._install(spec, member=True))
 
     def _charge_comm(self, rg: RankGroup, suspendable_only: bool = False) -> None:
         mem = self.world.comm.memory(self.world.resolve_backend(rg.spec), self.rank)
@@ -465,13 +494,4 @@ class SimRuntime(Runtime):
         raise SimUsageError("SimRuntime cannot drive a coroutine synchronously; run protocol code with world.run(fn)")
 
 
-__all__ = ["GroupState", "RankGroup", "SimRuntime"]
-
-
-def __getattr__(name: str) -> Any:
-    # SimWorld lives in sim.world (which imports this module); offer it here too.
-    if name in ("SimWorld", "run_ranks"):
-        from sim import world
-
-        return getattr(world, name)
-    raise AttributeError(f"module 'sim.runtime' has no attribute {name!r}")
+__all__ = ["GroupState", "RankGroup", "RankHost", "SimRuntime"]

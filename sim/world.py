@@ -32,7 +32,7 @@ from refimpl.runtime.base import WORLD, GroupSpec
 from sim.deadlock import find_deadlock
 from sim.engine import Chooser, Engine, ProcessState, RandomChooser
 from sim.errors import RankCrashedError, RankFailedError, RankHungError, SimUsageError
-from sim.models import (
+from sim.model_protocols import (
     CollectiveCost, CommModel, FaultHooks, FixedBandwidthTransport, LedgerMemory, MemoryModel, NcclCommModel,
     NoFaults, RingCollectiveCost, Transport,
 )
@@ -85,7 +85,7 @@ class SimWorld:
         chooser: how events ready at the same instant are ordered: None (FIFO),
             ``"random"`` (seeded by ``seed``) or a :class:`sim.engine.Chooser`.
         transport, collective_cost, memory, faults, comm: the models (see
-            :mod:`sim.models`); None means the default.
+            :mod:`sim.model_protocols`); None means the default.
         default_backend: backend of groups whose spec says ``backend=None``.
         group_timeouts: when True, collectives and group creation without an
             explicit ``timeout_s`` time out after the group's ``timeout_s``
@@ -141,8 +141,7 @@ class SimWorld:
         self.runtimes = [SimRuntime(self, r) for r in range(world_size)]
         world_spec = GroupSpec(WORLD, tuple(range(world_size)), backend=default_backend)
         for rt in self.runtimes:
-            rg = rt._install(world_spec, member=True)
-            rt._charge_comm(rg)
+            rt.join_world_group(world_spec)
         self._broken: BaseException | None = None
 
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:

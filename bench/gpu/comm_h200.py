@@ -76,8 +76,8 @@ class Checks:
 def library_facts(c: Checks) -> "object":
     import torch
 
-    from refimpl.comm import nccl
-    from refimpl.comm.validation import NcclFacts
+    from refimpl.torch_runtime import nccl
+    from refimpl.torch_runtime.nccl_validation import NcclFacts
 
     facts = NcclFacts.probe()
     lib = nccl.NcclLibrary.load()
@@ -93,7 +93,7 @@ def library_facts(c: Checks) -> "object":
 
 def check_validation(c: Checks, facts) -> bool:
     """True if suspend is usable here; with stock NCCL, check that validation refuses it."""
-    from refimpl.comm.validation import NcclOffloadUnavailableError, require_offload_nccl
+    from refimpl.torch_runtime.nccl_validation import NcclOffloadUnavailableError, require_offload_nccl
 
     try:
         require_offload_nccl(facts=facts)
@@ -107,11 +107,11 @@ def check_validation(c: Checks, facts) -> bool:
 
 
 def binding_checks(c: Checks, n_groups: int, allreduce_mib: int) -> None:
-    """Suspend/resume each group's communicator through refimpl.comm.nccl; memory seen by mem_get_info."""
+    """Suspend/resume each group's communicator through refimpl.torch_runtime.nccl; memory seen by mem_get_info."""
     import torch
     import torch.distributed as dist
 
-    from refimpl.comm import nccl
+    from refimpl.torch_runtime import nccl
 
     dev = torch.device("cuda", 0)
     pgs = [dist.new_group([0], backend="nccl") for _ in range(n_groups)]
@@ -203,7 +203,7 @@ def switch_window(c: Checks, args, can_suspend: bool) -> None:
     """The Relax-style switch window of each policy on this one rank, with 14 one-rank groups."""
     import torch
 
-    from refimpl.benchmarks.switch_window import format_results, mesh_groups, run_steps, summarize
+    from bench.switch_window import format_results, mesh_groups, run_steps, summarize
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
 

@@ -26,7 +26,7 @@ import traceback
 
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from vmm_buffer import VmmBuffer, release_vmm, vmm_supported
 
 TOTAL = 11 * (1 << 30)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 
 TOTAL = 11 * (1 << 30)
 SEG = 256 << 20

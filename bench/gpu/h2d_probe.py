@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 
 GB = 1e9
 TOTAL = 11 * (1 << 30)

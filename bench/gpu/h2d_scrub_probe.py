@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from vmm_buffer import VmmBuffer
 
 TOTAL = 11 * (1 << 30)

@@ -120,7 +120,7 @@ if [[ "$WHAT" == *" segments "* ]]; then
   $PY - "$OUT/store_segments.json" <<'EOF2'
 import json, sys, time
 import torch
-from refimpl.benchmarks.shapes import moe_shape
+from sim.presets.bench_shapes import moe_shape
 
 def segs():
     return torch.cuda.memory_stats().get("segment.all.current", 0)

@@ -1,10 +1,5 @@
 """Communicator control: NCCL suspend/resume and the process-group lifecycle.
 
-* :mod:`refimpl.comm.nccl_loader`: which libnccl is mapped in this process.
-* :mod:`refimpl.comm.nccl`: ctypes binding to it (the only module here that
-  touches ``torch.distributed`` / CUDA, and only inside its functions).
-* :mod:`refimpl.comm.validation`: refuse ``offload_nccl`` unless that library
-  can suspend communicators.
 * :mod:`refimpl.comm.states`: :class:`PGState`, :class:`PGPolicy` and the
   transition table as data; :mod:`refimpl.comm.decisions` decides,
   :class:`PGLifecycle` performs, :mod:`refimpl.comm.role_groups` walks the
@@ -13,8 +8,16 @@
   :mod:`refimpl.comm.gates`: the agreement over the control group, the deferred
   port cooldown and the static eligibility gates.
 
-``refimpl.comm.nccl`` is not imported here; see docs/comm.md.
+The NCCL binding (``nccl``, ``nccl_loader``) and the ``offload_nccl`` check
+(``NcclFacts``, ``require_offload_nccl``, ...) are implementation: they live in
+:mod:`refimpl.torch_runtime`. For code written before they moved, this package
+still offers them through a lazy module ``__getattr__`` (loaded on first use, so
+importing :mod:`refimpl.comm` never loads torch's side); it is a declared
+exception of the import-graph rule (``tests/test_import_graph.py``).
 """
+import importlib
+
+
 from refimpl.comm.agreement import AgreementError, AgreementTimeoutError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.gates import RELAX_GATES, Gate, GateContext, fact_gate, failing_gates
@@ -42,12 +45,27 @@ from refimpl.comm.states import (
     mermaid,
     next_state,
 )
-from refimpl.comm.validation import (
-    NcclFacts,
-    NcclOffloadUnavailableError,
-    require_offload_nccl,
-    validate_offload_nccl,
-)
+
+#: name -> (module above this floor, attribute or None for the module itself); loaded on first use
+MOVED_UP: dict[str, tuple[str, str | None]] = {
+    "nccl": ("refimpl.torch_runtime.nccl", None),
+    "nccl_loader": ("refimpl.torch_runtime.nccl_loader", None),
+    "validation": ("refimpl.torch_runtime.nccl_validation", None),
+    "NcclFacts": ("refimpl.torch_runtime.nccl_validation", "NcclFacts"),
+    "NcclOffloadUnavailableError": ("refimpl.torch_runtime.nccl_validation", "NcclOffloadUnavailableError"),
+    "require_offload_nccl": ("refimpl.torch_runtime.nccl_validation", "require_offload_nccl"),
+    "validate_offload_nccl": ("refimpl.torch_runtime.nccl_validation", "validate_offload_nccl"),
+}
+
+
+def __getattr__(name):
+    # The NCCL binding and its check moved up to refimpl.torch_runtime; load them only when asked.
+    target = MOVED_UP.get(name)
+    if target is None:
+        raise AttributeError(f"module 'refimpl.comm' has no attribute {name!r}")
+    module = importlib.import_module(target[0])
+    return module if target[1] is None else getattr(module, target[1])
+
 
 __all__ = [
     "AgreementError",
@@ -62,8 +80,6 @@ __all__ = [
     "LifecycleFailedError",
     "LifecycleStateError",
     "LifecycleStats",
-    "NcclFacts",
-    "NcclOffloadUnavailableError",
     "PGEvent",
     "PGLifecycle",
     "PGPolicy",
@@ -81,6 +97,4 @@ __all__ = [
     "mermaid",
     "next_state",
     "preservation_disabled_reason",
-    "require_offload_nccl",
-    "validate_offload_nccl",
 ]

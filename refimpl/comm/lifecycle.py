@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import weakref
 import zlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from refimpl.comm.agreement import CONTROL_GROUP, AgreementError, ControlGroup
+from refimpl.comm.agreement import AgreementError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.decisions import (
     Preservation,
@@ -58,74 +56,22 @@ from refimpl.comm.decisions import (
     needs_bring_up,
     pause_event,
 )
+from refimpl.comm.errors import (
+    LifecycleError,
+    LifecycleFailedError,
+    LifecycleStateError,
+    PeerFailedError,
+    PolicyMismatchError,
+    ResumeMemoryError,
+)
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
 from refimpl.comm.group_plan import GroupPlanRules, PlannedGroups
-from refimpl.comm.role_groups import LifecycleError, PeerFailedError, ResumeMemoryError, RoleGroups
+from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
+from refimpl.comm.role_groups import RoleGroups
 from refimpl.comm.states import PGEvent, PGPolicy, PGState, transition_for
 from refimpl.runtime.base import CommMemory, GroupError, GroupSpec, Runtime
 
 log = logging.getLogger(__name__)
-
-
-class LifecycleStateError(LifecycleError):
-    """An operation was called in a state that does not allow it (e.g. pause while paused)."""
-
-
-class LifecycleFailedError(LifecycleError):
-    """The lifecycle failed earlier; its groups are aborted and it cannot be used again."""
-
-
-class PolicyMismatchError(AgreementError):
-    """Ranks asked for different pause policies."""
-
-
-@dataclass(frozen=True)
-class LifecycleConfig:
-    """Validated settings of a :class:`PGLifecycle`.
-
-    ``canary_value`` is what this rank contributes to each canary all-reduce;
-    healthy ranks contribute 1.0 and the sum must equal the group size. Setting
-    it to anything else on one rank is the documented way to make a canary fail
-    (tests, fire drills).
-    """
-
-    policy: PGPolicy = PGPolicy.DESTROY_DEFERRED
-    cooldown_s: float = 2.0
-    two_phase: bool = True
-    canary_timeout_s: float = 30.0
-    agree_timeout_s: float = 300.0
-    control_group: str = CONTROL_GROUP
-    rebuild_retries: int = 3
-    canary_value: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.policy, PGPolicy):
-            raise TypeError(f"policy must be a PGPolicy, got {self.policy!r}")
-        for name in ("cooldown_s", "canary_timeout_s", "agree_timeout_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0) or (name != "cooldown_s" and v == 0):
-                raise ValueError(f"LifecycleConfig.{name} must be a finite number of seconds > 0 (>= 0 for cooldown), got {v}")
-        if self.rebuild_retries < 0:
-            raise ValueError(f"LifecycleConfig.rebuild_retries must be >= 0, got {self.rebuild_retries}")
-        if not self.control_group:
-            raise ValueError("LifecycleConfig.control_group needs a name")
-
-
-@dataclass
-class LifecycleStats:
-    """Counters of what the lifecycle did (benchmarks and tests read them)."""
-
-    pauses: int = 0
-    weight_syncs: int = 0
-    resumes: int = 0
-    destroys: int = 0
-    rebuilds: int = 0
-    comm_suspends: int = 0
-    comm_resumes: int = 0
-    canaries: int = 0
-    canary_failures: int = 0
-    address_in_use_retries: int = 0
-    fallbacks: int = 0
 
 
 # Preservation is switched off "for the life of the process": keyed by runtime, because the

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection, TypeVar
+from typing import Any, Awaitable, Callable, Collection, TypeVar
 
 import torch
 
 from refimpl.comm.agreement import AgreementError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
+from refimpl.comm.errors import LifecycleError, PeerFailedError, ResumeMemoryError
+from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.runtime.base import (
     AddressInUseError,
     CollectiveFailedError,
@@ -44,23 +46,8 @@ from refimpl.runtime.base import (
     Runtime,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
-    from refimpl.comm.lifecycle import LifecycleConfig, LifecycleStats
-
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class LifecycleError(RuntimeError):
-    """Base class of lifecycle errors."""
-
-
-class PeerFailedError(LifecycleError):
-    """Another rank failed a step; this rank aborted its groups too, so all fail together."""
-
-
-class ResumeMemoryError(LifecycleError):
-    """Too little free device memory to resume the suspended communicators."""
 
 
 FailHook = Callable[[str, BaseException], Awaitable[None]]
@@ -78,8 +65,8 @@ class RoleGroups:
         rt: Runtime,
         names: tuple[str, ...],
         control: ControlGroup,
-        config: "LifecycleConfig",
-        stats: "LifecycleStats",
+        config: LifecycleConfig,
+        stats: LifecycleStats,
         cooldown: PortCooldown,
         fail: FailHook,
     ) -> None:

@@ -1,4 +1,4 @@
-"""refimpl.comm.nccl on a real GPU: the library really loaded, communicator handles, suspend through the lifecycle.
+"""refimpl.torch_runtime.nccl on a real GPU: the library really loaded, communicator handles, suspend through the lifecycle.
 
 Run on the GPU machine: ``python -m pytest -q -m cuda tests/comm/test_nccl_cuda.py`` (stock NCCL), and
 again with ``LD_PRELOAD=<libnccl.so.2 of NCCL >= 2.29.7>`` for the suspend tests (they skip, saying why,
@@ -29,7 +29,7 @@ def nccl_world():
 
 
 def _lib():
-    from refimpl.comm import nccl
+    from refimpl.torch_runtime import nccl
 
     return nccl.NcclLibrary.load()
 
@@ -41,7 +41,7 @@ def _needs_suspend():
 
 
 def test_the_library_found_is_the_one_mapped_and_preloaded():
-    from refimpl.comm.nccl_loader import _read_maps, mapped_libraries
+    from refimpl.torch_runtime.nccl_loader import _read_maps, mapped_libraries
 
     lib = _lib()
     assert lib.path in mapped_libraries(_read_maps()) or lib.path.startswith("<")
@@ -54,7 +54,7 @@ def test_the_library_found_is_the_one_mapped_and_preloaded():
 
 
 def test_validation_agrees_with_the_library():
-    from refimpl.comm.validation import NcclOffloadUnavailableError, require_offload_nccl
+    from refimpl.torch_runtime.nccl_validation import NcclOffloadUnavailableError, require_offload_nccl
 
     lib = _lib()
     env = {k: v for k, v in os.environ.items() if k not in ("NCCL_CUMEM_ENABLE", "NCCL_DISABLE_MEM_MANAGER")}
@@ -68,7 +68,7 @@ def test_validation_agrees_with_the_library():
 def test_handles_skip_lazy_communicators_create_them_on_request_and_dedupe(nccl_world):
     import torch.distributed as dist
 
-    from refimpl.comm import nccl
+    from refimpl.torch_runtime import nccl
 
     a, b = dist.new_group([0], backend="nccl"), dist.new_group([0], backend="nccl")
     assert nccl.pg_comm_handles(a, create_lazy=False) == []

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from refimpl.comm import nccl
-from refimpl.comm.nccl_loader import (
+from refimpl.torch_runtime import nccl
+from refimpl.torch_runtime.nccl_loader import (
     NcclNotLoadedError,
     _read_maps,
     decode_version,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sim
-from refimpl.benchmarks.switch_window import mesh_groups
+from bench.switch_window import mesh_groups
 from refimpl.comm import AgreementTimeoutError, LifecycleConfig, PeerFailedError, PGLifecycle, PGPolicy, PGState
 from refimpl.comm.group_plan import GroupAction, GroupPlanRules, UndeclaredGroupError
 from refimpl.runtime.base import GroupSpec
@@ -268,7 +268,7 @@ def test_rules_are_checked():
 
 
 def test_switch_window_benchmark_runs_the_planned_policy_beside_the_old_ones():
-    from refimpl.benchmarks import switch_window as sw
+    from bench import switch_window as sw
 
     kw = dict(dp=2, tp=1, steps=3, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="hgx-h200-8x")
     res = {p: sw.summarize(p, sw.simulate(p, **kw), warmup=1) for p in
@@ -297,7 +297,7 @@ def test_a_corrupted_canary_on_a_kept_live_group_after_the_pause_destroys_everyw
 
 
 def test_first_use_after_wake_is_the_slowest_ranks_mean_over_steady_steps():
-    from refimpl.benchmarks.switch_window import StepTimes, first_use_after_wake
+    from bench.switch_window import StepTimes, first_use_after_wake
 
     def steps(*first):
         return [StepTimes(0, 0, 0, 0, 0, "PLANNED", f) for f in first]

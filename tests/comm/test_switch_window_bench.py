@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from refimpl.benchmarks import switch_window as sw
+from bench import switch_window as sw
 from refimpl.comm import PGPolicy
 
 MiB = 2**20

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from refimpl.comm.validation import (
+from refimpl.torch_runtime.nccl_validation import (
     NcclFacts,
     NcclOffloadUnavailableError,
     nccl_setting,

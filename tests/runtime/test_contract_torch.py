@@ -6,7 +6,7 @@ from tests.runtime import contract
 
 
 def _run_contract(rank, world_size):
-    from refimpl.runtime.torch_runtime import TorchRuntime
+    from refimpl.torch_runtime.runtime import TorchRuntime
 
     rt = TorchRuntime("cpu")  # Gloo on CPU tensors, also on a machine that has GPUs
     assert (rt.rank, rt.world_size) == (rank, world_size)
@@ -22,7 +22,7 @@ def test_contract_on_gloo(world_size):
 
 def test_contract_single_rank_without_distributed():
     """Without torch.distributed the runtime is a one-rank world whose collectives are local."""
-    from refimpl.runtime.torch_runtime import TorchRuntime
+    from refimpl.torch_runtime.runtime import TorchRuntime
 
     rt = TorchRuntime("cpu")
     assert (rt.rank, rt.world_size) == (0, 1)

@@ -14,7 +14,7 @@ from refimpl.runtime import (
     Ready,
     TorchRuntime,
 )
-from refimpl.runtime.torch_runtime import _address_in_use
+from refimpl.torch_runtime.runtime import _address_in_use
 from tests._dist import run_distributed
 
 

@@ -6,7 +6,7 @@ import torch
 
 import sim
 from refimpl.runtime import CollectiveTimeoutError, GroupSpec
-from sim.models import FaultAction, NoFaults
+from sim.model_protocols import FaultAction, NoFaults
 
 
 async def _two_groups(rt):

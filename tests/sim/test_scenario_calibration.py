@@ -5,14 +5,14 @@ The measurements are H200 runs 6 and 8 of ``bench/offload_bench.py``
 with the store's current code: run 6 cycled back to back (each reload right
 after the offload freed the state, so it waited for the driver's scrub), run 8
 paused 0.25 s between offload and reload. The shapes come from
-``refimpl.benchmarks.shapes``, the same ones the benchmark moved.
+``sim.presets.bench_shapes``, the same ones the benchmark moved.
 """
 import json
 from pathlib import Path
 
 import pytest
 
-from refimpl.benchmarks.shapes import dense_shape
+from sim.presets.bench_shapes import dense_shape
 from sim.calibration import RESULTS_DIR, compare, host_overheads, latest_report, predict
 from sim.topology import Topology
 

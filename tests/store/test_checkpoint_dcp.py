@@ -35,7 +35,7 @@ def _locals(net):
 
 
 def _loaded(mesh, path):
-    from refimpl.runtime import dcp
+    from refimpl.torch_runtime import dcp
 
     fresh, _ = _net(mesh)
     with torch.no_grad():

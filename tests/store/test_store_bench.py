@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from refimpl.benchmarks.offload import parse_variant
+from bench.offload import parse_variant
 from refimpl.cli import main
 
 
@@ -82,8 +82,8 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
     assert all(c["reload_s"] < 0.2 and c["offload_s"] < 0.2 for c in r["cycles"])  # the gap is in neither time
 
     # measure() itself: the gap is really waited (wall time grows by about cycles x gap)
-    from refimpl.benchmarks.baselines import StoreMethod, line_rate
-    from refimpl.benchmarks.offload import measure, shapes_by_name
+    from bench.baselines import StoreMethod, line_rate
+    from bench.offload import measure, shapes_by_name
     from refimpl.runtime import TorchRuntime
 
     rt = TorchRuntime("cpu")

@@ -1,7 +1,7 @@
 """store.consolidate(): separately allocated tensors end up as views of one flat buffer per layout, bit-exact."""
 import torch
 
-from refimpl.runtime.torch_runtime import TorchRuntime
+from refimpl.torch_runtime.runtime import TorchRuntime
 from refimpl.store import Category, OffloadStore
 
 

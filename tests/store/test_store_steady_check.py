@@ -5,7 +5,7 @@ full cycle with what the caller expects, so a fast check that missed a change fa
 """
 import torch
 
-from refimpl.runtime.torch_runtime import TorchRuntime
+from refimpl.torch_runtime.runtime import TorchRuntime
 from refimpl.store import Category, OffloadStore
 
 

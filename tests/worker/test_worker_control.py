@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-from refimpl.runtime.torch_runtime import TorchRuntime
+from refimpl.torch_runtime.runtime import TorchRuntime
 from refimpl.store import OffloadStore
 from refimpl.worker import WorkerStateControl, auto_offload, log_gpu_memory_usage, state_offload_manager, wants_offload
 

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from refimpl.comm.nccl_loader import MIN_SUSPEND_VERSION, NcclNotLoadedError, format_version
+from refimpl.torch_runtime.nccl_loader import MIN_SUSPEND_VERSION, NcclNotLoadedError, format_version
 
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class NcclFacts:
     @classmethod
     def probe(cls) -> "NcclFacts":
         """Facts about the NCCL library loaded in THIS process."""
-        from refimpl.comm.nccl import NcclLibrary
+        from refimpl.torch_runtime.nccl import NcclLibrary
 
         try:
             lib = NcclLibrary.load()

@@ -1,11 +1,11 @@
 """``timeshare bench offload``: the offload store against the baselines and the line rate, in one run.
 
-For each state shape (:mod:`refimpl.benchmarks.shapes`) the benchmark measures,
+For each state shape (:mod:`sim.presets.bench_shapes`) the benchmark measures,
 in one process:
 
 1. the PCIe line rate of this device: one large copy each way through a pinned
-   buffer (:func:`~refimpl.benchmarks.baselines.line_rate`);
-2. each method (store variants and baselines, :mod:`refimpl.benchmarks.baselines`)
+   buffer (:func:`~bench.baselines.line_rate`);
+2. each method (store variants and baselines, :mod:`bench.baselines`)
    on a freshly materialized state: the first (cold) offload+reload cycle,
    then ``cycles`` steady ones, then one back-to-back cycle. Per cycle it
    records offload and reload wall time (device synchronized), the rise of the
@@ -50,8 +50,8 @@ from typing import Any
 
 import torch
 
-from refimpl.benchmarks.baselines import Method, line_rate, make_method, rss_bytes, sync
-from refimpl.benchmarks.shapes import SHAPES, StateShape
+from bench.baselines import Method, line_rate, make_method, rss_bytes, sync
+from sim.presets.bench_shapes import SHAPES, StateShape
 from refimpl.runtime.base import Runtime
 from refimpl.store import StoreConfig
 from refimpl.store.replica_sync import content_digest

@@ -17,7 +17,7 @@ order on every rank, which rules out a cycle of waits.
 
 [Note: which library] torch reports the NCCL version it was *built* with
 (``torch.cuda.nccl.version()``), not the one it runs with: with NCCL 2.32.3 in
-``LD_PRELOAD`` torch 2.11 still says 2.28.9. :mod:`refimpl.comm.nccl_loader`
+``LD_PRELOAD`` torch 2.11 still says 2.28.9. :mod:`refimpl.torch_runtime.nccl_loader`
 finds the ``libnccl.so*`` actually mapped in this process and this module asks
 *it* ``ncclGetVersion``.
 
@@ -29,8 +29,9 @@ collective unless the group was bound to a device (``device_id`` in
 either skips a null communicator or creates it with a one-element all-reduce
 (a collective: every member must call it).
 
-This module and the runtime adapters are the only code under ``refimpl/`` that
-imports ``torch.distributed`` or calls ``torch.cuda``.
+Like the rest of :mod:`refimpl.torch_runtime`, the only package under ``refimpl/``
+that imports ``torch.distributed`` or calls ``torch.cuda``, it is implementation:
+protocol code reaches it through :meth:`refimpl.runtime.Runtime.suspend_group`.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from refimpl.comm.nccl_loader import (  # noqa: F401 - re-exported: the library's facts live here too
+from refimpl.torch_runtime.nccl_loader import (  # noqa: F401 - re-exported: the library's facts live here too
     MIN_SUSPEND_VERSION,
     NcclNotLoadedError,
     decode_version,

@@ -18,8 +18,9 @@ protocol           asked for                                  default
 Binding: when a :class:`sim.SimWorld` is built it calls ``model.bind(world)``
 on every model that has a ``bind`` method, so a model can reach
 ``world.engine`` (to schedule completions), ``world.world_size`` and
-``world.rng`` (the seeded random source). Models must be deterministic given
-that seed: no wall clock, no iteration over sets or ``id()``-keyed order.
+``world.rng`` (the seeded random source): the :class:`WorldBinding` protocol,
+which :class:`sim.SimWorld` satisfies. Models must be deterministic given that
+seed: no wall clock, no iteration over sets or ``id()``-keyed order.
 """
 from __future__ import annotations
 
@@ -34,9 +35,22 @@ from refimpl.runtime.base import CommMemory, CopyKind, GroupSpec, MemoryInfo, Pi
 from sim.errors import SimOutOfMemoryError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.world import SimWorld
+    import random
+
+    from sim.engine import Engine
 
 log = logging.getLogger(__name__)
+
+
+class WorldBinding(Protocol):
+    """What a model may reach of the world it is bound to (``model.bind(world)``).
+
+    :class:`sim.SimWorld` is one; declaring it here keeps this module below the world.
+    """
+
+    engine: "Engine"
+    world_size: int
+    rng: "random.Random"
 
 MiB = 1 << 20
 
@@ -217,7 +231,7 @@ class FixedBandwidthTransport:
         self._busy_until: dict[tuple[int, CopyKind], float] = {}
         self._engine = None
 
-    def bind(self, world: "SimWorld") -> None:
+    def bind(self, world: WorldBinding) -> None:
         """Attach to the world's engine (called by SimWorld)."""
         self._engine = world.engine
         self._busy_until.clear()

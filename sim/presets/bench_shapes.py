@@ -1,4 +1,8 @@
-"""Per-GPU training-state shapes the offload benchmark moves.
+"""Per-GPU training-state shapes the offload benchmark moves (``timeshare bench offload``).
+
+They live with the presets, below both users: the benchmark (:mod:`bench.offload`)
+measures them on a GPU and the calibration (:mod:`sim.calibration`) simulates the
+same tensors.
 
 A shape is a list of tensors by category: bf16 parameters (:attr:`Category.PARAMS`)
 and, per parameter, an fp32 master weight and AdamW's ``exp_avg`` /

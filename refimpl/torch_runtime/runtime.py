@@ -7,7 +7,7 @@ awaited, without suspending the coroutine, so :meth:`Runtime.run` (``run_sync``)
 drives protocol code to completion synchronously.
 
 * Memory: device buffers come from the caching allocator on :attr:`device`;
-  host buffers from :class:`refimpl.runtime.pinning.HostPinner`, page-locked at
+  host buffers from :class:`refimpl.torch_runtime.pinning.HostPinner`, page-locked at
   their exact size with ``cudaHostRegister`` (plain memory without CUDA).
 * Copies (CUDA): one dedicated copy stream per runtime. Before each copy it
   waits on the current (compute) stream, so the copy reads the values the
@@ -22,7 +22,7 @@ drives protocol code to completion synchronously.
   ``new_group`` call a fresh store prefix (its group name); it is recorded in
   :meth:`torch_group_name`. Without an initialised ``torch.distributed`` the
   runtime is a single-rank world whose collectives are local copies.
-* Suspend/resume delegates to :mod:`refimpl.comm.nccl`; the suspended flag is
+* Suspend/resume delegates to :mod:`refimpl.torch_runtime.nccl`; the suspended flag is
   checked before any collective touches the communicator.
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ from refimpl.runtime.base import (
     ReduceOp,
     Runtime,
 )
-from refimpl.runtime.copy_stream import CopyEngine
-from refimpl.runtime.pinning import HostPinner, host_memory
+from refimpl.torch_runtime.copy_stream import CopyEngine
+from refimpl.torch_runtime.pinning import HostPinner, host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class TorchRuntime(Runtime):
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, kind: CopyKind) -> Completion:
         """Copy ``src`` into ``dst`` after the compute already queued; await the result before use.
 
-        On CUDA the copy runs on this runtime's copy stream (see :mod:`refimpl.runtime.copy_stream`).
+        On CUDA the copy runs on this runtime's copy stream (see :mod:`refimpl.torch_runtime.copy_stream`).
         """
         return self._copies.copy(dst, src, kind)
 
@@ -301,7 +301,7 @@ class TorchRuntime(Runtime):
         if g.suspended:
             raise GroupError(f"group {name!r} is already suspended")
         if g.pg is not None:
-            from refimpl.comm import nccl
+            from refimpl.torch_runtime import nccl
 
             g.handles = nccl.pg_comm_handles(g.pg, create_lazy=True)
             nccl.suspend_comms(g.handles)
@@ -313,7 +313,7 @@ class TorchRuntime(Runtime):
         if not g.suspended:
             raise GroupError(f"group {name!r} is not suspended")
         if g.pg is not None:
-            from refimpl.comm import nccl
+            from refimpl.torch_runtime import nccl
 
             nccl.resume_comms(g.handles)
         g.suspended = False
@@ -327,7 +327,7 @@ class TorchRuntime(Runtime):
         g = self._entry(name)
         if not (self._distributed and g.live and g.pg is not None) or dist.get_backend(g.pg) != "nccl":
             return CommMemory()
-        from refimpl.comm import nccl
+        from refimpl.torch_runtime import nccl
 
         handles = g.handles or nccl.pg_comm_handles(g.pg, create_lazy=False)
         stats = [nccl.comm_mem_stats(h) for h in handles]

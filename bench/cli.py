@@ -1,9 +1,9 @@
 """``timeshare bench``: benchmarks that print ratios against baselines measured in the same run.
 
 * ``timeshare bench offload [--dry-run] ...``: the offload store against per-tensor copies,
-  fresh pinning, torch_memory_saver and the PCIe line rate (:mod:`refimpl.benchmarks.offload`).
+  fresh pinning, torch_memory_saver and the PCIe line rate (:mod:`bench.offload`).
 * ``timeshare bench switch-window ...``: process-group policies in the actor/rollout switch
-  (:mod:`refimpl.benchmarks.switch_window`).
+  (:mod:`bench.switch_window`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-_OTHER = {"switch-window": ("refimpl.benchmarks.switch_window", "process-group policies in the switch window")}
+_OTHER = {"switch-window": ("bench.switch_window", "process-group policies in the switch window")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_offload(args: argparse.Namespace) -> int:
     """``timeshare bench offload``."""
-    from refimpl.benchmarks.offload import BASELINES, format_report, parse_variant, run_bench, shapes_by_name, write_report
-    from refimpl.runtime import TorchRuntime
+    from bench.offload import BASELINES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import StoreConfig
 
     rt = TorchRuntime(args.device)

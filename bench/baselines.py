@@ -260,7 +260,7 @@ def line_rate(rt: Runtime, nbytes: int, repeats: int = 3, *, phase_gap_s: float 
     ``h2d_fresh_gbps``: H2D into a device buffer allocated after ``empty_cache``, the allocation
     included, as a reload does, ``phase_gap_s`` after the previous buffer went back to the driver;
     ``h2d_fresh_b2b_gbps``: the same right after the free, while the driver still scrubs the
-    freed memory (see :mod:`refimpl.benchmarks.offload`).
+    freed memory (see :mod:`bench.offload`).
     """
     dev = torch.empty(nbytes, dtype=torch.uint8, device=rt.device)
     host = rt.alloc_host(nbytes, torch.uint8, pinned=True, tag="bench.line_rate")

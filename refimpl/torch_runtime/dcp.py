@@ -5,7 +5,7 @@ The store-side logic (which path, which tensors, the host-buffer readers) is
 DTensors and calls DCP, because nothing else under ``refimpl/`` may import
 ``torch.distributed``.
 
-    from refimpl.runtime import dcp
+    from refimpl.torch_runtime import dcp
     result = dcp.save(store, "/ckpt/step100")              # sync
     result = dcp.async_save(store, "/ckpt/step100")        # result.future
     dcp.load_into({"model": model.state_dict()}, "/ckpt/step100")

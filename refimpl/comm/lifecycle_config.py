@@ -1,0 +1,64 @@
+"""Settings and counters of a :class:`refimpl.comm.PGLifecycle`.
+
+Both the lifecycle and its :class:`refimpl.comm.role_groups.RoleGroups` read them,
+so they live below both.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from refimpl.comm.agreement import CONTROL_GROUP
+from refimpl.comm.states import PGPolicy
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """Validated settings of a :class:`PGLifecycle`.
+
+    ``canary_value`` is what this rank contributes to each canary all-reduce;
+    healthy ranks contribute 1.0 and the sum must equal the group size. Setting
+    it to anything else on one rank is the documented way to make a canary fail
+    (tests, fire drills).
+    """
+
+    policy: PGPolicy = PGPolicy.DESTROY_DEFERRED
+    cooldown_s: float = 2.0
+    two_phase: bool = True
+    canary_timeout_s: float = 30.0
+    agree_timeout_s: float = 300.0
+    control_group: str = CONTROL_GROUP
+    rebuild_retries: int = 3
+    canary_value: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, PGPolicy):
+            raise TypeError(f"policy must be a PGPolicy, got {self.policy!r}")
+        for name in ("cooldown_s", "canary_timeout_s", "agree_timeout_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0) or (name != "cooldown_s" and v == 0):
+                raise ValueError(f"LifecycleConfig.{name} must be a finite number of seconds > 0 (>= 0 for cooldown), got {v}")
+        if self.rebuild_retries < 0:
+            raise ValueError(f"LifecycleConfig.rebuild_retries must be >= 0, got {self.rebuild_retries}")
+        if not self.control_group:
+            raise ValueError("LifecycleConfig.control_group needs a name")
+
+
+@dataclass
+class LifecycleStats:
+    """Counters of what the lifecycle did (benchmarks and tests read them)."""
+
+    pauses: int = 0
+    weight_syncs: int = 0
+    resumes: int = 0
+    destroys: int = 0
+    rebuilds: int = 0
+    comm_suspends: int = 0
+    comm_resumes: int = 0
+    canaries: int = 0
+    canary_failures: int = 0
+    address_in_use_retries: int = 0
+    fallbacks: int = 0
+
+
+__all__ = ["LifecycleConfig", "LifecycleStats"]

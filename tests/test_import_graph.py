@@ -1,0 +1,91 @@
+"""The floors hold: no circle of imports, no upward or undeclared sideways import, no unseen import.
+
+The floors and the declared exceptions are data in :mod:`tests.import_graph`; the
+drawing in docs/design.md is generated from the same data and checked here.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from tests import import_graph as ig
+
+
+def test_every_module_stands_on_a_floor_and_imports_only_down():
+    modules, edges, _ = ig.read_graph()
+    assert "refimpl.torch_runtime.runtime" in modules and "sim.world" in modules and "bench.cli" in modules
+    assert len(edges) > 300, "the graph reader found too few imports: did the layout move?"
+    violations = ig.floor_violations(modules, edges)
+    assert not violations, "imports against the floors (see docs/design.md, Floors):\n" + "\n".join(violations)
+
+
+def test_no_import_is_hidden_from_the_graph():
+    _, _, problems = ig.read_graph()
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycles():
+    _, edges, _ = ig.read_graph()
+    cycles = ig.find_cycles(edges)
+    new = [c for c in cycles if not any(set(c) <= known for known in ig.KNOWN_CYCLES)]
+    assert not new, "import cycles (annotation-only and lazy imports count):\n" + "\n".join(" <-> ".join(c) for c in new)
+    for known, why in ig.KNOWN_CYCLES.items():
+        assert any(set(c) & known for c in cycles), (
+            f"the known circle {sorted(known)} ({why}) is broken now: remove it from KNOWN_CYCLES in tests/import_graph.py"
+        )
+
+
+def test_the_design_doc_drawing_is_generated_from_the_floors():
+    text = ig.DESIGN_DOC.read_text()
+    assert ig.doc_section(text) == ig.doc_block(), (
+        "docs/design.md's floor drawing differs from tests/import_graph.py's FLOORS; "
+        "run `python -m tests.import_graph --write-docs`"
+    )
+
+
+def test_compat_shims_load_the_upper_floor_only_when_asked():
+    code = (
+        "import sys, refimpl.runtime, refimpl.comm, refimpl.store, refimpl.worker\n"
+        "assert 'refimpl.torch_runtime' not in sys.modules, 'a lower floor loaded the torch runtime'\n"
+        "from refimpl.runtime import TorchRuntime, dcp\n"
+        "from refimpl.comm import validate_offload_nccl, nccl\n"
+        "import refimpl.torch_runtime as t, refimpl.torch_runtime.nccl_validation as v\n"
+        "assert TorchRuntime is t.TorchRuntime and dcp is t.dcp and nccl is t.nccl\n"
+        "assert validate_offload_nccl is v.validate_offload_nccl\n"
+        "try:\n    refimpl.runtime.NoSuchName\nexcept AttributeError as e:\n    assert 'NoSuchName' in str(e)\n"
+        "else:\n    raise SystemExit('missing names must raise AttributeError')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ig.REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# ---- the checker itself can fail -------------------------------------------------------------------------
+
+
+def _targets(source: str, module: str = "refimpl.store.pool") -> set[str]:
+    modules = ig.module_files()
+    return {name for node in ast.walk(ast.parse(source)) for name, _ in ig._targets(node, module, modules)}
+
+
+def test_reader_sees_every_import_form():
+    assert "sim.world" in _targets("def f():\n    from sim.world import SimWorld\n")  # lazy
+    assert "sim.world" in _targets("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sim.world\n")
+    assert "refimpl.store.layout" in _targets("from .layout import FlatLayout\n")  # relative
+    assert "refimpl.store.dedup" in _targets("from . import dedup\n")
+    assert "bench.cli" in _targets("import importlib\nimportlib.import_module('bench.cli')\n")
+    assert "sim" in _targets("__import__('sim')\n")
+    assert "<computed>" in _targets("import importlib\nname = 'x'\nimportlib.import_module(name)\n")
+
+
+def test_rules_catch_upward_sideways_and_circles():
+    modules = ig.module_files()
+    up = ig.Edge("refimpl.store.pool", "refimpl.torch_runtime.pinning", 1, "import")
+    side = ig.Edge("sim.runner", "refimpl.torch_runtime.runtime", 1, "import")
+    down = ig.Edge("sim.runner", "refimpl.store.store", 1, "import")
+    found = ig.floor_violations(modules, [up, side, down])
+    assert len(found) == 2 and "upward" in found[0] and "sideways" in found[1]
+    circle = [ig.Edge("a", "b", 1, "import"), ig.Edge("b", "c", 1, "import"), ig.Edge("c", "a", 1, "import"),
+              ig.Edge("c", "d", 1, "import")]
+    assert ig.find_cycles(circle) == [["a", "b", "c"]]
+    assert ig.find_cycles([ig.Edge("a", "b", 1, "compat shim"), ig.Edge("b", "a", 1, "import")]) == []
