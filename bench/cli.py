@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
+import sys
+
+from refimpl.cli_errors import one_line_errors
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default 0)")
     off.add_argument("--line-max-gb", type=float, default=8.0, help="cap on the line-rate copy size")
     off.add_argument("--out", default="bench/results", help="directory for the JSON report")
+    off.add_argument("--json", action="store_true", help="print the report as JSON (common envelope) instead of the table")
     for name, (module, help_text) in _OTHER.items():
         p = sub.add_parser(name, help=help_text)
         try:
@@ -68,12 +73,26 @@ def run(args: argparse.Namespace) -> int:
     return int(fn(args) or 0)
 
 
+@one_line_errors
 def run_offload(args: argparse.Namespace) -> int:
     """``timeshare bench offload``."""
-    from bench.offload import BASELINES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from bench.offload import BASELINES, SHAPES, format_report, parse_variant, run_bench, shapes_by_name, write_report
+    from refimpl.cli_errors import CliInputError, check_number, check_output_path
     from refimpl.torch_runtime import TorchRuntime
+    from refimpl.torch_runtime.device_check import check_device
     from refimpl.store import StoreConfig
 
+    # bad input is one line and exit 2 before anything runs (refimpl.cli_errors)
+    check_device(args.device)
+    names = [s for s in args.shapes.split(",") if s]
+    if not names or any(n not in SHAPES for n in names):
+        raise CliInputError(f"--shapes {args.shapes!r}: expected a comma-separated list of {sorted(SHAPES)}")
+    for opt, v in (("--cycles", args.cycles), ("--baseline-cycles", args.baseline_cycles), ("--moe-layers", args.moe_layers)):
+        check_number(opt, v, lo=1, integer=True)
+    check_number("--line-max-gb", args.line_max_gb, lo=0, strict=True)
+    check_number("--phase-gap-s", args.phase_gap_s, lo=0)
+    check_number("--other-role-gb", args.other_role_gb, lo=0)
+    check_output_path(args.out, "--out", is_dir=True)
     rt = TorchRuntime(args.device)
     variants = {"store": StoreConfig()}
     no_consolidate = set()
@@ -86,19 +105,22 @@ def run_offload(args: argparse.Namespace) -> int:
     shapes = shapes_by_name([s for s in args.shapes.split(",") if s], tiny=args.dry_run, moe_layers=args.moe_layers)
     cycles = args.cycles if args.cycles is not None else (2 if args.dry_run else 3)
     gap = args.phase_gap_s if args.phase_gap_s is not None else (0.25 if rt.device.type == "cuda" else 0.0)
-    if gap < 0 or args.other_role_gb < 0:
-        print(f"--phase-gap-s and --other-role-gb must be >= 0, got {gap} and {args.other_role_gb}")
-        return 2
-    print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes))
+    info = sys.stderr if args.json else sys.stdout
+    print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes), file=info)
     report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
                        baseline_cycles=args.baseline_cycles,
                        check=not args.no_check, line_max_bytes=int(args.line_max_gb * 2**30),
                        no_consolidate=frozenset(no_consolidate), phase_gap_s=gap,
                        other_role_bytes=int(args.other_role_gb * 1e9))
     report["dry_run"] = bool(args.dry_run)
-    print(format_report(report))
+    if args.json:
+        from refimpl.output import envelope
+
+        print(json.dumps(envelope("bench offload", report), indent=1, default=str))
+    else:
+        print(format_report(report))
     path = write_report(report, args.out)
-    print(f"wrote {path}")
+    print(f"wrote {path}", file=info)
     return 0
 
 

@@ -296,22 +296,25 @@ def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], vari
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The final table: per shape, one row per method, ratios against line rate, state and the store."""
+    """The final table: per shape, one row per method, ratios against line rate, state and the store.
+
+    Units as in every ``timeshare`` table: memory in GiB, bandwidth in GB/s (10^9 bytes/s), time in s.
+    """
     lines = [f"offload benchmark on {report['device']} (torch {report['torch']}, cuda {report['cuda']})"]
     for sh in report["shapes"]:
         line = sh["line_rate"]
         lines.append("")
-        lines.append(f"{sh['shape']}: {sh['tensors']} tensors, {sh['state_bytes'] / 1e9:.2f} GB; line rate "
+        lines.append(f"{sh['shape']}: {sh['tensors']} tensors, {sh['state_bytes'] / 2**30:.2f} GiB; line rate "
                      f"D2H {line['d2h_gbps']:.1f} GB/s, H2D {line['h2d_gbps']:.1f} GB/s "
                      f"(into fresh device memory {line.get('h2d_fresh_gbps', float('nan')):.1f} GB/s "
                      f"{report.get('phase_gap_s', 0.0):g} s after the free, "
                      f"{line.get('h2d_fresh_b2b_gbps', float('nan')):.1f} GB/s right after it) "
-                     f"({line['bytes'] / 1e9:.2f} GB copies)")
+                     f"({line['bytes'] / 2**30:.2f} GiB copies)")
         if report.get("other_role_bytes"):
-            lines.append(f"  (the other role takes {report['other_role_bytes'] / 1e9:.1f} GB in each gap and frees it "
+            lines.append(f"  (the other role takes {report['other_role_bytes'] / 2**30:.1f} GiB in each gap and frees it "
                          f"right before the reload)")
         head = (f"{'method':<22}{'cold off/rel s':>16}{'off GB/s':>10}{'x line':>8}{'rel GB/s':>10}{'x line':>8}"
-                f"{'b2b x':>8}{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
+                f"{'b2b x':>8}{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GiB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
         lines.append(head)
         lines.append("-" * len(head))
         rows = sh["results"]
@@ -330,7 +333,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"{r['method']:<22}{r['cold_offload_s']:>7.3f}/{r['cold_reload_s']:<8.3f}{r['offload_gbps']:>10.1f}"
                 f"{r['offload_vs_line']:>8.3f}{r['reload_gbps']:>10.1f}{r['reload_vs_line']:>8.3f}"
-                f"{r.get('reload_b2b_vs_line', 0.0):>8.3f}{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 1e9:>8.2f}"
+                f"{r.get('reload_b2b_vs_line', 0.0):>8.3f}{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 2**30:>8.2f}"
                 f"{r['returned_vs_state']:>8.3f}{str(r['bit_exact'])[0] if r['bit_exact'] is not None else '-':>6}"
                 f"{vs:>14}")
         for r in rows:
@@ -341,8 +344,8 @@ def format_report(report: dict[str, Any]) -> str:
                 for label, det in (("cold", r["details"].get("cold", {})), ("steady", r["details"])):
                     phases = det.get("phases") or {}
                     if phases:
-                        lines.append(f"    {label} phases ms: " + ", ".join(
-                            f"{k.replace('offload.', 'off.').replace('reload.', 'rel.')} {v * 1e3:.0f}"
+                        lines.append(f"    {label} phases s: " + ", ".join(
+                            f"{k.replace('offload.', 'off.').replace('reload.', 'rel.')} {v:.3f}"
                             for k, v in phases.items()))
     return "\n".join(lines)
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from refimpl.cli_errors import one_line_errors
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
 from refimpl.runtime.base import GroupSpec, ReduceOp, Runtime
 
@@ -226,17 +227,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cooldown-s", type=float, default=2.0, help="port-release cooldown (Relax: 2 s)")
     parser.add_argument("--topology", default="hgx-h200-8x",
                         help="sim topology preset for collective, memory and communicator models ('' for defaults)")
-    parser.add_argument("--policy", action="append", choices=[p.name for p in PGPolicy],
-                        help="policies to run (repeatable; default all)")
+    parser.add_argument("--policy", action="append", metavar="POLICY",
+                        help=f"policies to run, any case: {', '.join(p.value for p in PGPolicy)} (repeatable; default all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
 
+@one_line_errors
 def run(args: argparse.Namespace) -> int:
     """Simulate every policy and print the switch window of each, with ratios against DESTROY."""
+    from refimpl.cli_errors import CliInputError, check_number, check_output_path
+
+    for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--steps", args.steps)):
+        check_number(opt, v, lo=1, integer=True)
+    check_number("--warmup", args.warmup, lo=0, integer=True)
+    for opt, v in (("--train-s", args.train_s), ("--rollout-s", args.rollout_s), ("--cooldown-s", args.cooldown_s)):
+        check_number(opt, v, lo=0)
     if args.warmup >= args.steps:
-        print(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
-        return 2
-    policies = [PGPolicy[p] for p in (args.policy or [p.name for p in PGPolicy])]
+        raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
+    if args.topology:
+        from sim.presets import list_presets
+
+        if args.topology not in list_presets():
+            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()} or ''")
+    if args.json:
+        check_output_path(args.json, "--json")
+    try:
+        policies = [PGPolicy.parse(p) for p in (args.policy or [p.value for p in PGPolicy])]
+    except ValueError as exc:
+        raise CliInputError(f"--policy: {exc}") from None
     results, first_use = [], {}
     for policy in policies:
         per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
@@ -252,7 +270,10 @@ def run(args: argparse.Namespace) -> int:
           "groups rebuilt at wake lands here): " + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"header": header, "results": [asdict(r) for r in results]}, f, indent=1)
+            from refimpl.output import envelope
+
+            json.dump(envelope("bench switch-window", {"header": header, "results": [asdict(r) for r in results]}), f,
+                      indent=1)
     return 0
 
 

@@ -5,6 +5,10 @@ Subcommands:
 * ``sim``    run a simulated scenario (the built-in default when no file is given)
 * ``bench``  measure the offload store against the baselines on this machine
 * ``demo``   run a real offload/reload cycle with TorchRuntime on this machine
+* ``plan``   rank offload settings, PG policies and role orders for a model on a cluster
+
+Exit codes (:mod:`refimpl.cli_errors`): 0 done, 1 a negative answer (``plan``: nothing
+fits), 2 bad input (one line on stderr, nothing run), 3 an invariant violated.
 
 Each subcommand lives in its own module; this file only wires them up.
 """
@@ -15,17 +19,21 @@ import importlib
 import logging
 import sys
 
+from refimpl import __version__
+
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim.cli", "run a simulated scenario (default scenario when none is given)"),
     "bench": ("bench.cli", "benchmark the offload store against baselines"),
     "demo": ("refimpl.demo", "run a real offload/reload cycle on this machine"),
+    "plan": ("sim.plan_cli", "rank offload settings for a model on a cluster (simulated RL step)"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timeshare", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"timeshare {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -52,7 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", None):
         print(args._missing, file=sys.stderr)
         return 2
-    return int(args._run(args) or 0)
+    from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError
+
+    try:
+        return int(args._run(args) or 0)
+    except CliInputError as exc:  # bad input found by a subcommand's checks: one line, nothing run
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `timeshare plan | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

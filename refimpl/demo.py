@@ -13,6 +13,7 @@ import argparse
 
 import torch
 
+from refimpl.cli_errors import one_line_errors
 from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import OffloadStore, StoreConfig
 
@@ -61,8 +62,15 @@ def _step(model: DemoLM, opt: torch.optim.Optimizer, vocab: int, device: torch.d
     return float(loss.detach())
 
 
+@one_line_errors
 def run(args: argparse.Namespace) -> int:
     """Build, step, offload, reload, verify, step; print what happened."""
+    from refimpl.cli_errors import check_number
+    from refimpl.torch_runtime.device_check import check_device
+
+    check_device(args.device)  # bad input: one line, exit 2 (refimpl.cli_errors)
+    for opt, v in (("--hidden", args.hidden), ("--layers", args.layers), ("--vocab", args.vocab)):
+        check_number(opt, v, lo=1, integer=True)
     rt = TorchRuntime(args.device)
     torch.manual_seed(0)
     model = DemoLM(args.vocab, args.hidden, args.layers).to(rt.device)
@@ -83,16 +91,16 @@ def run(args: argparse.Namespace) -> int:
     print("layouts:")
     for layout in sorted(store.layouts.values(), key=lambda lay: lay.key.sort_key()):
         print(f"  {layout.describe()}")
-    print(f"offload: {s.last_offload_bytes / 1e6:.1f} MB in {s.last_offload_s * 1e3:.1f} ms "
+    print(f"offload: {s.last_offload_bytes / 2**30:.4f} GiB in {s.last_offload_s:.4f} s "
           f"({s.last_offload_bytes / max(s.last_offload_s, 1e-9) / 1e9:.2f} GB/s); copies {s.copies}")
     what = "device" if rt.device.type == "cuda" else "host (CPU run: device = host)"
-    print(f"{what} memory returned per the driver: {(free1 - free0) / 1e6:.1f} MB "
-          f"of {s.state_bytes / 1e6:.1f} MB state")
-    print(f"host pinned: {s.host_pinned_gb:.4f} GB in {s.registrations} registration(s); "
+    print(f"{what} memory returned per the driver: {(free1 - free0) / 2**30:.4f} GiB "
+          f"of {s.state_bytes / 2**30:.4f} GiB state")
+    print(f"host pinned: {s.host_pinned_gb * 1e9 / 2**30:.4f} GiB in {s.registrations} registration(s); "
           f"{s.skipped_host_resident} host-resident optimizer step counter(s) left in place")
     store.reload()
     s = store.stats()
-    print(f"reload: {s.last_reload_bytes / 1e6:.1f} MB in {s.last_reload_s * 1e3:.1f} ms "
+    print(f"reload: {s.last_reload_bytes / 2**30:.4f} GiB in {s.last_reload_s:.4f} s "
           f"({s.last_reload_bytes / max(s.last_reload_s, 1e-9) / 1e9:.2f} GB/s)")
     after = model.state_dict(keep_vars=True)
     same = all(torch.equal(before[n], after[n]) for n in before)

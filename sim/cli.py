@@ -6,11 +6,18 @@
   [--png timeline.png]`` runs a scenario file (or a shipped example by name,
   e.g. ``relax_4xa6000_qwen3_4b``), writes the JSON result, a Chrome trace
   (open it in https://ui.perfetto.dev) and a PNG timeline;
-* ``timeshare sim list`` lists the topology presets and example scenarios.
+* ``timeshare sim list`` lists the topology presets and example scenarios;
+* ``timeshare sim compare A B`` puts two runs' phases side by side
+  (:mod:`sim.compare`).
 
-The exit status is 0 when every invariant held, 1 when one was violated (the
-JSON says which), 2 when the scenario itself is invalid (the message names the
-field).
+Scenarios may be JSON or YAML; ``--set key=value`` overrides a field (dotted
+keys, JSON-typed values; :mod:`sim.scenario_io`). ``--json`` prints the result
+in the common envelope (:mod:`refimpl.output`) instead of the table.
+
+The exit status is 0 when every invariant held, 3 when one was violated (the
+JSON says which), 2 when the input is invalid (the scenario, a ``--set``, or an
+output path that cannot be written; one line names it) — see
+:mod:`refimpl.cli_errors`.
 """
 from __future__ import annotations
 
@@ -25,45 +32,103 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Wire the ``sim`` subcommand's arguments into ``parser``."""
-    sub = parser.add_subparsers(dest="sim_command", metavar="{run,list}")
+    sub = parser.add_subparsers(dest="sim_command", metavar="{run,list,compare}")
     run = sub.add_parser("run", help="run a scenario file (or a shipped example by name)")
-    run.add_argument("scenario", help="path to a scenario JSON file, or the name of a shipped example")
+    run.add_argument("scenario", help="path to a scenario JSON or YAML file, or the name of a shipped example")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario field, e.g. --set workload.rollout_s=30 --set pg_policy=suspend (repeatable)")
+    run.add_argument("--json", action="store_true", help="print the result as JSON (common envelope) instead of the table")
     run.add_argument("--out", metavar="RESULT.json", help="write the JSON result here")
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (opens in Perfetto)")
     run.add_argument("--png", metavar="TIMELINE.png", help="write a PNG timeline, one row per rank (needs matplotlib)")
     run.add_argument("--quiet", action="store_true", help="print only the result line, not the per-rank table")
     sub.add_parser("list", help="list topology presets and example scenarios")
+    cmp_ = sub.add_parser("compare", help="two runs' phases side by side (results, or scenarios to run)")
+    cmp_.add_argument("a", help="a result JSON (sim run --out) or a scenario file/name")
+    cmp_.add_argument("b", help="a result JSON or a scenario file/name")
+    cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to both scenarios")
+    cmp_.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override applied to B only")
+    cmp_.add_argument("--json", action="store_true", help="print the comparison as JSON (common envelope)")
 
 
-def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool) -> int:
+def _check_outputs(out: str | None, trace: str | None, png: str | None) -> None:
+    """Output paths are checked before the run (raises CliInputError, one line)."""
+    from refimpl.cli_errors import check_output_path
+
+    if out:
+        check_output_path(out, "--out")
+    if trace:
+        check_output_path(trace, "--trace")
+    if png:
+        check_output_path(png, "--png", suffix=".png")
+
+
+def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
+             sets: list[str] | None = None, as_json: bool = False) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError, describe_os_error
+    from refimpl.output import envelope
     from sim.runner import run_scenario
-    from sim.scenario import ScenarioError, load_scenario
+    from sim.scenario import ScenarioError
+    from sim.scenario_io import load_scenario_with
     from sim.trace import Timeline, TraceError, write_chrome_trace, write_png
 
     try:
-        scn = load_scenario(name_or_path)
+        _check_outputs(out, trace, png)
+        scn = load_scenario_with(name_or_path, sets or [])
+    except (ScenarioError, CliInputError) as exc:
+        print(f"error: {'invalid scenario: ' if isinstance(exc, ScenarioError) else ''}{exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
         result, world, plan = run_scenario(scn)
-    except ScenarioError as exc:
+    except ScenarioError as exc:  # a check the runner makes on the scenario (e.g. its size)
         print(f"error: invalid scenario: {exc}", file=sys.stderr)
-        return 2
-    print(result.table().split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
-    print(result.table().split("\n\n", 1)[1])
-    if out:
-        Path(out).write_text(json.dumps(result.to_dict(), indent=1))
-        print(f"result written to {out}")
-    if trace or png:
-        timeline = Timeline.from_world(world, faults=plan)
-        try:
+        return EXIT_BAD_INPUT
+    info = sys.stderr if as_json else sys.stdout
+    if as_json:
+        print(json.dumps(envelope("sim run", result.to_dict(), ok=result.ok), indent=1))
+    else:
+        print(result.table().split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
+        print(result.table().split("\n\n", 1)[1])
+    try:
+        if out:
+            Path(out).write_text(json.dumps(result.to_dict(), indent=1))
+            print(f"result written to {out}", file=info)
+        if trace or png:
+            timeline = Timeline.from_world(world, faults=plan)
             if trace:
                 write_chrome_trace(timeline, trace)
-                print(f"Chrome trace written to {trace} (open it in https://ui.perfetto.dev)")
+                print(f"Chrome trace written to {trace} (open it in https://ui.perfetto.dev)", file=info)
             if png:
                 write_png(timeline, png, title=f"{scn.name} on {result.data['topology']['name']}")
-                print(f"timeline written to {png}")
-        except TraceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+                print(f"timeline written to {png}", file=info)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {describe_os_error(exc, 'writing the output')}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return result.exit_code
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT
+    from refimpl.output import envelope
+    from sim.compare import compare, format_compare, load_side
+    from sim.scenario import ScenarioError
+
+    try:
+        la, a = load_side(args.a, args.set)
+        lb, b = load_side(args.b, [*args.set, *args.set_b])
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rows = compare(a, b)
+    if args.json:
+        print(json.dumps(envelope("sim compare", {"a": la, "b": lb, "rows": rows}, ok=bool(a.get("ok") and b.get("ok"))),
+                         indent=1))
+    else:
+        print(format_compare(la, lb, a, b, rows))
+    return 0
 
 
 def _list() -> int:
@@ -85,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
     if command == "list":
         return _list()
     if command == "run":
-        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet)
+        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet, args.set, args.json)
+    if command == "compare":
+        return _compare(args)
     return _run_one("default", None, None, None, False)
 
 

@@ -59,8 +59,8 @@ class ScenarioResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every invariant held, 1 otherwise (the CLI's exit status)."""
-        return 0 if self.ok else 1
+        """0 when every invariant held, 3 otherwise (the CLI's exit status, refimpl.cli_errors.EXIT_INVARIANT)."""
+        return 0 if self.ok else 3
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready result."""

@@ -16,14 +16,13 @@ a :class:`ScenarioError` whose message starts with the field's path, e.g.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from sim.faults import FaultPlan, FaultPlanError
-from sim.presets import PresetError, list_presets, load_preset_data, scenario_path
+from sim.presets import PresetError, list_presets, load_preset_data
 from sim.presets.models import ARCHITECTURES, CATEGORIES, DTYPES, ModelConfig, TensorSpec, build_state
 from sim.topology import Topology
 
@@ -379,19 +378,13 @@ def parse_scenario(raw: Any) -> Scenario:
 
 
 def load_scenario(path_or_name: str | Path) -> Scenario:
-    """Load a scenario from a JSON file, or a shipped example by name (``"default"``)."""
-    path = Path(path_or_name)
-    if not path.suffix and not path.exists():
-        try:
-            path = scenario_path(str(path_or_name))
-        except PresetError as exc:
-            raise ScenarioError(str(exc)) from None
+    """Load a scenario from a JSON or YAML file, or a shipped example by name (``"default"``)."""
+    from sim.scenario_files import ScenarioFileError, read_document  # JSON/YAML, UTF-8 checked, one-line errors
+
     try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the scenario ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raw = read_document(path_or_name)
+    except ScenarioFileError as exc:
+        raise ScenarioError(str(exc)) from None
     return parse_scenario(raw)
 
 

@@ -1,7 +1,8 @@
 """Run a function on N real ``torch.distributed`` processes (Gloo on CPU) and collect results.
 
 Multi-rank tests use this instead of mocks: each rank is a spawned Python process
-with its own process group, exactly as in a real job.
+with its own process group, exactly as in a real job (Gloo on CPU; NCCL with one GPU
+per rank when ``backend="nccl"``).
 
     results = run_distributed(my_fn, world_size=4, args=(...))
 
@@ -31,7 +32,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, env, queue):  # runs in the child
+def _entry(fn, rank, world_size, port, args, env, queue, backend="gloo"):  # runs in the child
     try:
         os.environ.update(env)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -39,17 +40,22 @@ def _entry(fn, rank, world_size, port, args, env, queue):  # runs in the child
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        if backend == "nccl":  # one GPU per rank, as torchrun's LOCAL_RANK would pick
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
         )
         try:
             result = fn(rank, world_size, *args)
+            # reported before the teardown: a rank whose groups were aborted (fault tests) must not
+            # lose its result if destroying the broken groups hangs; the parent kills it then
+            queue.put((rank, True, result))
         finally:
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - a failed rank may leave the group broken
                 pass
-        queue.put((rank, True, result))
+        return
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, False, traceback.format_exc()))
 
@@ -61,13 +67,18 @@ def run_distributed(
     *,
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` Gloo processes; return results by rank."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
+
+    ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (tests/multigpu uses it); the default is Gloo on CPU.
+    """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), queue), daemon=True)
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), queue, backend),
+                    daemon=True)
         for r in range(world_size)
     ]
     for p in procs:

@@ -32,8 +32,10 @@ class LifecycleConfig:
     canary_value: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.policy, str):  # the strings scenarios and the CLI use are accepted too
+            object.__setattr__(self, "policy", PGPolicy.parse(self.policy))
         if not isinstance(self.policy, PGPolicy):
-            raise TypeError(f"policy must be a PGPolicy, got {self.policy!r}")
+            raise TypeError(f"policy must be a PGPolicy or its name, got {self.policy!r}")
         for name in ("cooldown_s", "canary_timeout_s", "agree_timeout_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0) or (name != "cooldown_s" and v == 0):

@@ -81,6 +81,25 @@ class PGPolicy(enum.Enum):
     SUSPEND = "suspend"
     SUSPEND_PLANNED = "suspend_planned"
 
+    @classmethod
+    def _missing_(cls, value: object) -> "PGPolicy | None":
+        # one spelling everywhere: the CLI's and scenarios' lower-case names, the enum's names, dashes or underscores
+        if isinstance(value, str):
+            key = value.strip().lower().replace("-", "_")
+            for member in cls:
+                if member.value == key:
+                    return member
+        return None
+
+    @classmethod
+    def parse(cls, value: "str | PGPolicy") -> "PGPolicy":
+        """A policy from ``"suspend"``, ``"SUSPEND"``, ``"destroy-deferred"`` or a member; ValueError lists the names."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown process-group policy {value!r}; expected one of "
+                             f"{[m.value for m in cls]} (any case)") from None
+
     @property
     def preserves(self) -> bool:
         """True for the policies that keep the groups through a pause."""

@@ -382,12 +382,31 @@ class Runtime(abc.ABC):
 
         Spans are kept in :attr:`spans` as ``(name, start, end)`` on this
         runtime's clock; the simulator also writes them to its trace.
+
+        A span ends when the device work issued inside it ends, not when the
+        host has queued it: on a normal exit :meth:`settle_device` runs before
+        the end is read (a synchronize on CUDA), so a span around an NCCL
+        collective or a copy measures the transfer. On an exception the end is
+        read at once: a collective that failed or timed out may never finish,
+        and waiting for it would turn an error into a hang.
         """
         start = self.now()
+        finished = False
         try:
             yield
+            finished = True
         finally:
+            if finished:
+                self.settle_device()
             self._spans().append((name, start, self.now()))
+
+    def settle_device(self) -> None:
+        """Block until the device work this rank has queued is done (closes :meth:`span`).
+
+        A no-op where awaitables already complete with their device work (the
+        simulator, CPU); :class:`~refimpl.runtime.TorchRuntime` synchronizes the
+        CUDA device.
+        """
 
     @property
     def spans(self) -> list[tuple[str, float, float]]:

@@ -400,22 +400,66 @@ class DedupBackend(StoreBackend):
         lo = plan.index * plan.chunk
         mine = device_flat[lo:lo + plan.chunk]
         host = self._held[key]
-        completions = []
+        completions = []  # (first element of the segment in the chunk, its H2D completion)
         if host is not None:
-            completions = [self.rt.copy_async(mine[a:b], host.segment(i), CopyKind.H2D)
+            completions = [(a, self.rt.copy_async(mine[a:b], host.segment(i), CopyKind.H2D))
                            for i, (a, b) in enumerate(host.ranges()) if b > a]
         if plan.valid < plan.chunk:
             mine[plan.valid:].zero_()
-        return self._gather(completions, device_flat, mine, key.placement)
+        return self._gather(completions, device_flat, plan, key.placement)
 
-    async def _gather(self, completions: list, device_flat: torch.Tensor, mine: torch.Tensor,
+    def _piece_numel(self, plan: SlicePlan, dtype: torch.dtype) -> int:
+        """Elements of each rank's chunk all-gathered at once: the staging buffer (N pieces) is at most
+        ``segment_bytes``; a chunk that fits in one piece is gathered in place, as one collective."""
+        align = math.lcm(self.dedup.align_bytes, dtype.itemsize) // dtype.itemsize
+        piece = max(align, self.config.segment_bytes // dtype.itemsize // plan.group_size // align * align)
+        return min(plan.chunk, piece)
+
+    async def _gather(self, completions: list, device_flat: torch.Tensor, plan: SlicePlan,
                       group: ReplicaGroup) -> None:
-        with self.rt.span("dedup.h2d"):
-            for c in completions:
-                await c
-        await self.rt.point("dedup.reload.all_gather")
-        with self.rt.span("dedup.all_gather"):
-            await self.rt.all_gather_into_tensor(device_flat, mine, group.name)
+        """Rebuild the other members' chunks, piece by piece as this rank's H2D lands.
+
+        [Note: pipelined reload] One all-gather of the whole chunk waits for the
+        whole H2D, so the reload costs H2D + all-gather. Pieces of the chunk (the
+        same boundaries on every member, so every rank issues the same
+        collectives) are all-gathered into a staging buffer as soon as the H2D
+        segments under them have landed, and copied into place on the device:
+        the all-gather of piece k runs over NVLink while the H2D of piece k+1
+        uses PCIe, so the reload costs about the H2D plus one piece's
+        all-gather. A chunk of one piece is gathered in place, as before.
+        """
+        rt, n, chunk = self.rt, plan.group_size, plan.chunk
+        mine = device_flat[plan.index * chunk:(plan.index + 1) * chunk]
+        piece = self._piece_numel(plan, device_flat.dtype)
+        pending = list(completions)
+
+        async def landed(upto: int) -> None:
+            """Wait for every H2D segment that starts before element ``upto`` of the chunk."""
+            with rt.span("dedup.h2d"):
+                while pending and pending[0][0] < upto:
+                    await pending.pop(0)[1]
+
+        if piece >= chunk:
+            await landed(chunk)
+            await rt.point("dedup.reload.all_gather")
+            with rt.span("dedup.all_gather"):
+                await rt.all_gather_into_tensor(device_flat, mine, group.name)
+            return
+        stage = rt.alloc_device(n * piece, device_flat.dtype, tag="dedup.gather_stage")
+        try:
+            for a in range(0, chunk, piece):
+                b = min(a + piece, chunk)
+                await landed(b)
+                await rt.point("dedup.reload.all_gather")
+                k = b - a
+                with rt.span("dedup.all_gather"):
+                    await rt.all_gather_into_tensor(stage[:n * k], mine[a:b], group.name)
+                    for r in range(n):
+                        if r != plan.index:
+                            device_flat[r * chunk + a:r * chunk + b].copy_(stage[r * k:(r + 1) * k])
+        finally:
+            await _drain_all(pending)
+            rt.release(stage)
 
     async def _revive_groups(self) -> None:
         """Recreate agreed replica groups someone destroyed (all ranks, sorted order)."""
@@ -461,6 +505,15 @@ class DedupBackend(StoreBackend):
         for key in list(self._held):
             self._drop(key)
         self._local.close()
+
+
+async def _drain_all(pending: list) -> None:
+    """Await H2D copies still in flight (after a failed gather) so their buffers are not freed under them."""
+    while pending:
+        try:
+            await pending.pop(0)[1]
+        except BaseException as e:  # noqa: BLE001 - the gather's own error is the one raised
+            log.error("an H2D copy of a failed local_dedup reload also failed: %s", e)
 
 
 register_backend("local_dedup", DedupBackend)

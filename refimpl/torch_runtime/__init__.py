@@ -12,6 +12,8 @@ One of the two implementations of :class:`refimpl.runtime.Runtime` (the other is
   libnccl mapped in this process and a ctypes binding to its suspend/resume.
 * :mod:`refimpl.torch_runtime.nccl_validation`: refuse ``offload_nccl`` unless that
   library can suspend communicators.
+* :mod:`refimpl.torch_runtime.device_check`: the command line's ``--device`` checked
+  before a run (one-line error, exit 2).
 
 It may import the seam and the protocol code (:mod:`refimpl.store`,
 :mod:`refimpl.comm`, :mod:`refimpl.worker`); nothing below it imports it (see

@@ -56,7 +56,7 @@ class StateShape:
 
     def describe(self) -> str:
         """One line: name, tensor count, size."""
-        return f"{self.name}: {len(self.tensors)} tensors, {self.nbytes / 1e9:.2f} GB"
+        return f"{self.name}: {len(self.tensors)} tensors, {self.nbytes / 2**30:.2f} GiB"
 
     def materialize(self, device: torch.device, seed: int = 0) -> dict[Category, dict[str, torch.Tensor]]:
         """Allocate the tensors on ``device`` filled with normal noise, grouped by category."""

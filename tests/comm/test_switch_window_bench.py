@@ -43,5 +43,6 @@ def test_cli_prints_ratios_and_writes_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "1.000x" in text and "SUSPEND" in text and "2 ranks, 14 groups per rank" in text
     data = json.loads(out.read_text())
-    assert [r["policy"] for r in data["results"]] == ["DESTROY", "SUSPEND"]
+    assert data["format"] == "timeshare/1" and data["command"] == "bench switch-window"
+    assert [r["policy"] for r in data["data"]["results"]] == ["DESTROY", "SUSPEND"]
     assert sw.run(parser.parse_args(["--steps", "2", "--warmup", "2"])) == 2

@@ -163,3 +163,32 @@ def test_suspend_frees_comm_memory_and_blocks_collectives(nccl_world):
     assert held.suspendable > 0, f"comm_memory reported {held}"
     assert freed >= held.suspendable * 0.9, f"suspend freed {freed} bytes of {held.suspendable} suspendable"
     assert values == [2.0] * 8
+
+
+def test_a_span_ends_when_its_device_work_ends_and_an_error_does_not_wait():
+    """docs/runtime.md, "How spans are timed": the span waits for the kernels it queued; on an error it does not."""
+    rt = TorchRuntime()
+    a = torch.randn(8192, 8192, device=rt.device, dtype=torch.bfloat16)
+
+    def work():  # about 0.1-0.2 s of matmuls on an H200, timed on the device by events
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(100):
+            torch.mm(a, a)
+        end.record()
+        return start, end
+
+    torch.cuda.synchronize()
+    with rt.span("work"):
+        start, end = work()
+    name, t0, t1 = rt.spans[-1]
+    device_s = start.elapsed_time(end) / 1e3
+    assert name == "work" and t1 - t0 >= 0.95 * device_s, f"span {t1 - t0:.4f} s, device work {device_s:.4f} s"
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="boom"):
+        with rt.span("failed"):
+            start, end = work()
+            raise RuntimeError("boom")
+    name, t0, t1 = rt.spans[-1]
+    torch.cuda.synchronize()
+    assert name == "failed" and t1 - t0 < 0.5 * start.elapsed_time(end) / 1e3, "a failing span must not wait"

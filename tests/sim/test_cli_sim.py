@@ -41,12 +41,12 @@ def test_invalid_scenario_exits_2_naming_the_field(tmp_path, capsys):
     assert "steps: expected an integer >= 1" in capsys.readouterr().err
 
 
-def test_violated_invariant_exits_1(tmp_path, capsys):
+def test_violated_invariant_exits_3(tmp_path, capsys):
     scenario = tmp_path / "hang.json"
     scenario.write_text(json.dumps({
         "world_size": 2, "payload": "real", "model": {"tensors": [{"name": "w", "shape": [64]}]},
         "faults": [{"kind": "hang", "ranks": [1], "at_point": "store.offload.begin"}], "steps": 2}))
-    assert main(["sim", "run", str(scenario), "--quiet"]) == 1
+    assert main(["sim", "run", str(scenario), "--quiet"]) == 3
     assert "INVARIANT VIOLATED" in capsys.readouterr().out
 
 

@@ -173,7 +173,7 @@ def test_a_tensor_that_comes_back_different_is_an_invariant_violation(monkeypatc
 
     monkeypatch.setattr(store_mod.OffloadStore, "reload_async", corrupting_reload)
     result, _, _ = run_scenario(parse_scenario(_with(steps=1)))
-    assert not result.ok and result.exit_code == 1
+    assert not result.ok and result.exit_code == 3
     assert any(v.startswith("rank 2: tensors not bitwise equal") for v in result.violations)
 
 
@@ -186,7 +186,7 @@ def test_injected_crash_is_reported_not_a_violation_but_a_hang_that_blocks_peers
     assert result.ok  # ranks 0, 2, 3 do not need rank 1 here (no collective after the crash)
     hang = _with(faults=[{"kind": "hang", "ranks": [0], "at_point": "store.offload.begin"}], steps=2)
     result, _, _ = run_scenario(parse_scenario(hang))
-    assert not result.ok and result.exit_code == 1
+    assert not result.ok and result.exit_code == 3
     error = result.to_dict()["error"]
     assert error["kind"] == "deadlock" and error["absent"] == {"0": "rank 0 hung at point 'store.offload.begin' (injected fault)"}
     assert {r["status"] for r in result.to_dict()["ranks"][1:]} == {"blocked"}

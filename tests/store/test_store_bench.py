@@ -71,7 +71,7 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
                "--phase-gap-s", "0.2", "--other-role-gb", "0.01", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GB" in out and "b2b x" in out
+    assert "phase gap 0.2 s" in out and "the other role takes 0.0 GiB" in out and "b2b x" in out
     report = json.loads(next(tmp_path.glob("*-offload.json")).read_text())
     assert report["phase_gap_s"] == 0.2 and report["other_role_bytes"] == 10_000_000
     (shape,) = report["shapes"]
@@ -98,4 +98,4 @@ def test_bench_phase_gap_and_other_role_are_applied_and_reported(tmp_path, capsy
 
 def test_bench_rejects_a_negative_gap(tmp_path, capsys):
     assert main(["bench", "offload", "--dry-run", "--phase-gap-s", "-1", "--out", str(tmp_path)]) == 2
-    assert "must be >= 0" in capsys.readouterr().out
+    assert "--phase-gap-s: expected a number >= 0" in capsys.readouterr().err  # one line on stderr, exit 2

@@ -1,0 +1,399 @@
+"""Every multi-GPU measurement in one call, written as one JSON record (issue 10).
+
+    torchrun --nproc-per-node=N bench/gpu/multigpu.py [--parts switch comm dedup] [--gib 8]
+    torchrun --nproc-per-node=2 bench/gpu/multigpu.py --dry-run     # CPU, Gloo, tiny sizes: the script runs
+
+On N GPUs of one host (one process per GPU, NCCL; preload NCCL >= 2.29.7 for SUSPEND, see docs/gpu.md):
+
+* ``switch_window``: the lifecycle of every :class:`PGPolicy` over the 14 Relax group families of a
+  (dp=N, tp=1) mesh (:func:`mesh_groups`), driven by the same :func:`run_steps` as the simulator's
+  ``timeshare bench switch-window``; one :class:`PolicyResult` per policy (field names as there), so
+  ``timeshare bench switch-window --dp N --tp 1 --steps S --warmup W --train-s 0 --rollout-s R``
+  predicts the same record.
+* ``comm_raw``: 14 NCCL communicators over all ranks, created and used once, suspended one after the
+  other (bytes freed per ``cudaMemGetInfo``), resumed (collective checked), destroyed; totals and
+  per communicator.
+* ``dedup``: for every replica-group size g the GPUs allow (g >= 2 dividing N), the same ``--gib`` of
+  replicated bf16 state per rank reloaded by the ``local`` store and by ``local_dedup`` (groups of g
+  consecutive ranks), every rank at once after a barrier and a ``--gap-s`` pause (the other role's
+  turn, which lets the driver scrub freed memory, see docs/store.md), each reload closed by a device
+  synchronize; the dedup reload's ``dedup.h2d`` and ``dedup.all_gather`` spans (device-closed); the
+  reload checked bitwise. ``dedup_reload_one_gather_s`` is the reload with one all-gather per layout
+  (``segment_bytes`` larger than the slice), the path before pipelining.
+
+Rank 0 writes ``multigpu-<date>-<device>x<N>.json`` to ``$OUT`` (default bench/results) and prints
+tables; the exit code is 1 if a check failed (a reload not bitwise, a suspend freeing < 99%).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+DTYPE = torch.bfloat16
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", nargs="+", default=["switch", "comm", "dedup"], choices=["switch", "comm", "dedup"])
+    p.add_argument("--steps", type=int, default=4, help="RL steps per policy")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the means")
+    p.add_argument("--train-s", type=float, default=0.0)
+    p.add_argument("--rollout-s", type=float, default=3.0)
+    p.add_argument("--cooldown-s", type=float, default=2.0)
+    p.add_argument("--comms", type=int, default=14, help="communicators in comm_raw")
+    p.add_argument("--gib", type=float, default=8.0, help="replicated bf16 state per rank for dedup, GiB")
+    p.add_argument("--tensors", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--gap-s", type=float, default=0.25, help="pause between offload and reload")
+    p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, tiny sizes, short rollout")
+    return p.parse_args()
+
+
+def log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def gathered(obj):
+    """Every rank's ``obj``, in rank order."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def nccl_loaded() -> str | None:
+    try:
+        from refimpl.torch_runtime import nccl
+
+        return nccl.NcclLibrary.load().version_string
+    except Exception as e:  # noqa: BLE001 - recorded as unknown, with why
+        return f"unknown: {e}"
+
+
+def can_suspend() -> str | None:
+    """None if NCCL suspend works here, else why not."""
+    if dist.get_backend() != "nccl":
+        return "Gloo run (no NCCL communicators)"
+    from refimpl.torch_runtime.nccl_validation import NcclOffloadUnavailableError, require_offload_nccl
+
+    try:
+        require_offload_nccl()
+    except NcclOffloadUnavailableError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+# --------------------------------------------------------------------------- switch window
+
+
+def switch_window(args, checks: list) -> dict:
+    from bench.switch_window import format_results, mesh_groups, run_steps, summarize
+    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.runtime import GroupSpec, TorchRuntime
+
+    n = dist.get_world_size()
+    backend = "nccl" if dist.get_backend() == "nccl" else None
+    no_suspend = can_suspend()
+    results, skipped = [], {}
+    for policy in PGPolicy:
+        if policy is PGPolicy.SUSPEND and no_suspend:
+            skipped[policy.name] = no_suspend
+            continue
+        t0 = time.monotonic()
+        rt = TorchRuntime()
+        specs = [GroupSpec(f"{policy.value}.{s.name}", s.ranks, backend=backend) for s in mesh_groups(n, 1)]
+        lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=policy, cooldown_s=args.cooldown_s,
+                                                           control_group=f"{policy.value}.control"))
+        tp = next(s.name for s in specs if s.name.split(".")[1].rstrip("0123456789") == "tp" and rt.rank in s.ranks)
+        steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
+                                 sync_group=tp))
+        results.append(summarize(policy, gathered(steps), warmup=args.warmup))
+        rt.run(lc.pause(policy=PGPolicy.DESTROY_DEFERRED))  # no communicators left for the next policy
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        log(f"  {policy.name}: {time.monotonic() - t0:.1f} s")
+    per_rank = sum(1 for s in mesh_groups(n, 1) if 0 in s.ranks)
+    header = (f"switch window per RL step (measured, {n} ranks): {per_rank} groups per rank, "
+              f"cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; mean of steps "
+              f"{args.warmup + 1}-{args.steps}")
+    log(format_results(results, header))
+    if any(r.policy == "DESTROY" for r in results) and any(r.policy == "DESTROY_DEFERRED" for r in results):
+        base = next(r for r in results if r.policy == "DESTROY").total
+        dd = next(r for r in results if r.policy == "DESTROY_DEFERRED").total
+        checks.append(("DESTROY_DEFERRED beats DESTROY", dd < base, f"{dd:.3f} s vs {base:.3f} s"))
+    out = {"settings": {"dp": n, "tp": 1, "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,
+                        "rollout_s": args.rollout_s, "cooldown_s": args.cooldown_s,
+                        "groups_per_rank": sum(1 for s in mesh_groups(n, 1) if 0 in s.ranks)},
+           "results": [asdict(r) for r in results]}
+    if skipped:
+        out["skipped"] = skipped
+    return out
+
+
+# --------------------------------------------------------------------------- raw NCCL
+
+
+def comm_raw(args, checks: list) -> dict | None:
+    why = can_suspend()
+    if why:
+        log(f"comm_raw skipped: {why}")
+        return {"skipped": why}
+    from refimpl.torch_runtime import nccl
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ranks = list(range(dist.get_world_size()))
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    pgs = []
+
+    def create():
+        for _ in range(args.comms):
+            pg = dist.new_group(ranks, backend="nccl")
+            t = torch.ones(1, device=dev)
+            dist.all_reduce(t, group=pg)
+            pgs.append(pg)
+
+    create_s = timed(create)
+    handles = [nccl.pg_comm_handles(pg, create_lazy=False) for pg in pgs]
+    flat = [h for hs in handles for h in hs]
+    per = []
+    for h in flat:
+        st = nccl.comm_mem_stats(h)
+        per.append({"suspendable_bytes": st.suspendable, "persistent_bytes": st.persistent})
+    for h, row in zip(flat, per):  # one after the other, as the lifecycle walks them
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free0 = torch.cuda.mem_get_info(dev)[0]
+        dist.barrier()
+        t0 = time.perf_counter()
+        nccl.suspend_comms([h])
+        row["suspend_s"] = time.perf_counter() - t0
+        row["freed_bytes"] = torch.cuda.mem_get_info(dev)[0] - free0
+    for h, row in zip(flat, per):
+        free0 = torch.cuda.mem_get_info(dev)[0]
+        dist.barrier()
+        t0 = time.perf_counter()
+        nccl.resume_comms([h])
+        row["resume_s"] = time.perf_counter() - t0
+        row["retaken_bytes"] = free0 - torch.cuda.mem_get_info(dev)[0]
+    ok = True
+    for pg in pgs:
+        x = torch.full((1 << 20,), float(dist.get_rank() + 1), device=dev)
+        dist.all_reduce(x, group=pg)
+        ok &= bool(torch.all(x == sum(r + 1 for r in ranks)).item())
+    destroy_s = timed(lambda: [dist.destroy_process_group(pg) for pg in pgs])
+    mine = {"create_first_collective_s": create_s, "destroy_s": destroy_s, "per_comm": per, "ok": ok}
+    everyone = gathered(mine)
+    worst = min(r["freed_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
+    back = min(r["retaken_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
+    checks.append(("suspend frees >= 99% of every communicator's suspendable bytes", worst >= 0.99, f"worst {worst:.4f}"))
+    checks.append(("resume takes the memory back", back >= 0.99, f"worst {back:.4f}"))
+    checks.append(("collectives right after resume", all(m["ok"] for m in everyone), ""))
+    r0 = everyone[0]["per_comm"]
+    out = {
+        "n_comms": len(r0),
+        "ranks_per_comm": len(ranks),
+        "suspendable_bytes": sum(r["suspendable_bytes"] for r in r0),
+        "persistent_bytes": sum(r["persistent_bytes"] for r in r0),
+        # the slowest rank sets each figure
+        "suspend_s": max(sum(r["suspend_s"] for r in m["per_comm"]) for m in everyone),
+        "resume_s": max(sum(r["resume_s"] for r in m["per_comm"]) for m in everyone),
+        "destroy_s": max(m["destroy_s"] for m in everyone),
+        "create_first_collective_s": max(m["create_first_collective_s"] for m in everyone),
+        "per_comm": r0,
+    }
+    log(f"comm_raw: {out['n_comms']} communicators of {len(ranks)} ranks, "
+        f"{out['suspendable_bytes'] / 2**30:.2f} GiB suspendable + {out['persistent_bytes'] / 2**20:.0f} MiB "
+        f"persistent; suspend {out['suspend_s']:.3f} s, resume {out['resume_s']:.3f} s, destroy "
+        f"{out['destroy_s']:.3f} s, create + first collective {out['create_first_collective_s']:.3f} s")
+    return out
+
+
+# --------------------------------------------------------------------------- dedup
+
+
+def _tensors(rt, total_bytes: int, count: int) -> dict:
+    per = total_bytes // DTYPE.itemsize // count
+    tensors = {f"w{i}": rt.alloc_device(per, DTYPE) for i in range(count)}
+    for i, t in enumerate(tensors.values()):  # the same bytes on every rank: replicated state
+        t.copy_(torch.arange(t.numel(), device=t.device, dtype=torch.float32).remainder_(251 + i).to(DTYPE))
+    return tensors
+
+
+def _cycles(rt, store, args, spans: bool) -> list[dict]:
+    rows = []
+    for i in range(args.repeats + 1):
+        store.offload()
+        rt.run(rt.synchronize())
+        time.sleep(args.gap_s)
+        dist.barrier()
+        rt.spans.clear()
+        t0 = time.perf_counter()
+        store.reload()
+        rt.run(rt.synchronize())
+        row = {"reload_s": time.perf_counter() - t0}
+        if spans:
+            row["h2d_s"] = sum(e - s for name, s, e in rt.spans if name == "dedup.h2d")
+            row["all_gather_s"] = sum(e - s for name, s, e in rt.spans if name == "dedup.all_gather")
+            row["all_gathers"] = sum(1 for name, s, e in rt.spans if name == "dedup.all_gather")
+        if i:  # the first cycle pins the host buffers
+            rows.append(row)
+    return rows
+
+
+def raw_all_gather(rt, numel: int, g: int, args) -> float:
+    """One NCCL all-gather of ``numel`` elements per rank over groups of ``g`` ranks, synchronized: the
+    link's own time for the dedup reload's all-gather (median of the repeats, slowest rank)."""
+    n = dist.get_world_size()
+    groups = [dist.new_group(list(range(s, s + g))) for s in range(0, n, g)]
+    pg = groups[dist.get_rank() // g]
+    inp = rt.alloc_device(numel, DTYPE)
+    out = rt.alloc_device(numel * g, DTYPE)
+    times = []
+    for i in range(args.repeats + 1):
+        rt.run(rt.synchronize())
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_gather_into_tensor(out, inp, group=pg)
+        rt.run(rt.synchronize())
+        if i:
+            times.append(time.perf_counter() - t0)
+    rt.release(inp)
+    rt.release(out)
+    for grp in groups:
+        dist.destroy_process_group(grp)
+    return statistics.median(max(t) for t in zip(*gathered(times)))
+
+
+def dedup(args, checks: list) -> list[dict]:
+    from refimpl.runtime import TorchRuntime
+    from refimpl.store import OffloadStore, StoreConfig
+    from refimpl.store.dedup import DedupConfig
+    from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
+    from refimpl.store.replica_sync import content_digest
+
+    n = dist.get_world_size()
+    rt = TorchRuntime()
+    state_bytes = int(args.gib * 2**30)
+    tensors = _tensors(rt, state_bytes, args.tensors)
+    expect = content_digest(list(tensors.values()))
+    out = []
+    for g in [g for g in range(2, n + 1) if n % g == 0]:
+        mesh = MeshTopology((n // g, g), ("rep", "ddp"))
+        rows = {}
+        store = OffloadStore(rt, backend="local")
+        store.attach_tensors("params", tensors, name="p")
+        rows["local"] = _cycles(rt, store, args, False)
+        host_local = store.stats().host_pinned_bytes
+        store.close()
+        for label, config in (("one_gather", StoreConfig(segment_bytes=state_bytes + (1 << 20))),
+                              ("dedup", StoreConfig())):
+            policy = ReplicaPolicy(overrides={"*": MeshReplica(mesh, ("ddp",))})
+            store = OffloadStore(rt, backend="local_dedup", config=config,
+                                 dedup=DedupConfig(policy=policy, groups=tuple(mesh.groups_over(["ddp"]))))
+            store.attach_tensors("params", tensors, name="p")
+            rows[label] = _cycles(rt, store, args, True)
+            if label == "dedup":
+                host_dedup = store.backend.host_bytes()
+            store.close()
+            bitwise = bool(torch.equal(content_digest(list(tensors.values())), expect))
+            checks.append((f"{label} reload over groups of {g} is bitwise", bitwise, ""))
+        everyone = gathered(rows)
+        log(f"  per cycle, rank 0: {json.dumps(everyone[0])}")
+
+        def slowest(label, key):  # per cycle the slowest rank, then the median over cycles
+            return statistics.median(max(r[label][i][key] for r in everyone) for i in range(args.repeats))
+
+        row = {"group_size": g, "state_bytes_per_rank": sum(t.numel() for t in tensors.values()) * DTYPE.itemsize,
+               "host_bytes_per_rank_local": host_local, "host_bytes_per_rank_dedup": host_dedup,
+               "local_reload_s": slowest("local", "reload_s"), "dedup_reload_s": slowest("dedup", "reload_s"),
+               "h2d_s": slowest("dedup", "h2d_s"), "all_gather_s": slowest("dedup", "all_gather_s"),
+               "dedup_reload_one_gather_s": slowest("one_gather", "reload_s"),
+               "one_gather_h2d_s": slowest("one_gather", "h2d_s"),
+               "one_gather_all_gather_s": slowest("one_gather", "all_gather_s"),
+               "repeats": args.repeats, "gap_s": args.gap_s}
+        row["dedup_vs_local"] = row["dedup_reload_s"] / row["local_reload_s"]
+        row["raw_all_gather_s"] = raw_all_gather(rt, row["state_bytes_per_rank"] // g // DTYPE.itemsize, g, args)
+        # bytes each rank receives in the all-gather, over the time of its spans: not faster than NVLink
+        row["all_gather_recv_gbps"] = row["state_bytes_per_rank"] * (g - 1) / g / max(row["all_gather_s"], 1e-9) / 1e9
+        out.append(row)
+        log(f"dedup g={g}: state {row['state_bytes_per_rank'] / 1e9:.2f} GB/rank, host {host_local / 1e9:.2f} -> "
+            f"{host_dedup / 1e9:.2f} GB/rank; reload local {row['local_reload_s']:.4f} s, dedup "
+            f"{row['dedup_reload_s']:.4f} s ({row['dedup_vs_local']:.3f} x; h2d spans {row['h2d_s']:.4f}, "
+            f"all-gather spans {row['all_gather_s']:.4f} s = {row['all_gather_recv_gbps']:.0f} GB/s received), "
+            f"one all-gather per layout {row['dedup_reload_one_gather_s']:.4f} s "
+            f"(all-gather {row['one_gather_all_gather_s']:.4f} s); a bare NCCL all-gather of the slice "
+            f"{row['raw_all_gather_s']:.4f} s")
+    for t in tensors.values():
+        rt.release(t)
+    return out
+
+
+def main() -> int:
+    args = parse()
+    if args.dry_run:
+        args.gib, args.tensors, args.repeats, args.gap_s = 1 / 128, 8, 2, 0.0
+        args.rollout_s, args.cooldown_s, args.steps, args.warmup = 0.3, 0.2, 3, 1
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    n = dist.get_world_size()
+    device = torch.cuda.get_device_name().replace(" ", "-").lower() if cuda else "cpu"
+    record = {"kind": "multigpu", "schema": 1, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), "device": device, "world_size": n, "torch": torch.__version__,
+        "nccl_loaded": nccl_loaded() if cuda else None, "command": " ".join(["torchrun", f"--nproc-per-node={n}",
+                                                                             *sys.argv]),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""), "dry_run": args.dry_run}
+    log(f"{n} x {device}, torch {torch.__version__}, NCCL loaded {record['nccl_loaded']}")
+    checks: list = []
+    t0 = time.monotonic()
+    out = Path(os.environ.get("OUT") or REPO / "bench" / "results")
+    path = out / f"multigpu-{datetime.date.today()}-{device}x{n}.json"
+
+    def save() -> None:  # after every part, so a later failure keeps what was measured
+        record["checks"] = [{"name": a, "ok": bool(b), "detail": c} for a, b, c in checks]
+        record["wall_s"] = time.monotonic() - t0
+        if dist.get_rank() == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1, default=str))
+
+    for part, key, fn in (("switch", "switch_window", switch_window), ("comm", "comm_raw", comm_raw),
+                          ("dedup", "dedup", dedup)):
+        if part in args.parts:
+            record[key] = fn(args, checks)
+            save()
+    save()
+    failed = [c for c in record["checks"] if not c["ok"]]
+    if dist.get_rank() == 0:
+        for c in record["checks"]:
+            print(f"{'PASS' if c['ok'] else 'FAIL'} {c['name']} {c['detail']}", flush=True)
+        print(f"wrote {path}; {len(failed)} check(s) failed", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
