@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import sim
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
-from refimpl.comm.group_plan import GroupPlanRules
+from refimpl.comm.group_plan import GroupPlanRules, SwitchCosts
 from refimpl.runtime.base import GroupError, GroupSpec
 
 POINTS = ["lifecycle.pause.decide", "lifecycle.plan", "lifecycle.plan.apply", "lifecycle.plan.group",
@@ -106,13 +106,14 @@ def _names(decl, rank, n):
     decl=st.lists(declarations, min_size=4, max_size=4),
     single_rank=st.booleans(),
     keep_mp=st.booleans(),
+    by_cost=st.booleans(),
     early=st.one_of(st.none(), st.integers(0, 3)),
     misuse=st.one_of(st.none(), st.integers(0, 3)),
     fault=faults,
     data=st.data(),
 )
-def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, keep_mp, early,
-                                                                 misuse, fault, data):
+def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, keep_mp, by_cost,
+                                                                 early, misuse, fault, data):
     drawn = None if fault is None else DrawnFault(fault[0], fault[1] % n, fault[2], fault[3])
     misuse_rank = None if misuse is None else misuse % n
     early_rank = None if early is None else early % n
@@ -123,7 +124,8 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
 
     async def job(rt):
         rules = GroupPlanRules(sync_groups=_names(decl[rt.rank], rt.rank, n), destroy_single_rank=single_rank,
-                               keep_live={"mp"} if keep_mp and rt.rank == 0 else ())
+                               keep_live={"mp"} if keep_mp and rt.rank == 0 else (),
+                               costs=SwitchCosts() if by_cost else None)
         lc = PGLifecycle(rt, specs, config=config, plan=rules)
         error, sums, held, plans, refused = None, [], [], [], []
         before = rt.memory_info().used

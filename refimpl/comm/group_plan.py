@@ -65,6 +65,49 @@ class UndeclaredGroupError(GroupError):
 
 
 @dataclass(frozen=True)
+class SwitchCosts:
+    """Per-communicator costs that decide suspend against destroy (seconds; see :func:`cheaper_to_destroy`).
+
+    A suspend and a resume cost about in proportion to the suspendable bytes
+    (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
+    init at the first collective, counted although it lands outside the
+    switch window) cost about the same whatever the size. Defaults, measured:
+    suspend 0.8 s/GiB (one H200, run 1: 0.324 s for 384 MiB; 2 x H200: 0.154 s
+    for 192 MiB in GPU.md, 0.345 s for 480 MiB in multigpu run 1), resume
+    0.3 s/GiB (0.16, 0.27 and 0.52 s/GiB in the same three records), destroy
+    0.036 s for one rank (run 1) and 0.2 s for more (0.142 s GPU.md, 0.247 s
+    multigpu run 1), init 0.18 s for more ranks (2.48 s for 14 two-rank
+    communicators, both 2-GPU records) and 0.25 s for one rank (not measured:
+    the presets' assumption).
+    """
+
+    suspend_s_per_gib: float = 0.8
+    resume_s_per_gib: float = 0.3
+    destroy_s_single: float = 0.036
+    destroy_s_multi: float = 0.2
+    init_s_single: float = 0.25
+    init_s_multi: float = 0.18
+
+    def __post_init__(self) -> None:
+        for name, v in vars(self).items():
+            if not (isinstance(v, (int, float)) and v >= 0 and v == v and v != float("inf")):
+                raise ValueError(f"SwitchCosts.{name} must be a finite number of seconds >= 0, got {v!r}")
+
+    def keep_cost(self, suspendable: int) -> float:
+        """Seconds per step to suspend and resume a communicator holding ``suspendable`` bytes."""
+        return suspendable / 2**30 * (self.suspend_s_per_gib + self.resume_s_per_gib)
+
+    def destroy_cost(self, size: int) -> float:
+        """Seconds per step to destroy a communicator of ``size`` ranks and create it again at first use."""
+        return (self.destroy_s_single + self.init_s_single) if size == 1 else (self.destroy_s_multi + self.init_s_multi)
+
+
+def cheaper_to_destroy(costs: SwitchCosts | None, size: int, suspendable: int) -> bool:
+    """True if destroying and re-creating the communicator costs less per step than suspending and resuming it."""
+    return costs is not None and costs.destroy_cost(size) < costs.keep_cost(suspendable)
+
+
+@dataclass(frozen=True)
 class GroupPlanRules:
     """How SUSPEND_PLANNED chooses each group's action (see :func:`choose_action`).
 
@@ -77,7 +120,9 @@ class GroupPlanRules:
     whose communicator was never created holds 0). ``destroy_single_rank``:
     destroy NCCL groups of one rank instead of suspending them (H200: 0.036 s
     to destroy against 0.30 s to suspend, no peers to wait for; torch creates
-    the communicator again lazily at its first collective).
+    the communicator again lazily at its first collective). ``costs``: destroy
+    any group for which :func:`cheaper_to_destroy` says so with these
+    :class:`SwitchCosts` (None: never by cost).
     """
 
     sync_groups: frozenset[str] | None = None
@@ -85,6 +130,7 @@ class GroupPlanRules:
     destroy: frozenset[str] = frozenset()
     keep_below_bytes: int = 1 * MiB
     destroy_single_rank: bool = True
+    costs: SwitchCosts | None = field(default_factory=SwitchCosts)
 
     def __post_init__(self) -> None:
         for name in ("sync_groups", "keep_live", "destroy"):
@@ -142,6 +188,9 @@ PLAN_ROWS: tuple[PlanRow, ...] = (
          GroupAction.KEEP, lambda r, name, size, mem: mem <= r.keep_below_bytes),
     _row("one rank and destroy_single_rank (H200: destroy 0.036 s, suspend 0.30 s)", GroupAction.DESTROY,
          lambda r, name, size, mem: size == 1 and r.destroy_single_rank),
+    _row("destroy and re-create (with its lazy NCCL init) cheaper than suspend and resume, by costs "
+         "(SwitchCosts: suspend + resume in proportion to the bytes)", GroupAction.DESTROY,
+         lambda r, name, size, mem: cheaper_to_destroy(r.costs, size, mem)),
     _row("otherwise", GroupAction.SUSPEND, lambda r, name, size, mem: True),
 )
 
@@ -336,7 +385,9 @@ __all__ = [
     "PLAN_ROWS",
     "PlanRow",
     "PlannedGroups",
+    "SwitchCosts",
     "UndeclaredGroupError",
+    "cheaper_to_destroy",
     "choose_action",
     "format_plan_rows",
     "local_votes",

@@ -14,8 +14,12 @@ def test_choose_action_in_order_of_its_rules():
     assert choose_action(r, "tiny", 2, 1 * MiB) is GroupAction.KEEP
     assert choose_action(r, "solo", 1, 384 * MiB) is GroupAction.DESTROY, "one rank: destroy beats suspend"
     assert choose_action(r, "dp", 2, 192 * MiB) is GroupAction.SUSPEND
-    no_destroy = GroupPlanRules(destroy_single_rank=False)
+    no_destroy = GroupPlanRules(destroy_single_rank=False, costs=None)
     assert choose_action(no_destroy, "solo", 1, 384 * MiB) is GroupAction.SUSPEND
+    by_cost = GroupPlanRules(destroy_single_rank=False)
+    assert choose_action(by_cost, "solo", 1, 384 * MiB) is GroupAction.DESTROY, "0.29 s to destroy+init < 0.41 s"
+    assert choose_action(by_cost, "dp", 2, 480 * MiB) is GroupAction.DESTROY
+    assert choose_action(by_cost, "dp", 2, 192 * MiB) is GroupAction.SUSPEND
 
 
 def test_min_of_the_votes_is_the_plan():

@@ -80,6 +80,8 @@ def run_steps(policy: str, steps: int = 3, **lc_kw):
     world = sim.SimWorld(2)
 
     async def job(rt):
+        if policy == "SUSPEND_PLANNED":
+            lc_kw.setdefault("plan", GroupPlanRules(costs=None))  # suspend every multi-rank group (no cost rule)
         lc = PGLifecycle(rt, specs, config=config(policy), **lc_kw)
         await lc.start()
         mine = [g for g in lc.groups if rt.is_member(g)]
@@ -128,7 +130,7 @@ def test_planned_suspend_keeps_gloo_and_declared_groups_and_can_suspend_single_r
     specs = [GroupSpec("pair", (0, 1)), GroupSpec("solo0", (0,)), GroupSpec("solo1", (1,)),
              GroupSpec("ctl", (0, 1), backend="gloo"), GroupSpec("rollout", (0, 1))]
     world = sim.SimWorld(2)
-    rules = GroupPlanRules(keep_live={"rollout"}, destroy_single_rank=False)
+    rules = GroupPlanRules(keep_live={"rollout"}, destroy_single_rank=False, costs=None)
 
     async def job(rt):
         lc = PGLifecycle(rt, specs, config=config(two_phase=False), plan=rules)
@@ -151,7 +153,7 @@ def test_declared_sync_groups_stay_live_the_rest_go_down_at_the_pause():
     world = sim.SimWorld(2)
 
     async def job(rt):
-        rules = GroupPlanRules(sync_groups={f"tp{rt.rank}", "dp"})
+        rules = GroupPlanRules(sync_groups={f"tp{rt.rank}", "dp"}, costs=None)
         lc = PGLifecycle(rt, specs, config=config(two_phase=False), plan=rules)
         await lc.pause()
         at_pause = lc.state
@@ -201,7 +203,8 @@ def test_ranks_that_vote_differently_get_one_plan():
     world = sim.SimWorld(2)
 
     async def job(rt):
-        rules = GroupPlanRules(keep_live={"pair"}) if rt.rank == 0 else GroupPlanRules(destroy={"pair"})
+        rules = GroupPlanRules(keep_live={"pair"}, costs=None) if rt.rank == 0 else GroupPlanRules(destroy={"pair"},
+                                                                                                   costs=None)
         lc = PGLifecycle(rt, specs, config=config(two_phase=False), plan=rules)
         await lc.pause()
         await lc.weight_sync(lambda: None)
@@ -217,7 +220,7 @@ def test_a_corrupted_canary_at_wake_falls_back_to_a_rebuild_on_every_rank():
     world = sim.SimWorld(2, faults=PointFaults(corrupt_canary_rank=1))
 
     async def job(rt):
-        lc = PGLifecycle(rt, specs, config=config(two_phase=False))
+        lc = PGLifecycle(rt, specs, config=config(two_phase=False), plan=GroupPlanRules(costs=None))
         await lc.pause()
         await lc.weight_sync(lambda: None)
         await lc.resume()
@@ -237,7 +240,7 @@ def test_a_rank_dying_in_the_planned_walk_fails_every_other_rank_within_the_agre
     world = sim.SimWorld(2, faults=PointFaults(rank=1, point=point, action=sim.FaultAction.crash(), nth=nth))
 
     async def job(rt):
-        lc = PGLifecycle(rt, specs, config=config(two_phase=False, agree_timeout_s=20.0))
+        lc = PGLifecycle(rt, specs, config=config(two_phase=False, agree_timeout_s=20.0), plan=GroupPlanRules(costs=None))
         try:
             await lc.pause()
             await lc.weight_sync(lambda: None)
@@ -305,3 +308,29 @@ def test_first_use_after_wake_is_the_slowest_ranks_mean_over_steady_steps():
     per_rank = [steps(9.0, 1.0, 2.0, 3.0), steps(9.0, 2.0, 1.0, 5.0)]
     assert first_use_after_wake(per_rank, warmup=2) == 3.5  # max of (2, 1) and of (3, 5), mean
     assert first_use_after_wake(per_rank, warmup=0) == (2.0 + 2.0 + 5.0) / 3, "step 0 (group creation) left out"
+
+
+def test_the_cost_row_destroys_a_communicator_whose_suspend_and_resume_cost_more():
+    from refimpl.comm.group_plan import SwitchCosts, cheaper_to_destroy
+
+    c = SwitchCosts()
+    assert cheaper_to_destroy(c, 2, 480 * MiB), "2 x H200 multigpu run 1: 480 MiB two-rank communicators"
+    assert not cheaper_to_destroy(c, 2, 192 * MiB), "GPU.md's 2 x H200 run: 192 MiB two-rank communicators"
+    assert not cheaper_to_destroy(None, 2, 480 * MiB)
+    with pytest.raises(ValueError, match="SwitchCosts.resume_s_per_gib"):
+        SwitchCosts(resume_s_per_gib=-1.0)
+    specs = [GroupSpec("big", (0, 1)), GroupSpec("solo0", (0,)), GroupSpec("solo1", (1,))]
+    world = sim.SimWorld(2)  # 384 MiB per communicator: 0.41 s to suspend and resume, 0.38 s to destroy and init
+
+    async def job(rt):
+        lc = PGLifecycle(rt, specs, config=config(two_phase=False))
+        await lc.pause()
+        await lc.weight_sync(lambda: None)
+        held = lc.comm_memory()
+        await lc.resume()
+        return dict(lc.planned.plan.actions), held, await sums(rt, lc.groups), lc.stats.comm_suspends
+
+    for rank, (actions, held, after, suspends) in enumerate(world.run(job)):
+        assert actions["big"] is GroupAction.DESTROY and suspends == 0
+        assert held.suspendable == held.persistent == 0, "destroyed communicators hold nothing"
+        assert after == {"big": [3.0] * 3, f"solo{rank}": [float(rank + 1)] * 3}
