@@ -10,13 +10,21 @@
 * ``timeshare sim compare A B`` puts two runs' phases side by side
   (:mod:`sim.compare`).
 
+Before a large run it prints an estimate of its wall time and memory to stderr;
+it refuses a run past ``--max-est-seconds`` / ``--max-est-gb`` (``--force`` runs it
+anyway); while it runs it reports the simulated time and events every few
+seconds. Symmetric jobs are folded (a node or two simulated for all, the result
+expanded, identical to the full run; ``--no-fold`` turns it off; see
+:mod:`sim.fold`, :mod:`sim.scale`).
+
 Scenarios may be JSON or YAML; ``--set key=value`` overrides a field (dotted
 keys, JSON-typed values; :mod:`sim.scenario_io`). ``--json`` prints the result
 in the common envelope (:mod:`refimpl.output`) instead of the table.
 
 The exit status is 0 when every invariant held, 3 when one was violated (the
 JSON says which), 2 when the input is invalid (the scenario, a ``--set``, or an
-output path that cannot be written; one line names it) — see
+output path that cannot be written, a world past the simulator's size limit or
+a run past its estimate's budget; one line names it) — see
 :mod:`refimpl.cli_errors`.
 """
 from __future__ import annotations
@@ -42,6 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (opens in Perfetto)")
     run.add_argument("--png", metavar="TIMELINE.png", help="write a PNG timeline, one row per rank (needs matplotlib)")
     run.add_argument("--quiet", action="store_true", help="print only the result line, not the per-rank table")
+    run.add_argument("--max-est-seconds", type=float, default=None, metavar="S",
+                     help="refuse a run estimated to take longer (default 900)")
+    run.add_argument("--max-est-gb", type=float, default=None, metavar="GB",
+                     help="refuse a run estimated to need more memory (default 8)")
+    run.add_argument("--force", action="store_true", help="run even past the estimate's budget")
+    run.add_argument("--no-fold", action="store_true",
+                     help="simulate every rank even where symmetric ranks could be simulated once (docs/sim.md)")
+    run.add_argument("--progress-every", type=float, default=5.0, metavar="S",
+                     help="report simulated time and events to stderr every S seconds of wall time (default 5)")
     sub.add_parser("list", help="list topology presets and example scenarios")
     cmp_ = sub.add_parser("compare", help="two runs' phases side by side (results, or scenarios to run)")
     cmp_.add_argument("a", help="a result JSON (sim run --out) or a scenario file/name")
@@ -64,24 +81,51 @@ def _check_outputs(out: str | None, trace: str | None, png: str | None) -> None:
 
 
 def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
-             sets: list[str] | None = None, as_json: bool = False) -> int:
+             sets: list[str] | None = None, as_json: bool = False, args: argparse.Namespace | None = None) -> int:
     from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError, describe_os_error
     from refimpl.output import envelope
-    from sim.runner import run_scenario
-    from sim.scenario import ScenarioError
-    from sim.scenario_io import load_scenario_with
+    from sim.fold import plan_fold
+    from sim.scale import (DEFAULT_MAX_GB, DEFAULT_MAX_SECONDS, BudgetError, Progress, SizeError, check_size, estimate,
+                           run_auto)
+    from sim.scenario import ScenarioError, parse_scenario
+    from sim.scenario_io import apply_overrides, read_scenario_raw
     from sim.trace import Timeline, TraceError, write_chrome_trace, write_png
 
+    max_s = getattr(args, "max_est_seconds", None)
+    max_gb = getattr(args, "max_est_gb", None)
+    force = getattr(args, "force", False)
+    # a trace shows every rank, so it needs every rank simulated
+    fold = not getattr(args, "no_fold", False) and not (trace or png)
     try:
         _check_outputs(out, trace, png)
-        scn = load_scenario_with(name_or_path, sets or [])
-    except (ScenarioError, CliInputError) as exc:
-        print(f"error: {'invalid scenario: ' if isinstance(exc, ScenarioError) else ''}{exc}", file=sys.stderr)
+        raw = apply_overrides(read_scenario_raw(name_or_path), list(sets or []))
+        check_size(raw.get("world_size") if isinstance(raw, dict) else None)  # before anything is built
+        scn = parse_scenario(raw)
+    except (ScenarioError, CliInputError, SizeError) as exc:
+        bad_scenario = isinstance(exc, (ScenarioError, SizeError))
+        print(f"error: {'invalid scenario: ' if bad_scenario else ''}{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    limits = (DEFAULT_MAX_SECONDS if max_s is None else max_s, DEFAULT_MAX_GB if max_gb is None else max_gb)
+
+    def check(est) -> None:
+        if est.large:
+            print(est.line(), file=sys.stderr)
+        if not force:
+            est.check(*limits)
+
     try:
-        result, world, plan = run_scenario(scn)
+        planned = plan_fold(scn) if fold else (None, "folding turned off" if not (trace or png) else
+                                               "a trace or timeline needs every rank")
+        check(estimate(scn, *planned))
+        with Progress(lambda line: print(line, file=sys.stderr, flush=True),
+                      every_s=getattr(args, "progress_every", 5.0)) as progress:
+            result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch,
+                                                 check_full=check)
     except ScenarioError as exc:  # a check the runner makes on the scenario (e.g. its size)
         print(f"error: invalid scenario: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BudgetError as exc:  # nothing was run
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     info = sys.stderr if as_json else sys.stdout
     if as_json:
@@ -150,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if command == "list":
         return _list()
     if command == "run":
-        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet, args.set, args.json)
+        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet, args.set, args.json, args)
     if command == "compare":
         return _compare(args)
     return _run_one("default", None, None, None, False)

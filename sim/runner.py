@@ -319,11 +319,17 @@ class _phase:
 # --------------------------------------------------------------------------- the job
 
 
-def run_scenario(scn: Scenario, *, record_memory: bool = True) -> tuple[ScenarioResult, SimWorld, FaultPlan | None]:
-    """Run every rank of ``scn`` to the end; returns the judged result, the world (for traces) and the fault plan."""
+def run_scenario(scn: Scenario, *, record_memory: bool = True,
+                 on_world: Any = None) -> tuple[ScenarioResult, SimWorld, FaultPlan | None]:
+    """Run every rank of ``scn`` to the end; returns the judged result, the world (for traces) and the fault plan.
+
+    ``on_world(world)``, if given, is called once the world is built (progress reporting watches its engine).
+    """
     t0 = time.perf_counter()
     topo = build_topology(scn)
     world, plan = build_world(scn, topo, record_memory=record_memory)
+    if on_world is not None:
+        on_world(world)
     ctx = RankContext(scn, topo, group_layout(scn), build_state(scn.model))
     if scn.pg_policy != "none":
         from refimpl.comm import lifecycle as lc_mod

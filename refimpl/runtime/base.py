@@ -36,6 +36,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Coroutine, Generator, Iterator, TypeVar
 
@@ -130,10 +131,16 @@ class GroupSpec:
 
     def group_rank(self, global_rank: int) -> int:
         """Position of ``global_rank`` within this group."""
-        try:
-            return self.ranks.index(global_rank)
-        except ValueError:
-            raise GroupError(f"rank {global_rank} is not a member of group {self.name!r} {self.ranks}") from None
+        pos = self._positions.get(global_rank)
+        if pos is None:
+            raise GroupError(f"rank {global_rank} is not a member of group {self.name!r} {self.ranks}")
+        return pos
+
+    @functools.cached_property
+    def _positions(self) -> dict[int, int]:
+        # rank -> position, built on first use: ``ranks.index`` made every member's
+        # lookup O(size), so installing a 16,384-rank world group was O(n^2)
+        return {r: i for i, r in enumerate(self.ranks)}
 
     @property
     def store_prefix(self) -> str:
