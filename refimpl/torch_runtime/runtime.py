@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -54,7 +55,7 @@ from refimpl.runtime.base import (
     Runtime,
 )
 from refimpl.torch_runtime.copy_stream import CopyEngine
-from refimpl.torch_runtime.pinning import HostPinner, host_memory
+from refimpl.torch_runtime.pinning import PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,15 @@ class TorchRuntime(Runtime):
     ``cuda:<current>`` when CUDA is available, else ``cpu``.
     ``default_backend``: backend of groups whose spec says ``None``; defaults to
     ``"nccl"`` on CUDA and ``"gloo"`` on CPU.
+    ``pin_prefault``: how pinned host buffers are faulted in before
+    ``cudaHostRegister`` (:data:`refimpl.torch_runtime.pinning.PREFAULT_MODES`);
+    defaults to the environment variable ``TIMESHARE_PIN_PREFAULT``, else
+    ``"touch"`` with CUDA (issue 16: 3x faster than registering untouched
+    memory on the H200) and ``"none"`` without.
     """
 
-    def __init__(self, device: torch.device | str | None = None, *, default_backend: str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, default_backend: str | None = None,
+                 pin_prefault: str | None = None) -> None:
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
@@ -97,7 +104,14 @@ class TorchRuntime(Runtime):
         self._cuda = device.type == "cuda"
         self.default_backend = default_backend or ("nccl" if self._cuda else "gloo")
         self.copy_stats = CopyStats()
-        self.pinner = HostPinner(use_cuda=torch.cuda.is_available())
+        cuda_present = torch.cuda.is_available()
+        if pin_prefault is None:
+            env = os.environ.get("TIMESHARE_PIN_PREFAULT")
+            if env and env not in PREFAULT_MODES:
+                raise ValueError(f"TIMESHARE_PIN_PREFAULT={env!r} is not a prefault mode; use one of {PREFAULT_MODES} "
+                                 "or unset it")
+            pin_prefault = env or ("touch" if cuda_present else "none")
+        self.pinner = HostPinner(use_cuda=cuda_present, prefault=pin_prefault)
         self._copies = CopyEngine(device, self.copy_stats)
         self._distributed = dist.is_available() and dist.is_initialized()
         if self._distributed:

@@ -1,0 +1,492 @@
+"""A colocated RL step, end to end: train -> offload -> rollout -> weight sync -> reload (issue 16).
+
+Theory of operation
+-------------------
+Each rank holds two roles on one device:
+
+* the **trainer**: a ``transformers`` causal LM built from a config (random
+  weights, no downloads; ``--tiny`` for a few-thousand-parameter one, else a
+  ~1.0 B-parameter Qwen2), sharded with FSDP2 (``fully_shard``; on two or more
+  ranks a 2-D HSDP mesh ``(replicate, shard)``), an AdamW optimizer, its state
+  registered with an :class:`~refimpl.store.OffloadStore`;
+* the **rollout** role: an unsharded copy of the weights (bf16 on CUDA) that
+  generates with the model's own ``generate`` into a pre-sized KV cache
+  (``StaticCache`` where the installed transformers has it, sized to take the
+  device memory the trainer's offload gave back; else the dynamic cache).
+
+One step, every phase timed between device synchronisations:
+
+``train``      forward/backward/step on the previous rollout's sequences; the
+               loss is averaged over the trainer's group ``trainer.dp``.
+``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
+               offload of params, grads and optimizer state.
+``rollout``    the rollout role allocates its KV cache, generates, frees it
+               (``--free driver``: ``empty_cache`` after; ``allocator``: the
+               memory stays in torch's caching allocator, the store runs with
+               ``empty_cache=False``).
+``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather
+               each full parameter (``DTensor.full_tensor``) and copy it into
+               the rollout weights.
+``reload``     :meth:`PGLifecycle.resume` and the store's reload of the rest.
+
+After every sync (outside the timed phases, with the groups active) the
+weights are checked bitwise: the rollout's copy against a fresh gather of the
+trainer's, compared as integers, and every rank's rollout copy has the same
+digest (``all_reduce`` MIN and MAX over ``trainer.dp``).
+
+``switch_overhead`` = offload + weight_sync + reload (everything that is not
+training or generation), reported against ``copy_time_at_line`` = the bytes
+offloaded at the device-to-host line rate plus the bytes reloaded at the
+host-to-device line rate, both measured at start in the same run.
+
+Rank 0 writes ``rl_step_<world>.json`` and ``rl_step_<world>.png`` (a timeline;
+:mod:`bench.rl_record`).
+
+Not done here: the FSDP mesh's own process groups are made by
+``init_device_mesh`` and are not under the lifecycle (the lifecycle manages
+``trainer.dp``, which the trainer uses for its loss and the weight check).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.rl_record import summarize, write_outputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepConfig:
+    """What to run. ``tiny``: a tiny model and batch (CPU tests); else ~1.0 B parameters."""
+
+    device: str = "cuda"
+    tiny: bool = False
+    steps: int = 2
+    batch: int = 8
+    seq: int = 256
+    rollout_batch: int = 64
+    prompt_len: int = 32
+    new_tokens: int = 32
+    kv_gb: float | None = None  # None: the bytes the trainer's offload freed
+    free: str = "driver"  # or "allocator"
+    shard: int = 2
+    out: str = "."
+    seed: int = 0
+    lifecycle_policy: str = "DESTROY_DEFERRED"
+    cooldown_s: float = 0.2
+    line_mib: int = 1024
+    mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
+
+    def __post_init__(self) -> None:
+        if self.free not in ("driver", "allocator"):
+            raise ValueError(f"free must be 'driver' or 'allocator', got {self.free!r}")
+        for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def model_config(tiny: bool):
+    """A Qwen2 config: ``tiny`` (~0.1 M parameters) or ~1.03 B parameters (hidden 1536, 20 layers)."""
+    from transformers import Qwen2Config
+
+    if tiny:
+        return Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           tie_word_embeddings=False)
+    return Qwen2Config(vocab_size=32000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=20,
+                       num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=8192,
+                       tie_word_embeddings=False)
+
+
+class _Clock:
+    """Phase spans (start, end) in seconds since the clock began, each closed by a device synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.t0 = time.perf_counter()
+        self.spans: list[tuple[int, str, float, float]] = []
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def phase(self, step: int, name: str):
+        self.sync()
+        a = time.perf_counter() - self.t0
+        yield
+        self.sync()
+        self.spans.append((step, name, a, time.perf_counter() - self.t0))
+
+
+def _line_rates(device: torch.device, nbytes: int, rt) -> dict[str, float]:
+    """H2D and D2H GB/s between registered host memory and cached device memory (best of 3)."""
+    host = rt.alloc_host(nbytes, torch.uint8, pinned=True, tag="line")
+    host.fill_(1)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    out = {}
+    for name, (dst, src) in (("h2d_gbps", (dev, host)), ("d2h_gbps", (host, dev))):
+        best = float("inf")
+        for _ in range(4):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = nbytes / best / 1e9
+    rt.free_host(host)
+    return out
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers of the same width (bitwise comparison, -0 != +0, NaN == NaN)."""
+    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64, 1: torch.uint8}[t.element_size()])
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True iff ``a`` and ``b`` have the same shape, dtype and bits (``-0.0`` differs from ``0.0``; a NaN equals itself)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_int_view(a), _int_view(b))
+
+
+def _digest(t: torch.Tensor) -> int:
+    """A position-weighted integer digest of the tensor's bits (same bits -> same digest)."""
+    bits = _int_view(t).reshape(-1).to(torch.int64)
+    w = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 1021 + 1
+    return int((bits * w).sum().item())
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+
+
+def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
+    """Run ``cfg.steps`` colocated steps on this rank (``torch.distributed`` already initialised); return the record."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import Qwen2ForCausalLM
+
+    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.runtime import GroupSpec, ReduceOp
+    from refimpl.store import OffloadStore, StoreConfig
+    from refimpl.torch_runtime import TorchRuntime
+
+    cuda = cfg.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    rt = TorchRuntime(device)
+    clock = _Clock(device)
+    rec: dict[str, Any] = {"config": asdict(cfg), "world_size": world_size, "device": str(device),
+                           "torch": torch.__version__, "errors": []}
+    try:
+        import transformers
+
+        rec["transformers"] = transformers.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    if cuda:
+        rec["gpu"] = torch.cuda.get_device_name(device)
+
+    # ---- the trainer's role group, under the lifecycle
+    rt.run(rt.new_group(GroupSpec("trainer.dp", tuple(range(world_size)))))
+    lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
+        policy=PGPolicy[cfg.lifecycle_policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
+        canary_timeout_s=60, control_group="trainer.control"))
+    life = lc.sync
+    life.start()
+
+    # ---- models
+    torch.manual_seed(cfg.seed)
+    mcfg = model_config(cfg.tiny)
+    mixed = cfg.mixed_precision if cfg.mixed_precision is not None else cuda
+    rollout_dtype = torch.bfloat16 if mixed else torch.float32
+    with torch.device(device):
+        trainer = Qwen2ForCausalLM(mcfg)
+    rec["params"] = sum(p.numel() for p in trainer.parameters())
+    if world_size > 1:
+        shard = min(cfg.shard, world_size)
+        if world_size % shard:
+            raise ValueError(f"--shard {shard} must divide the world size {world_size}")
+        mesh = init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (1,))
+    rec["mesh"] = list(mesh.shape)
+    mp_kwargs = {}
+    if mixed:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        mp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in trainer.model.layers:
+        fully_shard(layer, mesh=mesh, **mp_kwargs)
+    fully_shard(trainer, mesh=mesh, **mp_kwargs)
+    optim = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    with torch.device(device):
+        rollout = Qwen2ForCausalLM(mcfg).to(rollout_dtype).eval()
+    for p in rollout.parameters():
+        p.requires_grad_(False)
+    rparams = dict(rollout.named_parameters())
+
+    store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver")))
+    store.attach_module(trainer, name="model")
+    store.attach_optimizer(optim, name="optim")
+    rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)
+
+    def sync_weights() -> None:
+        """Copy the trainer's full weights (``full_tensor``: an all-gather over the mesh) into the rollout's."""
+        for name, p in trainer.named_parameters():
+            rparams[name].copy_(_full(p).to(rollout_dtype))
+
+    def check_weights() -> dict[str, Any]:
+        """Bitwise: the rollout's weights against a fresh gather of the trainer's; digests compared over ranks.
+
+        Runs outside the timed phases (it is verification, not part of a step) with the groups active.
+        """
+        mismatched: list[str] = []
+        digest = 0
+        n = 0
+        for name, p in trainer.named_parameters():
+            again = _full(p).to(rollout_dtype)  # a fresh gather: what the trainer holds now
+            if not bitwise_equal(rparams[name], again):
+                mismatched.append(name)
+            digest = (digest + _digest(rparams[name])) % (1 << 61)
+            n += 1
+        lo = torch.tensor([digest, len(mismatched)], dtype=torch.int64, device=device)
+        hi = lo.clone()
+        rt.run(rt.all_reduce(lo, ReduceOp.MIN, group="trainer.dp", timeout_s=120))
+        rt.run(rt.all_reduce(hi, ReduceOp.MAX, group="trainer.dp", timeout_s=120))
+        return {"tensors": n, "mismatched": mismatched, "digest": digest,
+                "ranks_agree": bool(lo[0].item() == hi[0].item()), "max_mismatched_any_rank": int(hi[1].item()),
+                "bitwise_equal": not mismatched and int(hi[1].item()) == 0 and bool(lo[0].item() == hi[0].item())}
+
+    # initial sync: the rollout starts from the trainer's weights
+    sync_weights()
+    rec["initial_sync"] = check_weights()
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own prompts and batch
+    data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
+    steps: list[dict[str, Any]] = []
+    for step in range(cfg.steps):
+        s: dict[str, Any] = {"step": step}
+        # ---- train
+        with clock.phase(step, "train"):
+            x = data.to(device)
+            out = trainer(input_ids=x, labels=x)
+            out.loss.backward()
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+            loss = out.loss.detach().float().reshape(1).clone()
+            rt.run(rt.all_reduce(loss, ReduceOp.SUM, group="trainer.dp", timeout_s=120))
+            s["loss"] = float(loss.item()) / world_size
+            del out, x
+        before = torch.cuda.memory_allocated(device) if cuda else 0
+        # ---- offload (the lifecycle pauses the trainer's groups; the release moves the state)
+        with clock.phase(step, "offload"):
+            def _release() -> None:
+                t = time.perf_counter()
+                store.offload()
+                clock.sync()
+                s["offload_store_s"] = time.perf_counter() - t
+            s["lifecycle_after_pause"] = life.pause(release_memory=_release).name
+        st = store.stats()
+        s["offload_bytes"] = st.last_offload_bytes
+        s["device_bytes_freed"] = st.last_device_bytes_freed
+        s["freed_measured"] = (before - torch.cuda.memory_allocated(device)) if cuda else st.last_device_bytes_freed
+        # ---- rollout: KV cache into the memory the trainer gave back, generate, free
+        with clock.phase(step, "rollout"):
+            s.update(_rollout(rollout, mcfg, cfg, device, rollout_dtype, s["freed_measured"], g))
+            data = s.pop("_sequences")[:cfg.batch, :cfg.seq].cpu()
+            if data.shape[1] < cfg.seq:  # pad by repeating (the training batch has a fixed shape)
+                data = data.repeat(1, -(-cfg.seq // data.shape[1]))[:, :cfg.seq]
+            if data.shape[0] < cfg.batch:
+                data = data.repeat(-(-cfg.batch // data.shape[0]), 1)[:cfg.batch]
+            if cuda and cfg.free == "driver":
+                torch.cuda.empty_cache()
+        # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy
+        with clock.phase(step, "weight_sync"):
+            def _sync() -> None:
+                t = time.perf_counter()
+                store.reload("params")
+                clock.sync()
+                s["reload_params_store_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                sync_weights()
+                clock.sync()
+                s["gather_copy_s"] = time.perf_counter() - t
+            life.weight_sync(_sync)
+        # ---- reload the rest; the trainer's groups come back
+        with clock.phase(step, "reload"):
+            life.resume()
+            t = time.perf_counter()
+            store.reload()
+            clock.sync()
+            s["reload_rest_store_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        s["weight_check"] = check_weights()  # untimed by the phases: verification
+        clock.sync()
+        s["weight_check_s"] = time.perf_counter() - t
+        st = store.stats()
+        s["reload_bytes_last"] = st.last_reload_bytes
+        s["params_bytes"] = st.bytes_by_category.get("params", 0)
+        s["lifecycle_state"] = lc.state.name
+        steps.append(s)
+        if rank == 0:  # a partial record after every step, in case the run is cut short
+            try:
+                write_outputs({**rec, "steps": steps, "partial": True,
+                               "spans": [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in clock.spans]},
+                              cfg.out)
+            except OSError as e:
+                logger.warning("partial record not written: %s", e)
+    spans = clock.spans
+    rec["spans"] = [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
+    rec["steps"] = steps
+    rec["lifecycle_stats"] = asdict(lc.stats)
+    rec["store_phases"] = dict(store.stats().phases)
+    rec["summary"] = summarize(rec)
+    store.close()
+    return rec
+
+
+def _rollout(model, mcfg, cfg: StepConfig, device, dtype, freed: int, g) -> dict[str, Any]:
+    """Generate ``new_tokens`` for ``rollout_batch`` random prompts into a KV cache sized to the freed memory."""
+    prompts = torch.randint(0, mcfg.vocab_size, (cfg.rollout_batch, cfg.prompt_len), generator=g).to(device)
+    per_token = 2 * mcfg.num_hidden_layers * mcfg.num_key_value_heads * (mcfg.hidden_size // mcfg.num_attention_heads) \
+        * torch.empty((), dtype=dtype).element_size()
+    kv_bytes = int(cfg.kv_gb * 1e9) if cfg.kv_gb is not None else max(freed, 0)
+    need = cfg.prompt_len + cfg.new_tokens
+    cache_len = max(need, kv_bytes // max(1, per_token * cfg.rollout_batch))
+    if not cfg.tiny:
+        cache_len = min(cache_len, mcfg.max_position_embeddings)
+    out: dict[str, Any] = {"kv_cache_len": int(cache_len), "kv_cache_bytes_planned": int(cache_len * per_token * cfg.rollout_batch)}
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    kwargs: dict[str, Any] = dict(max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, do_sample=False,
+                                  pad_token_id=0, eos_token_id=None, disable_compile=True)
+    cache = None
+    try:
+        from transformers import StaticCache
+
+        try:
+            cache = StaticCache(config=mcfg, max_cache_len=int(cache_len), max_batch_size=cfg.rollout_batch,
+                                device=device, dtype=dtype)
+        except TypeError:
+            cache = StaticCache(config=mcfg, max_cache_len=int(cache_len))
+        out["kv_cache"] = "static"
+    except Exception as e:  # noqa: BLE001 - older/newer transformers: the dynamic cache still generates
+        logger.warning("StaticCache unavailable (%s); generating with the dynamic cache", e)
+        out["kv_cache"] = f"dynamic ({type(e).__name__})"
+    with torch.no_grad():
+        try:
+            seq = _generate(model, prompts, cache, kwargs)
+        except Exception as e:  # noqa: BLE001
+            if cache is None:
+                raise
+            logger.warning("generate with StaticCache failed (%s); retrying with the dynamic cache", e)
+            out["kv_cache"] = f"dynamic (static failed: {type(e).__name__}: {str(e)[:200]})"
+            cache = None
+            seq = _generate(model, prompts, None, kwargs)
+    out["generated_tokens"] = int((seq.shape[1] - cfg.prompt_len) * seq.shape[0])
+    if cuda:
+        out["rollout_peak_extra_bytes"] = int(torch.cuda.max_memory_allocated(device) - base)
+    out["_sequences"] = seq
+    del cache
+    return out
+
+
+def _generate(model, prompts: torch.Tensor, cache, kwargs: dict[str, Any]) -> torch.Tensor:
+    """``model.generate`` (no automatic ``torch.compile``: it would cost more than the whole run)."""
+    extra = {"past_key_values": cache} if cache is not None else {}
+    try:
+        return model.generate(prompts, attention_mask=torch.ones_like(prompts), **extra, **kwargs)
+    except (TypeError, ValueError) as e:
+        if "disable_compile" not in str(e):
+            raise
+        kwargs = {k: v for k, v in kwargs.items() if k != "disable_compile"}  # an older transformers
+        return model.generate(prompts, attention_mask=torch.ones_like(prompts), **extra, **kwargs)
+
+
+def parse_args(argv: list[str] | None = None) -> StepConfig:
+    """Command line -> :class:`StepConfig`."""
+    ap = argparse.ArgumentParser(description="A colocated RL step (train, offload, rollout, weight sync, reload)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model and batch (CPU tests)")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--rollout-batch", type=int, default=None)
+    ap.add_argument("--prompt-len", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--kv-gb", type=float, default=None, help="KV cache size (default: what the offload freed)")
+    ap.add_argument("--free", choices=("driver", "allocator"), default="driver")
+    ap.add_argument("--shard", type=int, default=2, help="HSDP shard-group size (mesh = (world/shard, shard))")
+    ap.add_argument("--policy", default="DESTROY_DEFERRED", help="the lifecycle's PGPolicy name")
+    ap.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto",
+                    help="FSDP2 bf16 params and a bf16 rollout copy (auto: on CUDA only)")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
+    kw = {k: getattr(a, k) for k in ("batch", "seq", "rollout_batch", "prompt_len", "new_tokens")
+          if getattr(a, k) is not None}
+    return StepConfig(device=a.device, tiny=a.tiny, steps=a.steps, kv_gb=a.kv_gb, free=a.free, shard=a.shard,
+                      out=a.out, lifecycle_policy=a.policy, line_mib=(4 if a.tiny else 1024),
+                      mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision], **{**small, **kw})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under ``torchrun`` (or alone: a world of one)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("refimpl").setLevel(logging.WARNING)
+    cfg = parse_args(argv)
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rec: dict[str, Any] = {"world_size": world}
+    try:
+        if cfg.device == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
+    except Exception as e:  # noqa: BLE001 - no process group: record why and stop
+        logger.exception("rank %d: could not start (%s)", rank, e)
+        if rank == 0:
+            rec["error"] = f"start: {type(e).__name__}: {e}"
+            write_outputs(rec, cfg.out)
+        return 1
+    rc = 0
+    try:
+        rec = run_step(rank, world, cfg)
+    except Exception as e:  # noqa: BLE001 - record what failed
+        logger.exception("rank %d: the RL step failed", rank)
+        rec["error"] = f"{type(e).__name__}: {e}"
+        rc = 1
+    if rank == 0:
+        jpath, png = write_outputs(rec, cfg.out)
+        sm = rec.get("summary")
+        if sm:
+            ph = " ".join(f"{k}={v:.3f}s" for k, v in sm["phase_s"].items())
+            print(f"rl_step world={world}: {ph} switch_overhead={sm['switch_overhead_s']:.3f}s "
+                  f"copies_at_line={sm['copy_time_at_line_s']:.3f}s bitwise={sm['weights_bitwise_equal_every_sync']}",
+                  flush=True)
+        print(f"rl_step wrote {jpath} {png}", flush=True)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""The colocated RL step (bench/rl_loop.py) on 2 real Gloo processes with a tiny transformers model.
+
+Checks the record the GPU run will produce: every phase timed on every step, the
+rollout's weights bitwise equal to the trainer's after every sync (and the
+weights really changed between syncs, so the check compares live values), the
+lifecycle took the trainer's group through pause / weight sync / resume, and the
+JSON/PNG are written. Skipped without transformers (the optional ``models`` extra).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests._dist import run_distributed
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+def _rank(rank, world_size, out_dir):
+    from bench.rl_loop import parse_args, run_step, write_outputs
+
+    cfg = parse_args(["--device", "cpu", "--tiny", "--steps", "2", "--out", out_dir, "--policy", "DESTROY_DEFERRED"])
+    rec = run_step(rank, world_size, cfg)
+    if rank == 0:
+        write_outputs(rec, out_dir)
+    return rec
+
+
+def test_rl_step_two_gloo_ranks(tmp_path):
+    recs = run_distributed(_rank, 2, args=(str(tmp_path),), timeout=240)
+    for rec in recs:
+        assert rec["world_size"] == 2 and rec["mesh"] == [1, 2]
+        assert rec["initial_sync"]["bitwise_equal"]
+        assert len(rec["steps"]) == 2
+        for s in rec["steps"]:
+            wc = s["weight_check"]
+            assert wc["bitwise_equal"] and wc["ranks_agree"] and wc["mismatched"] == []
+            assert wc["tensors"] == rec["initial_sync"]["tensors"] > 0
+            assert s["generated_tokens"] == 2 * 4 and s["kv_cache_len"] >= 8
+            assert s["offload_bytes"] > 0 and s["lifecycle_state"] == "ACTIVE"
+            assert 0 < s["params_bytes"] < s["offload_bytes"]
+            for k in ("offload_store_s", "reload_params_store_s", "gather_copy_s", "reload_rest_store_s", "weight_check_s"):
+                assert s[k] >= 0
+        # training changed the weights: each sync saw new values (the check is not comparing constants)
+        digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
+        assert len(set(digests)) == 3
+        assert rec["lifecycle_stats"]["pauses"] == 2 and rec["lifecycle_stats"]["weight_syncs"] == 2
+        assert rec["lifecycle_stats"]["resumes"] == 2
+        phases = {(sp["step"], sp["phase"]) for sp in rec["spans"]}
+        assert phases == {(i, p) for i in range(2) for p in ("train", "offload", "rollout", "weight_sync", "reload")}
+        for sp in rec["spans"]:
+            assert sp["end_s"] >= sp["start_s"] >= 0
+        sm = rec["summary"]
+        assert sm["weights_bitwise_equal_every_sync"] is True
+        assert sm["switch_overhead_s"] == pytest.approx(
+            sm["phase_s"]["offload"] + sm["phase_s"]["weight_sync"] + sm["phase_s"]["reload"])
+        assert sm["copy_time_at_line_s"] > 0 and sm["overhead_x_copy_time"] > 0
+    # both ranks generated from the same weights; digests agree across ranks
+    assert recs[0]["steps"][-1]["weight_check"]["digest"] == recs[1]["steps"][-1]["weight_check"]["digest"]
+    on_disk = json.loads((tmp_path / "rl_step_2.json").read_text())
+    assert set(on_disk["summary"]["phase_s"]) == {"train", "offload", "rollout", "weight_sync", "reload"}
+    assert os.path.getsize(tmp_path / "rl_step_2.png") > 1000
+    # the simulator's model of the step reads the record (sim/colocated.py)
+    from sim.colocated import compare, predict_step
+
+    pred = predict_step(on_disk, preset="h200-1x")
+    assert set(pred["phase_s"]) == set(on_disk["summary"]["phase_s"])
+    assert all(v >= 0 for v in pred["phase_s"].values())
+    assert compare(on_disk, pred)["phases"]["train"]["ratio"] == pytest.approx(1.0)
+
+
+def test_bitwise_equal_compares_bits_not_values():
+    import torch
+
+    from bench.rl_loop import _digest, bitwise_equal
+
+    a = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
+    assert bitwise_equal(a, a.clone())
+    assert not bitwise_equal(a, torch.tensor([1.0, 0.0, float("nan")], dtype=torch.bfloat16))  # -0 vs +0
+    one_ulp = a.clone()
+    one_ulp.view(torch.int16)[0] += 1
+    assert not bitwise_equal(a, one_ulp)
+    assert not bitwise_equal(a, a.float())  # dtype differs
+    assert _digest(a) == _digest(a.clone()) and _digest(a) != _digest(one_ulp)
+
+
+def test_step_config_refuses_bad_values():
+    from bench.rl_loop import StepConfig
+
+    with pytest.raises(ValueError, match="free must be"):
+        StepConfig(free="pool")
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        StepConfig(steps=0)
