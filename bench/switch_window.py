@@ -19,8 +19,10 @@ deferred cooldown can hide. Policies:
 
 On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
 Megatron group families of the Relax report over a DP x TP mesh), on the
-``hgx-h200-8x`` topology preset, whose communicator figures (384 MiB per
-communicator, suspend 0.30 s, resume 0.097 s) were measured on the H200. The
+``hgx-h200-8x`` topology preset with the communicator constants ``timeshare
+sim calibrate`` fitted on the H200 records (``sim/presets/calibrated/``): one-
+rank communicators as measured on one H200, communicators of two or more ranks
+as measured on 2 x H200. The
 same driver, :func:`run_steps`, runs on TorchRuntime for the GPU measurement
 (``bench/gpu/comm_h200.py``). Ratios are against ``DESTROY`` in the same run.
 """
@@ -179,8 +181,9 @@ def simulate(policy: PGPolicy, *, dp: int, tp: int, steps: int, train_s: float, 
         from sim.topology import Topology
 
         topo = Topology.from_preset(topology)
+        # torch creates NCCL communicators lazily: the first collective of a (re)built group pays the init
         kwargs = dict(collective_cost=TopologyCollectiveCost(topo), memory=TopologyMemory(topo, record=False),
-                      comm=NcclComm(topo, lazy_init=False))
+                      comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
     world = sim.SimWorld(dp * tp, trace=False, **kwargs)
     specs = mesh_groups(dp, tp)
     config = LifecycleConfig(policy=policy, cooldown_s=cooldown_s)
@@ -225,8 +228,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-s", type=float, default=30.0, help="simulated training time per step")
     parser.add_argument("--rollout-s", type=float, default=60.0, help="simulated rollout time per step")
     parser.add_argument("--cooldown-s", type=float, default=2.0, help="port-release cooldown (Relax: 2 s)")
-    parser.add_argument("--topology", default="hgx-h200-8x",
-                        help="sim topology preset for collective, memory and communicator models ('' for defaults)")
+    parser.add_argument("--topology", default="calibrated/hgx-h200-8x",
+                        help="sim topology preset (a name, or a preset file) for collective, memory and communicator "
+                             "models (default: hgx-h200-8x with the constants timeshare sim calibrate fitted on the "
+                             "recorded fit set; '' for the simulator's defaults)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
                         help=f"policies to run, any case: {', '.join(p.value for p in PGPolicy)} (repeatable; default all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
@@ -245,10 +250,13 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup >= args.steps:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
-        from sim.presets import list_presets
+        from sim.presets import PresetError, list_presets, load_preset_data
 
-        if args.topology not in list_presets():
-            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()} or ''")
+        try:
+            load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
+        except PresetError:
+            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
+                                "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
     if args.json:
         check_output_path(args.json, "--json")
     try:

@@ -30,6 +30,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: subcommands of ``timeshare sim`` that live above the simulator: they drive the benchmarks
+SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("bench.validate", "replay each record in the simulator; predicted against measured"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timeshare", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -42,8 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError as exc:  # a subcommand whose module is missing stays listed but says why
             p.set_defaults(_missing=f"{name}: not available ({exc})")
             continue
-        mod.add_arguments(p)
+        subs = mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+        for extra, (extra_module, extra_help) in (SIM_SUBCOMMANDS.items() if name == "sim" else ()):
+            e = subs.add_parser(extra, help=extra_help)
+            extra_mod = importlib.import_module(extra_module)
+            extra_mod.add_arguments(e)
+            e.set_defaults(_run=extra_mod.run)
     return parser
 
 

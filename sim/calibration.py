@@ -62,9 +62,11 @@ def _topology(preset: str, pcie_bps: float | None):
     return Topology(data, where=f"preset {preset!r}")
 
 
-def _simulate(shape: Any, topo: Any, cycles: int, config: Any, gap_s: float = 0.0) -> list[dict[str, Any]]:
+def _simulate(shape: Any, topo: Any, cycles: int, config: Any, gap_s: float = 0.0,
+              other_role_bytes: int = 0) -> list[dict[str, Any]]:
     """Offload/reload times of ``shape`` per cycle on one simulated rank of ``topo`` (copies only), with
-    ``gap_s`` between each offload and its reload."""
+    ``gap_s`` between each offload and its reload, at the end of which another role on the same GPU
+    gives ``other_role_bytes`` of device memory back to the driver."""
     from refimpl.store import OffloadStore
     from sim.collectives import NcclComm, TopologyCollectiveCost
     from sim.flows import FlowTransport
@@ -91,6 +93,8 @@ def _simulate(shape: Any, topo: Any, cycles: int, config: Any, gap_s: float = 0.
             copies = dict(store.stats().copies)
             if gap_s:
                 await rt.sleep(gap_s)
+            if other_role_bytes:  # the rollout engine frees its memory right before the trainer reloads
+                world.transport.device_freed(rt.rank, other_role_bytes)
             scrub = world.transport.scrub_pending_s(rt.rank)
             t2 = rt.now()
             await store.reload_async()
@@ -121,13 +125,15 @@ def host_overheads(preset: str, tensors: int, nbytes: int) -> dict[str, float]:
 
 
 def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any = None,
-            d2h_bps: float | None = None, h2d_bps: float | None = None, phase_gap_s: float = 0.0) -> dict[str, Any]:
+            d2h_bps: float | None = None, h2d_bps: float | None = None, phase_gap_s: float = 0.0,
+            other_role_bytes: int = 0) -> dict[str, Any]:
     """Predicted cold and steady offload/reload seconds of ``shape`` (a ``sim.presets.bench_shapes.StateShape``).
 
     ``d2h_bps``/``h2d_bps``: PCIe rate per direction in bytes/s; by default the
     preset's ``pcie_gen5_x16_d2h_run1``/``pcie_gen5_x16_h2d_run1`` where it has
     them, else its PCIe link's rate. ``phase_gap_s``: pause between each offload
-    and its reload. Steady times are medians over cycles 2..n; ``steady_scrub_wait_s``
+    and its reload; ``other_role_bytes``: device memory another role frees at the end of that pause (the
+    driver scrubs it while the reload waits). Steady times are medians over cycles 2..n; ``steady_scrub_wait_s``
     is the part of the steady reload spent waiting for the driver's scrub.
     """
     if phase_gap_s < 0:
@@ -146,8 +152,8 @@ def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any
     host = host_overheads(preset, len(shape.tensors), shape.nbytes)
     # the offload's host time is not simulated; it passes between the free and the reload all the same
     gap = phase_gap_s + host["offload_host_s"]
-    out = _simulate(shape, _topology(preset, d2h), cycles, config, gap)
-    back = out if h2d == d2h else _simulate(shape, _topology(preset, h2d), cycles, config, gap)
+    out = _simulate(shape, _topology(preset, d2h), cycles, config, gap, other_role_bytes)
+    back = out if h2d == d2h else _simulate(shape, _topology(preset, h2d), cycles, config, gap, other_role_bytes)
     offload = [c["offload_s"] + host["offload_host_s"] for c in out]
     reload = [c["reload_s"] + host["reload_host_s"] for c in back]
     return {
@@ -203,14 +209,20 @@ def store_config(fields: dict[str, Any]) -> Any:
 
 
 def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[str, ...] = (DEFAULT_METHOD,),
-            cycles: int | None = None) -> list[dict[str, Any]]:
+            cycles: int | None = None, line_rates: str = "report") -> list[dict[str, Any]]:
     """Prediction vs measurement of every shape of a recorded offload report, for the store ``methods``.
 
-    The prediction uses the line rates the report measured next to each shape
-    (D2H for offloads, H2D for reloads) and the report's phase gap (0 when it
-    has none); the measurement is the report's steady median of that method.
+    ``line_rates="report"`` uses the line rates the report measured next to
+    each shape (D2H for offloads, H2D for reloads); ``"preset"`` the preset's
+    own (what ``timeshare sim validate`` does: nothing of the run is fed to the
+    model). The report's phase gap (0 when it has none) and the memory another
+    role freed before each reload (``other_role_bytes``) are simulated; the
+    measurement is the report's steady median of that method.
     """
+    if line_rates not in ("report", "preset"):
+        raise ValueError(f"line_rates must be 'report' or 'preset', got {line_rates!r}")
     gap = float(report.get("phase_gap_s") or 0.0)
+    other = int(report.get("other_role_bytes") or 0)
     from sim.presets.bench_shapes import SHAPES
 
     rows = []
@@ -230,17 +242,21 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
             if r.get("skipped") or r["method"] not in methods or r["method"] not in report.get("variants", {}):
                 continue
             n = cycles if cycles is not None else max(1, len(r.get("cycles", [])) - 1)
+            rates = ({"d2h_bps": line["d2h_gbps"] * 1e9, "h2d_bps": line["h2d_gbps"] * 1e9}
+                     if line_rates == "report" else {})
             p = predict(shape, preset=preset, cycles=n, config=store_config(report["variants"][r["method"]]),
-                        d2h_bps=line["d2h_gbps"] * 1e9, h2d_bps=line["h2d_gbps"] * 1e9, phase_gap_s=gap)
+                        phase_gap_s=gap, other_role_bytes=other, **rates)
             for what, direction in (("offload", "d2h"), ("reload", "h2d")):
                 measured, predicted = r[f"steady_{what}_s"], p[f"steady_{what}_s"]
                 rows.append({
                     "shape": shape.name, "tensors": len(shape.tensors), "state_bytes": shape.nbytes,
                     "method": r["method"], "phase": what, "measured_s": measured, "predicted_s": predicted,
                     "ratio": predicted / measured, "rel_error": (predicted - measured) / measured,
-                    "line_gbps": line[f"{direction}_gbps"], "copy_s": p[f"steady_{what}_copy_s"],
+                    "line_gbps": line[f"{direction}_gbps"] if line_rates == "report" else p[f"{direction}_gbps"],
+                    "copy_s": p[f"steady_{what}_copy_s"],
                     "host_s": p[f"{what}_host_s"], "copies": sum(p["copies"].values()),
                     "scrub_wait_s": p["steady_scrub_wait_s"] if what == "reload" else 0.0, "phase_gap_s": gap,
+                    "other_role_bytes": other,
                     "measured_copies": sum(r.get("details", {}).get("copies", {}).values()) or None,
                 })
     return rows

@@ -7,6 +7,12 @@
   e.g. ``relax_4xa6000_qwen3_4b``), writes the JSON result, a Chrome trace
   (open it in https://ui.perfetto.dev) and a PNG timeline;
 * ``timeshare sim list`` lists the topology presets and example scenarios;
+* ``timeshare sim calibrate RECORD.json... --out PRESET.json`` fits the
+  communicator and scrub constants on a fit set of records (:mod:`sim.fit`);
+* ``timeshare sim validate RECORD.json...`` replays each record in the
+  simulator and prints predicted against measured (:mod:`bench.validate`,
+  wired here by ``refimpl.cli``); exit 1 when a figure is outside its
+  tolerance or the policies rank differently.
 * ``timeshare sim compare A B`` puts two runs' phases side by side
   (:mod:`sim.compare`).
 
@@ -34,13 +40,15 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Wire the ``sim`` subcommand's arguments into ``parser``."""
-    sub = parser.add_subparsers(dest="sim_command", metavar="{run,list,compare}")
+def add_arguments(parser: argparse.ArgumentParser) -> Any:
+    """Wire the ``sim`` subcommand's arguments into ``parser``; returns its subparsers, to which
+    ``refimpl.cli`` adds ``validate`` (it drives the benchmarks, a floor above the simulator)."""
+    sub = parser.add_subparsers(dest="sim_command", metavar="{run,list,compare,calibrate,validate}")
     run = sub.add_parser("run", help="run a scenario file (or a shipped example by name)")
     run.add_argument("scenario", help="path to a scenario JSON or YAML file, or the name of a shipped example")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -66,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to both scenarios")
     cmp_.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override applied to B only")
     cmp_.add_argument("--json", action="store_true", help="print the comparison as JSON (common envelope)")
+    cal = sub.add_parser("calibrate", help="fit communicator and scrub constants on records; write a preset")
+    cal.add_argument("records", nargs="+", metavar="RECORD.json", help="the fit set (multigpu, comm_h200, scrub probe)")
+    cal.add_argument("--base", default="hgx-h200-8x", help="preset whose other constants are kept (default hgx-h200-8x)")
+    cal.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the calibrated preset")
+    return sub
 
 
 def _check_outputs(out: str | None, trace: str | None, png: str | None) -> None:
@@ -188,11 +201,33 @@ def _list() -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT
+    from sim.fit import calibrated_preset, write_preset
+    from sim.presets import PresetError
+    from sim.records import RecordError, load_record
+
+    try:
+        records = [load_record(p) for p in args.records]
+        data, obs = calibrated_preset(args.base, records)
+        path = write_preset(data, args.out)
+    except (RecordError, PresetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"fitted on {len(records)} record(s), base preset {args.base}:")
+    for o in obs:
+        print(f"  {o.constant:<34} {o.value:>14.6g}  {o.record}: {o.how}")
+    print(f"wrote {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim``; returns the exit status."""
     command = getattr(args, "sim_command", None)
     if command == "list":
         return _list()
+    if command == "calibrate":
+        return _calibrate(args)
     if command == "run":
         return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet, args.set, args.json, args)
     if command == "compare":

@@ -39,7 +39,7 @@ import math
 from typing import TYPE_CHECKING
 
 from refimpl.runtime.base import CommMemory, GroupSpec
-from sim.presets import LinkKind
+from sim.presets import CommParams, LinkKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.topology import Topology
@@ -124,39 +124,63 @@ class TopologyCollectiveCost:
 class NcclComm:
     """Communicator memory and lifecycle times from a preset's ``comm`` section (see module docstring).
 
+    Every cost is per communicator and per rank, and depends on the group's
+    size: a one-rank communicator and one of several ranks have their own
+    figures where the preset has both ([Note: one-rank and multi-rank
+    communicators] in :mod:`sim.presets`).
+
     Args:
         topology: where the ``comm`` parameters come from.
         lazy_init: True (torch's default) charges ``init`` at a group's first
             collective via :meth:`first_use`; False charges it at creation.
+        init_at_collective: the simulator charges :meth:`first_use` itself, as
+            part of a group's first collective (and of its first collective
+            after a resume), so code that does not call ``first_use`` (the
+            lifecycle, the switch-window benchmark) pays the lazy init where
+            torch pays it. False (the default) leaves it to the caller, as the
+            scenario runner does.
     """
 
-    def __init__(self, topology: "Topology", *, lazy_init: bool = True):
+    def __init__(self, topology: "Topology", *, lazy_init: bool = True, init_at_collective: bool = False):
         self.params = topology.comm
         self.lazy_init = lazy_init
+        self.init_at_collective = init_at_collective
         self._initialized: dict[tuple[str, int], None] = {}
+        self._resumed: set[tuple[str, int]] = set()
+
+    def _p(self, spec: GroupSpec) -> CommParams:
+        return self.params.for_size(spec.size)
 
     def memory(self, spec: GroupSpec, rank: int) -> CommMemory:
         """Device bytes a live communicator of ``spec`` holds on ``rank``."""
         if spec.backend != "nccl":
             return CommMemory()
-        return CommMemory(suspendable=self.params.memory_bytes, persistent=self.params.persistent_bytes)
+        p = self._p(spec)
+        return CommMemory(suspendable=p.memory_bytes, persistent=p.persistent_bytes)
 
     def create_time(self, spec: GroupSpec) -> float:
         """Seconds from the last member's arrival to a usable group."""
+        p = self._p(spec)
         if spec.backend != "nccl":
-            return self.params.create_group_s
+            return p.create_group_s
         if self.lazy_init:
-            return self.params.create_group_s
+            return p.create_group_s
         self._initialized[(spec.name, spec.generation)] = None
-        return self.params.create_group_s + self.params.init_s
+        return p.create_group_s + p.init_s
 
     def first_use(self, spec: GroupSpec) -> float:
-        """Seconds the first collective of this group generation adds (lazy NCCL init); 0 afterwards."""
+        """Seconds the first collective of this group generation adds (lazy NCCL init), or the first
+        collective after a resume; 0 otherwise."""
         key = (spec.name, spec.generation)
-        if spec.backend == "gloo" or key in self._initialized:
+        if spec.backend == "gloo":
+            return 0.0
+        if key in self._resumed:
+            self._resumed.discard(key)
+            return self._p(spec).resume_first_collective_s
+        if key in self._initialized:
             return 0.0
         self._initialized[key] = None
-        return self.params.init_s
+        return self._p(spec).init_s
 
     def initialized(self, spec: GroupSpec) -> bool:
         """True once this group generation's communicator exists (a collective ran, or eager init)."""
@@ -164,17 +188,20 @@ class NcclComm:
 
     def destroy_time(self, spec: GroupSpec) -> float:
         """Seconds one rank spends destroying its communicator."""
+        p = self._p(spec)
         if spec.backend == "nccl" and self.initialized(spec):
-            return self.params.destroy_s
-        return self.params.destroy_uninitialized_s
+            return p.destroy_s
+        return p.destroy_uninitialized_s
 
     def suspend_time(self, spec: GroupSpec) -> float:
         """Seconds ``ncclCommSuspend`` takes on one rank."""
-        return self.params.suspend_s
+        return self._p(spec).suspend_s
 
     def resume_time(self, spec: GroupSpec) -> float:
-        """Seconds ``ncclCommResume`` takes on one rank."""
-        return self.params.resume_s
+        """Seconds ``ncclCommResume`` takes on one rank; the next collective then pays
+        ``resume_first_collective`` (charged once per group, by :meth:`first_use`)."""
+        self._resumed.add((spec.name, spec.generation))
+        return self._p(spec).resume_s
 
 
 __all__ = ["BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]

@@ -84,11 +84,24 @@ def find_deadlock(world: WaitingWorld) -> DeadlockError | None:
     except nx.NetworkXNoCycle:
         cycle = []
     absent = {t: _status(world, t) for r in waits for t in waits[r] if t not in blocked or t in hung}
+    # a rank that failed with an exception is usually the cause, even when nobody waits for it by name
+    # (it raised while completing a collective every member had joined: "waiting for ranks []")
+    failed = {rt.rank: _status(world, rt.rank) for rt in world.runtimes
+              if rt.process is not None and rt.process.state is ProcessState.FAILED}
+    # when the job became stuck: the last blocked rank started waiting, or the last rank they could have
+    # needed ended (finished, failed, crashed); timers of others may run on after that
+    ends = [world.runtimes[r].process.waiting_since for r in waits]
+    ends += [world.runtimes[r].process.ended_at for r in {*absent, *failed}
+             if world.runtimes[r].process is not None and r not in hung]
+    blocked_at = max((t for t in ends if t is not None), default=world.engine.now)
 
     lines = [
-        f"deadlock at t={world.engine.now:.6f} s (simulated): no event is pending and "
+        f"deadlock at t={blocked_at:.6f} s (simulated): no event is pending and "
         f"{len(waits)} rank(s) are blocked"
     ]
+    first = min(failed, key=lambda r: (world.runtimes[r].process.ended_at or 0.0, r)) if failed else None
+    if first is not None:
+        lines.append(f"caused by: {failed[first]}")
     for i, (r, targets) in enumerate(waits.items()):
         if i == MAX_LISTED:
             lines.append(f"  ... and {len(waits) - MAX_LISTED} more blocked ranks (see .blocked)")
@@ -98,6 +111,8 @@ def find_deadlock(world: WaitingWorld) -> DeadlockError | None:
         lines.append(f"  rank {r} blocked in {blocked[r]}, waiting for ranks {shown}{more}")
     if cycle:
         lines.append("waits-for cycle: " + " -> ".join(map(str, cycle + cycle[:1])))
+    for r in sorted(set(failed) - set(absent) - {first}):
+        absent[r] = failed[r]
     for i, (t, status) in enumerate(sorted(absent.items())):
         if i == MAX_LISTED:
             lines.append(f"  ... and {len(absent) - MAX_LISTED} more (see .absent)")
@@ -107,7 +122,10 @@ def find_deadlock(world: WaitingWorld) -> DeadlockError | None:
         "Every member of a group must issue the same collectives in the same order; check the ranks "
         "above for a different group order, an early exit, or a skipped collective."
     )
-    return DeadlockError("\n".join(lines), blocked=blocked, cycle=cycle, absent=absent, time=world.engine.now)
+    if first is not None:
+        absent.setdefault(first, failed[first])
+    return DeadlockError("\n".join(lines), blocked=blocked, cycle=cycle, absent=absent, time=blocked_at,
+                         stopped_at=world.engine.now)
 
 
 __all__ = ["find_deadlock"]

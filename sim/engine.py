@@ -221,8 +221,8 @@ class ProcessState(enum.Enum):
 class Process:
     """A coroutine the engine drives; see the module docstring."""
 
-    __slots__ = ("engine", "name", "state", "result", "exception", "waiting_on", "ended_at", "crash_where",
-                 "_coro", "_on_exit")
+    __slots__ = ("engine", "name", "state", "result", "exception", "waiting_on", "waiting_since", "ended_at",
+                 "crash_where", "_coro", "_on_exit")
 
     def __init__(self, engine: "Engine", coro: Coroutine[Any, Any, Any], name: str):
         if not hasattr(coro, "send"):
@@ -235,6 +235,8 @@ class Process:
         self.result: Any = None
         self.exception: BaseException | None = None
         self.waiting_on: SimFuture | None = None
+        #: simulated time at which the process last started waiting on a future (deadlock reports)
+        self.waiting_since: float | None = None
         self.ended_at: float | None = None
         self.crash_where = ""
         self._coro = coro
@@ -289,6 +291,7 @@ class Process:
             else:
                 self.state = ProcessState.WAITING
                 self.waiting_on = yielded
+                self.waiting_since = self.engine.now
                 yielded.add_callback(self._wake)
         elif isinstance(yielded, Crash):
             self.crash_where = yielded.where

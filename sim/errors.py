@@ -85,7 +85,11 @@ class DeadlockError(SimError):
             finished, crashed or hung instead.
         absent: ranks that blocked ranks wait for but that will never arrive
             (finished, failed or crashed), with their last operation.
-        time: the simulated time at which the job stopped moving.
+        time: the simulated time at which the ranks blocked (the last of them
+            to start waiting; nothing moved after it).
+        stopped_at: the simulated time at which the engine ran out of events
+            (later than ``time`` when timers of ranks that were not blocked,
+            or of an injected hang, ran on).
     """
 
     def __init__(
@@ -96,11 +100,13 @@ class DeadlockError(SimError):
         cycle: list[int],
         absent: dict[int, str],
         time: float,
+        stopped_at: float | None = None,
     ):
         self.blocked = blocked
         self.cycle = cycle
         self.absent = absent
         self.time = time
+        self.stopped_at = time if stopped_at is None else stopped_at
         super().__init__(message)
 
 

@@ -109,11 +109,9 @@ class Fault:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "fault") -> "Fault":
         """Build from JSON; errors name the field (``faults[2].at_time: ...``)."""
-        if not isinstance(raw, Mapping):
-            raise FaultPlanError(f"{where}: expected an object")
-        for key in raw:
-            if key not in _FIELDS:
-                raise FaultPlanError(f"{where}.{key}: unknown field (expected {sorted(_FIELDS)})")
+        from sim.schemas import check_fields
+
+        check_fields(raw, where, (), sorted(_FIELDS), FaultPlanError)
         try:
             kind = FaultType(raw.get("kind"))
         except ValueError:
@@ -196,7 +194,7 @@ class FaultPlan:
             if f.kind is FaultType.SLOW_LINK:
                 if not hasattr(world.transport, "slow"):
                     raise FaultPlanError(f"faults[{i}]: slow_link needs the topology flow transport (sim.flows.FlowTransport)")
-                world.transport.resources_matching(f.link)  # fail early on an unknown link
+                check_link(f.link, world.transport, f"faults[{i}].link")  # fail early on an unknown link
                 if f.at_time is not None and f.at_point is None:
                     world.engine.schedule(f.at_time, self._slow, f)
 
@@ -307,4 +305,19 @@ class FaultPlan:
             world.engine.schedule(f.duration_s, world.transport.slow, res, 1.0)
 
 
-__all__ = ["Fault", "FaultPlan", "FaultPlanError", "FaultType", "FiredFault"]
+def check_link(link: str, transport: Any, where: str) -> None:
+    """Raise FaultPlanError naming ``where`` if ``link`` is no link, element or resource of the transport's topology."""
+    from sim.flows import FlowError, _endpoints
+
+    try:
+        transport.resources_matching(link)
+    except FlowError:
+        elements = sorted({e for name in transport.network.names for e in _endpoints(name)})
+        shown = ", ".join(elements[:12]) + (" ..." if len(elements) > 12 else "")
+        raise FaultPlanError(
+            f"{where}: {link!r} is not a link or element of topology {transport.topology.name!r}; name an element "
+            f"(one of {shown}) or a resource such as 'link:n0/gpu0>n0/pcisw0'"
+        ) from None
+
+
+__all__ = ["Fault", "FaultPlan", "FaultPlanError", "FaultType", "FiredFault", "check_link"]

@@ -119,12 +119,21 @@ class TopologyMemory:
         return list(self._timeline.get(rank, ()))
 
     def peak_between(self, rank: int, start: float, end: float) -> int:
-        """Largest device use of ``rank`` within ``[start, end]`` (needs ``record``)."""
+        """Largest device use of ``rank`` within ``[start, end)`` (needs ``record``).
+
+        Half open: what changes at ``end`` belongs to what starts there (the next
+        phase starts at the instant this one ends, and its first allocation is
+        timed at that instant); the use at ``start`` is the last one recorded at
+        or before it.
+        """
         tl = self._timeline.get(rank, [])
-        before = [u for t, u in tl if t <= start]
-        best = before[-1] if before else 0
+        best = 0
         for t, u in tl:
-            if start <= t <= end:
+            if t > start:
+                break
+            best = u
+        for t, u in tl:
+            if start < t < end:
                 best = max(best, u)
         return best
 

@@ -178,7 +178,10 @@ class Rendezvous:
         w = self._world
         if p.seq == CREATE_SEQ:
             return w.comm.create_time(w.resolve_backend(p.spec))
-        return w.collective_cost.time(p.op, p.spec.ranks, p.nbytes)
+        t = w.collective_cost.time(p.op, p.spec.ranks, p.nbytes)
+        if getattr(w.comm, "init_at_collective", False):  # lazy NCCL init paid by the collective itself
+            t += w.comm.first_use(w.resolve_backend(p.spec))
+        return t
 
     def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
         """Fail ``arrival``'s future ``timeout_s`` from now unless the collective completes first."""

@@ -181,10 +181,11 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
     real = scn.payload == "real"
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     reference: dict[str, torch.Tensor] = {}
+    shard = _shard_id(scn, rt.rank)  # replicas of one shard hold the same bytes
     for i, spec in enumerate(ctx.state):
         t = rt.alloc_device(spec.numel, spec.dtype, tag=spec.category).view(spec.shape)
         if real:
-            _fill(t, scn.seed, rt.rank, i)
+            _fill(t, scn.seed, shard, i)
             reference[spec.name] = t.clone()
         tensors.setdefault(spec.category, {})[spec.name] = t
     lifecycle = None
@@ -201,7 +202,7 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
     if scn.offload.backend != "tms":
         from refimpl.store import OffloadStore
 
-        store = OffloadStore(rt, backend=scn.offload.backend)
+        store = OffloadStore(rt, backend=scn.offload.backend, **_dedup_kwargs(scn))
         for cat, named in sorted(tensors.items()):
             store.attach_tensors(cat, named, name=f"state.{cat}")
     backup = None
@@ -291,6 +292,34 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
     return out
 
 
+def _mesh_topology(scn: Scenario) -> Any:
+    from refimpl.store.replica import MeshTopology
+
+    return MeshTopology(tuple(n for _, n in scn.mesh), tuple(d for d, _ in scn.mesh))
+
+
+def _shard_id(scn: Scenario, rank: int) -> int:
+    """The lowest rank of ``rank``'s replica group (``rank`` itself when nothing is replicated)."""
+    if not scn.offload.replicate_over:
+        return rank
+    from refimpl.store.replica import group_over_dims
+
+    return group_over_dims(_mesh_topology(scn), rank, scn.offload.replicate_over).ranks[0]
+
+
+def _dedup_kwargs(scn: Scenario) -> dict[str, Any]:
+    """``local_dedup``'s config: all state replicated over ``offload.replicate_over``, groups declared
+    up front (meta payloads move no bytes, so the group exchange cannot run)."""
+    if scn.offload.backend != "local_dedup":
+        return {}
+    from refimpl.store.dedup import DedupConfig
+    from refimpl.store.replica import MeshReplica, ReplicaPolicy
+
+    mesh, dims = _mesh_topology(scn), scn.offload.replicate_over
+    return {"dedup": DedupConfig(policy=ReplicaPolicy(overrides={"*": MeshReplica(mesh, dims)}),
+                                 groups=tuple(mesh.groups_over(dims)))}
+
+
 def _engine_bytes(rt: Runtime, w) -> int:
     if w.rollout_memory_gib:
         return int(w.rollout_memory_gib * 2**30)
@@ -348,7 +377,8 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
         results = world.run(lambda rt: rank_main(rt, world, ctx), return_exceptions=True)
     except DeadlockError as exc:
         error = {"kind": "deadlock", "message": str(exc), "blocked": {str(k): v for k, v in exc.blocked.items()},
-                 "cycle": exc.cycle, "absent": {str(k): v for k, v in exc.absent.items()}, "time": exc.time}
+                 "cycle": exc.cycle, "absent": {str(k): v for k, v in exc.absent.items()}, "time": exc.time,
+                 "stopped_at": exc.stopped_at}
     except CollectiveMismatchError as exc:
         error = {"kind": "collective_mismatch", "message": str(exc), "group": exc.group, "seq": exc.seq,
                  "ops": {str(k): v for k, v in exc.ops.items()}}
@@ -362,6 +392,9 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
     for rank in range(scn.world_size):
         o = ctx.outcomes.get(rank) or RankOutcome(rank=rank)
         r = results[rank] if rank < len(results) else None
+        proc = world.runtimes[rank].process
+        if r is None and proc is not None and proc.exception is not None:  # the run stopped (deadlock) first
+            r = proc.exception
         if isinstance(r, BaseException):
             o.error = f"{type(r).__name__}: {r}"
         outcomes.append(o)

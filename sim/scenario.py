@@ -1,7 +1,7 @@
 """Scenario files: what to simulate, validated with errors that name the field.
 
-A scenario (JSON; schema in ``sim/schema/scenario.schema.json``, documented in
-docs/scenario.md) says which machine (a topology preset or an inline graph),
+A scenario (JSON; schema in ``sim/schema/scenario.schema.json``, which
+:func:`parse_scenario` checks first with ``jsonschema``; documented in docs/scenario.md) says which machine (a topology preset or an inline graph),
 how many ranks and how they are arranged (mesh and process-group families),
 what state each rank holds (a model preset or explicit tensors), how it leaves
 the GPU (offload store backend or a TMS-style pause), what the process-group
@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from sim.faults import FaultPlan, FaultPlanError
 from sim.presets import PresetError, list_presets, load_preset_data
 from sim.presets.models import ARCHITECTURES, CATEGORIES, DTYPES, ModelConfig, TensorSpec, build_state
+from sim.schemas import check, check_fields
 from sim.topology import Topology
 
 #: process-group policies a scenario may name ("none": no lifecycle, groups stay as they are)
@@ -57,6 +58,8 @@ class OffloadConfig:
     include: tuple[str, ...] = ("params", "grads", "optimizer")
     tms_pause_s: float = 0.0
     tms_resume_s: float = 0.0
+    #: mesh dims over which every rank's state is replicated (``local_dedup`` stores it 1/N per rank)
+    replicate_over: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,12 +126,8 @@ def _path(where: str, key: str) -> str:
 
 
 def _obj(raw: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise ScenarioError(f"{where or 'scenario'}: expected an object, got {type(raw).__name__}")
-    for k in raw:
-        if k not in allowed:
-            raise ScenarioError(f"{_path(where, k)}: unknown field (expected one of {sorted(allowed)})")
-    return raw
+    # the schema already refused unknown fields; this keeps the reader honest if the two drift apart
+    return check_fields(raw, where, (), sorted(allowed), ScenarioError)
 
 
 def _int(raw: Mapping[str, Any], key: str, where: str, default: int | None = None, *, lo: int = 0) -> int:
@@ -199,6 +198,12 @@ def _build_topology(data: Mapping[str, Any], name: str, nodes: int | None, world
             topo = Topology.from_dict(data, where="topology")
     except PresetError as exc:
         raise ScenarioError(str(exc)) from None
+    if topo.nodes > 1 and data.get("fabric") is None and world_size > topo.gpus_per_node:
+        raise ScenarioError(
+            f"topology.nodes: {topo.nodes} nodes of {name!r} have no NICs, so ranks on different nodes cannot "
+            f"communicate; use a preset with a network fabric such as hgx-h200-8x-ib, or world_size <= "
+            f"{topo.gpus_per_node}"
+        )
     if topo.num_gpus < world_size:
         hint = (f"set \"nodes\": {math.ceil(world_size / topo.gpus_per_node)}" if data.get("fabric") is not None
                 else "use a multi-node preset such as hgx-h200-8x-ib")
@@ -285,17 +290,69 @@ def _model(raw: Any, world_size: int) -> ModelConfig:
     return ModelConfig(tensors=tuple(specs), **kw)
 
 
-def _offload(raw: Any) -> OffloadConfig:
-    raw = _obj(raw if raw is not None else {}, "offload", {"backend", "include", "tms_pause_s", "tms_resume_s"})
+#: mesh dim names read as data-parallel replicas when ``offload.replicate_over`` is not given
+REPLICA_DIM_NAMES = ("dp", "ddp", "hsdp", "replicate", "replica")
+
+
+def _offload(raw: Any, mesh: tuple[tuple[str, int], ...], model: ModelConfig, world_size: int) -> OffloadConfig:
+    raw = _obj(raw if raw is not None else {}, "offload",
+               {"backend", "include", "tms_pause_s", "tms_resume_s", "replicate_over"})
     include = raw.get("include", ["params", "grads", "optimizer"])
     if not isinstance(include, list) or not include or not all(c in CATEGORIES for c in include):
         raise ScenarioError(f"offload.include: expected a non-empty list drawn from {list(CATEGORIES)}, got {include!r}")
+    backend = _choice(raw, "backend", "offload", BACKENDS, "local")
+    replicate = _replicate_over(raw, backend, mesh, model, world_size)
     return OffloadConfig(
-        backend=_choice(raw, "backend", "offload", BACKENDS, "local"),
+        backend=backend,
         include=tuple(include),
         tms_pause_s=_num(raw, "tms_pause_s", "offload", 0.0),
         tms_resume_s=_num(raw, "tms_resume_s", "offload", 0.0),
+        replicate_over=replicate,
     )
+
+
+def _replicate_over(raw: Mapping[str, Any], backend: str, mesh: tuple[tuple[str, int], ...], model: ModelConfig,
+                    world_size: int) -> tuple[str, ...]:
+    """The mesh dims the state is replicated over: declared, or inferred from the model's parallelism.
+
+    The model shards its state over ``fsdp x tp x ep`` ranks, so ``world_size / that`` ranks hold each
+    shard; those replicas lie along the mesh dims named like data parallelism (:data:`REPLICA_DIM_NAMES`)
+    whose sizes multiply to that count. Anything else must be declared.
+    """
+    names = [d for d, _ in mesh]
+    sizes = dict(mesh)
+    if "replicate_over" in raw:
+        dims = raw["replicate_over"]
+        if not isinstance(dims, list) or not all(d in names for d in dims) or len(set(dims)) != len(dims):
+            raise ScenarioError(f"offload.replicate_over: expected a list of distinct mesh dimensions {names}, "
+                                f"got {dims!r}")
+        if backend != "local_dedup":
+            raise ScenarioError(f"offload.replicate_over: only the local_dedup backend deduplicates replicas; "
+                                f"the backend is {backend!r}")
+        if dims and math.prod(sizes[d] for d in dims) * model.fsdp * model.tp * model.ep > world_size:
+            raise ScenarioError(
+                f"offload.replicate_over: {dims} ({math.prod(sizes[d] for d in dims)} replicas) times the model's "
+                f"sharding fsdp x tp x ep = {model.fsdp * model.tp * model.ep} is more than world_size {world_size}"
+            )
+        return tuple(dims)
+    if backend != "local_dedup":
+        return ()
+    shards = model.fsdp * model.tp * model.ep
+    replicas, rem = divmod(world_size, shards)
+    if rem or replicas <= 1:
+        raise ScenarioError(
+            f"offload.backend: 'local_dedup' needs state held by several ranks, but the model is sharded over "
+            f"fsdp x tp x ep = {shards} of {world_size} ranks, so no rank's state has a replica; declare "
+            f"offload.replicate_over (mesh dims {names}) or use backend 'local'"
+        )
+    dims = [d for d in names if d in REPLICA_DIM_NAMES]
+    if math.prod(sizes[d] for d in dims) != replicas:
+        raise ScenarioError(
+            f"offload.replicate_over: the model's sharding (fsdp x tp x ep = {shards}) leaves {replicas} replicas "
+            f"of each rank's state, but the mesh dims named like data parallelism ({dims or 'none'}, sizes "
+            f"{[sizes[d] for d in dims]}) do not multiply to {replicas}; declare the dims to replicate over"
+        )
+    return tuple(dims)
 
 
 def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
@@ -321,8 +378,31 @@ def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
     )
 
 
+def _check_fault_links(faults: FaultPlan, topo: Topology) -> None:
+    """A slow_link fault must name a link or element of the scenario's topology (``faults[i].link``)."""
+    if not any(f.link for f in faults.faults):
+        return
+    from sim.faults import check_link
+    from sim.flows import FlowTransport
+
+    transport = FlowTransport(topo)
+    for i, f in enumerate(faults.faults):
+        if f.link:
+            try:
+                check_link(f.link, transport, f"faults[{i}].link")
+            except FaultPlanError as exc:
+                raise ScenarioError(str(exc)) from None
+
+
 def parse_scenario(raw: Any) -> Scenario:
-    """Validate a parsed scenario object; raises :class:`ScenarioError` naming the bad field."""
+    """Validate a parsed scenario object; raises :class:`ScenarioError` naming the bad field.
+
+    First against ``sim/schema/scenario.schema.json`` (types, ranges, choices, required and unknown
+    fields; :func:`sim.schemas.check`), then in code for what a schema cannot express (a preset that
+    exists, a mesh that multiplies to the world size, groups over mesh dims, faults on ranks and links
+    that exist, a real payload that fits, replicas for local_dedup).
+    """
+    check(raw, "scenario", ScenarioError)
     raw = _obj(raw, "", _TOP)
     world_size = _int(raw, "world_size", "", None, lo=1)
     topology, topo_name, nodes = _topology(raw.get("topology", "hgx-h200-8x"))
@@ -352,6 +432,8 @@ def parse_scenario(raw: Any) -> Scenario:
     name = raw.get("name", "unnamed")
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"name: expected a non-empty string, got {name!r}")
+    topo = _build_topology(topology, topo_name, nodes, world_size)
+    _check_fault_links(faults, topo)
     return Scenario(
         name=name,
         description=str(raw.get("description", "")),
@@ -362,7 +444,7 @@ def parse_scenario(raw: Any) -> Scenario:
         mesh=mesh,
         groups=families,
         model=model,
-        offload=_offload(raw.get("offload")),
+        offload=_offload(raw.get("offload"), mesh, model, world_size),
         pg_policy=pg_policy,
         lifecycle=lifecycle,
         workload=_workload(raw.get("workload"), families),
@@ -373,7 +455,7 @@ def parse_scenario(raw: Any) -> Scenario:
         streams=_choice(transport, "streams", "transport", ("per_rank", "per_kind"), "per_rank"),
         lazy_init=_bool(comm, "lazy_init", "comm", True),
         raw=raw,
-        topo=_build_topology(topology, topo_name, nodes, world_size),
+        topo=topo,
     )
 
 
@@ -396,6 +478,7 @@ __all__ = [
     "OffloadConfig",
     "PG_POLICIES",
     "REAL_PAYLOAD_LIMIT",
+    "REPLICA_DIM_NAMES",
     "Scenario",
     "ScenarioError",
     "WorkloadConfig",

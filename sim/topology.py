@@ -58,6 +58,7 @@ from sim.presets import (
     parse_collective,
     parse_comm,
     parse_copy,
+    section as check_fields_of_preset,
 )
 
 log = logging.getLogger(__name__)
@@ -337,9 +338,7 @@ class Topology:
                 kind = LinkKind(raw.get("kind"))
             except ValueError:
                 raise TopologyError(f"{w}.kind: {raw.get('kind')!r} is not one of {[k.value for k in LinkKind]}") from None
-            for key in raw:
-                if key not in ("ends", "kind", *_LINK_NUMBERS):
-                    raise TopologyError(f"{w}.{key}: unknown field for a link")
+            check_fields_of_preset(raw, w, (), ("ends", "kind", *_LINK_NUMBERS))
             if "bandwidth" not in raw:
                 raise TopologyError(f"{w}.bandwidth: every link needs a bandwidth constant")
             bw = self.table.ref(raw["bandwidth"], f"{w}.bandwidth", "bandwidth")

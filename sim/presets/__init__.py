@@ -12,6 +12,7 @@ This module reads those tables and the three parameter sections of a preset
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -90,11 +91,7 @@ class ConstantTable:
         self.by_name: dict[str, Constant] = {}
         for name, c in raw.items():
             w = f"{where}.{name}"
-            if not isinstance(c, Mapping):
-                raise PresetError(f"{w}: expected {{value, unit, source}}")
-            for k in c:
-                if k not in ("value", "unit", "source"):
-                    raise PresetError(f"{w}.{k}: unknown field (expected value, unit, source)")
+            section(c, w, (), ("value", "unit", "source"))
             val, unit, source = c.get("value"), c.get("unit"), c.get("source")
             if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val) or val < 0:
                 raise PresetError(f"{w}.value: expected a finite non-negative number, got {val!r}")
@@ -133,16 +130,9 @@ class ConstantTable:
 
 def section(raw: Any, where: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
     """Check that ``raw`` is an object with every ``required`` key and no key outside ``required`` + ``optional``."""
-    required, optional = tuple(required), tuple(optional)
-    if not isinstance(raw, Mapping):
-        raise PresetError(f"{where}: missing or not an object (needs {list(required)})")
-    for k in required:
-        if k not in raw:
-            raise PresetError(f"{where}.{k}: required")
-    for k in raw:
-        if k not in required and k not in optional:
-            raise PresetError(f"{where}.{k}: unknown field (expected {list(required + optional)})")
-    return raw
+    from sim.schemas import check_fields
+
+    return check_fields(raw, where, required, optional, PresetError)
 
 
 # --------------------------------------------------------------------------- parameter sections
@@ -223,6 +213,17 @@ class CommParams:
     creates NCCL communicators lazily); ``destroy_s`` when a group whose
     communicator was initialised is destroyed, ``destroy_uninitialized_s``
     otherwise; ``create_group_s`` is the process-group object itself.
+
+    [Note: one-rank and multi-rank communicators] A one-rank communicator has no
+    peer: no bootstrap barrier in suspend/resume/destroy, no peer buffers. What
+    one costs was measured on one GPU; what a communicator of two or more ranks
+    costs was measured across GPUs (``ncclCommMemStats`` gives a two-rank
+    communicator on 2 x H200 half the suspendable memory of a one-rank one, and
+    a different suspend time). The optional ``*_multi`` keys of the section hold
+    the multi-rank figures; a preset without them uses the one-rank figures for
+    every communicator. :meth:`for_size` picks the set for a group size.
+    ``resume_first_collective_s`` is what the first collective after a resume
+    costs beyond the collective itself (0 where not measured).
     """
 
     memory_bytes: int
@@ -233,6 +234,13 @@ class CommParams:
     destroy_s: float
     destroy_uninitialized_s: float
     create_group_s: float
+    resume_first_collective_s: float = 0.0
+    #: the same costs for communicators of two or more ranks (None: as one-rank)
+    multi: "CommParams | None" = None
+
+    def for_size(self, ranks: int) -> "CommParams":
+        """The cost set of a communicator over ``ranks`` ranks (one-rank, or multi-rank where the preset has it)."""
+        return self.multi if ranks > 1 and self.multi is not None else self
 
 
 _COMM_FIELDS = {
@@ -245,22 +253,36 @@ _COMM_FIELDS = {
     "destroy_uninitialized": "time",
     "create_group": "time",
 }
+#: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
+_COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
+                  "resume_first_collective_multi": "time"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
-    """Read a ``comm`` section (communicator memory and lifecycle costs)."""
-    raw = section(raw, where, _COMM_FIELDS)
+    """Read a ``comm`` section (communicator memory and lifecycle costs; see :class:`CommParams`)."""
+    raw = section(raw, where, _COMM_FIELDS, optional=_COMM_OPTIONAL)
     v = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_FIELDS.items()}
-    return CommParams(
-        memory_bytes=int(v["memory"]),
-        persistent_bytes=int(v["persistent"]),
-        suspend_s=v["suspend"],
-        resume_s=v["resume"],
-        init_s=v["init"],
-        destroy_s=v["destroy"],
-        destroy_uninitialized_s=v["destroy_uninitialized"],
-        create_group_s=v["create_group"],
-    )
+    opt = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_OPTIONAL.items() if k in raw}
+
+    def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
+        return CommParams(
+            memory_bytes=int(values["memory"]),
+            persistent_bytes=int(values["persistent"]),
+            suspend_s=values["suspend"],
+            resume_s=values["resume"],
+            init_s=values["init"],
+            destroy_s=values["destroy"],
+            destroy_uninitialized_s=values["destroy_uninitialized"],
+            create_group_s=values["create_group"],
+            resume_first_collective_s=first_after_resume,
+        )
+
+    one_rank_first = opt.get("resume_first_collective", 0.0)
+    multi = None
+    if any(k.endswith("_multi") for k in opt):
+        mv = {k: opt.get(f"{k}_multi", v[k]) for k in _COMM_FIELDS}
+        multi = build(mv, opt.get("resume_first_collective_multi", one_rank_first))
+    return dataclasses.replace(build(v, one_rank_first), multi=multi)
 
 
 # --------------------------------------------------------------------------- files
@@ -272,8 +294,13 @@ def list_presets() -> list[str]:
 
 
 def load_preset_data(name: str) -> dict[str, Any]:
-    """The raw JSON of a built-in topology preset."""
+    """The raw JSON of a built-in topology preset, or of a preset file (a path ending in ``.json``,
+    such as one written by ``timeshare sim calibrate``)."""
     path = PRESET_DIR / f"{name}.json"
+    if str(name).endswith(".json"):
+        path = Path(name)
+        if not path.is_file():
+            raise PresetError(f"preset file {name!r} does not exist; built-in presets: {list_presets()}")
     if not path.is_file():
         raise PresetError(f"unknown topology preset {name!r}; built-in presets: {list_presets()}")
     return json.loads(path.read_text())

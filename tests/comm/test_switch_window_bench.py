@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+import pytest
 
 from bench import switch_window as sw
 from refimpl.comm import PGPolicy
@@ -21,16 +24,37 @@ def test_every_rank_is_in_the_relax_reports_14_groups():
     assert [s.ranks for s in specs if s.name.startswith("dp") and s.name[2:].isdigit()] == [(0, 2, 4, 6), (1, 3, 5, 7)]
 
 
-def test_simulated_policies_order_and_memory():
-    kw = dict(dp=2, tp=2, steps=3, train_s=5.0, rollout_s=10.0, cooldown_s=2.0, topology="hgx-h200-8x")
-    res = {p: sw.summarize(p, sw.simulate(p, **kw), warmup=1) for p in PGPolicy}
-    d, dd, pl, su = (res[p] for p in (PGPolicy.DESTROY, PGPolicy.DESTROY_DEFERRED, PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND))
-    assert d.sleep - dd.sleep >= 2.0 * 0.99, "the baseline waits the 2 s cooldown inside the pause"
-    assert dd.total < d.total and su.total < d.total and pl.total < su.total
-    assert pl.states[1:] == ["PAUSED_LIVE"] * 2 and su.states[1:] == ["SUSPENDED"] * 2
-    assert d.held_in_rollout_gib == dd.held_in_rollout_gib == 0
-    assert pl.held_in_rollout_gib * 2**30 == 14 * 388 * MiB, "every communicator stays whole through the rollout"
-    assert su.held_in_rollout_gib * 2**30 == 14 * 4 * MiB, "only the persistent part stays"
+RECORD = (Path(__file__).resolve().parents[2]
+          / "bench/results/2026-11-30-h200x2-multigpu/multigpu-2026-11-30-nvidia-h200x2.json")
+
+
+def test_simulated_switch_window_against_the_2xh200_record():
+    """The recorded settings on the calibrated preset, checked against what 2 x H200 measured.
+
+    What the model gets from the raw communicator costs (issue 11: not every phase yet, see
+    tests/sim/test_validate_records.py): the order of the policies, the inline cooldown (DESTROY
+    sleeps the 2 s that DESTROY_DEFERRED defers: 3.77 - 1.51 s measured), each policy's total and
+    SUSPEND's pause within 15%, and the memory each policy keeps.
+    """
+    rec = json.loads(RECORD.read_text())
+    st = rec["switch_window"]["settings"]
+    measured = {r["policy"]: r for r in rec["switch_window"]["results"]}
+    kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
+              cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
+    res = {p.name: sw.summarize(p, sw.simulate(p, **kw), warmup=st["warmup"]) for p in PGPolicy}
+    assert sorted(res, key=lambda p: res[p].total) == sorted(measured, key=lambda p: measured[p]["total"])
+    assert measured["DESTROY"]["sleep"] - measured["DESTROY_DEFERRED"]["sleep"] >= st["cooldown_s"]
+    assert res["DESTROY"].sleep - res["DESTROY_DEFERRED"].sleep == pytest.approx(st["cooldown_s"], abs=0.01)
+    assert res["SUSPEND"].sleep == pytest.approx(measured["SUSPEND"]["sleep"], rel=0.15)
+    for p in res:
+        assert res[p].total == pytest.approx(measured[p]["total"], rel=0.15, abs=0.015), p
+    assert res["PAUSED_LIVE"].states[1:] == ["PAUSED_LIVE"] * 3 and res["SUSPEND"].states[1:] == ["SUSPENDED"] * 3
+    assert res["DESTROY"].held_in_rollout_gib == res["DESTROY_DEFERRED"].held_in_rollout_gib == 0
+    # per rank 9 one-rank groups (384 + 4 MiB on one GPU) and 5 two-rank groups (480 + 4 MiB on 2 x H200)
+    assert res["PAUSED_LIVE"].held_in_rollout_gib * 2**30 == 9 * 388 * MiB + 5 * 484 * MiB
+    assert res["PAUSED_LIVE"].held_in_rollout_gib == pytest.approx(measured["PAUSED_LIVE"]["held_in_rollout_gib"],
+                                                                   rel=0.01)
+    assert res["SUSPEND"].held_in_rollout_gib == pytest.approx(measured["SUSPEND"]["held_in_rollout_gib"], abs=0.005)
 
 
 def test_cli_prints_ratios_and_writes_json(tmp_path, capsys):

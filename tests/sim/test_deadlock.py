@@ -154,3 +154,46 @@ def test_a_correct_protocol_is_not_a_deadlock():
         return x.item()
 
     assert sim.run_ranks(2, fn) == [8.0, 8.0]
+
+
+def test_deadlock_time_is_when_the_ranks_blocked_not_when_the_engine_stopped():
+    blocked_at = {}
+
+    async def fn(rt):
+        if rt.rank == 2:  # not in either group: its timers run on long after 0 and 1 are stuck
+            await rt.sleep(100.0)
+            return "done"
+        await _two_groups(rt)
+        await rt.sleep(1.0)
+        x = torch.ones(1)
+        blocked_at[rt.rank] = rt.now()
+        for g in (("a", "b") if rt.rank == 0 else ("b", "a")):
+            await rt.all_reduce(x, group=g)
+        return x.item()
+
+    with pytest.raises(sim.DeadlockError) as info:
+        sim.run_ranks(3, fn)
+    err = info.value
+    assert err.stopped_at == pytest.approx(100.0)
+    assert err.time == pytest.approx(max(blocked_at.values())) and err.time < 10.0
+    assert f"deadlock at t={err.time:.6f} s" in str(err)
+
+
+def test_a_rank_that_failed_completing_a_collective_is_named_as_the_cause():
+    """Every member arrived, the last one raised while the collective was costed: the others wait for
+    nobody by name ("waiting for ranks []"); the report names the failure (issue 11)."""
+    from sim.collectives import TopologyCollectiveCost
+    from sim.topology import Topology
+
+    topo = Topology.from_preset("hgx-h200-8x", nodes=2)  # no NICs between the nodes
+
+    async def fn(rt):
+        x = torch.ones(1)
+        await rt.all_reduce(x)
+        return x.item()
+
+    with pytest.raises(sim.DeadlockError) as info:
+        sim.SimWorld(16, collective_cost=TopologyCollectiveCost(topo)).run(fn)
+    msg = str(info.value)
+    assert "caused by: rank" in msg and "nodes have no NICs" in msg
+    assert any("nodes have no NICs" in v for v in info.value.absent.values())

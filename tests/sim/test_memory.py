@@ -87,3 +87,18 @@ def test_device_timeline_gives_the_peak_of_a_window():
     assert mem.peak_between(0, 2.5, 3.5) == 40  # what was held when the window opened counts
     assert mem.peak_between(0, 3.0, 3.9) == 15
     assert mem.peak_between(0, 0.0, 10.0) == 65
+    # issue 11: what changes at the window's end belongs to the next window (it starts at that instant)
+    assert mem.peak_between(0, 1.0, 2.0) == 10
+    assert mem.peak_between(0, 2.0, 2.0) == 40  # an empty window: what was held at its instant
+
+
+def test_a_phase_peak_does_not_include_the_next_phases_allocation():
+    """The default scenario: the rollout engine takes half the GPU when update_weights starts, the instant
+    sleep ends; sleep's peak is the training state (14.42 GB), not the engine's 71 GB (issue 11)."""
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    result, _, _ = run_scenario(load_scenario("default"))
+    peaks = result.data["ranks"][0]["phase_peak_device_bytes"]
+    assert peaks["sleep"] == peaks["train"] < 15e9
+    assert peaks["update_weights"] > 70e9

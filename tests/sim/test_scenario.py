@@ -65,6 +65,12 @@ _DROP = object()
     ({"workload__export__group": "pp"}, r"^workload\.export\.group: 'pp' is not a group family"),
     ({"faults": [{"kind": "crash", "ranks": [7]}]}, r"^faults\[0\]\.ranks: \[7\] names ranks outside world_size 4"),
     ({"payload": "real", "model": {"preset": "dense-7b"}}, r"^payload: 'real' would allocate"),
+    # issue 11: a link that does not exist is named, not a FlowError traceback from inside the run
+    ({"faults": [{"kind": "slow_link", "link": "n0/pcisw9", "factor": 0.5, "at_time": 0.0}]},
+     r"^faults\[0\]\.link: 'n0/pcisw9' is not a link or element of topology 'hgx-h200-8x'"),
+    # issue 11: ranks on nodes without NICs, named as such (was a deadlock "waiting for ranks []")
+    ({"world_size": 16, "mesh": {"dp": 8, "tp": 2}, "topology": {"preset": "hgx-h200-8x", "nodes": 2},
+      "payload": "meta"}, r"^topology\.nodes: 2 nodes of 'hgx-h200-8x' have no NICs"),
 ])
 def test_a_bad_scenario_gets_an_error_naming_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
@@ -230,3 +236,21 @@ def test_an_inline_topology_graph_runs_like_its_preset():
         parse_scenario(dict(raw, topology=broken))
     with pytest.raises(ScenarioError, match=r"^world_size: 2 ranks do not fit topology 'my-box' with 1 GPUs"):
         parse_scenario(dict(raw, world_size=2))
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"world_size": "4"}, r"^world_size: expected an integer >= 1, got '4'$"),
+    ({"world_size": 2, "steps": 0}, r"^steps: expected an integer >= 1, got 0$"),
+    ({"world_size": 2, "model": {"preset": "dense-7b", "scale": 2}}, r"^model\.scale: expected a number between 0 and 1"),
+    ({"world_size": 2, "faults": [{"kind": "crash", "nth": 0}]}, r"^faults\[0\]\.nth: expected an integer >= 1, got 0$"),
+    ({"world_size": 2, "lifecycle": {"cooldown": 1}}, r"^lifecycle\.cooldown: unknown field \(expected one of"),
+    ({"world_size": 2, "model": {"tensors": [{"shape": [2]}]}}, r"^model\.tensors\[0\]\.name: required$"),
+])
+def test_the_json_schema_is_what_checks_a_scenario_first(raw, message):
+    """sim/schema/scenario.schema.json through jsonschema, in the project's phrasing (issue 11)."""
+    from sim.schemas import check
+
+    with pytest.raises(ScenarioError, match=message):
+        check(raw, "scenario", ScenarioError)
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(raw)

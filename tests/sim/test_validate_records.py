@@ -1,0 +1,192 @@
+"""The simulator fitted on one set of H200 records and checked on records it was not fitted to.
+
+Fit set (``timeshare sim calibrate``): one-rank communicator costs of H200 run 1
+(``comm_raw`` of its comm_h200 record), two-rank communicator costs of the
+2 x H200 table (``comm_raw``), the scrub probe of run 7. Validation set
+(``timeshare sim validate``): the lifecycle's switch window on 2 x H200, and the
+store's offload/reload of runs 6 (back to back) and 9 (reload right after
+another role freed 40 GB).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from refimpl.cli import main
+from sim.fit import calibrated_preset
+from sim.presets import PRESET_DIR, load_preset_data
+from sim.records import MultiGpuRecord, RecordError, load_record
+from bench.validate import validate_offload, validate_switch_window
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+TWO_GPU = RESULTS / "2026-11-30-h200x2-gpumd" / "2026-11-30-h200x2-multigpu.json"
+RUN1_COMM = RESULTS / "2026-11-29-h200-run1" / "comm_h200-nccl2.32.3.json"
+SCRUB = RESULTS / "2026-11-29-h200-run7" / "h2d_scrub_probe.json"
+SPLIT = [RESULTS / "2026-11-30-h200x2-commsplit" / f"2026-11-30-h200x2-comm-split-ranks{k}.json" for k in (2, 1)]
+#: branch gpu's record of bench/gpu/multigpu.py on 2 x H200 (NCCL 2.32.3, lazy init): comm_raw fitted, switch_window validated
+MULTIGPU = RESULTS / "2026-11-30-h200x2-multigpu" / "multigpu-2026-11-30-nvidia-h200x2.json"
+FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB]
+OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
+
+
+@pytest.mark.parametrize("base", ["hgx-h200-8x", "h200-1x"])
+def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path):
+    out = tmp_path / "p.json"
+    assert main(["sim", "calibrate", *map(str, FIT_SET), "--base", base, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads((PRESET_DIR / "calibrated" / f"{base}.json").read_text())
+
+
+def test_each_fitted_constant_names_its_record_and_section():
+    data, obs = calibrated_preset("hgx-h200-8x", [load_record(p) for p in FIT_SET])
+    two = "bench/results/2026-11-30-h200x2-multigpu/multigpu-2026-11-30-nvidia-h200x2.json#comm_raw"
+    by = {o.constant: o for o in obs}  # the last observation of each constant
+    suspend = next(o for o in obs if o.constant == "nccl_suspend_multi")
+    assert suspend.record == two and suspend.value == pytest.approx(4.82997291099997 / 14)
+    # two records give the two-rank destroy: the preset holds their mean, and the source names both
+    destroy = [o for o in obs if o.constant == "nccl_destroy_multi"]
+    assert sorted(o.value for o in destroy) == pytest.approx([2.512083 / 14, 3.4635582249999857 / 14], rel=1e-4)
+    assert data["constants"]["nccl_destroy_multi"]["value"] == pytest.approx((2.512083 + 3.463558) / 28, rel=1e-4)
+    # torch creates communicators lazily: a group object costs a fraction of a millisecond (2 x H200)
+    assert by["pg_create_multi"].value < 1e-3 and by["nccl_init"].value == pytest.approx(0.0346, rel=0.01)
+    assert by["nccl_suspend"].record.endswith("comm_h200-nccl2.32.3.json#comm_raw")
+    assert by["h200_scrub"].value == pytest.approx(428.7e9, rel=1e-3)
+    for o in obs:
+        assert o.record.split("#")[0] in data["constants"][o.constant]["source"]
+    # the multi-rank figures are wired into the comm section; one-rank ones stay the plain keys
+    assert data["comm"]["suspend_multi"] == "nccl_suspend_multi" and data["comm"]["suspend"] == "nccl_suspend"
+
+
+def test_validate_refuses_records_of_the_fit_set(capsys, tmp_path):
+    run8 = RESULTS / "2026-11-29-h200-run8" / "2026-11-29-h200-offload.json"  # store host constants come from it
+    with pytest.raises(RecordError, match="fit set"):
+        validate_offload(load_record(run8), "calibrated/h200-1x")
+    assert main(["sim", "validate", str(run8)]) == 2
+    assert "fit set" in capsys.readouterr().err
+    # a constant whose source names a record without a section (or with the switch_window section) refuses it;
+    # one fitted on its comm_raw only does not (the shipped preset: comm_raw of the 2 x H200 record)
+    data = load_preset_data("calibrated/hgx-h200-8x")
+    data["constants"]["nccl_destroy"]["source"] = f"derived from {TWO_GPU.relative_to(ROOT)}#switch_window"
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"#switch_window is in the fit set"):
+        validate_switch_window(load_record(TWO_GPU), str(bad))
+    rows, _ = validate_switch_window(load_record(RUN1_COMM), "calibrated/hgx-h200-8x")  # comm_raw fitted only
+    assert len(rows) == 16
+
+
+def test_two_gpu_record_is_read_with_its_settings():
+    rec = load_record(TWO_GPU)
+    assert isinstance(rec, MultiGpuRecord) and rec.world_size == 2
+    assert rec.comm_raw.comm_ranks == 2 and rec.comm_raw.per_comm("resume_s") == pytest.approx(0.72 / 14)
+    assert rec.comm_raw.per_comm("suspendable_bytes") == 192 * 2**20  # totals over n_comms, as multigpu.py writes
+    assert rec.switch_window.settings["groups_per_rank"] == 14
+    assert rec.switch_window.results["PAUSED_LIVE"]["sleep"] is None
+
+
+def test_record_errors_name_the_field(tmp_path):
+    bad = json.loads(TWO_GPU.read_text())
+    del bad["switch_window"]["settings"]["cooldown_s"]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(bad))
+    with pytest.raises(RecordError, match=r"switch_window\.settings\.cooldown_s: required"):
+        load_record(p)
+    bad = json.loads(TWO_GPU.read_text())
+    bad["comm_raw"]["n_comms"] = -1
+    p.write_text(json.dumps(bad))
+    with pytest.raises(RecordError, match=r"comm_raw\.n_comms: expected a non-negative integer"):
+        load_record(p)
+    p.write_text("{}")
+    with pytest.raises(RecordError, match="not a record this code reads"):
+        load_record(p)
+
+
+@pytest.mark.slow
+def test_offload_and_reload_validate_within_10_percent_on_records_not_fitted():
+    """Runs 6 and 9 (the reload right after another role frees 40 GB), with the preset's own line rates."""
+    rows = [r for p in OFFLOAD_VALIDATION for r in validate_offload(load_record(p), "calibrated/h200-1x")]
+    assert len(rows) == 8
+    worst = max(rows, key=lambda r: abs(r.rel_error))
+    assert all(r.ok for r in rows), f"{worst.record} {worst.what}: {worst.rel_error:+.1%}"
+    run9_reloads = [r for r in rows if "run9" in r.record and r.what.endswith("reload")]
+    run6_reloads = [r for r in rows if "run6" in r.record and r.what.endswith("reload")]
+    # the other role's 40 GB scrub is what makes run 9's reloads longer, predicted and measured alike
+    for a, b in zip(run9_reloads, run6_reloads):
+        assert a.predicted - b.predicted == pytest.approx(a.measured - b.measured, abs=0.03)
+
+
+def test_two_gpu_switch_window_of_multigpu_py_within_15_percent_but_three_phases():
+    """Branch gpu's 2 x H200 record (NCCL 2.32.3, lazy init): its comm_raw is fitted, its switch window is not."""
+    rows, facts = validate_switch_window(load_record(MULTIGPU), "calibrated/hgx-h200-8x")
+    assert facts["predicted_order"] == facts["measured_order"] == [
+        "PAUSED_LIVE", "DESTROY_DEFERRED", "DESTROY", "SUSPEND"]
+    outside = sorted(r.what for r in rows if not r.ok)
+    assert outside == ["DESTROY update_weights", "DESTROY_DEFERRED update_weights", "SUSPEND wake_up"], outside
+    for r in rows:
+        if r.what.endswith("total"):
+            assert r.ok, f"{r.what}: {r.rel_error:+.1%}"
+    # NCCL memory kept in the rollout: 9 one-rank groups x (384 + 4) MiB + 5 two-rank groups x (480 + 4) MiB
+    held, predicted = facts["memory_gib"]["PAUSED_LIVE"]
+    assert predicted * 2**30 == 9 * 388 * 2**20 + 5 * 484 * 2**20 and predicted == pytest.approx(held, rel=0.01)
+    assert facts["memory_gib"]["SUSPEND"][1] == pytest.approx(0.05, abs=0.005)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 11 not done: update_weights is ~0.47 s longer than its raw costs on every "
+                   "record (1 and 2 GPUs), and the first collective after a resume (SUSPEND wake_up 2.37 s vs 1.77 s) is "
+                   "in no raw record; see docs/calibration.md")
+def test_every_two_gpu_switch_window_phase_within_15_percent():
+    rows, _ = validate_switch_window(load_record(MULTIGPU), "calibrated/hgx-h200-8x")
+    assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.0%}" for r in rows if not r.ok]
+
+
+def test_validate_cli_prints_predicted_against_measured_and_fails_outside_tolerance(capsys):
+    assert main(["sim", "validate", str(TWO_GPU)]) == 1
+    out = capsys.readouterr().out
+    assert "DESTROY wake_up" in out and "OUTSIDE" in out and "predicted PAUSED_LIVE < DESTROY_DEFERRED" in out
+    assert "bound to a device" in out  # the transcribed table's run initialised NCCL eagerly
+    # a tolerance wide enough for every phase passes
+    assert main(["sim", "validate", str(TWO_GPU), "--tolerance", "1.0"]) == 0
+
+
+def test_calibrate_without_anything_to_fit_says_so(tmp_path, capsys):
+    assert main(["sim", "calibrate", str(OFFLOAD_VALIDATION[0]), "--out", str(tmp_path / "p.json")]) == 2
+    assert "none of the records gives a constant to fit" in capsys.readouterr().err
+    assert load_preset_data("calibrated/hgx-h200-8x")["comm"]["destroy_multi"] == "nccl_destroy_multi"
+
+
+def test_a_dry_run_or_skipped_part_is_not_fitted(tmp_path):
+    raw = json.loads(TWO_GPU.read_text())
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({**raw, "dry_run": True}))
+    with pytest.raises(RecordError, match=r"dry_run: a dry run"):
+        load_record(p)
+    p.write_text(json.dumps({**raw, "comm_raw": {"skipped": "NCCL 2.28.9 has no ncclCommSuspend"}}))
+    assert load_record(p).comm_raw is None
+
+
+def test_one_gpu_switch_window_of_run_1_ranking_and_destroy():
+    """Run 1's lifecycle on one H200 (14 one-rank groups); its raw suspend/resume are in the fit set, its switch
+    window is not. The destroy of used one-rank groups (35 ms each, measured apart on 2 x H200) predicts its
+    DESTROY_DEFERRED pause; SUSPEND is predicted 47% slow there (raw suspends 0.338 s each, 0.230 s inside the
+    lifecycle), which the strict xfail above does not cover: see docs/calibration.md."""
+    rows, facts = validate_switch_window(load_record(RUN1_COMM), "calibrated/hgx-h200-8x")
+    assert facts["predicted_order"] == facts["measured_order"]
+    by = {r.what: r for r in rows}
+    assert by["DESTROY_DEFERRED sleep"].ok and by["DESTROY sleep"].ok and by["DESTROY total"].ok
+    assert not by["SUSPEND sleep"].ok and by["SUSPEND sleep"].rel_error > 0.3
+
+
+def test_two_gpu_lazy_init_record_ranking_and_destroy():
+    """The lifecycle on 2 x H200 with torch's lazy NCCL init (the simulator's model): a rebuild costs
+    milliseconds, as predicted; the GPU.md table was the eager kind (its rebuild took 0.55 s)."""
+    lazy = load_record(RESULTS / "2026-11-30-h200x2-lifecycle-bind" / "2026-11-30-h200x2-lifecycle-lazy.json")
+    eager = load_record(RESULTS / "2026-11-30-h200x2-lifecycle-bind" / "2026-11-30-h200x2-lifecycle-eager.json")
+    assert lazy.eager_init is False and eager.eager_init is True and load_record(TWO_GPU).eager_init is True
+    rows, facts = validate_switch_window(lazy, "calibrated/hgx-h200-8x")
+    assert facts["predicted_order"] == facts["measured_order"] == ["PAUSED_LIVE", "DESTROY_DEFERRED", "DESTROY"]
+    by = {r.what: r for r in rows}
+    for what in ("DESTROY sleep", "DESTROY wake_up", "DESTROY total", "DESTROY_DEFERRED wake_up", "PAUSED_LIVE total"):
+        assert by[what].ok, f"{what}: {by[what].rel_error:+.1%}"
+    assert eager.switch_window.results["DESTROY"]["wake_up"] > 100 * lazy.switch_window.results["DESTROY"]["wake_up"]
