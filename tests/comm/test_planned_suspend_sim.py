@@ -334,3 +334,15 @@ def test_the_cost_row_destroys_a_communicator_whose_suspend_and_resume_cost_more
         assert actions["big"] is GroupAction.DESTROY and suspends == 0
         assert held.suspendable == held.persistent == 0, "destroyed communicators hold nothing"
         assert after == {"big": [3.0] * 3, f"solo{rank}": [float(rank + 1)] * 3}
+
+
+def test_on_the_calibrated_preset_the_planned_window_is_at_most_half_of_destroy_deferred():
+    """The recorded 2 x H200 settings on the constants fitted on the H200 records (a prediction, not a measurement)."""
+    from bench import switch_window as sw
+
+    kw = dict(dp=2, tp=1, steps=4, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="calibrated/hgx-h200-8x")
+    res = {p: sw.summarize(p, sw.simulate(p, **kw), warmup=2) for p in
+           (PGPolicy.DESTROY_DEFERRED, PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND_PLANNED)}
+    planned = res[PGPolicy.SUSPEND_PLANNED]
+    assert planned.total <= 0.5 * res[PGPolicy.DESTROY_DEFERRED].total
+    assert planned.held_in_rollout_gib <= 0.02 * res[PGPolicy.PAUSED_LIVE].held_in_rollout_gib
