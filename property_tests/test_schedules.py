@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import sim
 from refimpl.runtime import CopyKind, GroupSpec, ReduceOp
+from tests._hypothesis import BUDGET
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = BUDGET.settings(40)
 
 OPS = ("all_reduce_sum", "all_reduce_max", "all_gather", "broadcast", "barrier", "copy")
 
@@ -25,7 +26,7 @@ OPS = ("all_reduce_sum", "all_reduce_max", "all_gather", "broadcast", "barrier",
 @st.composite
 def protocols(draw):
     """A world size, its groups, and a list of (group, op, per-rank delay) steps."""
-    n = draw(st.integers(2, 6))
+    n = draw(st.integers(2, max(6, BUDGET.max_ranks)))
     groups = {"world": tuple(range(n))}
     for i in range(draw(st.integers(0, 3))):
         members = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
@@ -36,8 +37,23 @@ def protocols(draw):
             st.sampled_from(OPS),
             st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.002]), min_size=n, max_size=n),
         ),
-        min_size=1, max_size=8,
+        min_size=1, max_size=BUDGET.max_steps,
     ))
+    return n, groups, steps
+
+
+def _skippable(groups, steps):
+    """Indices of the steps a rank could skip and leave a peer waiting: collectives of groups of two or more."""
+    return [i for i, (g, op, _) in enumerate(steps) if op != "copy" and len(groups[g]) > 1]
+
+
+@st.composite
+def protocols_with_a_skippable_collective(draw):
+    """:func:`protocols` with at least one collective on a group of two or more ranks (added when missing)."""
+    n, groups, steps = draw(protocols())
+    if not _skippable(groups, steps):
+        op = draw(st.sampled_from([o for o in OPS if o != "copy"]))
+        steps = [*steps, ("world", op, [0.0] * n)]
     return n, groups, steps
 
 
@@ -84,7 +100,7 @@ def make_protocol(groups, steps):
 def test_correct_protocols_never_deadlock_and_results_do_not_depend_on_the_schedule(proto, data):
     n, groups, steps = proto
     reference = sim.run_ranks(n, make_protocol(groups, steps))
-    world = sim.SimWorld(n, chooser=sim.HypothesisChooser(data))
+    world = sim.SimWorld(n, chooser=sim.HypothesisChooser(data, max_choices=BUDGET.chooser_depth))
     assert world.run(make_protocol(groups, steps)) == reference
     # every rank's device memory is its communicators plus the one live 3 x float64 buffer
     for rt in world.runtimes:
@@ -94,17 +110,12 @@ def test_correct_protocols_never_deadlock_and_results_do_not_depend_on_the_sched
 
 
 @SETTINGS
-@given(protocols(), st.data(), st.integers(0, 5))
+@given(protocols_with_a_skippable_collective(), st.data(), st.integers(0, 63))
 def test_a_rank_that_skips_a_collective_is_always_caught(proto, data, victim):
     n, groups, steps = proto
-    collectives = [i for i, (g, op, _) in enumerate(steps) if op != "copy"]
-    if not collectives:
-        return
-    skip = collectives[-1]
+    skip = data.draw(st.sampled_from(_skippable(groups, steps)), label="skipped step")
     group = steps[skip][0]
     victim = groups[group][victim % len(groups[group])]
-    if len(groups[group]) == 1:
-        return  # a one-rank group has nobody to wait
     correct = make_protocol(groups, steps)
     skipping = make_protocol(groups, steps[:skip] + steps[skip + 1:])
 
@@ -112,13 +123,13 @@ def test_a_rank_that_skips_a_collective_is_always_caught(proto, data, victim):
         return await (skipping if rt.rank == victim else correct)(rt)
 
     with pytest.raises((sim.DeadlockError, sim.CollectiveMismatchError)) as info:
-        sim.SimWorld(n, chooser=sim.HypothesisChooser(data)).run(protocol)
+        sim.SimWorld(n, chooser=sim.HypothesisChooser(data, max_choices=BUDGET.chooser_depth)).run(protocol)
     if isinstance(info.value, sim.DeadlockError):
         assert victim in info.value.absent or victim in info.value.blocked
 
 
 @SETTINGS
-@given(st.data(), st.integers(2, 5))
+@given(st.data(), st.integers(2, max(5, BUDGET.max_ranks)))
 def test_opposite_group_order_deadlocks_under_every_schedule(data, n):
     async def protocol(rt):
         await rt.new_group(GroupSpec("a", tuple(range(n))))
@@ -128,5 +139,5 @@ def test_opposite_group_order_deadlocks_under_every_schedule(data, n):
             await rt.barrier(g)
 
     with pytest.raises(sim.DeadlockError) as info:
-        sim.SimWorld(n, chooser=sim.HypothesisChooser(data)).run(protocol)
+        sim.SimWorld(n, chooser=sim.HypothesisChooser(data, max_choices=BUDGET.chooser_depth)).run(protocol)
     assert 0 in info.value.cycle and len(info.value.cycle) == 2

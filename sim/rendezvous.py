@@ -224,6 +224,8 @@ class Rendezvous:
             if a.timer is not None:
                 a.timer.cancel()
             a.future.resolve(None)
+            # done: hold no buffers (the future stays reachable; a real communicator drops them too)
+            a.payload = a.snapshot = None
 
     def pending(self) -> list[Pending]:
         """Collectives some but not all members have reached, oldest first."""

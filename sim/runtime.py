@@ -87,6 +87,14 @@ class RankGroup:
     held: CommMemory = CommMemory()
 
 
+def _storage_covers(t: torch.Tensor) -> bool:
+    """True if ``t``'s storage still holds every element its view reaches."""
+    if t.numel() == 0:
+        return True
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() >= (last + 1) * t.element_size()
+
+
 class SimRuntime(Runtime):
     """One simulated rank of a :class:`sim.SimWorld`. Create through the world, not directly."""
 
@@ -168,6 +176,14 @@ class SimRuntime(Runtime):
 
     def _copy_done(self, fut: SimFuture, dst: torch.Tensor, src: torch.Tensor) -> None:
         if self.world.payload_real:
+            for side, t in (("source", src), ("destination", dst)):
+                if not _storage_covers(t):  # torch would read or write freed memory (it can crash the process)
+                    fut.fail(SimUsageError(
+                        f"rank {self.rank}: the copy's {side} was released or resized before the copy completed "
+                        f"({t.untyped_storage().nbytes()} bytes of storage left for a {tuple(t.shape)} "
+                        f"{t.dtype} view); await the copy before releasing its buffers"
+                    ))
+                    return
             try:
                 if dst.shape == src.shape:
                     dst.copy_(src)

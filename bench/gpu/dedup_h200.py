@@ -14,7 +14,14 @@ tensors.
   ``--repeats``).
 Several GPUs of one host, under torchrun (measured): the real store with ``local_dedup`` over NCCL,
 everything replicated over all ranks; host bytes per rank, reload time, and its H2D and all-gather
-phases (the backend's spans); the reload is checked bitwise (byte hashes of every tensor).
+phases (the backend's spans); the reload is checked bitwise (byte hashes of every tensor). The
+replica content check (``DedupConfig.verify_replicas``; ``--verify always``, the default here, runs
+it at every offload so each cycle times it) is timed per offload (``verify_s``: digests of every
+replicated tensor plus their comparison over the group) and reported against the reload
+(``verify_over_reload``, goal <= 0.05); ``--verify auto`` is the store's default (only when a layout
+is new or changed: the first offload), ``--verify off`` disables it.
+
+    torchrun --nproc-per-node=2 bench/gpu/dedup_h200.py --group-sizes 2 --no-predict   # the check's cost
 Several GPUs (predicted): the same store code on the simulator (``sim``, meta payloads) with the
 ``hgx-h200-8x`` topology preset, for each N; every row says ``"predicted": true``.
 
@@ -54,6 +61,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--preset", default="hgx-h200-8x", help="topology preset for the prediction")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes, CPU allowed")
     p.add_argument("--no-predict", action="store_true", help="skip the simulator prediction")
+    p.add_argument("--verify", choices=["always", "auto", "off"], default="always",
+                   help="replica content check under torchrun: every offload (timed each cycle), the store's "
+                        "default (new or changed layouts only), or off")
     return p.parse_args()
 
 
@@ -119,7 +129,7 @@ async def _await(completion) -> None:
     await completion
 
 
-def measure_distributed(sizes: list[int], repeats: int) -> dict:
+def measure_distributed(sizes: list[int], repeats: int, verify: str = "always") -> dict:
     """Under torchrun: the real ``local_dedup`` reload over NCCL, everything replicated over all ranks."""
     import torch.distributed as dist
 
@@ -130,12 +140,18 @@ def measure_distributed(sizes: list[int], repeats: int) -> dict:
     _fill(tensors)
     expect = content_digest(list(tensors.values()))
     policy = ReplicaPolicy(overrides={"*": MeshReplica(mesh, ("ddp",))})
+    mode = {"always": True, "auto": None, "off": False}[verify]
     store = OffloadStore(rt, backend="local_dedup", config=StoreConfig(),
-                         dedup=DedupConfig(policy=policy, groups=tuple(mesh.groups_over(["ddp"]))))
+                         dedup=DedupConfig(policy=policy, groups=tuple(mesh.groups_over(["ddp"])), verify_replicas=mode))
     store.attach_tensors("params", tensors, name="p")
-    reloads, h2d, ag = [], [], []
+    reloads, h2d, ag, checks = [], [], [], []
+    first_check = None
     for i in range(repeats + 1):
         store.offload()
+        if i == 0:
+            first_check = store.backend.last_verify_s  # the scattered first offload (auto checks here too)
+        else:
+            checks.append(store.backend.last_verify_s)
         rt.spans.clear()
         dist.barrier()
         store.reload()
@@ -147,7 +163,10 @@ def measure_distributed(sizes: list[int], repeats: int) -> dict:
     row = {"backend": "local_dedup", "group_size": w, "part": "whole reload (H2D + NCCL all-gather)",
            "host_bytes_per_rank": store.stats().host_pinned_bytes, "state_bytes": sum(sizes) * DTYPE.itemsize,
            "reload_s": statistics.median(reloads), "h2d_s": statistics.median(h2d),
-           "all_gather_s": statistics.median(ag), "bitwise": bitwise, "predicted": False}
+           "all_gather_s": statistics.median(ag), "bitwise": bitwise, "predicted": False,
+           "verify": verify, "verify_first_offload_s": first_check, "verify_s": statistics.median(checks),
+           "verify_over_reload": statistics.median(checks) / statistics.median(reloads),
+           "verified_offloads": store.backend.verified_offloads}
     rows = [None] * w
     dist.all_gather_object(rows, row)
     return {"rank_rows": rows}
@@ -213,7 +232,7 @@ def main() -> int:
     rt = TorchRuntime()
     rows = []
     if distributed:
-        rows += measure_distributed(sizes, args.repeats)["rank_rows"]
+        rows += measure_distributed(sizes, args.repeats, args.verify)["rank_rows"]
         if rt.rank != 0:
             return 0
     else:
@@ -242,6 +261,11 @@ def main() -> int:
         fmt = lambda k: f"{r[k]:.4f}" if k in r else "-"  # noqa: E731
         print(f"{r['backend']:12} {r['group_size']:>3} {kind:10} {r['host_bytes_per_rank'] / 1e9:13.3f} "
               f"{frac:8.3f} {fmt('reload_s'):>9} {fmt('h2d_s'):>8} {fmt('all_gather_s'):>11}")
+    for r in rows:
+        if "verify_s" in r:
+            print(f"replica check ({r['verify']}): {r['verify_s']:.4f} s per checked offload = "
+                  f"{r['verify_over_reload']:.3f} x reload ({r['reload_s']:.4f} s); first offload's check "
+                  f"{r['verify_first_offload_s']:.4f} s; {r['verified_offloads']} offloads checked")
     print(f"wrote {path}")
     bad = [r for r in rows if r.get("bitwise") is False]
     return 1 if bad else 0

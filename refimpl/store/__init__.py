@@ -17,10 +17,12 @@ from refimpl.store.errors import (
     StoreError,
     StoreStateError,
     TensorChangedError,
+    UnattachedAliasError,
     UnknownBackendError,
     UnsupportedTensorError,
     WrongDeviceError,
 )
+from refimpl.store.parking import OffloadedTensorError, is_parked
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
 from refimpl.store.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
 from refimpl.store.stats import StoreStats
@@ -37,6 +39,7 @@ __all__ = [
     "LocalBackend",
     "MixedDtypeError",
     "OffloadStore",
+    "OffloadedTensorError",
     "PageableFallbackWarning",
     "PinnedHostPool",
     "PoolStats",
@@ -49,9 +52,11 @@ __all__ = [
     "StoreStats",
     "TensorChangedError",
     "TensorRef",
+    "UnattachedAliasError",
     "UnknownBackendError",
     "UnsupportedTensorError",
     "WrongDeviceError",
     "create_backend",
+    "is_parked",
     "register_backend",
 ]

@@ -57,6 +57,7 @@ from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
 from refimpl.store.config import StoreConfig
 from refimpl.store.errors import StoreStateError, UnknownBackendError
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.parking import own_view
 from refimpl.store.pool import HostBuffer, PinnedHostPool
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class LayoutSource(abc.ABC):
                 yield off, e.base, e
             else:
                 lo, hi = max(start, off), min(stop, end)
-                yield lo, e.base[lo - off:hi - off], e
+                yield lo, own_view(e.base[lo - off:hi - off]), e
 
     @abc.abstractmethod
     async def copy_range(self, dst: torch.Tensor, start: int, stop: int) -> list[Completion]:
@@ -264,7 +265,7 @@ class LocalBackend(StoreBackend):
                 f"through this backend or was discarded"
             )
         completions = [
-            self.rt.copy_async(device_flat[a:b], host.segment(i), CopyKind.H2D)
+            self.rt.copy_async(own_view(device_flat[a:b]), host.segment(i), CopyKind.H2D)
             for i, (a, b) in enumerate(host.ranges())
             if b > a
         ]

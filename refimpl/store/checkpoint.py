@@ -140,7 +140,7 @@ def tensors_for_save(
                     t = r.live()
                     if t is None:
                         continue  # the framework dropped it (e.g. grads set to None)
-                    dt = r.dtensor if r.dtensor is not None else (r._weak_dtensor() if r._weak_dtensor else None)
+                    dt = r.live_dtensor()
                 out.append(SavedTensor(r.name, t, dt))
     return out
 

@@ -39,10 +39,14 @@ from refimpl.store.errors import (
     MixedDtypeError,
     SharedStorageError,
     StoreStateError,
+    UnattachedAliasError,
     UnsupportedTensorError,
     WrongDeviceError,
 )
 from refimpl.store.layout import TensorRef
+from refimpl.store.parking import (
+    describe_aliases, is_placeholder, own_view, own_view_mark, own_views_index, storage_use_count,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +188,7 @@ class TensorsCollector(Collector):
             return
         flags = EXPLICIT_KIND if self.explicit_kind else 0
         for key, t in self.tensors.items():
-            if not isinstance(t, torch.Tensor):
+            if not isinstance(split_dtensor(t)[0], torch.Tensor):  # a DTensor (or duck-typed one) is accepted
                 raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
             yield (self.category, self.kind, f"{self.name}.{key}", t, self.name, flags)
 
@@ -198,7 +202,8 @@ class StorageGroup:
     A plain slotted class: one is built per storage at every scattered offload.
     """
 
-    __slots__ = ("storage_id", "storage", "device", "dtype", "category", "kind", "source", "nbytes", "refs")
+    __slots__ = ("storage_id", "storage", "device", "dtype", "category", "kind", "source", "nbytes", "refs",
+                 "viewers", "mark")
 
     def __init__(self, storage_id: int, storage: Any, device: torch.device, dtype: torch.dtype,
                  category: Category, kind: str, source: str, nbytes: int) -> None:
@@ -211,6 +216,10 @@ class StorageGroup:
         self.source = source
         self.nbytes = nbytes
         self.refs: list[TensorRef] = []
+        #: tensor objects viewing the storage when it was found (registered or not); -1: unknown
+        self.viewers = -1
+        #: :func:`own_view_mark` when ``viewers`` was counted (the store's views made before it are in it)
+        self.mark = 0
 
     @property
     def numel(self) -> int:
@@ -218,18 +227,19 @@ class StorageGroup:
         return self.nbytes // self.dtype.itemsize
 
     def base_view(self) -> torch.Tensor:
-        """A 1-D tensor over the whole storage (a registered tensor itself when one covers it exactly)."""
+        """A 1-D tensor over the whole storage: the store's own view, never a registered tensor object
+        (registered tensors are parked while the copies still read this view; see refimpl.store.parking)."""
         n = self.numel
         for r in self.refs[:2]:
             t = r.tensor
             if r.offset == 0 and t.dim() == 1 and r.size[0] == n and r.stride[0] == 1:
-                return t.detach() if t.requires_grad else t  # no autograd on the store's copies
+                return own_view(t.detach())  # a new tensor object on the same storage, no autograd
         return storage_view(self.storage, self.dtype, self.device, n)
 
 
 def storage_view(storage: Any, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
-    """A 1-D ``dtype`` tensor over the first ``numel`` elements of ``storage``."""
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, (numel,), (1,))
+    """A 1-D ``dtype`` tensor over the first ``numel`` elements of ``storage`` (a view the store owns)."""
+    return own_view(torch.empty(0, dtype=dtype, device=device).set_(storage, 0, (numel,), (1,)))
 
 
 @dataclass
@@ -238,6 +248,9 @@ class CollectReport:
 
     skipped_zero_size: list[str] = field(default_factory=list)
     skipped_host_resident: list[str] = field(default_factory=list)
+    #: the store's own flat buffers that tensor objects it does not know also view: storage id -> the
+    #: ids of the tensors it knows there (those views are parked at the release, see park_strays)
+    stray_views: dict[int, set[int]] = field(default_factory=dict)
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -261,8 +274,13 @@ class StorageGrouper:
     thousands for a MoE), so it sticks to cheap attribute reads.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, viewers: dict[int, tuple[int, int]] | None = None,
+                 own: frozenset[int] = frozenset()) -> None:
         self.device = device
+        #: storage ids of the store's own flat buffers (a view of one kept by the user is parked, not refused)
+        self.own = own
+        #: ``(tensor objects viewing a storage, own_view_mark())`` counted before the store made views of it
+        self.known_viewers = viewers or {}
         self.report = CollectReport()
         self._groups: dict[int, StorageGroup] = {}
         self._live: list[StorageGroup] = []
@@ -313,6 +331,22 @@ class StorageGrouper:
                         f"{name} views a storage whose memory was already freed (0 bytes); is this state "
                         f"offloaded by another store, or released by the framework?"
                     )
+                if is_placeholder(sid):
+                    raise StoreStateError(
+                        f"{name} is offloaded by an offload store (its bytes are in host memory); reload() that "
+                        f"store first (or recover() it after a TensorChangedError)"
+                    )
+                if not storage.resizable():
+                    raise UnsupportedTensorError(
+                        f"{name}: its storage is not resizable (memory from numpy, DLPack or from_blob that the "
+                        f"store cannot release); attach a torch-allocated copy instead (t = t.clone())"
+                    )
+                known = self.known_viewers.get(sid)
+                if known is not None:
+                    g.viewers, g.mark = known
+                elif storage_use_count is not None:
+                    g.viewers = storage_use_count(sid) - 1  # minus the Python storage object held here
+                    g.mark = own_view_mark()
                 if g.nbytes % g.dtype.itemsize:
                     raise MixedDtypeError(
                         f"{name}: its storage is {g.nbytes} bytes, not a whole number of {g.dtype} elements; "
@@ -341,25 +375,72 @@ class StorageGrouper:
     def finish(self) -> tuple[list[StorageGroup], CollectReport]:
         """The groups to move, in the order :meth:`feed` yielded them, and what was left out."""
         report = self.report
+        own_idx: dict[int, list[tuple[int, int]]] | None = None  # built once, when a storage needs it
         for sid, g in self._groups.items():
             if sid not in self._live_ids:
                 report.skipped_zero_size.extend(r.name for r in g.refs)
+                continue
+            if g.viewers <= len(g.refs):
+                continue
+            bases = _view_bases(g)
+            if g.viewers <= len(g.refs) + len(bases):
+                continue
+            if own_idx is None:
+                own_idx = own_views_index()
+            mine = sum(1 for mark, _ in own_idx.get(sid, ()) if mark < g.mark)
+            if g.viewers > len(g.refs) + len(bases) + mine:
+                if sid not in self.own:
+                    raise unattached_alias_error(g)
+                report.stray_views[sid] = {id(r.tensor) for r in g.refs} | set(_view_bases(g))
         if report.skipped_zero_size:
             logger.debug("left %d zero-size tensors in place: %s", len(report.skipped_zero_size),
                          report.skipped_zero_size[:5])
         return self._live, report
 
 
-def group_by_storage(items: Iterable[Item], device: torch.device) -> tuple[list[StorageGroup], CollectReport]:
+def _view_bases(g: StorageGroup) -> dict[int, torch.Tensor]:
+    """The autograd bases (``t._base``) of the group's registered views that view the same storage and are
+    not registered themselves: alive only through the views (``torch.arange(24.).reshape(4, 6)`` keeps
+    the arange result as its base)."""
+    ids = {id(r.tensor) for r in g.refs}
+    bases: dict[int, torch.Tensor] = {}
+    for r in g.refs:
+        b = r.tensor._base
+        if b is not None and id(b) not in ids and b.untyped_storage()._cdata == g.storage_id:
+            bases[id(b)] = b
+    return bases
+
+
+def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
+    """The error for a storage that tensor objects the store does not know also view."""
+    bases = _view_bases(g)
+    extra = g.viewers - len(g.refs) - len(bases)
+    found = describe_aliases(g.storage_id, {id(r.tensor) for r in g.refs} | set(bases))
+    names = ", ".join(r.name for r in g.refs[:3]) + (" ..." if len(g.refs) > 3 else "")
+    return UnattachedAliasError(
+        f"the storage of {names} ({g.nbytes} bytes) is also viewed by {extra} tensor object(s) not attached to "
+        f"this store ({'; '.join(found) if found else 'not reachable from Python'}): releasing it would leave them "
+        f"on freed memory and a reload would not bring them back. Attach them too (a flat buffer whose views "
+        f"are the parameters: attach_tensors(category, {{'flat': buffer}}, kind='ddp_buffer')), or drop them "
+        f"before offloading. Nothing was moved"
+    )
+
+
+def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[int, tuple[int, int]] | None = None,
+                     own: frozenset[int] = frozenset()) -> tuple[list[StorageGroup], CollectReport]:
     """Validate ``items`` and group them by storage (all at once; see :class:`StorageGrouper`).
 
     Raises a :class:`StoreError` subclass naming the tensor for anything that
     cannot be moved bit-exact: a non-strided or opaque tensor, a tensor on
     another device, a storage viewed with two dtypes or claimed by two
-    categories, a view of a storage whose memory is already freed. Storages
+    categories, a view of a storage whose memory is already freed, a
+    non-resizable storage, a storage that tensor objects the store does not know
+    also view (:class:`UnattachedAliasError`; ``viewers`` gives counts taken
+    before the store made views of its own; for the store's own flat buffers,
+    ``own``, such views are reported in ``stray_views`` instead). Storages
     whose registered tensors all have zero elements are left out (reported).
     """
-    grouper = StorageGrouper(device)
+    grouper = StorageGrouper(device, viewers, own)
     for _ in grouper.feed(items):
         pass
     return grouper.finish()
@@ -378,6 +459,7 @@ __all__ = [
     "TensorsCollector",
     "group_by_storage",
     "same_device",
+    "unattached_alias_error",
     "split_dtensor",
     "storage_view",
 ]

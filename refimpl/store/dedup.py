@@ -27,11 +27,20 @@ to ``align_bytes`` (:class:`SlicePlan`). Everything past ``numel`` is padding.
   signature for each group is compared over the group; a mismatch means the
   replica inference is wrong and the all-gather would splice unrelated
   bytes, so the offload is refused.
-* Safety check (``verify_replicas``, on by default in debug mode): at every
-  offload each replicated tensor's bytes are hashed on the device
+* Content check (``verify_replicas``, on by default): when a layout is first
+  deduplicated and whenever it changes (a new layout object), each replicated
+  tensor's bytes are hashed on the device
   (:func:`~refimpl.store.replica_sync.content_digest`) and compared over the
-  group the same way. A wrong inference would otherwise silently overwrite
-  one rank's weights with another's on reload.
+  group the same way; in debug mode (or with ``verify_replicas=True``) at every
+  offload; ``verify_replicas=False`` turns it off. A wrong inference would
+  otherwise silently overwrite one rank's weights with another's on reload.
+  Whether a group checks is agreed inside the layout-signature collective (a
+  flag reduced with MAX), so members never disagree on running the check.
+* A reload that some member does not join fails on the members that did (the
+  group's timeout, ``DedupConfig.timeout_s``) with the state still in host
+  memory; the failed member tears its group down, and the next reload on every
+  rank rebuilds it (a member whose collective fails because a peer tore the
+  group down rebuilds it and retries once) and brings the state back.
 * Either check ends in one ``all_reduce(MAX)`` of a failure code over
   ``world``, so every rank raises together (nothing has moved yet) instead of
   some ranks waiting in collectives the others never join.
@@ -47,24 +56,21 @@ from typing import Any, Awaitable, Hashable, Sequence
 
 import torch
 
-from refimpl.runtime.base import WORLD, CopyKind, ReduceOp, Runtime, gather
+from refimpl.runtime.base import (
+    WORLD, CollectiveFailedError, CollectiveTimeoutError, CopyKind, ReduceOp, Runtime, gather,
+)
 from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend, register_backend
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.pool import HostBuffer, PinnedHostPool
 from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
-from refimpl.store.replica_sync import agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree
+from refimpl.store.parking import DEBUG_ENV, debug_mode, own_view
+from refimpl.store.replica_sync import (
+    agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree, members_agree_any,
+    release_digest_weights,
+)
 
 log = logging.getLogger(__name__)
-
-DEBUG_ENV = "TIMESHARE_DEBUG"
-"""Environment variable that turns on debug mode (and with it ``verify_replicas``)."""
-
-
-def debug_mode() -> bool:
-    """True when :data:`DEBUG_ENV` is set to a true value (1, true, yes, on)."""
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
 
 class DedupError(RuntimeError):
     """Base class of ``local_dedup`` errors."""
@@ -84,8 +90,11 @@ class DedupConfig:
 
     ``policy``: how entries map to replica groups (data-parallel ranks,
     overrides). ``align_bytes``: each rank's slice is a multiple of this many
-    bytes. ``verify_replicas``: hash-check replicated tensors at offload;
-    ``None`` means on in debug mode (env ``TIMESHARE_DEBUG=1``).
+    bytes. ``verify_replicas``: hash-check replicated tensors at offload:
+    ``None`` (default) when a layout is new or changed, and at every offload in
+    debug mode (env ``TIMESHARE_DEBUG=1``); ``True`` at every offload;
+    ``False`` never. ``timeout_s``: timeout of the replica groups' collectives
+    (a reload some member does not join fails after it).
     ``local_world_size``: ranks per host, for the multi-host warning; ``None``
     reads env ``LOCAL_WORLD_SIZE`` (no check when neither is set).
     ``group_backend``: backend of the replica groups (``None``: runtime default).
@@ -100,8 +109,11 @@ class DedupConfig:
     local_world_size: int | None = None
     group_backend: str | None = None
     groups: tuple[ReplicaGroup, ...] | None = None
+    timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"DedupConfig.timeout_s must be > 0 seconds, got {self.timeout_s}")
         if self.groups is not None:
             groups = tuple(self.groups)
             if not all(isinstance(g, ReplicaGroup) for g in groups):
@@ -116,8 +128,13 @@ class DedupConfig:
 
     @property
     def verify(self) -> bool:
-        """Whether offload hash-checks replicated tensors."""
+        """Whether every offload hash-checks replicated tensors (``True``, or ``None`` in debug mode)."""
         return debug_mode() if self.verify_replicas is None else bool(self.verify_replicas)
+
+    @property
+    def verify_changed(self) -> bool:
+        """Whether an offload hash-checks the replicated tensors of new or changed layouts (not ``False``)."""
+        return self.verify_replicas is not False
 
     def ranks_per_host(self) -> int | None:
         """Ranks per host from the config or env ``LOCAL_WORLD_SIZE``; None if unknown."""
@@ -237,6 +254,9 @@ class DedupBackend(StoreBackend):
         self._declared = frozenset(self.dedup.groups or ())
         #: offloads whose replicated tensors were hash-checked (verify_replicas)
         self.verified_offloads = 0
+        #: seconds the last offload spent on the content check (digests and their comparison), 0 if none ran
+        self.last_verify_s = 0.0
+        self._verified: weakref.WeakSet = weakref.WeakSet()  # layout objects whose content was checked
 
     # ---- layout keys --------------------------------------------------------
 
@@ -298,7 +318,8 @@ class DedupBackend(StoreBackend):
             found = await agree_on_groups(rt, new)
             wanted = sorted(set(self._groups) | set(found))
         if wanted != self._groups:
-            await ensure_groups(rt, [g for g in wanted if g not in self._groups], self.dedup)
+            await ensure_groups(rt, [g for g in wanted if g not in self._groups], backend=self.dedup.group_backend,
+                                ranks_per_host=self.dedup.ranks_per_host(), timeout_s=self.dedup.timeout_s)
             self._groups = wanted
             log.info("rank %d: local_dedup replica groups %s", rt.rank, [str(g) for g in wanted])
 
@@ -311,13 +332,16 @@ class DedupBackend(StoreBackend):
             by_group.setdefault(lay.key.placement, []).append(lay)  # type: ignore[arg-type]
         problems: list[str] = []
         code = 0
-        verify = self.dedup.verify
+        every, changed = self.dedup.verify, self.dedup.verify_changed
+        verified = False
+        self.last_verify_s = 0.0
         for g in self._groups:  # every member takes part, with or without layouts of its own
             if rt.rank not in g.ranks:
                 continue
             lays = by_group.get(g, [])
+            need = every or (changed and any(lay not in self._verified for lay in lays))
             sig = torch.tensor(layout_signature(lays, self._signatures), dtype=torch.int64)
-            same = await members_agree(rt, sig, g.name)
+            same, anyone = await members_agree_any(rt, sig, need, g.name)
             if same is False:
                 code = max(code, _LAYOUT_MISMATCH)
                 problems.append(
@@ -327,15 +351,21 @@ class DedupBackend(StoreBackend):
                 )
                 continue
             entries = [e for x in lays for e in x.entries]
-            if verify and entries:  # equal signatures: every member has as many entries
+            if anyone and entries:  # equal signatures: every member has as many entries
+                t0 = rt.now()
                 digests = content_digest([e.base for e in entries], device=rt.device)
                 equal = await members_agree(rt, digests, g.name, elementwise=True)
+                self.last_verify_s += rt.now() - t0
+                verified = True
                 if equal is not None and not all(equal):
                     bad = [entries[i // 2].name for i, ok in enumerate(equal) if not ok][:5]
                     code = max(code, _CONTENT_MISMATCH)
                     problems.append(f"replica group {g}: tensors {sorted(set(bad))} differ between members")
-        if verify:
+                    continue
+                self._verified.update(lays)
+        if verified:
             self.verified_offloads += 1
+            release_digest_weights()  # their device memory goes back with the state's
         flag = rt.alloc_device(1, torch.int64, tag="dedup.flag")
         flag.fill_(code)
         await rt.all_reduce(flag, ReduceOp.MAX, WORLD)
@@ -398,7 +428,7 @@ class DedupBackend(StoreBackend):
             raise DedupError(f"layout {key.label()}: device buffer has {device_flat.numel()} elements, the "
                              f"all-gather needs {plan.padded_numel} (padded_numel was not applied)")
         lo = plan.index * plan.chunk
-        mine = device_flat[lo:lo + plan.chunk]
+        mine = own_view(device_flat[lo:lo + plan.chunk])
         host = self._held[key]
         completions = []  # (first element of the segment in the chunk, its H2D completion)
         if host is not None:
@@ -429,7 +459,7 @@ class DedupBackend(StoreBackend):
         all-gather. A chunk of one piece is gathered in place, as before.
         """
         rt, n, chunk = self.rt, plan.group_size, plan.chunk
-        mine = device_flat[plan.index * chunk:(plan.index + 1) * chunk]
+        mine = own_view(device_flat[plan.index * chunk:(plan.index + 1) * chunk])
         piece = self._piece_numel(plan, device_flat.dtype)
         pending = list(completions)
 
@@ -443,7 +473,7 @@ class DedupBackend(StoreBackend):
             await landed(chunk)
             await rt.point("dedup.reload.all_gather")
             with rt.span("dedup.all_gather"):
-                await rt.all_gather_into_tensor(device_flat, mine, group.name)
+                await self._all_gather(device_flat, mine, group)
             return
         stage = rt.alloc_device(n * piece, device_flat.dtype, tag="dedup.gather_stage")
         try:
@@ -453,13 +483,33 @@ class DedupBackend(StoreBackend):
                 await rt.point("dedup.reload.all_gather")
                 k = b - a
                 with rt.span("dedup.all_gather"):
-                    await rt.all_gather_into_tensor(stage[:n * k], mine[a:b], group.name)
+                    await self._all_gather(stage[:n * k], mine[a:b], group)
                     for r in range(n):
                         if r != plan.index:
                             device_flat[r * chunk + a:r * chunk + b].copy_(stage[r * k:(r + 1) * k])
         finally:
             await _drain_all(pending)
             rt.release(stage)
+
+    async def _all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: ReplicaGroup) -> None:
+        """The reload's all-gather; a failure tears the group down (see the module docstring)."""
+        try:
+            await self.rt.all_gather_into_tensor(out, inp, group.name)
+        except CollectiveTimeoutError:
+            await self._tear_down(group, "timed out (did every member call reload?)")
+            raise
+        except CollectiveFailedError as e:
+            # a peer tore the group down after its own failed reload: rebuild (it rebuilds too) and retry once
+            await self._tear_down(group, f"failed ({e})")
+            await self.rt.recreate_group(group.name)
+            await self.rt.all_gather_into_tensor(out, inp, group.name)
+
+    async def _tear_down(self, group: ReplicaGroup, why: str) -> None:
+        """Destroy a replica group whose collective failed; the next reload on every rank rebuilds it."""
+        log.warning("rank %d: reload all-gather over replica group %s %s; the state stays in host memory and the "
+                    "group is torn down: call reload on every rank to rebuild it and retry", self.rt.rank, group, why)
+        if self.rt.group_live(group.name):
+            await self.rt.destroy_group(group.name, abort=True)
 
     async def _revive_groups(self) -> None:
         """Recreate agreed replica groups someone destroyed (all ranks, sorted order)."""

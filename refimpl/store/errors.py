@@ -1,8 +1,9 @@
 """Errors of the offload store.
 
-Every error is raised *before* anything moves (validation happens first), so a
-caught :class:`StoreError` leaves the state where it was: on the device if an
-offload was refused, in host memory if a reload was refused.
+Every error is raised *before* anything is released (validation happens first),
+or after a rollback, so a caught :class:`StoreError` leaves the state where it
+was: on the device if an offload was refused, in host memory if a reload was
+refused.
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ class TensorChangedError(StoreError):
     """A registered tensor was resized or re-pointed while its state was offloaded."""
 
 
+class UnattachedAliasError(StoreError):
+    """A storage is also viewed by tensor objects not attached to the store (they would dangle)."""
+
+
 class StoreStateError(StoreError):
     """The store or a framework object is in a state that does not allow the call."""
 
@@ -45,6 +50,7 @@ __all__ = [
     "StoreError",
     "StoreStateError",
     "TensorChangedError",
+    "UnattachedAliasError",
     "UnknownBackendError",
     "UnsupportedTensorError",
     "WrongDeviceError",

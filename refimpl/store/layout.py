@@ -69,10 +69,6 @@ class TensorRef:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     dtensor: Any = None
-    #: ``(storage id, storage offset)`` the tensor had right after offload (checked before reload)
-    released: tuple[int, int] | None = None
-    #: the (0-byte) storage the tensor had right after offload, to restore it if a reload fails
-    released_storage: Any = None
     _weak_tensor: Any = None
     _weak_dtensor: Any = None
 
@@ -99,6 +95,11 @@ class TensorRef:
         if self.dtensor is not None:
             return self.dtensor
         return self._weak_dtensor() if self._weak_dtensor is not None else None
+
+    def hold(self, tensor: torch.Tensor, dtensor: Any) -> None:
+        """Hold ``tensor`` (and ``dtensor``) strongly, replacing whatever was held."""
+        self.tensor, self.dtensor = tensor, dtensor
+        self._weak_tensor = self._weak_dtensor = None
 
     def strengthen(self) -> None:
         """Hold the tensor (and DTensor) strongly again; the tensor must be alive."""
@@ -208,6 +209,8 @@ class FlatLayout:
     dropped: bool = False
     #: storage id of the flat device buffer while resident after a reload, else None
     flat_storage: int | None = None
+    #: registered tensor objects the reload pointed into the flat buffer (-1: not resident)
+    resident_views: int = -1
 
     @property
     def category(self) -> Category:

@@ -1,31 +1,24 @@
-"""Planning an offload and giving its device memory back.
+"""Planning an offload: which flat layout every collected storage goes to.
 
 * :func:`plan_layouts` turns the collected storage groups into flat layouts,
   reusing a resident layout unchanged when its flat buffer still holds exactly
   its tensors (the steady-state fast path).
-* :func:`release_as_copied` releases storages one by one as the copies carrying
-  their bytes complete, overlapping the rest of the DMA (backends with
-  ``early_release``); :func:`prepare_release` does the per-entry part of the
-  release while the copies run; :func:`release_layouts` releases what is
-  left and marks the layouts offloaded.
 * :func:`gc_paused` keeps Python's cyclic collector out of the per-tensor loops.
+
+Giving device memory back is the next stage, :mod:`refimpl.store.release`.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Iterator
 
-import torch
-
-from refimpl.runtime.base import Runtime
 from refimpl.store.backend import StoreBackend
 from refimpl.store.collect import StorageGroup
-from refimpl.store.config import Category, StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry
+from refimpl.store.config import StoreConfig
+from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.residency import adopt_if_unchanged
-from refimpl.store.source import DeviceLayoutSource
 
 
 def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout], backend: StoreBackend,
@@ -72,105 +65,6 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
     return plan
 
 
-@dataclass
-class ReleasePlan:
-    """What :func:`prepare_release` settled while the copies ran: one view per flat-resident layout
-    (by ``id(layout)``) and the bytes the offload moves."""
-
-    flat_bases: dict[int, torch.Tensor] = field(default_factory=dict)
-    moved_bytes: int = 0
-
-
-def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> ReleasePlan:
-    """Per-entry work of the release, done once every copy is issued, while they run.
-
-    For a layout resident as one flat buffer, keep one view of it and drop the
-    entries' views (dropping tens of thousands of view tensors costs
-    milliseconds, which must not land after the last copy completes); sum the
-    bytes moved. :func:`release_layouts` then does no per-entry work for them.
-    """
-    plan = ReleasePlan()
-    for layout in layouts:
-        if not (drop_grads and layout.category is Category.GRADS):
-            plan.moved_bytes += layout.data_nbytes
-        if layout.flat_storage is None:
-            continue
-        base = next((e.base for e in layout.entries if e.base is not None), None)
-        if base is None or base.untyped_storage()._cdata != layout.flat_storage:
-            continue
-        plan.flat_bases[id(layout)] = base
-        for e in layout.entries:
-            e.base = None
-    return plan
-
-
-def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, plan: ReleasePlan | None = None) -> int:
-    """Release what is left of the offloaded layouts' device memory and mark them offloaded.
-
-    With a :class:`ReleasePlan` from :func:`prepare_release`, a layout resident
-    as one flat buffer releases that storage once, with no per-entry work.
-    Returns the bytes copied out (dropped gradients count nothing).
-    """
-    done: set[int] = set()
-    release = rt.release
-    if plan is None:
-        plan = ReleasePlan(moved_bytes=sum(lay.data_nbytes for lay in layouts
-                                           if not (drop_grads and lay.category is Category.GRADS)))
-    for layout in layouts:
-        flat = plan.flat_bases.get(id(layout))
-        if flat is not None:
-            sid = flat.untyped_storage()._cdata
-            if sid not in done:
-                release(flat)
-                done.add(sid)
-        else:
-            for e in layout.entries:
-                base = e.base
-                if base is None:
-                    continue  # released as soon as its copy completed
-                sid = base.untyped_storage()._cdata
-                if sid not in done:
-                    release(base)
-                    done.add(sid)
-                e.base = None
-        layout.state = LayoutState.OFFLOADED
-        layout.dropped = drop_grads and layout.category is Category.GRADS
-        layout.flat_storage = None
-    return plan.moved_bytes
-
-
-async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource]) -> int:
-    """Release each storage as soon as every copy carrying its bytes has completed.
-
-    Runs while later copies are still in flight, so the per-storage work of a
-    scattered offload overlaps the DMA. Only entries that own their storage;
-    all host memory is already pinned (``copy_to_host`` waited for every
-    segment), so a pinning failure can no longer happen after this starts.
-    Returns how many storages it released.
-    """
-    remaining: dict[int, int] = {}
-    for src in sources:
-        for _, entries in src.track:
-            for e in entries:
-                remaining[id(e)] = remaining.get(id(e), 0) + 1
-    release = rt.release
-    released = 0
-    for src in sources:
-        for completion, entries in src.track:
-            if not entries:
-                continue
-            if not completion.done():
-                await completion
-            for e in entries:
-                left = remaining[id(e)] - 1
-                remaining[id(e)] = left
-                if left == 0 and e.owns_storage and e.base is not None:
-                    release(e.base)
-                    e.base = None
-                    released += 1
-    return released
-
-
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for a synchronous, allocation-heavy stretch."""
@@ -183,4 +77,4 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["ReleasePlan", "gc_paused", "prepare_release", "plan_layouts", "release_as_copied", "release_layouts"]
+__all__ = ["gc_paused", "plan_layouts"]

@@ -20,7 +20,7 @@ live for the optional content check.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, MutableMapping, Sequence
+from typing import Any, Iterable, MutableMapping, Sequence
 
 import torch
 
@@ -29,15 +29,27 @@ from refimpl.store.config import CATEGORY_ORDER
 from refimpl.store.layout import FlatLayout
 from refimpl.store.replica import ReplicaGroup, warn_if_multi_host
 
-if TYPE_CHECKING:  # pragma: no cover
-    from refimpl.store.dedup import DedupConfig
-
 log = logging.getLogger(__name__)
 
 _MASK62 = (1 << 62) - 1
 
-_HASH_CHUNK = 1 << 22
 _WEIGHT_MOD = 65521  # largest prime below 2**16: position weights 1..65521
+_HASH_CHUNK = _WEIGHT_MOD * 64  # a multiple of the modulus: every chunk has the same position weights
+_WEIGHTS: dict[str, torch.Tensor] = {}
+
+
+def _weights(device: torch.device, n: int) -> torch.Tensor:
+    """Position weights ``j % 65521 + 1`` for the first ``n`` words of any chunk (one tensor per device, kept)."""
+    key = str(device)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        w = _WEIGHTS[key] = torch.arange(_HASH_CHUNK, dtype=torch.int64, device=device) % _WEIGHT_MOD + 1
+    return w[:n]
+
+
+def release_digest_weights() -> None:
+    """Drop the cached position weights (device memory); the next :func:`content_digest` builds them again."""
+    _WEIGHTS.clear()
 
 
 def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
@@ -61,9 +73,8 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
         h2 = torch.zeros((), dtype=torch.int64, device=t.device)
         for lo in range(0, words.numel(), _HASH_CHUNK):
             x = words[lo:lo + _HASH_CHUNK].to(torch.int64)
-            w = torch.arange(lo, lo + x.numel(), dtype=torch.int64, device=t.device) % _WEIGHT_MOD + 1
             h1 += x.sum()
-            h2 += (x * w).sum()
+            h2 += (x * _weights(t.device, x.numel())).sum()
         out[2 * i] = h1.to(dev)
         out[2 * i + 1] = h2.to(dev)
     return out
@@ -107,9 +118,14 @@ async def agree_on_groups(rt: Runtime, mine: Iterable[ReplicaGroup]) -> list[Rep
     return sorted(ReplicaGroup(ranks) for ranks in found)
 
 
-async def ensure_groups(rt: Runtime, groups: Sequence[ReplicaGroup], config: DedupConfig) -> None:
-    """Create (or rebuild, if destroyed) each group's process group, in the given order, on every rank."""
-    lws = config.ranks_per_host()
+async def ensure_groups(rt: Runtime, groups: Sequence[ReplicaGroup], *, backend: str | None = None,
+                        ranks_per_host: int | None = None, timeout_s: float = 600.0) -> None:
+    """Create (or rebuild, if destroyed) each group's process group, in the given order, on every rank.
+
+    ``backend``: the groups' backend (None: the runtime's default); ``ranks_per_host``: warn when a group
+    spans hosts; ``timeout_s``: the groups' collective timeout.
+    """
+    lws = ranks_per_host
     for g in groups:
         try:
             rt.group_spec(g.name)
@@ -117,7 +133,7 @@ async def ensure_groups(rt: Runtime, groups: Sequence[ReplicaGroup], config: Ded
         except GroupError:
             known = False
         if not known:
-            await rt.new_group(g.spec(backend=config.group_backend))
+            await rt.new_group(g.spec(backend=backend, timeout_s=timeout_s))
         elif not rt.group_live(g.name):
             await rt.recreate_group(g.name)
         if lws is not None and rt.rank in g.ranks:
@@ -165,11 +181,32 @@ async def members_agree(rt: Runtime, values: torch.Tensor, group: str, *, elemen
     return equal if elementwise else all(equal)
 
 
+async def members_agree_any(rt: Runtime, values: torch.Tensor, flag: bool, group: str):
+    """:func:`members_agree` of ``values`` plus whether any member raised ``flag``, in one collective.
+
+    Returns ``(same, any_flag)``; ``same`` is None where collectives move no data (``any_flag`` then False).
+    """
+    n = values.numel()
+    buf = rt.alloc_device(2 * n + 1, torch.int64, tag="dedup.check")
+    meta = buf.device.type == "meta"
+    v = values.to(buf.device).bitwise_and(_MASK62) if not meta else values.to("meta")
+    buf[:n].copy_(v)
+    buf[n:2 * n].copy_(-v)
+    buf[2 * n:].fill_(int(bool(flag)))
+    await rt.all_reduce(buf, ReduceOp.MAX, group)
+    if meta:
+        return None, False
+    out = buf.cpu()
+    return bool((out[:n] == -out[n:2 * n]).all()), bool(out[2 * n] > 0)
+
+
 __all__ = [
     "agree_on_groups",
     "content_digest",
+    "release_digest_weights",
     "ensure_groups",
     "layout_signature",
     "members_agree",
+    "members_agree_any",
     "shape_fingerprint",
 ]

@@ -3,10 +3,12 @@
 After a reload every registered tensor is a view into its layout's flat buffer
 (:func:`repoint`). :func:`adopt_if_unchanged` decides at the next offload
 whether the tensors are all still exactly there (then the layout leaves in one
-copy). :func:`record_released` and :func:`changed_tensors` guard the offloaded
-state: before a reload, each tensor must still sit on the 0-byte storage the
-offload left it on, with the same geometry. :func:`restore_released` undoes a
-re-pointing when a reload fails after it.
+copy). :func:`park` points every registered tensor at a placeholder while its
+bytes are in host memory (see [Note: parked tensors] in
+:mod:`refimpl.store.parking`), :func:`unpark` undoes that when an offload fails;
+:func:`changed_tensors` checks before a reload that each tensor is still parked
+as the offload left it. :func:`restore_released` parks the tensors again when a
+reload fails after re-pointing them.
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ import torch
 
 from refimpl.store.collect import StorageGroup
 from refimpl.store.layout import FlatLayout
+from refimpl.store.parking import _ORIGINAL_CLASS as _GUARDED
+from refimpl.store.parking import _ZERO_STRIDES as _ZEROS
+from refimpl.store.parking import debug_mode, guard, own_view, placeholder, unguard, zero_strides
 
 
 def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
@@ -36,82 +41,166 @@ def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
         return False
     flat = group.base_view()
     for e in layout.entries:
-        e.base = flat[e.offset:e.offset + e.numel]
+        e.base = own_view(flat[e.offset:e.offset + e.numel])
         e.owns_storage = False
         for r in e.refs:
             c = collected[id(r.live())]
-            r.tensor, r.dtensor = c.tensor, c.dtensor
-            r._weak_tensor = r._weak_dtensor = None
+            r.hold(c.tensor, c.dtensor)
     return True
 
 
 def changed_tensors(layouts: list[FlatLayout]) -> list[str]:
-    """Descriptions of registered tensors that no longer look the way the offload left them."""
+    """Descriptions of registered tensors that are no longer parked the way the offload left them."""
     problems = []
     for layout in layouts:
         dtype = layout.dtype
+        if not layout.entries:
+            continue
+        sid, off = placeholder(layout.entries[0].refs[0].tensor.device, dtype)[1], 0
         for e in layout.entries:
             for r in e.refs:
                 t = r.tensor
-                assert t is not None and r.released is not None
-                sid, off = r.released
+                assert t is not None
                 st = t.untyped_storage()
                 if st._cdata == sid and t.storage_offset() == off and t.shape == r.size and t.dtype is dtype \
-                        and st.nbytes() == 0 and t.stride() == r.stride:
+                        and t.stride() == zero_strides(len(r.size)):
                     continue
-                if st._cdata != sid or st.nbytes() != 0:
+                if st._cdata != sid:
                     problems.append(f"{r.name} now has other storage ({st.nbytes()} bytes; was it re-assigned?)")
-                elif (t.storage_offset(), tuple(t.shape), tuple(t.stride())) != (off, r.size, r.stride):
-                    problems.append(f"{r.name} was resized/restrided from {r.size}/{r.stride}@{off} to "
-                                    f"{tuple(t.shape)}/{tuple(t.stride())}@{t.storage_offset()}")
                 elif t.dtype != layout.dtype:
                     problems.append(f"{r.name} changed dtype from {layout.dtype} to {t.dtype}")
+                else:
+                    problems.append(f"{r.name} was resized/restrided from {r.size} to "
+                                    f"{tuple(t.shape)}/{tuple(t.stride())}@{t.storage_offset()}")
     return problems
 
 
-def record_released(layouts: list[FlatLayout]) -> None:
-    """Remember each tensor's storage and offset as the offload leaves them (checked before reload).
+class ParkRecord:
+    """Where each parked tensor came from, to put it back if the offload fails before its release.
 
-    Releasing shrinks a storage in place, so its identity is known before the release happens.
+    ``origins``: per layout, ``(layout, flat, entry origins)``: for a layout resident in one flat buffer
+    ``flat`` is a 1-D view of it; otherwise each entry's ``(storage, storage offset of the entry start)``.
     """
-    for layout in layouts:
-        for e in layout.entries:
-            for r in e.refs:
-                t = r.tensor
-                st = t.untyped_storage()
-                r.released = (st._cdata, t.storage_offset())
-                r.released_storage = st
+
+    __slots__ = ("origins",)
+
+    def __init__(self) -> None:
+        self.origins: list[tuple[FlatLayout, torch.Tensor | None, list[tuple[Any, int]] | None]] = []
+
+
+def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: ParkRecord) -> None:
+    """Point every registered tensor of ``layouts`` at its placeholder (see [Note: parked tensors]).
+
+    Runs once every copy is issued, while they run: the copies read the store's own
+    views. Records where each tensor was in ``record`` (filled before the
+    layout's tensors move, so :func:`unpark` undoes a park that failed midway).
+    ``flats``: the flat buffer of each layout resident in one (fast path), by key.
+    """
+    guarding = debug_mode()
+    with torch.no_grad():
+        for layout in layouts:
+            flat = flats.get(layout.key)
+            origins: list[tuple[Any, int]] | None = None
+            if flat is None:
+                origins = []
+                for e in layout.entries:
+                    base = e.base
+                    origins.append((base.untyped_storage(), base.storage_offset()) if base is not None else (None, 0))
+            record.origins.append((layout, flat, origins))
+            if not layout.entries:
+                continue
+            st, _ = placeholder(layout.entries[0].refs[0].tensor.device, layout.dtype)
+            zs = _ZEROS
+            for e in layout.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
+                for r in e.refs:
+                    t, size = r.tensor, r.size
+                    z = zs.get(len(size)) or zero_strides(len(size))
+                    t.set_(st, 0, size, z)
+                    if guarding:
+                        guard(t, r.name)
+
+
+def unpark(record: ParkRecord) -> None:
+    """Undo :func:`park`: every tensor back on its original storage (which must hold its bytes again)."""
+    with torch.no_grad():
+        for layout, flat, origins in record.origins:
+            if flat is not None:
+                st, at0 = flat.untyped_storage(), flat.storage_offset()
+                for e in layout.entries:
+                    for r in e.refs:
+                        unguard(r.tensor)
+                        r.tensor.set_(st, at0 + e.offset + r.offset, r.size, r.stride)
+                continue
+            for e, (st, at0) in zip(layout.entries, origins or ()):
+                for r in e.refs:
+                    unguard(r.tensor)
+                    if st is not None:
+                        r.tensor.set_(st, at0 + r.offset, r.size, r.stride)
 
 
 def repoint(layouts: list[FlatLayout], flats: list[torch.Tensor]) -> None:
     """Point every registered tensor into its layout's flat buffer (views and sharing survive).
 
-    Afterwards the store holds the tensors only weakly.
+    Afterwards the store holds the tensors only weakly; ``layout.resident_views``
+    counts the tensor objects viewing the flat buffer (for the steady-state check).
     """
     with torch.no_grad():
         for layout, flat in zip(layouts, flats):
             st = flat.untyped_storage()
             base = flat.storage_offset()
+            views = 0
             for e in layout.entries:
                 at = base + e.offset
                 for r in e.refs:
-                    r.tensor.set_(st, at + r.offset, r.size, r.stride)
+                    t = r.tensor
+                    if type(t) in _GUARDED:
+                        unguard(t)
+                    t.set_(st, at + r.offset, r.size, r.stride)
                     r.weaken()
+                    views += 1
+            layout.resident_views = views
 
 
 def restore_released(layouts: list[FlatLayout]) -> None:
-    """Undo :func:`repoint`: every tensor back on its released (0-byte) storage, held strongly again."""
+    """Undo :func:`repoint`: every tensor parked again, held strongly again."""
+    guarding = debug_mode()
+    with torch.no_grad():
+        for layout in layouts:
+            if not layout.entries:
+                continue
+            for e in layout.entries:
+                for r in e.refs:
+                    t = r.live()
+                    if t is None:
+                        continue
+                    st, _ = placeholder(t.device, layout.dtype)
+                    t.set_(st, 0, r.size, zero_strides(len(r.size)))
+                    r.strengthen()
+                    if guarding:
+                        guard(t, r.name)
+            layout.resident_views = -1
+
+
+def force_repoint_prepare(layouts: list[FlatLayout]) -> list[str]:
+    """Before a forced reload (:meth:`OffloadStore.recover`): make every registered tensor re-pointable.
+
+    A tensor whose dtype was changed meanwhile gets an empty tensor of the layout's
+    dtype as its data. Returns the names of tensors whose change is overwritten.
+    """
+    changed = changed_tensors(layouts)
     with torch.no_grad():
         for layout in layouts:
             for e in layout.entries:
                 for r in e.refs:
-                    t = r.live()
-                    if t is not None and r.released is not None and r.released_storage is not None:
-                        t.set_(r.released_storage, r.released[1], r.size, r.stride)
-                        r.strengthen()
+                    t = r.tensor
+                    unguard(t)
+                    if t.dtype != layout.dtype:
+                        t.data = torch.empty(0, dtype=layout.dtype, device=t.device)
+    return changed
 
 
-__all__ = ["adopt_if_unchanged", "changed_tensors", "record_released", "repoint", "restore_released"]
+__all__ = ["ParkRecord", "adopt_if_unchanged", "changed_tensors", "force_repoint_prepare", "park", "repoint",
+           "restore_released", "unpark"]
 
 
 # --------------------------------------------------------------------------- steady-state fast path
@@ -175,16 +264,12 @@ def steady_unchanged(items: Iterator, sig: ItemSignature, resident: list[FlatLay
 
 
 def adopt_resident(layout: FlatLayout, flat: torch.Tensor) -> None:
-    """The fast path's :func:`adopt_if_unchanged` + :func:`record_released`: hold the tensors strongly,
-    give the release one view of the flat buffer, and record where each tensor will sit after it."""
-    storage, sid = flat.untyped_storage(), layout.flat_storage
+    """The fast path's :func:`adopt_if_unchanged`: hold the tensors strongly and give the release one
+    view of the flat buffer."""
     first = True
     for e in layout.entries:
         e.owns_storage = False
-        e.base = flat[e.offset:e.offset + e.numel] if first else None  # one view: the release frees the storage
+        e.base = own_view(flat[e.offset:e.offset + e.numel]) if first else None  # one view: the release frees the storage
         first = False
         for r in e.refs:
-            r.tensor, r.dtensor = r.live(), r.live_dtensor()
-            r._weak_tensor = r._weak_dtensor = None
-            r.released = (sid, e.offset + r.offset)
-            r.released_storage = storage
+            r.strengthen()

@@ -27,6 +27,7 @@ from refimpl.runtime.base import Completion, CopyKind, Runtime
 from refimpl.store.backend import LayoutSource
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, StorageEntry
+from refimpl.store.parking import own_view
 from refimpl.store.pool import HostBuffer
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class DeviceLayoutSource(LayoutSource):
     async def _copy_into(self, seg: torch.Tensor, lo: int, hi: int, out: list[Completion]) -> None:
         """One flat copy when resident, else the scattered path."""
         if self._flat is not None:
-            out.append(self.rt.copy_async(seg, self._flat[lo:hi], CopyKind.D2H))
+            out.append(self.rt.copy_async(seg, own_view(self._flat[lo:hi]), CopyKind.D2H))
             self.track.append((out[-1], []))
             self.copies["flat"] += 1
         else:

@@ -17,9 +17,16 @@ it, and re-points every registered tensor into it with ``set_``.
 
 Invariants:
 
-* Nothing moves before validation: a bad tensor raises a :class:`StoreError`
-  with the state where it was. A failed reload leaves the tensors exactly as
-  they were (the host copy is kept).
+* Every byte of attached state is, at every moment, in exactly one valid
+  place: its device storage or the host copy. Nothing is released before
+  validation (a bad tensor raises a :class:`StoreError` with the state where
+  it was); a failure after a storage was released early restores it from its
+  host copy before the error propagates. A failed reload leaves the state
+  offloaded (the host copy is kept).
+* While offloaded every registered tensor is parked on a placeholder (see
+  :mod:`refimpl.store.parking`): touching it never crashes the process.
+* One operation at a time: other threads wait; the same thread gets a
+  :class:`StoreStateError`.
 * Every finisher a backend returned is awaited, also on the error path, in
   sorted layout order, so ranks running collectives inside backends agree.
 * ``offload`` of categories already offloaded does nothing; ``reload`` of
@@ -51,13 +58,15 @@ it ready. ``StoreStats.phases`` times each phase.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from typing import Any, Awaitable, Iterable, Iterator, Mapping
 
 import torch
 
-from refimpl.runtime.base import Runtime, gather
+from refimpl.runtime.base import CopyKind, Runtime, gather
 from refimpl.store.backend import create_backend
 from refimpl.store.collect import (
     Collector,
@@ -73,10 +82,13 @@ from refimpl.store.collect import (
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
-from refimpl.store.planner import gc_paused, plan_layouts, prepare_release, release_as_copied, release_layouts
+from refimpl.store.parking import own_view, own_view_mark, park_strays, storage_use_count
+from refimpl.store.planner import gc_paused, plan_layouts
+from refimpl.store.release import prepare_release, release_as_copied, release_layouts
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.residency import (
-    ItemSignature, adopt_resident, changed_tensors, record_released, repoint, restore_released, steady_unchanged,
+    ItemSignature, ParkRecord, adopt_resident, changed_tensors, force_repoint_prepare, park, repoint,
+    restore_released, steady_unchanged, unpark,
 )
 from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
 from refimpl.store.stats import PhaseClock, StoreStats
@@ -115,6 +127,9 @@ class OffloadStore:
         self._layouts: dict[LayoutKey, FlatLayout] = {}
         self._offloaded: set[Category] = set()
         self._signature: ItemSignature | None = None  # what the last full collection saw
+        self._lock = threading.Lock()  # one operation at a time (see _exclusive)
+        self._owner: int | None = None
+        self._busy: str | None = None
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
@@ -147,6 +162,10 @@ class OffloadStore:
         self._attach(TensorsCollector(Category.parse(category), tensors, name, kind))
 
     def _attach(self, collector: Collector) -> None:
+        with self._exclusive(f"attach of {collector.name!r}"):
+            self._attach_locked(collector)
+
+    def _attach_locked(self, collector: Collector) -> None:
         if self._offloaded:
             raise StoreStateError(
                 f"cannot attach {collector.name!r} while {sorted(c.value for c in self._offloaded)} are offloaded; "
@@ -157,9 +176,32 @@ class OffloadStore:
         self._collectors.append(collector)
         if self.config.pin_ahead_mode(self.rt.device.type) == "background":  # see StoreConfig.pin_ahead
             try:
-                self.pin_ahead()
+                self._pin_ahead(None, False)
             except (StoreError, RuntimeError, ValueError) as e:  # the offload reports it, where nothing moves
                 logger.warning("pinning ahead at attach of %r skipped (%s: %s)", collector.name, type(e).__name__, e)
+
+    @contextlib.contextmanager
+    def _exclusive(self, op: str) -> Iterator[None]:
+        """Serialise store operations: another thread waits; the same thread (a second coroutine on its
+        event loop, a callback inside an operation) gets a :class:`StoreStateError` instead of a deadlock."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise StoreStateError(
+                f"{op} while {self._busy} is in progress on this store in the same thread; await the first "
+                f"operation before starting another (one store serves one operation at a time)"
+            )
+        self._lock.acquire()
+        self._owner, self._busy = me, op
+        try:
+            yield
+        finally:
+            self._owner = self._busy = None
+            self._lock.release()
+
+    @property
+    def in_progress(self) -> str | None:
+        """The operation running now (``"offload"``, ``"reload"``, ...), or None."""
+        return self._busy
 
     # ------------------------------------------------------------------ queries
 
@@ -247,6 +289,10 @@ class OffloadStore:
         re-pinned then. ``wait``: return only once everything is pinned. Returns
         the host bytes reserved.
         """
+        with self._exclusive("pin_ahead"):
+            return self._pin_ahead(include, wait)
+
+    def _pin_ahead(self, include: Iterable[Category | str] | Category | str | None, wait: bool) -> int:
         cats = Category.select(include) - self._offloaded
         groups, _ = group_by_storage(self._items(cats), self.rt.device)
         try:
@@ -291,8 +337,17 @@ class OffloadStore:
         """Copy the state to host memory, then release its device memory.
 
         ``drop_grads``: gradients are released without a copy and come back as
-        zeros. Categories already offloaded are skipped.
+        zeros. Categories already offloaded are skipped. Every registered tensor
+        is parked while offloaded (safe to hold, not to use; see
+        :mod:`refimpl.store.parking`). Anything that fails before the device
+        memory is released leaves the state on the device; a copy failing after
+        some storages were released brings them back first (restored from the
+        host copies their completed copies made).
         """
+        with self._exclusive("offload"):
+            await self._offload(include, drop_grads)
+
+    async def _offload(self, include: Iterable[Category | str] | Category | str | None, drop_grads: bool) -> None:
         cats = Category.select(include) - self._offloaded
         if not cats:
             logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in Category.select(include)))
@@ -313,15 +368,19 @@ class OffloadStore:
             stream: StreamingPlan | None = None
             fast = False
             streamed = False
+            viewers: dict[int, tuple[int, int]] = {}  # tensor objects viewing each resident flat buffer, before ours
+            parked = ParkRecord()
+            early: list = []  # storages released while later copies ran
+            plan: dict[LayoutKey, FlatLayout] = {}
+            release_plan = None
             try:
                 if getattr(self.backend, "speculative_offload", False):
                     for layout in sorted(self._resident(cats), key=_sort_key):
                         if drop_grads and layout.category is Category.GRADS:
                             continue
-                        flat = self._resident_flat(layout)
+                        flat = self._resident_flat(layout, viewers)
                         if flat is not None:
                             flats[layout.key] = flat
-                        if flat is not None:
                             src = DeviceLayoutSource(rt, layout, self.config, flat=flat)
                             sources.append(src)
                             speculative[layout.key] = (layout, await self.backend.offload(layout, src))
@@ -349,6 +408,7 @@ class OffloadStore:
                 else:
                     sig, resident = self._signature, self._resident(cats)
                     fast = (sig is not None and sig.cats == cats and not drop_grads
+                            and all(viewers.get(lay.flat_storage, (-1,))[0] == lay.resident_views for lay in resident)
                             and steady_unchanged(self._items(cats), sig, resident, flats, rt.device))
                     clock.lap("collect")
                     if fast:  # see [Note: steady offload check] in refimpl.store.residency
@@ -358,7 +418,8 @@ class OffloadStore:
                             adopt_resident(lay, flats[lay.key])
                     else:
                         items = list(self._items(cats))
-                        groups, report = group_by_storage(items, rt.device)
+                        own = frozenset(lay.flat_storage for lay in resident)
+                        groups, report = group_by_storage(items, rt.device, viewers, own)
                         plan = self._plan(groups, cats)
                         self._signature = ItemSignature(cats, items, plan, report)
                     clock.lap("plan")
@@ -378,27 +439,45 @@ class OffloadStore:
                         sources.append(src)
                         pending.append(await self.backend.offload(layout, src))
                 clock.lap("issue")
-                if not fast:  # the fast path recorded it while adopting
-                    record_released(ordered)  # per-tensor bookkeeping while the copies run
+                park(ordered, flats if fast else {}, parked)  # per-tensor work while the copies run
                 release_plan = prepare_release(ordered, drop_grads)
                 self._counters["copies"] = describe_copies(sources)  # before the wait, not after the copies
                 clock.lap("record")
                 await rt.point("store.offload.wait")
                 self._counters["last_early_releases"] = 0
                 if self.backend.early_release:
-                    self._counters["last_early_releases"] = await release_as_copied(rt, sources)
+                    self._counters["last_early_releases"] = await release_as_copied(rt, sources, early)
                 while pending:
                     await pending.pop(0)
                 clock.lap("wait")
+                await rt.point("store.offload.release")  # the last point where a failure rolls back
             except BaseException:
                 await _drain([*pending, *(f for _, f in speculative.values())])
+                if early:
+                    await self._restore_released_early(early)
+                unpark(parked)
                 if stream is not None and not streamed:
                     await stream.abort()  # nothing released yet: drop the partial host buffers
                 await staging.close()
                 self._unadopt(cats)
+                # the traceback keeps this frame: drop every view of the state made here, so the next
+                # offload's count of the tensors viewing a storage sees none of ours
+                for lay in [*plan.values(), *(stream.layouts() if stream is not None else ())]:
+                    for e in lay.entries:
+                        e.base = None
+                flats.clear(), sources.clear(), speculative.clear(), early.clear()
+                flat = src = release_plan = parked = None  # noqa: F841
                 raise
             await staging.close()
-            await rt.point("store.offload.release")
+            strays = {} if fast else report.stray_views
+            if strays:  # nothing can fail from here on; the store's own views are not strays
+                ours = {id(t) for t in flats.values()} | {id(t) for t in release_plan.flat_bases.values()}
+                ours |= {id(e.base) for lay in ordered for e in lay.entries if e.base is not None}
+            for sid, known in strays.items():
+                found = park_strays(sid, known | ours)
+                logger.warning("views of an attached tensor kept across the offload (%s) are parked: they read "
+                               "NaN/0 and do not come back on reload; take views after reload() instead",
+                               "; ".join(found[:3]) or "none reachable from Python")
             moved = release_layouts(self.rt, ordered, drop_grads, release_plan)
             for key in [k for k in self._layouts if k.category in cats]:
                 del self._layouts[key]
@@ -428,8 +507,11 @@ class OffloadStore:
         return [lay for lay in self._layouts.values()
                 if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
 
-    def _resident_flat(self, layout: FlatLayout) -> torch.Tensor | None:
-        """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor."""
+    def _resident_flat(self, layout: FlatLayout, viewers: dict[int, tuple[int, int]]) -> torch.Tensor | None:
+        """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor.
+
+        Records in ``viewers`` how many tensor objects view the buffer before the store adds its own.
+        """
         for e in layout.entries:
             for r in e.refs:
                 t = r.live()
@@ -437,8 +519,24 @@ class OffloadStore:
                     continue
                 st = t.untyped_storage()
                 if st._cdata == layout.flat_storage and st.nbytes() == layout.nbytes:
+                    if storage_use_count is not None:
+                        viewers[st._cdata] = (storage_use_count(st._cdata) - 1, own_view_mark())  # minus st
                     return storage_view(st, layout.dtype, t.device, layout.numel)
         return None
+
+    async def _restore_released_early(self, early: list) -> None:
+        """After a failed offload: give storages released early their bytes back from the host copies."""
+        for layout, entry, storage, nbytes in early:
+            host = self.backend.host_view(layout, entry.offset, entry.offset + entry.numel)
+            if host is None:
+                logger.error("cannot restore %s after a failed offload: the backend holds no host copy of it",
+                             entry.name)
+                continue
+            storage.resize_(nbytes)
+            device = storage_view(storage, layout.dtype, self.rt.device, entry.numel)
+            await self.rt.copy_async(device, host, CopyKind.H2D)
+        logger.warning("offload failed after %d storage(s) were released early; their bytes were copied back",
+                       len(early))
 
     def _plan(self, groups: list[StorageGroup], cats: frozenset[Category]) -> dict[LayoutKey, FlatLayout]:
         """Layouts for the collected storages: unchanged resident layouts are reused as they are."""
@@ -458,15 +556,40 @@ class OffloadStore:
         """Allocate one flat device buffer per offloaded layout, fill it, re-point every tensor into it.
 
         Raises :class:`TensorChangedError` (state stays offloaded, nothing
-        lost) if a registered tensor was resized or re-pointed meanwhile.
+        lost) if a registered tensor was re-assigned or re-pointed meanwhile;
+        :meth:`recover` then brings every byte back. Any other failure (a
+        backend's collective, a copy) leaves the state offloaded too; call
+        reload again (on every rank, for a backend with collectives).
         """
+        with self._exclusive("reload"):
+            await self._reload(include, force=False)
+
+    def recover(self, include: Iterable[Category | str] | Category | str | None = None) -> list[str]:
+        """Reload whatever a registered tensor was changed to meanwhile: every offloaded byte comes back.
+
+        The way out of a :class:`TensorChangedError`: each registered tensor is
+        re-pointed into the reloaded flat buffer with the geometry and dtype it
+        had when offloaded, overwriting the change (a log warning names the
+        tensors). Returns the names of the tensors whose change was
+        overwritten. Like :meth:`reload`, a collective operation for backends
+        with collectives (call it on every rank).
+        """
+        return self.rt.run(self.recover_async(include))
+
+    async def recover_async(self, include: Iterable[Category | str] | Category | str | None = None) -> list[str]:
+        """Async :meth:`recover`."""
+        with self._exclusive("recover"):
+            return await self._reload(include, force=True)
+
+    async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool) -> list[str]:
         cats = Category.select(include)
         todo = sorted((lay for lay in self._layouts.values()
                        if lay.state is LayoutState.OFFLOADED and lay.category in cats), key=_sort_key)
         if not todo:
             self._offloaded -= cats
-            return
+            return []
         rt = self.rt
+        overwritten: list[str] = []
         with rt.span("reload"), gc_paused():
             await rt.point("store.reload.begin")
             t0 = rt.now()
@@ -476,19 +599,24 @@ class OffloadStore:
             clock = PhaseClock(rt, "reload")
             try:
                 for layout in todo:
-                    flat = rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}")
+                    flat = own_view(rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
                     flats.append(flat)
                     if layout.dropped:
                         flat.zero_()
                     else:
                         pending.append(await self.backend.reload(layout, flat))
                 clock.lap("issue")
-                problems = changed_tensors(todo)
+                problems = force_repoint_prepare(todo) if force else changed_tensors(todo)
                 clock.lap("validate")
-                if problems:
+                if problems and force:
+                    overwritten = problems
+                    logger.warning("recover(): %d registered tensor(s) changed while offloaded get their offloaded "
+                                   "bytes back, overwriting the change: %s", len(problems), "; ".join(problems[:5]))
+                elif problems:
                     raise TensorChangedError(
                         f"{len(problems)} registered tensor(s) changed while offloaded: " + "; ".join(problems[:5])
-                        + ". The offloaded copy is kept; undo the change (or re-create the store) and reload again"
+                        + ". The offloaded copy is kept (store.host_tensors() reads it); store.recover() reloads "
+                        "it into every registered tensor, overwriting the change"
                     )
                 repointed = True
                 repoint(todo, flats)  # while the copies run
@@ -518,6 +646,7 @@ class OffloadStore:
             c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("reload.")} | clock.laps
             logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats), len(todo),
                         moved / 1e9, c["last_reload_s"])
+            return overwritten
 
 
 def _recorded(items: Iterator[Item], into: list) -> Iterator[Item]:

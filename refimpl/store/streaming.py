@@ -109,6 +109,10 @@ class StreamingPlan:
             entry.kind = g.kind  # an explicit kind may have arrived after the storage was placed
         return {key: st.layout for key, st in self.open.items()}
 
+    def layouts(self) -> list[FlatLayout]:
+        """Every layout started so far (complete or not)."""
+        return [st.layout for st in self.open.values()]
+
     def completions(self, key: LayoutKey) -> list[Completion]:
         """The copies issued for a layout."""
         return self.open[key].completions

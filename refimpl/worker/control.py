@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from refimpl.runtime.base import Runtime
@@ -67,6 +68,13 @@ class WorkerStateControl:
         self.include = tuple(include) if include is not None else None
         self.drop_grads = drop_grads
         self.metrics: dict[str, float] = {}
+        self._users = 0  # calls inside state_offload_manager now (nested or from several threads)
+        self._users_lock = threading.Condition()
+
+    @property
+    def users(self) -> int:
+        """Calls running inside :func:`state_offload_manager` now (only the outermost one moves state)."""
+        return self._users
 
     @property
     def offloaded(self) -> bool:
@@ -121,26 +129,40 @@ def state_offload_manager(control: WorkerStateControl, metrics: dict[str, float]
                           metric_infix: str = "", is_offload_states: bool = True) -> Iterator[None]:
     """Reload the worker's state, run the body, then offload it unless told not to.
 
-    Records into ``metrics`` (``time/onload{infix}``, ``time/execute{infix}``,
-    ``time/offload{infix}`` in seconds, and driver memory after each phase). If the
-    body raises, the state is still offloaded (when asked) and the error propagates:
-    nothing is left half-moved.
+    Re-entrant and reference-counted: a call made inside another one (one
+    decorated method calling another, or a second thread while the first is
+    inside) neither reloads nor offloads; only the first call in reloads and
+    only the last call out offloads (if that call asks to). Records into
+    ``metrics`` (``time/onload{infix}``, ``time/execute{infix}``,
+    ``time/offload{infix}`` in seconds, and driver memory after each phase) for
+    the calls that moved state. If the body raises, the state is still
+    offloaded (when asked) and the error propagates: nothing is left half-moved.
     """
     rt = control.rt
     m = metrics if metrics is not None else control.metrics
     sfx = f"/{metric_infix}" if metric_infix else ""
+    cond = control._users_lock
     t0 = rt.now()
-    control.reload_states()
+    with cond:  # the first caller reloads while later ones wait here, so nobody runs on offloaded state
+        outermost = control._users == 0
+        if outermost:
+            control.reload_states()
+        control._users += 1
     t1 = rt.now()
-    m[f"time/onload{sfx}"] = t1 - t0
-    m.update(memory_metrics(rt, f"memory/after_onload{sfx}"))
+    if outermost:
+        m[f"time/onload{sfx}"] = t1 - t0
+        m.update(memory_metrics(rt, f"memory/after_onload{sfx}"))
     try:
         yield
     finally:
         t2 = rt.now()
         m[f"time/execute{sfx}"] = t2 - t1
-        if is_offload_states:
-            control.offload_states()
+        with cond:
+            control._users -= 1
+            last = control._users == 0
+            if last and is_offload_states:
+                control.offload_states()
+        if last and is_offload_states:
             m[f"time/offload{sfx}"] = rt.now() - t2
             m.update(memory_metrics(rt, f"memory/after_offload{sfx}"))
 
@@ -151,7 +173,8 @@ def auto_offload(method: F) -> F:
     The state is reloaded before the call and offloaded after it, unless the call
     carries ``meta_info["is_offload_states"] = False`` (as a ``meta_info=`` keyword
     or as the ``meta_info`` attribute of an argument, e.g. a batch). Timings go to
-    ``self.state.metrics`` under the method's name.
+    ``self.state.metrics`` under the method's name. Re-entrant: a decorated
+    method calling another moves state only around the outer call.
     """
 
     @functools.wraps(method)

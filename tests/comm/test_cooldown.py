@@ -4,11 +4,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import sim
 from refimpl.comm.cooldown import PortCooldown
+from tests._hypothesis import BUDGET
 
 
 def test_wait_sleeps_only_for_the_remainder_on_the_runtime_clock():
@@ -32,7 +33,7 @@ def test_wait_sleeps_only_for_the_remainder_on_the_runtime_clock():
     assert total == pytest.approx(1.5) and waits == 1
 
 
-@settings(max_examples=60, deadline=None)
+@BUDGET.settings(60)
 @given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 30)), min_size=1, max_size=20))
 def test_the_deadline_only_grows(events):
     c = PortCooldown(2.0)

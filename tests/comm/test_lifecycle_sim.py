@@ -215,17 +215,46 @@ def test_too_little_memory_to_resume_fails_every_rank_before_any_barrier():
     assert all(r == ("PeerFailedError", PGState.FAILED) for r in results[1:])
 
 
-def test_the_lifecycle_runs_in_a_meta_payload_world():
-    # the control group's agreement values are real host tensors; the simulator combines them even
-    # when the model's payloads are meta tensors, so a 1,024-rank meta run can use the lifecycle
-    world = sim.SimWorld(3, payload="meta")
+PAUSED = {"PAUSED_LIVE": PGState.PAUSED_LIVE, "SUSPEND": PGState.SUSPENDED,
+          "DESTROY_DEFERRED": PGState.DESTROYED, "DESTROY": PGState.DESTROYED}
+
+
+@pytest.mark.parametrize("policy", sorted(PAUSED))
+def test_the_lifecycle_runs_in_a_meta_payload_world(policy):
+    """Whole cycles, not only start(): the control group's agreement values are real host tensors and the
+    canary falls back to a host scalar, so the simulator combines them even when the model's payloads are
+    meta tensors (a 1,024-rank meta run can use the lifecycle). Communicator memory follows the policy."""
+    world = sim.SimWorld(4, payload="meta")
 
     async def job(rt):
-        lc = PGLifecycle(rt, [GroupSpec("g", (0, 1, 2))])
+        lc = PGLifecycle(rt, mesh(), config=config(policy, two_phase=False, cooldown_s=2.0))
         await lc.start()
-        return lc.state
+        mine = sum(rt.is_member(g) for g in lc.groups)
+        used = [rt.memory_info().used]
+        states = []
+        for _ in range(2):
+            states.append(await lc.pause())
+            used.append(rt.memory_info().used)
+            await lc.weight_sync(lambda: None)
+            await rt.sleep(30.0)
+            states.append(await lc.resume())
+            used.append(rt.memory_info().used)
+        return mine, states, used, lc.history, lc.stats
 
-    assert world.run(job) == [PGState.ACTIVE] * 3
+    results = world.run(job)
+    assert len({tuple((a, e, b) for _, a, e, b in r[3]) for r in results}) == 1, "every rank took the same transitions"
+    for mine, states, used, _history, stats in results:
+        assert states == [PAUSED[policy], PGState.ACTIVE] * 2
+        assert used[2] == used[4] == used[0], "communicator memory comes back exactly"
+        paused_frees = {"PAUSED_LIVE": 0, "SUSPEND": SUSPENDABLE, "DESTROY_DEFERRED": SUSPENDABLE + PERSISTENT,
+                        "DESTROY": SUSPENDABLE + PERSISTENT}[policy]
+        assert used[0] - used[1] == used[0] - used[3] == mine * paused_frees
+        if policy in ("PAUSED_LIVE", "SUSPEND"):
+            # PAUSED_LIVE: one canary after each pause; SUSPEND: one after each resume (weight sync, resume)
+            assert stats.canaries == {"PAUSED_LIVE": 2, "SUSPEND": 4}[policy] and stats.canary_failures == 0
+        else:
+            # each cycle destroys and rebuilds every role group twice (for the weight sync, then at resume)
+            assert stats.rebuilds == stats.destroys == 2 * 2 * len(mesh())
 
 
 def test_a_group_failing_mid_walk_fails_every_rank_within_the_creation_timeout():

@@ -1,12 +1,13 @@
 """Max-min fair bandwidth sharing: shares match the model, recomputed whenever a copy starts or ends."""
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.runtime.base import CopyKind
 from sim.engine import Engine
 from sim.flows import FlowError, FlowNetwork, FlowTransport, max_min_rates
 from sim.topology import Topology
+from tests._hypothesis import BUDGET
 
 LAT = 3.6e-6  # per-copy latency of the presets (derived from GPU.md)
 
@@ -116,7 +117,7 @@ paths = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True
 caps = st.lists(st.floats(1.0, 100.0), min_size=5, max_size=5)
 
 
-@settings(max_examples=150, deadline=None)
+@BUDGET.settings(150)
 @given(paths, caps)
 def test_max_min_rates_are_feasible_and_every_flow_has_a_saturated_bottleneck(ps, cs):
     capacity = dict(enumerate(cs))

@@ -67,7 +67,7 @@ def test_the_paused_window_holds_the_live_groups_memory(runs):
         assert opt - base == 14 * COMM
 
 
-def test_a_corrupted_canary_makes_the_optimized_arm_fall_back_and_still_finish():
+def test_a_corrupted_canary_makes_the_optimized_arm_fall_back_and_still_finish(runs):
     raw = json.loads(scenario_path("relax_4xa6000_qwen3_4b").read_text())
     raw["faults"] = [{"kind": "canary_corruption", "ranks": [3], "at_point": "lifecycle.canary*", "nth": 1}]
     raw["steps"] = 3
@@ -82,5 +82,8 @@ def test_a_corrupted_canary_makes_the_optimized_arm_fall_back_and_still_finish()
     assert steps[1]["update_weights"] > 2.17 + 2.0
     # step 2: preservation is off for the life of the process: sleep destroys the groups again
     # (deferred cooldown, so no 2 s wait, but the 14 destroys cost what they cost in the baseline)
-    assert steps[2]["sleep"] == pytest.approx(3.318, abs=0.01)
+    # so it is the baseline's sleep (same destroys) without the baseline's inline 2 s port wait (report section
+    # 4.3: Relax's baseline sleeps 2 s after destroying the groups); derived from the other arm, not fitted
+    baseline_sleep = runs["baseline"]["ranks"][0]["phases_by_step"][2]["sleep"]
+    assert steps[2]["sleep"] == pytest.approx(baseline_sleep - 2.0, abs=0.05)
     assert steps[2]["sleep"] > steps[1]["sleep"] + 0.8

@@ -11,6 +11,10 @@ from sim.runner import run_scenario
 from sim.scenario import parse_scenario
 
 PER_RANK = 68359000 * (2 + 2 + 4 + 4 + 4)  # bytes of the five contiguous buffers
+# the H200's pinned D2H line rate measured in /work/shared/GPU.md (1-4 GiB copies: 55.2 GB/s); on an HGX node
+# two GPUs share one PCIe switch uplink to the host, so each gets half when both offload at once
+MEASURED_D2H = 55.2e9
+SHARED_UPLINK = MEASURED_D2H / 2
 
 
 def _scale(**changes):
@@ -24,8 +28,8 @@ def test_store_cycle_of_1024_ranks_with_meta_payloads():
     d = result.to_dict()
     assert result.ok, result.violations[:3]
     assert len(d["ranks"]) == 1024 and {r["status"] for r in d["ranks"]} == {"finished"}
-    # every GPU pair shares a switch uplink: 1.09 GB per rank at 27.6 GB/s, on every one of the 128 nodes
-    assert d["phases"]["sleep"]["min"] == pytest.approx(PER_RANK / 27.6e9, rel=0.01)
+    # every GPU pair shares a switch uplink: 1.09 GB per rank at half the measured line, on every one of the 128 nodes
+    assert d["phases"]["sleep"]["min"] == pytest.approx(PER_RANK / SHARED_UPLINK, rel=0.02)
     assert d["phases"]["sleep"]["max"] == pytest.approx(d["phases"]["sleep"]["min"], rel=1e-6)
     assert all(r["peak_host_pinned_bytes"] >= PER_RANK for r in d["ranks"])
     assert d["host_memory"]["n127/numa1"]["pinned_peak_bytes"] >= 4 * PER_RANK
@@ -39,5 +43,5 @@ def test_the_shipped_scale_scenario_keeps_1024_ranks_groups_live_through_the_pau
     assert all(r["lifecycle_stats"]["canaries"] == 1 and r["lifecycle_stats"]["destroys"] == 0 for r in d["ranks"])
     # live communicators (world, tp, dp: 3 x 388 MiB) stay on the GPU through the rollout
     assert all(r["phase_peak_device_bytes"]["rollout"] >= 0.6 * 141e9 + 3 * (388 << 20) for r in d["ranks"])
-    copy = PER_RANK / 27.6e9  # the offload, plus the lifecycle's agreement and canary (microseconds)
-    assert copy <= d["phases"]["sleep"]["min"] <= d["phases"]["sleep"]["max"] < copy + 2e-3
+    copy = PER_RANK / SHARED_UPLINK  # the offload, plus the lifecycle's agreement and canary (microseconds)
+    assert 0.98 * copy <= d["phases"]["sleep"]["min"] <= d["phases"]["sleep"]["max"] < 1.02 * copy + 2e-3

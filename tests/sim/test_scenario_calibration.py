@@ -7,6 +7,7 @@ after the offload freed the state, so it waited for the driver's scrub), run 8
 paused 0.25 s between offload and reload. The shapes come from
 ``sim.presets.bench_shapes``, the same ones the benchmark moved.
 """
+import functools
 import json
 from pathlib import Path
 
@@ -19,11 +20,17 @@ from sim.topology import Topology
 RUNS = {n: RESULTS_DIR / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 8)}
 
 
+@functools.lru_cache(maxsize=None)
+def _compared(run):
+    """``compare()`` of a recorded run, simulated once per test session."""
+    path = RUNS[run]
+    assert path.is_file(), f"the recorded H200 measurement {path} is missing"
+    return compare(json.loads(path.read_text()))
+
+
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def run_rows(request):
-    path = RUNS[request.param]
-    assert path.is_file(), f"the recorded H200 measurement {path} is missing"
-    return request.param, compare(json.loads(path.read_text()))
+    return request.param, _compared(request.param)
 
 
 def test_predictions_match_the_recorded_h200_measurements_within_5_percent(run_rows):
@@ -34,21 +41,32 @@ def test_predictions_match_the_recorded_h200_measurements_within_5_percent(run_r
     assert not bad, f"predictions more than 5% off run {run}: {bad}"
 
 
-def test_prediction_is_segment_copies_at_the_measured_line_rate_plus_scrub_wait_plus_host_time(run_rows):
+def test_prediction_parts_are_physical_and_count_the_measured_copies(run_rows):
+    """Checked against the measurement and physics, not against the prediction's own formula: the copy count
+    is the one the H200 run counted; no copy phase beats the line rate measured on that machine in that run;
+    host time is positive and small next to the copies."""
     run, rows = run_rows
-    lat = Topology.from_preset("h200-1x").copy.latency_s
     for r in rows:
-        # one copy per 256 MiB host segment in steady state, as the H200 run counted
-        assert r["copies"] == r["measured_copies"]
-        assert r["copy_s"] == pytest.approx(r["state_bytes"] / (r["line_gbps"] * 1e9) + r["copies"] * lat
-                                            + r["scrub_wait_s"], rel=1e-6)
-        host = host_overheads("h200-1x", r["tensors"], r["state_bytes"])[f"{r['phase']}_host_s"]
-        assert r["predicted_s"] == pytest.approx(r["copy_s"] + host, rel=1e-9)
+        assert r["copies"] == r["measured_copies"]  # one copy per 256 MiB host segment in steady state
+        assert r["copy_s"] >= r["state_bytes"] / (r["line_gbps"] * 1e9), r
+        assert 0 < r["predicted_s"] - r["copy_s"] < 0.1 * r["predicted_s"], r
         if r["phase"] == "reload":  # back to back the reload waits for the scrub; after run 8's gap it does not
             assert (r["scrub_wait_s"] > 0.01) == (run == 6), r
             assert r["phase_gap_s"] == (0.0 if run == 6 else 0.25)
     moe = [r for r in rows if r["shape"] == "moe-1of8"]
     assert moe and all(r["tensors"] >= 20_000 for r in moe)
+
+
+def test_the_scrub_wait_predicts_the_measured_slowdown_of_a_back_to_back_reload():
+    """Runs 6 (back to back) and 8 (0.25 s gap) moved the same shapes: the measured reload is slower in run 6
+    by the driver's scrub; the predicted difference has the same sign and is within a factor of two of it."""
+    rows = {n: {(r["shape"], r["phase"]): r for r in _compared(n)} for n in RUNS}
+    for shape in ("dense-7b-1of8", "moe-1of8"):
+        b2b, gap = rows[6][(shape, "reload")], rows[8][(shape, "reload")]
+        measured = b2b["measured_s"] / b2b["state_bytes"] - gap["measured_s"] / gap["state_bytes"]
+        predicted = b2b["predicted_s"] / b2b["state_bytes"] - gap["predicted_s"] / gap["state_bytes"]
+        assert measured > 0 and predicted > 0, (shape, measured, predicted)
+        assert 0.5 < predicted / measured < 2.0, (shape, measured, predicted)
 
 
 def test_latest_report_finds_the_run_directory_report():

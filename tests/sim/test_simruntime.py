@@ -82,6 +82,23 @@ def test_copy_lands_only_when_awaited_and_takes_transport_time():
     assert t1 == pytest.approx(4000 / 1e9) and t2 == pytest.approx(8000 / 1e9)
 
 
+@pytest.mark.parametrize("released", ["source", "destination"])
+def test_a_buffer_released_before_its_copy_completes_fails_the_copy_clearly(released):
+    """Releasing a copy's buffer while the copy is in flight is a use-after-free on a GPU; here the copy
+    fails with a SimUsageError naming the side (torch itself would read freed storage and may crash)."""
+    async def fn(rt):
+        src = rt.alloc_device(1000, torch.float32)
+        dst = rt.alloc_host(1000, torch.float32)
+        copy = rt.copy_async(dst, src, CopyKind.D2H)
+        rt.release(src) if released == "source" else dst.untyped_storage().resize_(0)
+        await copy
+
+    with pytest.raises(sim.RankFailedError) as info:
+        sim.run_ranks(1, fn)
+    assert isinstance(info.value.__cause__, sim.SimUsageError)
+    assert f"copy's {released} was released or resized before the copy completed" in str(info.value)
+
+
 @pytest.mark.parametrize("n", [2, 5, 16])
 def test_all_gather_all_reduce_broadcast_values(n):
     async def fn(rt):

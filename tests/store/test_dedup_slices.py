@@ -3,15 +3,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.store.dedup import DEBUG_ENV, DedupConfig, SlicePlan
 from refimpl.store.replica import ReplicaGroup
 from refimpl.store.replica_sync import content_digest, shape_fingerprint
+from tests._hypothesis import BUDGET
 
 
-@settings(max_examples=200, deadline=None)
+@BUDGET.settings(200)
 @given(numel=st.integers(0, 10_000), n=st.integers(1, 16), itemsize=st.sampled_from([1, 2, 4, 8]),
        align=st.sampled_from([1, 16, 64, 256]))
 def test_slices_partition_the_layout_and_are_balanced(numel, n, itemsize, align):

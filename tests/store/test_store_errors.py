@@ -15,6 +15,7 @@ from refimpl.store import (
     UnsupportedTensorError,
     WrongDeviceError,
 )
+from refimpl.store.parking import is_parked
 
 
 def _store(**tensors):
@@ -24,7 +25,7 @@ def _store(**tensors):
 
 
 def _untouched(tensors, want):
-    return all(t.untyped_storage().nbytes() > 0 and torch.equal(t, w) for t, w in zip(tensors, want))
+    return all(not is_parked(t) and torch.equal(t, w) for t, w in zip(tensors, want))
 
 
 def test_two_dtypes_viewing_one_storage_are_refused_never_cast():
@@ -92,16 +93,17 @@ def test_tensor_resized_while_offloaded_is_refused_and_the_copy_kept():
     b = torch.full((3,), 7.0)
     store = _store(a=a, b=b)
     store.offload()
-    a.resize_(8)  # grows the released storage under the store's feet
-    with pytest.raises(TensorChangedError, match=r"t\.a"):
+    with pytest.raises(RuntimeError, match="not resizable"):
+        a.resize_(8)  # the parked tensor's placeholder storage cannot grow under the store's feet
+    a.set_(torch.zeros(8))  # re-pointed elsewhere instead
+    with pytest.raises(TensorChangedError, match=r"t\.a.*recover\(\)"):
         store.reload()
     assert store.is_offloaded(Category.PARAMS)
-    assert b.untyped_storage().nbytes() == 0, "the other tensor was not touched either"
+    assert is_parked(b), "the other tensor was not touched either"
     assert torch.equal(store.host_tensors()["t.a"], torch.arange(16.0).reshape(4, 4)), "nothing lost"
-    a.resize_(4, 4)  # undo
-    a.untyped_storage().resize_(0)
-    store.reload()
+    assert store.recover() == ["t.a now has other storage (32 bytes; was it re-assigned?)"]
     assert torch.equal(a, torch.arange(16.0).reshape(4, 4)) and torch.equal(b, torch.full((3,), 7.0))
+    assert not store.is_offloaded(Category.PARAMS)
 
 
 def test_tensor_reassigned_while_offloaded_is_refused():

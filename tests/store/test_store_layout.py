@@ -1,17 +1,18 @@
 """Flat layouts: aligned offsets, host segments cut at storage boundaries, and config validation."""
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.store import Category, FlatLayout, LayoutKey, StorageEntry, StoreConfig
+from tests._hypothesis import BUDGET
 
 
 def _entries(sizes, dtype=torch.float32):
     return [StorageEntry(Category.PARAMS, "param", dtype, n, [], None) for n in sizes]
 
 
-@settings(max_examples=60, deadline=None)
+@BUDGET.settings(60)
 @given(
     sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=40),
     align=st.sampled_from([16, 64, 512]),

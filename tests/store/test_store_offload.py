@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from refimpl.runtime import CopyKind, TorchRuntime
 from refimpl.store import Category, LayoutState, OffloadStore, StoreConfig
+from refimpl.store.parking import is_parked
 
 VOCAB, DIM = 37, 16
 
@@ -75,7 +76,7 @@ def _released(model, opt):
     ts = list(model.parameters()) + list(model.buffers())
     ts += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     ts += [p.grad for p in model.parameters() if p.grad is not None]
-    return all(t.untyped_storage().nbytes() == 0 for t in ts)
+    return all(is_parked(t) for t in ts)
 
 
 @pytest.mark.parametrize("set_to_none", [True, False], ids=["grads_none", "grads_zeroed"])
@@ -133,8 +134,8 @@ def test_first_offload_packs_small_storages_later_ones_copy_one_flat_buffer():
             t.mul_(2)  # training changes values in place
         store.offload()
         assert store.stats().copies == {"flat": 1, "direct": 0, "packed": 0}, "one copy of the flat buffer"
-        assert store.stats().last_early_releases == 0 and tensors["e0"].untyped_storage().nbytes() == 0
-        assert all(t.untyped_storage().nbytes() == 0 for t in tensors.values()), "every view released"
+        assert store.stats().last_early_releases == 0 and is_parked(tensors["e0"])
+        assert all(is_parked(t) for t in tensors.values()), "every view released"
         assert releases == [1], "the flat buffer is released once, not once per entry"
         releases.clear()
         store.reload()
@@ -193,7 +194,7 @@ def test_a_new_tensor_joins_an_unchanged_resident_layout():
     store.reload()
     tensors["c"] = torch.full((5,), 3.0)  # a new, separate storage
     store.offload()
-    assert tensors["c"].untyped_storage().nbytes() == 0, "the newcomer was offloaded too"
+    assert is_parked(tensors["c"]), "the newcomer was offloaded too"
     store.reload()
     assert torch.equal(tensors["c"], torch.full((5,), 3.0)) and torch.equal(tensors["a"], torch.arange(16.0))
     assert len({t.untyped_storage()._cdata for t in tensors.values()}) == 1, "one flat buffer for the layout"
@@ -271,7 +272,7 @@ def test_drop_grads_copies_no_gradient_bytes_and_reloads_zeros():
     before = rt.copy_stats.bytes[CopyKind.D2H]
     store.offload(drop_grads=True)
     assert rt.copy_stats.bytes[CopyKind.D2H] - before == param_bytes, "only parameter bytes left the device"
-    assert all(g.untyped_storage().nbytes() == 0 for g in grads), "gradient memory released anyway"
+    assert all(is_parked(g) for g in grads), "gradient memory released anyway"
     store.reload()
     assert [p.grad for p in model.parameters()] == grads, "same gradient objects"
     assert all(torch.count_nonzero(g) == 0 for g in grads)
@@ -291,16 +292,16 @@ def test_selective_include_offload_twice_and_reload_of_nothing_are_no_ops():
     assert rt.copy_stats.host_copies == 0
     store.offload(include=["optimizer"])
     assert store.is_offloaded("optimizer") and not store.is_offloaded(Category.PARAMS)
-    assert model.weight.untyped_storage().nbytes() > 0
-    assert all(v.untyped_storage().nbytes() == 0 for v in opt.state[model.weight].values())
+    assert not is_parked(model.weight)
+    assert all(is_parked(v) for v in opt.state[model.weight].values())
     n = rt.copy_stats.host_copies
     store.offload(include="optimizer")  # twice = once
     store.reload(include=[Category.PARAMS])  # params were never offloaded
     assert rt.copy_stats.host_copies == n
     store.offload()  # the rest
-    assert model.weight.untyped_storage().nbytes() == 0 and store.is_offloaded("grads")
+    assert is_parked(model.weight) and store.is_offloaded("grads")
     store.reload(include=["params"])
-    assert model.weight.untyped_storage().nbytes() > 0 and store.is_offloaded("optimizer")
+    assert not is_parked(model.weight) and store.is_offloaded("optimizer")
     store.reload()
     assert not any(store.is_offloaded(c) for c in Category)
     assert all(lay.state is LayoutState.ON_DEVICE for lay in store.layouts.values())
@@ -353,7 +354,7 @@ def test_background_pin_ahead_pins_at_attach_so_the_first_offload_pins_nothing()
     state_bytes = sum(t.nbytes for t in want.values())
     pinned = store.stats()
     assert state_bytes <= pinned.host_pinned_bytes <= 1.01 * state_bytes + 2 * 512 * 60, "exact-size host buffers"
-    assert all(t.untyped_storage().nbytes() > 0 for t in params.values()), "attaching moved nothing"
+    assert all(not is_parked(t) for t in params.values()), "attaching moved nothing"
     store.offload()
     after = store.stats()
     assert after.registrations == pinned.registrations, "the first offload pinned nothing more"
@@ -375,7 +376,7 @@ def test_pin_ahead_pins_exactly_what_the_first_offload_uses():
     reserved = store.pin_ahead(wait=True)
     pinned = store.stats()
     assert pinned.host_pinned_bytes == reserved == rt.pinned_bytes and pinned.registrations > 1
-    assert all(t.untyped_storage().nbytes() > 0 for t in tensors.values()), "nothing moved"
+    assert all(not is_parked(t) for t in tensors.values()), "nothing moved"
     store.offload()
     after = store.stats()
     assert after.registrations == pinned.registrations, "the first offload pinned nothing more"

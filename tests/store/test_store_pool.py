@@ -13,6 +13,7 @@ import sim
 from refimpl.runtime import PinningError, TorchRuntime
 from refimpl.store import Category, OffloadStore, PageableFallbackWarning, PinnedHostPool, StoreConfig
 from sim.faults import Fault, FaultPlan, FaultType
+from refimpl.store.parking import is_parked
 
 
 def _tensors(n=6, seed=0):
@@ -56,6 +57,9 @@ def test_pool_reuses_same_shape_and_repins_a_changed_one():
     assert b is not a and pool.stats().registrations == 3
     assert pool.host_pinned_bytes == rt.pinned_bytes == 480, "the old buffer was unpinned"
     assert b.view(10, 20).numel() == 10
+    c = pool.acquire("k", torch.float32, [130])  # as many segments as before, another size: pinned anew
+    assert c is not b and c.segment_numels == (130,) and pool.stats().registrations == 4
+    assert pool.host_pinned_bytes == rt.pinned_bytes == 520
     with pytest.raises(ValueError, match="spans segments"):
         a.view(90, 110)
     pool.close()
@@ -88,7 +92,7 @@ def _sim_roundtrip(fallback, fault_min_bytes):
             await store.offload_async()
         except PinningError as e:
             outcome = e
-        on_device = all(t.untyped_storage().nbytes() > 0 for t in tensors.values())
+        on_device = all(not is_parked(t) for t in tensors.values())
         intact = on_device and all(torch.equal(tensors[k], want[k]) for k in want)
         if outcome is None:
             await store.reload_async()

@@ -1,0 +1,63 @@
+"""The planted-bug list stays applicable, and a fast subset of it is caught on every CI run.
+
+The full check (every break, its selection) is ``python -m tests.planted``; its report is recorded
+under ``bench/results/``. Here: every snippet is found exactly once where its break says (a refactor
+that moves the code fails this test, naming the break to re-point), the runner refuses the working
+tree, and the breaks marked ``ci=True`` are applied to a temporary copy and must make their
+selection fail.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.planted import BREAKS, REPO, Break, BreakDriftError, apply_break, copy_repo, revert_break, run_selection
+
+
+def test_there_are_at_least_fifteen_named_breaks_with_selections():
+    names = [b.name for b in BREAKS]
+    assert len(names) >= 15 and len(set(names)) == len(names)
+    for b in BREAKS:
+        assert b.tests and b.what and b.snippet != b.replacement, b.name
+        for sel in (*b.tests, *b.ci_tests):
+            assert (REPO / sel.split("::")[0]).is_file(), f"{b.name}: selection {sel} does not exist"
+
+
+@pytest.mark.parametrize("brk", BREAKS, ids=[b.name for b in BREAKS])
+def test_every_break_still_applies(brk):
+    brk.locate()  # raises BreakDriftError naming the break when the snippet is gone or ambiguous
+
+
+def test_a_snippet_found_twice_or_never_is_drift_not_a_skip(tmp_path):
+    (tmp_path / "m.py").write_text("x = 1\nx = 1\n")
+    with pytest.raises(BreakDriftError, match="found 2 times"):
+        Break("twice", "m.py", "x = 1", "x = 2", ("t",), "w").locate(tmp_path)
+    with pytest.raises(BreakDriftError, match="found 0 times"):
+        Break("never", "m.py", "y = 1", "y = 2", ("t",), "w").locate(tmp_path)
+    with pytest.raises(BreakDriftError, match="does not exist"):
+        Break("gone", "n.py", "y", "z", ("t",), "w").locate(tmp_path)
+
+
+def test_breaks_are_never_applied_to_the_working_tree():
+    with pytest.raises(ValueError, match="copy"):
+        apply_break(BREAKS[0], REPO)
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory) -> Path:
+    return copy_repo(tmp_path_factory.mktemp("planted"))
+
+
+CI_BREAKS = [b for b in BREAKS if b.ci]
+
+
+@pytest.mark.parametrize("brk", CI_BREAKS, ids=[b.name for b in CI_BREAKS])
+def test_ci_breaks_are_caught(brk, repo_copy):
+    original = apply_break(brk, repo_copy)
+    try:
+        status, failed, tail = run_selection(repo_copy, brk.ci_tests, timeout_s=300, maxfail=1)
+    finally:
+        revert_break(brk, repo_copy, original)
+    assert (repo_copy / brk.path).read_text() == original
+    assert status == "failed" and failed, f"{brk.name} ({brk.what}) was not caught by {brk.ci_tests}:\n{tail}"
