@@ -12,6 +12,10 @@ deferred cooldown can hide. Policies:
 * ``DESTROY_DEFERRED``: the same with the wait deferred to the next rebuild;
 * ``PAUSED_LIVE``: groups kept live (NCCL memory stays held in the rollout);
 * ``SUSPEND``: groups kept, NCCL memory released (ncclCommSuspend/Resume).
+* ``SUSPEND_PLANNED``: one agreed plan per group (keep / suspend / destroy),
+  each group taken down once per step and brought back once at wake
+  (:mod:`refimpl.comm.group_plan`); no sync groups are declared here, so all
+  stay up through the weight sync, as in the GPU benchmark.
 
 On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
 Megatron group families of the Relax report over a DP x TP mesh), on the
@@ -70,6 +74,8 @@ class StepTimes:
 
     ``held_in_rollout``: NCCL memory of the role's groups (``ncclCommMemStats``; None where the
     loaded NCCL cannot say). ``device_used_in_rollout``: device memory in use as the driver sees it.
+    ``first_use``: the training step's first collective on each group, right after the previous
+    step's wake (outside the window): where a group rebuilt at wake pays torch's lazy NCCL init.
     """
 
     sleep: float
@@ -78,6 +84,7 @@ class StepTimes:
     held_in_rollout: int | None
     device_used_in_rollout: int
     state_in_rollout: str
+    first_use: float = 0.0
 
     @property
     def total(self) -> float:
@@ -101,7 +108,9 @@ async def run_steps(
     out = []
     await lc.start()
     for _ in range(steps):
+        t_first = rt.now()
         await _touch(rt, list(lc.groups))
+        first_use = rt.now() - t_first
         await rt.sleep(train_s)
         t0 = rt.now()
         await lc.pause()
@@ -126,7 +135,7 @@ async def run_steps(
         t3 = rt.now()
         await lc.resume()
         t4 = rt.now()
-        out.append(StepTimes(t1 - t0, t2 - t1, t4 - t3, held, used, state))
+        out.append(StepTimes(t1 - t0, t2 - t1, t4 - t3, held, used, state, first_use))
     return out
 
 
@@ -187,6 +196,15 @@ def simulate(policy: PGPolicy, *, dp: int, tp: int, steps: int, train_s: float, 
     return world.run(rank)
 
 
+def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
+    """Mean over the steps after ``warmup`` (and after the first step) of the slowest rank's first collectives.
+
+    Step ``i``'s first collectives follow step ``i - 1``'s wake, so step 0 (group creation) is left out.
+    """
+    first = max(warmup, 1)
+    return statistics.mean(max(r[i].first_use for r in per_rank) for i in range(first, len(per_rank[0])))
+
+
 def format_results(results: list[PolicyResult], header: str) -> str:
     """A table with each policy's phases and total, and the ratio to DESTROY."""
     base = next((r.total for r in results if r.policy == "DESTROY"), None)
@@ -245,16 +263,19 @@ def run(args: argparse.Namespace) -> int:
         policies = [PGPolicy.parse(p) for p in (args.policy or [p.value for p in PGPolicy])]
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
-    results = []
+    results, first_use = [], {}
     for policy in policies:
         per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
                             rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
         results.append(summarize(policy, per_rank, args.warmup))
+        first_use[policy.name] = first_use_after_wake(per_rank, args.warmup)
     groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
     header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header))
+    print("first collective on every group after the wake (training, outside the window; lazy NCCL init of "
+          "groups rebuilt at wake lands here): " + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             from refimpl.output import envelope
@@ -264,5 +285,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["RELAX_FAMILIES", "PolicyResult", "StepTimes", "add_arguments", "format_results", "mesh_groups",
+__all__ = ["RELAX_FAMILIES", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake", "format_results",
+           "mesh_groups",
            "run", "run_steps", "simulate", "summarize"]

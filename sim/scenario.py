@@ -28,7 +28,7 @@ from sim.schemas import check, check_fields
 from sim.topology import Topology
 
 #: process-group policies a scenario may name ("none": no lifecycle, groups stay as they are)
-PG_POLICIES = ("none", "destroy", "destroy_deferred", "paused_live", "suspend")
+PG_POLICIES = ("none", "destroy", "destroy_deferred", "paused_live", "suspend", "suspend_planned")
 BACKENDS = ("local", "local_dedup", "tms")
 PAYLOADS = ("real", "meta")
 #: largest real payload a scenario may allocate (all ranks together); meta payloads are free

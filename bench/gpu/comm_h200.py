@@ -11,8 +11,8 @@ Run it twice (see bench/gpu/comm_h200.md):
   ``ncclCommSuspend`` (PASS if >= 99% of the suspendable bytes are freed),
   ``ncclCommResume`` (memory comes back) and all-reduces afterwards (PASS if the
   values are right); a collective on a suspended group is refused; then the
-  switch window of DESTROY (2 s inline waits), DESTROY_DEFERRED, PAUSED_LIVE
-  and SUSPEND through :class:`refimpl.comm.PGLifecycle` on TorchRuntime.
+  switch window of DESTROY (2 s inline waits), DESTROY_DEFERRED, PAUSED_LIVE,
+  SUSPEND and SUSPEND_PLANNED through :class:`refimpl.comm.PGLifecycle` on TorchRuntime.
 
 Writes ``comm_h200-nccl<version>.json`` to ``$OUT`` (or ``bench/results/``) and
 exits non-zero if a check failed.
@@ -207,7 +207,7 @@ def switch_window(c: Checks, args, can_suspend: bool) -> None:
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
 
-    policies = [p for p in PGPolicy if can_suspend or p is not PGPolicy.SUSPEND]
+    policies = [p for p in PGPolicy if can_suspend or not p.suspends]
     results = []
     for policy in policies:
         rt = TorchRuntime()

@@ -109,7 +109,7 @@ def switch_window(args, checks: list) -> dict:
     no_suspend = can_suspend()
     results, skipped = [], {}
     for policy in PGPolicy:
-        if policy is PGPolicy.SUSPEND and no_suspend:
+        if policy.suspends and no_suspend:
             skipped[policy.name] = no_suspend
             continue
         t0 = time.monotonic()

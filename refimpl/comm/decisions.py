@@ -63,6 +63,8 @@ def pause_event(policy: PGPolicy, preserve_agreed: bool) -> PGEvent:
         return PGEvent.PAUSE_LIVE
     if preserve_agreed and policy is PGPolicy.SUSPEND:
         return PGEvent.SUSPEND
+    if preserve_agreed and policy is PGPolicy.SUSPEND_PLANNED:
+        return PGEvent.PAUSE_PLANNED
     return PGEvent.DESTROY
 
 

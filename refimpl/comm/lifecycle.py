@@ -65,6 +65,7 @@ from refimpl.comm.errors import (
     ResumeMemoryError,
 )
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
+from refimpl.comm.group_plan import GroupPlanRules, PlannedGroups
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.comm.role_groups import RoleGroups
 from refimpl.comm.states import PGEvent, PGPolicy, PGState, transition_for
@@ -99,6 +100,8 @@ class PGLifecycle:
     :class:`GroupSpec` s to create in :meth:`start`. ``resident``: groups the
     lifecycle must never touch (cross-role weight-update groups), checked to be
     disjoint. ``gates`` / ``facts``: static eligibility gates and what they look at.
+    ``plan``: how SUSPEND_PLANNED chooses each group's action and which groups
+    the weight sync needs (:class:`refimpl.comm.group_plan.GroupPlanRules`).
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class PGLifecycle:
         gates: Sequence[Gate] = (),
         facts: Mapping[str, Any] | None = None,
         resident: Iterable[str] = (),
+        plan: GroupPlanRules | None = None,
     ) -> None:
         self.rt = rt
         self.config = config or LifecycleConfig()
@@ -139,6 +143,12 @@ class PGLifecycle:
         self._pause_policy: PGPolicy = self.config.policy
         self._started = False
         self.role = RoleGroups(rt, self.groups, self.control, self.config, self.stats, self.cooldown, self._fail)
+        self.plan_rules = plan or GroupPlanRules()
+        unknown = self.plan_rules.unknown(self.groups)
+        if unknown:
+            raise ValueError(f"GroupPlanRules name groups {unknown} that are not role groups {list(self.groups)}")
+        #: SUSPEND_PLANNED's agreed per-group plan and its walks (see refimpl.comm.group_plan)
+        self.planned = PlannedGroups(self.role, self.plan_rules)
 
     # ------------------------------------------------------------------ facts
 
@@ -243,6 +253,13 @@ class PGLifecycle:
                 await self.role.suspend_all()
                 self._transition(PGEvent.SUSPEND)
                 await self.role.step("release_memory", lambda: _call(release_memory))
+            elif event is PGEvent.PAUSE_PLANNED:
+                plan = await self.planned.agree()
+                await self.planned.apply(plan.acted(sync=False))
+                self._transition(PGEvent.PAUSE_PLANNED)
+                await self.role.step("release_memory", lambda: _call(release_memory))
+                if plan.kept_live:  # groups the rollout keeps using: checked as PAUSED_LIVE's are
+                    await self._check_canary(only=sorted(plan.kept_live))
             else:
                 await self.role.destroy_all(inline_wait=inline_cooldown(policy))
                 self._transition(PGEvent.DESTROY)
@@ -258,18 +275,25 @@ class PGLifecycle:
         after an eligible pause arms preservation.
         """
         await self.start()
-        self._require("weight_sync", {PGState.ACTIVE, PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED})
+        self._require("weight_sync", {PGState.ACTIVE, PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED,
+                                      PGState.SYNC_READY, PGState.PLANNED})
         paused = self.state
         with self.rt.span("lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
             if needs_bring_up(paused):
                 await self._bring_up()
-            result, _ = await self.role.step("weight_sync", lambda: _call(fn))
+            elif paused is PGState.PLANNED:
+                await self._bring_up_planned(sync_only=True)
+            result, _ = await self.role.step("weight_sync", lambda: self._sync_call(fn))
             self._preservation = after_good_sync(self.preservation)
             if paused is PGState.SUSPENDED and self.preservation.disabled is None:
                 await self.role.suspend_all()
                 self._transition(PGEvent.SUSPEND)
-            elif needs_bring_up(paused):
+            elif self.state is PGState.SYNC_READY:
+                assert self.planned.plan is not None
+                await self.planned.apply(self.planned.plan.acted(sync=True), preflight=True)
+                self._transition(PGEvent.APPLY_PLAN)
+            elif needs_bring_up(paused) or paused in (PGState.SYNC_READY, PGState.PLANNED):
                 await self.role.destroy_all(inline_wait=inline_cooldown(self._pause_policy))
                 self._transition(PGEvent.DESTROY)
         return result
@@ -277,11 +301,14 @@ class PGLifecycle:
     async def resume(self) -> PGState:
         """Bring the groups back for training (ACTIVE): resume, rebuild, or nothing if they stayed live."""
         await self.start()
-        self._require("resume", {PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED})
+        self._require("resume", {PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED, PGState.SYNC_READY,
+                                 PGState.PLANNED})
         with self.rt.span("lifecycle.resume"):
             self.stats.resumes += 1
             if self.state is PGState.PAUSED_LIVE:
                 self._transition(PGEvent.RESUME)
+            elif self.state in (PGState.SYNC_READY, PGState.PLANNED):
+                await self._bring_up_planned(sync_only=False)
             else:
                 await self._bring_up()
         return self.state
@@ -340,10 +367,45 @@ class PGLifecycle:
             await self.role.rebuild_all()
             self._transition(PGEvent.RELOADED)
 
-    async def _check_canary(self) -> bool:
-        """Canary on every group this rank belongs to; on an agreed failure abort and go to DESTROYED."""
+    async def _sync_call(self, fn: Callable[[], Any]) -> Any:
+        """The caller's weight sync; a group the planned pause took down is named in a clear error."""
+        try:
+            return await _call(fn)
+        except GroupError as exc:
+            clear = self.planned.explain(exc)
+            if clear is not None:
+                raise clear from exc
+            raise
+
+    async def _bring_up_planned(self, *, sync_only: bool) -> None:
+        """From SYNC_READY or PLANNED: resume (one walk, one canary pass) and rebuild what the plan took down.
+
+        ``sync_only``: only the groups the weight sync needs (PLANNED -> SYNC_READY);
+        otherwise every group (-> ACTIVE). A canary failure aborts everything,
+        turns preservation off and rebuilds (DESTROYED -> ACTIVE), as for SUSPEND.
+        """
+        plan = self.planned.plan
+        assert plan is not None, "a planned state always has an agreed plan"
+        wanted = plan.for_sync if sync_only else set(self.groups)
+        if self.state is PGState.SYNC_READY:  # the sync groups are live; the others were taken down at the pause
+            wanted = set(wanted) - plan.for_sync
+        suspended, destroyed = self.planned.down(wanted)
+        self._transition(PGEvent.RELOAD)
+        if suspended:
+            await self.role.resume_all(only=suspended)
+            if not await self._check_canary(only=suspended):
+                self._transition(PGEvent.RELOAD)
+                await self.role.rebuild_all()
+                self._transition(PGEvent.RELOADED)
+                return
+        if destroyed:
+            await self.role.rebuild_all(only=destroyed)
+        self._transition(PGEvent.SYNC_GROUPS_UP if sync_only else PGEvent.RELOADED)
+
+    async def _check_canary(self, only: Sequence[str] | None = None) -> bool:
+        """Canary on every group this rank belongs to (or those in ``only``); on an agreed failure abort and go to DESTROYED."""
         with self.rt.span("lifecycle.canary"):
-            problems, ok_all = await self.role.step("canary", self.role.canary, vote=lambda p: not p)
+            problems, ok_all = await self.role.step("canary", lambda: self.role.canary(only), vote=lambda p: not p)
         self.stats.canaries += 1
         if ok_all:
             return True

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Collection, TypeVar
 
 import torch
 
@@ -183,10 +183,12 @@ class RoleGroups:
             await self.step("suspend.preflight", preflight)
             await self.walk("suspend", one)
 
-    async def resume_all(self) -> None:
-        """``resume_group`` on every member group, after agreeing that every rank has the memory for it."""
+    async def resume_all(self, only: Collection[str] | None = None) -> None:
+        """``resume_group`` on every member group (or those in ``only``), after agreeing that every rank has the memory."""
+        chosen = set(self.names if only is None else only)
+
         async def preflight() -> None:
-            need = sum(self.suspended_bytes.get(n, 0) for n in self.names if self.member(n))
+            need = sum(self.suspended_bytes.get(n, 0) for n in self.names if n in chosen and self.member(n))
             self.rt.empty_cache()  # blocks cached by the allocator can be handed back to the driver
             free = self.rt.memory_info().free
             if need > free:
@@ -196,7 +198,7 @@ class RoleGroups:
                 )
 
         async def one(name: str) -> None:
-            if self.member(name):
+            if name in chosen and self.member(name):
                 await self.rt.resume_group(name)
                 self.stats.comm_resumes += 1
                 self.suspended_bytes.pop(name, None)
@@ -218,8 +220,8 @@ class RoleGroups:
         if inline_wait:
             await self.cooldown.wait(self.rt)
 
-    async def rebuild_all(self) -> None:
-        """Recreate every destroyed role group with its original arguments (next generation).
+    async def rebuild_all(self, only: Collection[str] | None = None) -> None:
+        """Recreate every destroyed role group (or those in ``only``) with its original arguments (next generation).
 
         Waits only for what is left of the cooldown. A group that some rank
         could not bind (port in TIME_WAIT, or a peer that hit one and never
@@ -228,7 +230,7 @@ class RoleGroups:
         """
         rt = self.rt
         await self.cooldown.wait(rt)
-        todo = [n for n in self.names if not rt.group_live(n)]
+        todo = [n for n in self.names if not rt.group_live(n) and (only is None or n in only)]
 
         async def one(name: str) -> bool:
             if name not in todo or rt.group_live(name):
@@ -264,12 +266,12 @@ class RoleGroups:
             await self._fail("rebuild", err)
             raise err
 
-    async def canary(self) -> list[str]:
-        """A bounded all-reduce on every member group; problems found on this rank (empty: healthy)."""
+    async def canary(self, only: Collection[str] | None = None) -> list[str]:
+        """A bounded all-reduce on every member group (or those in ``only``); problems found on this rank."""
         rt = self.rt
         problems = []
         for name in self.names:
-            if not self.member(name):
+            if not self.member(name) or (only is not None and name not in only):
                 continue
             # a device buffer, as the communicator needs; a host scalar where device buffers carry no data (meta)
             on_device = rt.device.type != "meta"

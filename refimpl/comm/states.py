@@ -16,6 +16,13 @@ policies decide what "pause" does with the groups:
   stays allocated); a canary collective checks them afterwards.
 * ``SUSPEND``: keep the groups, release their NCCL memory with
   ``ncclCommSuspend`` and take it back with ``ncclCommResume`` when needed.
+* ``SUSPEND_PLANNED``: a plan per group, agreed at the pause
+  (:mod:`refimpl.comm.group_plan`): keep live the groups whose NCCL memory is
+  negligible or that the rollout uses, destroy the one-rank groups (cheaper to
+  destroy than to suspend) and those declared unneeded until training, suspend
+  the rest. Groups the weight sync needs stay live through it (SYNC_READY) and
+  get their plan afterwards (PLANNED); each group is suspended once and
+  resumed once per RL step, with one canary pass at wake.
 
 The two keeping policies are only taken when every rank agrees they are
 possible (gates pass, preservation is "ready" after one good weight sync, it
@@ -44,6 +51,8 @@ class PGState(enum.Enum):
     SUSPENDED = "suspended"  #: groups live, NCCL memory released (ncclCommSuspend)
     DESTROYED = "destroyed"  #: groups destroyed; specs kept for a rebuild
     RELOADING = "reloading"  #: transient: groups being resumed or rebuilt
+    SYNC_READY = "sync_ready"  #: planned pause: weight-sync groups live, the others as planned
+    PLANNED = "planned"  #: every group as its plan says: kept live, suspended or destroyed
     FAILED = "failed"  #: a failure aborted the groups; terminal
 
 
@@ -57,6 +66,9 @@ class PGEvent(enum.Enum):
     RESUME = "resume"
     RELOAD = "reload"
     RELOADED = "reloaded"
+    PAUSE_PLANNED = "pause_planned"
+    APPLY_PLAN = "apply_plan"
+    SYNC_GROUPS_UP = "sync_groups_up"
     FAULT = "fault"
 
 
@@ -67,6 +79,7 @@ class PGPolicy(enum.Enum):
     DESTROY_DEFERRED = "destroy_deferred"
     PAUSED_LIVE = "paused_live"
     SUSPEND = "suspend"
+    SUSPEND_PLANNED = "suspend_planned"
 
     @classmethod
     def _missing_(cls, value: object) -> "PGPolicy | None":
@@ -90,7 +103,12 @@ class PGPolicy(enum.Enum):
     @property
     def preserves(self) -> bool:
         """True for the policies that keep the groups through a pause."""
-        return self in (PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND)
+        return self in (PGPolicy.PAUSED_LIVE, PGPolicy.SUSPEND, PGPolicy.SUSPEND_PLANNED)
+
+    @property
+    def suspends(self) -> bool:
+        """True for the policies that call ``ncclCommSuspend`` (they need NCCL >= 2.29.7)."""
+        return self in (PGPolicy.SUSPEND, PGPolicy.SUSPEND_PLANNED)
 
     @property
     def code(self) -> int:
@@ -99,6 +117,7 @@ class PGPolicy(enum.Enum):
 
     @classmethod
     def from_code(cls, code: int) -> "PGPolicy":
+        """The policy whose :attr:`code` is ``code``."""
         return list(cls)[code]
 
 
@@ -145,6 +164,28 @@ TRANSITIONS: tuple[Transition, ...] = (
                "abort groups; preservation off for the process; a rebuild follows"),
     Transition(_S.RELOADING, _E.RELOADED, _S.ACTIVE,
                "every group up on every rank (agreed)", "none"),
+    Transition(_S.ACTIVE, _E.PAUSE_PLANNED, _S.SYNC_READY,
+               "policy SUSPEND_PLANNED; gates pass and preservation ready on every rank (agreed)",
+               "agree one plan per group (group_plan.PLAN_ROWS: keep / suspend / destroy, from ncclCommMemStats "
+               "and declared use) "
+               "and which groups the weight sync needs; suspend or destroy the others in one ordered walk, "
+               "one agreement"),
+    Transition(_S.SYNC_READY, _E.CANARY_FAILED, _S.DESTROYED,
+               "canary after the pause on the groups declared keep_live wrong or late on some rank (agreed)",
+               "abort groups at once; preservation off for the process"),
+    Transition(_S.SYNC_READY, _E.APPLY_PLAN, _S.PLANNED,
+               "the weight sync succeeded on every rank (agreed)",
+               "suspend or destroy the weight-sync groups as planned, one ordered walk, one agreement"),
+    Transition(_S.SYNC_READY, _E.RELOAD, _S.RELOADING,
+               "resume without a weight sync",
+               "resume the planned-suspended groups (one walk); one canary pass over them; rebuild the destroyed"),
+    Transition(_S.PLANNED, _E.RELOAD, _S.RELOADING,
+               "groups needed (training, or another weight sync)",
+               "resume the needed suspended groups (agreed memory preflight, one walk); one canary pass over "
+               "them; rebuild the needed destroyed groups (cooldown rule)"),
+    Transition(_S.RELOADING, _E.SYNC_GROUPS_UP, _S.SYNC_READY,
+               "a weight sync from PLANNED: its groups up and their canary right on every rank (agreed)",
+               "none"),
 ) + tuple(
     Transition(s, _E.FAULT, _S.FAILED,
                "an exception or agreement timeout on any rank",

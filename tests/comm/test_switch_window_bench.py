@@ -41,7 +41,8 @@ def test_simulated_switch_window_against_the_2xh200_record():
     measured = {r["policy"]: r for r in rec["switch_window"]["results"]}
     kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
               cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
-    res = {p.name: sw.summarize(p, sw.simulate(p, **kw), warmup=st["warmup"]) for p in PGPolicy}
+    # the policies the record measured (SUSPEND_PLANNED came later: test_planned_suspend_sim.py covers it)
+    res = {p.name: sw.summarize(p, sw.simulate(p, **kw), warmup=st["warmup"]) for p in PGPolicy if p.name in measured}
     assert sorted(res, key=lambda p: res[p].total) == sorted(measured, key=lambda p: measured[p]["total"])
     assert measured["DESTROY"]["sleep"] - measured["DESTROY_DEFERRED"]["sleep"] >= st["cooldown_s"]
     assert res["DESTROY"].sleep - res["DESTROY_DEFERRED"].sleep == pytest.approx(st["cooldown_s"], abs=0.01)
