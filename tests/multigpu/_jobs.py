@@ -15,7 +15,7 @@ def suspend_unavailable() -> str | None:
     try:
         require_offload_nccl()
     except NcclOffloadUnavailableError as e:
-        return str(e).splitlines()[0]
+        return " ".join(line.strip() for line in str(e).splitlines() if line.strip())  # the whole reason, one line
     return None
 
 
