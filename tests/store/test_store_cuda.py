@@ -63,6 +63,30 @@ def test_gpu_training_with_offload_every_step_is_bitwise_identical(set_to_none):
     assert stats.skipped_host_resident == len(ref[2]) // 3
 
 
+def _shared_state_bytes(segments, state_blocks):
+    """Bytes of the state's allocator blocks that share a segment with a block the state does not own.
+
+    ``segments``: ``torch.cuda.memory_snapshot()``; ``state_blocks``: ``{data_ptr: nbytes}`` of the state's
+    storages (one allocator block each). ``empty_cache`` gives a segment back only when every block in it
+    is free, so a segment that also holds a live block of someone else's (the cuBLAS workspace of the
+    autograd thread, carved out of a 128 MiB block an earlier test left cached) stays with the process
+    whatever the store does: the driver cannot see those state bytes freed.
+    """
+    shared = 0
+    for seg in segments:
+        addr, mine, foreign = seg["address"], 0, False
+        for b in seg["blocks"]:  # in address order
+            if b["state"] == "active_allocated":
+                if addr in state_blocks:
+                    mine += state_blocks[addr]
+                else:
+                    foreign = True
+            addr += b["size"]
+        if foreign:
+            shared += mine
+    return shared
+
+
 @pytest.mark.parametrize("pin_ahead", ["off", "background"])
 def test_gpu_memory_is_really_returned_and_host_memory_really_pinned(pin_ahead):
     from refimpl.store import Category, OffloadStore, StoreConfig
@@ -80,10 +104,19 @@ def test_gpu_memory_is_really_returned_and_host_memory_really_pinned(pin_ahead):
     at_attach = store.stats().registrations
     assert (at_attach > 0) == (pin_ahead == "background"), "pinned at attach only when pinning ahead"
     for cycle in range(3):
+        torch.cuda.synchronize()
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors.values()}
+        shared = _shared_state_bytes(torch.cuda.memory_snapshot(), storages)
+        assert shared <= state // 2, f"cycle {cycle}: {shared} of the state's bytes share allocator segments"
         free0, _ = torch.cuda.mem_get_info()
+        allocated0 = torch.cuda.memory_allocated()
         store.offload()
         free1, _ = torch.cuda.mem_get_info()
-        assert free1 - free0 >= 0.99 * state, f"cycle {cycle}: driver sees {(free1 - free0) / state:.3f} of the state freed"
+        # every state block goes back to the allocator, and every segment the state owns alone to the driver
+        assert allocated0 - torch.cuda.memory_allocated() >= 0.99 * state, f"cycle {cycle}: state blocks still allocated"
+        assert free1 - free0 >= 0.99 * (state - shared), (
+            f"cycle {cycle}: driver sees {(free1 - free0) / state:.3f} of the state freed "
+            f"({shared / state:.3f} of it shares allocator segments with other live blocks)")
         host = store.host_tensors()
         assert all(h.is_pinned() for h in list(host.values())[:5] + list(host.values())[-5:])
         stats = store.stats()
