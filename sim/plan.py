@@ -11,8 +11,9 @@ update) and ranks them. A candidate is
 * the store backend, ``local`` or ``local_dedup`` (only offered when the layout
   has replicated state; otherwise it is the same as ``local``);
 * whether the scoring roles (reference, reward) move their weights out;
-* the process-group policy of the trained roles (``none``, ``destroy``,
-  ``destroy_deferred``, ``paused_live``, ``suspend``);
+* the process-group policy of the trained roles (``none`` and every
+  :class:`refimpl.comm.PGPolicy`: ``destroy``, ``destroy_deferred``, ``paused_live``,
+  ``suspend``, ``suspend_planned``);
 * the order of the roles after the rollout (reference, reward, critic; the
   actor's update is last because it needs their outputs).
 
@@ -29,6 +30,9 @@ What is simulated and what is computed (docs/plan.md says it in full):
   not change the copies (within 0.05% of the full tensor list for Llama-2-7B
   and Qwen3-30B-A3B). Results are cached, so the search runs a few dozen
   short simulations.
+* ``pg_groups="megatron"``: the trained roles' PG-policy costs come instead from the switch-window
+  lifecycle driver (:func:`sim.switch_window.simulate`) over the 14 Megatron group families per rank of the
+  node's dp x tp mesh (:meth:`Planner.pg_window`); the copies still from the scenario runner.
 * ``local_dedup``: the store's replica exchange is not in the scenario runner;
   its offload and reload copy 1/R of the replicated bytes over PCIe and the
   reload all-gathers the rest over NVLink (computed from the topology).
@@ -52,6 +56,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from refimpl.comm import PGPolicy
 from sim.plan_model import (GPU_FLOPS, GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
                             Workload, model_preset, role_state)
 from sim.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend  # noqa: F401 (re-exported)
@@ -65,7 +70,14 @@ OFFLOAD_SETS: tuple[tuple[str, ...], ...] = (
     (), ("params",), ("grads",), ("optimizer",), ("params", "grads"), ("params", "optimizer"),
     ("grads", "optimizer"), ("params", "grads", "optimizer"), ("fsdp_cpu",),
 )
-PG_POLICIES = ("none", "destroy", "destroy_deferred", "paused_live", "suspend")
+#: ``none`` (no lifecycle) and every policy of :class:`refimpl.comm.PGPolicy` (``suspend_planned`` included)
+PG_POLICIES = ("none", *(p.value for p in PGPolicy))
+#: what the PG-policy switch costs are simulated over: ``layout`` the groups of the plan's own layout (in the
+#: scenario runner), ``megatron`` the 14 Megatron group families per rank of the dp x tp mesh (the lifecycle
+#: driver of ``timeshare bench switch-window``, :mod:`sim.switch_window`)
+PG_GROUPS = ("layout", "megatron")
+#: the lifecycle driver's steps per policy and the steps left out of its means (as the 2 x H200 measurement)
+PG_STEPS, PG_WARMUP = 4, 2
 #: assumption: CUDA context, allocator slack and workspace kept on every GPU
 RESERVE_GIB = 2.0
 #: assumption: fraction of HBM bandwidth a decode step reaches
@@ -86,6 +98,9 @@ class PlanInputs:
     exhaustive: bool = False
     top: int = 3  # offload settings carried from the first stage to the PG-policy stage
     reserve_gib: float = RESERVE_GIB
+    pg_groups: str = "layout"  # see PG_GROUPS
+    cooldown_s: float = 2.0  # port-release cooldown of the destroying policies (pg_groups "megatron")
+    gpus_per_node: int | None = None  # use only the first N GPUs of each node of the preset (None: all)
 
 
 class Planner:
@@ -93,7 +108,15 @@ class Planner:
 
     def __init__(self, inputs: PlanInputs, progress: Callable[[str], None] | None = None):
         self.inp = inputs
-        self.m = Machine(inputs.cluster, inputs.nodes)
+        self.cluster_ref: Any = inputs.cluster  # the preset name, or its data cut to gpus_per_node
+        if inputs.gpus_per_node is not None:
+            from sim.presets import PresetError, first_gpus, load_preset_data
+
+            try:
+                self.cluster_ref = first_gpus(load_preset_data(inputs.cluster), inputs.gpus_per_node)
+            except PresetError as exc:
+                raise PlanInputError(f"--gpus-per-node / --cluster: {exc}") from None
+        self.m = Machine(self.cluster_ref, inputs.nodes)
         self.lay = inputs.layout.resolved(inputs.model, self.m.gpus, self.m.gpu_bytes)
         if inputs.gpu is None:
             flops, src = GPU_FLOPS.get(inputs.cluster, (None, None))
@@ -103,6 +126,11 @@ class Planner:
         self.gpu = inputs.gpu
         self.w = inputs.workload
         self.progress = progress or log.info
+        if inputs.pg_groups not in PG_GROUPS:
+            raise PlanInputError(f"--pg-groups: expected one of {', '.join(PG_GROUPS)}, got {inputs.pg_groups!r}")
+        if not inputs.cooldown_s >= 0:
+            raise PlanInputError(f"--cooldown-s: expected a number >= 0, got {inputs.cooldown_s}")
+        self.pg_windows: dict[str, dict[str, float]] = {}
         self.sims: dict[tuple, dict[str, float]] = {}
         self.sim_wall_s = 0.0
         model = inputs.model
@@ -126,8 +154,59 @@ class Planner:
 
     # ------------------------------------------------------------------ simulation
 
+    def _mesh(self) -> tuple[int, int]:
+        """(dp, tp) of the simulated node: the layout's tp where it divides the node's GPUs."""
+        n = min(self.m.per_node, self.m.gpus)
+        tp = math.gcd(self.lay.tp, n)
+        return n // tp, tp
+
+    def pg_window(self, pg_policy: str) -> dict[str, float]:
+        """The switch window of ``pg_policy`` over the Megatron group families of the node's dp x tp mesh (cached).
+
+        The lifecycle driver of ``timeshare bench switch-window`` on a simulated world of the plan's cluster:
+        :data:`PG_STEPS` steps with no training time and the plan's full-memory rollout time, means of the steps
+        after :data:`PG_WARMUP`, slowest rank. ``first_use``: the training step's first collectives after the wake
+        (lazy NCCL init of rebuilt groups), charged to the training turn. ``held``: NCCL bytes kept in the rollout.
+        ``none`` (no lifecycle) costs nothing and holds what ``paused_live`` holds.
+        """
+        if pg_policy in self.pg_windows:
+            return self.pg_windows[pg_policy]
+        from sim.switch_window import first_use_after_wake, simulate, summarize
+
+        pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
+        dp, tp = self._mesh()
+        t0 = time.perf_counter()
+        per_rank = simulate(pol, dp=dp, tp=tp, steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
+                            cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
+        self.sim_wall_s += time.perf_counter() - t0
+        r = summarize(pol, per_rank, PG_WARMUP)
+        held = (r.held_in_rollout_gib or 0.0) * GiB
+        if pg_policy == "none":
+            out = {"sleep": 0.0, "update_weights": 0.0, "wake_up": 0.0, "total": 0.0, "first_use": 0.0, "held": held}
+        else:
+            out = {"sleep": r.sleep, "update_weights": r.update_weights, "wake_up": r.wake_up, "total": r.total,
+                   "first_use": first_use_after_wake(per_rank, PG_WARMUP), "held": held}
+        self.pg_windows[pg_policy] = out
+        return out
+
     def _simulate(self, role: str, include: tuple[str, ...], pg_policy: str) -> dict[str, float]:
         """Offload/reload and lifecycle costs of ``role`` from one simulated node (cached)."""
+        if self.inp.pg_groups == "megatron" and role in ("actor_train", "critic"):
+            # the copies from the scenario runner without a lifecycle, the lifecycle from the switch-window driver
+            out = dict(self._simulate_node(role, include, "none"))
+            win, live = self.pg_window(pg_policy), self.pg_window("none")
+            st = self.states[role]
+            out["offload_s"] += win["sleep"]
+            out["sync_s"] += win["update_weights"]
+            out["reload_s"] += win["wake_up"]
+            out["train_overhead_s"] += win["first_use"]
+            out["comm_train"] = max(out["comm_train"], live["held"])  # every family is up while training
+            out["rollout_resident"] = st.total - sum(st.bytes[x] for x in include) + win["held"]
+            return out
+        return self._simulate_node(role, include, pg_policy)
+
+    def _simulate_node(self, role: str, include: tuple[str, ...], pg_policy: str) -> dict[str, float]:
+        """Offload/reload and lifecycle (of the layout's groups) costs of ``role`` from one simulated node (cached)."""
         st = self.states[role]
         key = (tuple(sorted(st.bytes.items())), include, pg_policy)
         if key in self.sims:
@@ -135,9 +214,9 @@ class Planner:
         from sim.runner import run_scenario
         from sim.scenario import parse_scenario
 
-        n = min(self.m.per_node, self.m.gpus)
-        tp = math.gcd(self.lay.tp, n)
-        mesh = {"dp": n // tp, "tp": tp} if tp > 1 else {"dp": n}
+        dp, tp = self._mesh()
+        n = dp * tp
+        mesh = {"dp": dp, "tp": tp} if tp > 1 else {"dp": n}
         k = min(SIM_TENSORS, st.tensors)
         tensors = []
         for cat, b in sorted(st.bytes.items()):
@@ -147,7 +226,7 @@ class Planner:
                          "category": cat} for i in range(k)]
         offload = ({"backend": "local", "include": list(include)} if include
                    else {"backend": "tms", "include": ["buffers"]})
-        topology: Any = self.inp.cluster
+        topology: Any = self.cluster_ref
         if st.total > 0.8 * self.m.gpu_bytes:
             # the state does not fit the GPU: simulate the copies on a GPU with room for it (copy and lifecycle
             # costs do not depend on the capacity); the analytic memory check marks the candidate infeasible
@@ -155,7 +234,8 @@ class Planner:
 
             from sim.presets import load_preset_data
 
-            topology = _copy.deepcopy(dict(load_preset_data(self.inp.cluster)))
+            topology = _copy.deepcopy(dict(self.cluster_ref if isinstance(self.cluster_ref, dict)
+                                           else load_preset_data(self.cluster_ref)))
             grow = math.ceil(st.total / self.m.gpu_bytes) + 1
             for e in topology["node"]["elements"]:
                 if e.get("kind") == "gpu":
@@ -406,6 +486,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None)
             "model": asdict(inputs.model),
             "cluster": inputs.cluster,
             "nodes": inputs.nodes,
+            "gpus_per_node": inputs.gpus_per_node,
             "gpus": planner.m.gpus,
             "gpu_gib": planner.m.gpu_bytes / GiB,
             "layout": asdict(planner.lay),
@@ -414,6 +495,8 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None)
                          "tokens": inputs.workload.tokens},
             "gpu": asdict(planner.gpu),
             "overlap": inputs.overlap,
+            "pg_groups": inputs.pg_groups,
+            "cooldown_s": inputs.cooldown_s,
             "kv_need_gib": planner.kv_need / GiB,
             "rollout_full_s": planner.rollout_full,
         },
@@ -421,7 +504,10 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None)
         "pareto": [o.candidate.label() for o in front],
         "recommendation": best.to_dict() if best else None,
         "reason": why,
-        "simulations": len(planner.sims),
+        # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
+        # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
+        "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
+        "simulations": len(planner.sims) + len(planner.pg_windows),
         "simulation_wall_s": planner.sim_wall_s,
         "wall_s": time.perf_counter() - t0,
     }
@@ -432,6 +518,6 @@ def default_inputs() -> PlanInputs:
     return PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="hgx-h200-8x", layout=Layout(dp=8))
 
 
-__all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
+__all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
            "make_plan", "pareto", "rank", "recommend"]
 

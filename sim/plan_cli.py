@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("cluster and parallelism")
     c.add_argument("--cluster", default="hgx-h200-8x", help="topology preset (timeshare sim list); default hgx-h200-8x")
     c.add_argument("--nodes", type=int, default=1, help="nodes of a multi-node preset (default 1)")
+    c.add_argument("--gpus-per-node", type=int,
+                   help="use only the first N GPUs of each node of the preset (default: all), e.g. 2 for a 2 x H200 host")
     for name, default, text in (("tp", 1, "tensor parallel"), ("pp", 1, "pipeline parallel"),
                                 ("dp", None, "data parallel (default: GPUs / (tp x pp))"), ("ep", 1, "expert parallel"),
                                 ("eddp", 0, "expert data parallel (default dp x tp / ep)"),
@@ -53,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("search and output")
     s.add_argument("--overlap", action="store_true", help="switches overlap the outgoing D2H with the incoming H2D")
     s.add_argument("--exhaustive", action="store_true", help="every combination instead of the staged search")
+    s.add_argument("--pg-groups", choices=("layout", "megatron"), default="layout",
+                   help="groups the PG-policy switch costs are simulated over: layout (default), the plan layout's own "
+                        "groups; megatron, the 14 Megatron group families per rank of the dp x tp mesh, with the "
+                        "lifecycle driver of `timeshare bench switch-window`")
+    s.add_argument("--cooldown-s", type=float, default=2.0,
+                   help="with --pg-groups megatron: port-release cooldown of the destroying policies (default 2)")
     s.add_argument("--rows", type=int, default=15, help="rows of the ranked table (default 15)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout (the table is not printed)")
     s.add_argument("--png", metavar="TIMELINE.png", help="write a timeline of the recommended step (needs matplotlib)")
@@ -84,6 +92,10 @@ def inputs_from_args(args: argparse.Namespace):
     for name in ("prompts", "samples", "prompt_len", "response_len", "micro_batch_tokens", "nodes", "rows"):
         if getattr(args, name) < 1:
             raise PlanInputError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise PlanInputError(f"--gpus-per-node: expected an integer >= 1, got {args.gpus_per_node}")
+    if not args.cooldown_s >= 0:
+        raise PlanInputError(f"--cooldown-s: expected a number >= 0, got {args.cooldown_s}")
     for name in ("kv_gib", "tokens_per_s_per_gib", "rollout_s", "gpu_tflops"):
         v = getattr(args, name)
         if v is not None and not v > 0:
@@ -96,7 +108,8 @@ def inputs_from_args(args: argparse.Namespace):
     if args.dp is None:
         from sim.plan_model import Machine
 
-        gpus_hint = Machine(args.cluster, args.nodes).gpus
+        gpus_hint = (args.gpus_per_node * args.nodes if args.gpus_per_node is not None
+                     else Machine(args.cluster, args.nodes).gpus)
         dp = max(1, gpus_hint // (args.tp * args.pp)) if args.tp >= 1 and args.pp >= 1 else 0
     else:
         dp = args.dp
@@ -114,7 +127,8 @@ def inputs_from_args(args: argparse.Namespace):
                         reference=not args.no_reference, critic=args.critic, reward_model=reward, kv_gib=args.kv_gib,
                         tokens_per_s_per_gib=args.tokens_per_s_per_gib, rollout_s=args.rollout_s)
     return PlanInputs(model=model, cluster=args.cluster, nodes=args.nodes, layout=layout, workload=workload, gpu=gpu,
-                      overlap=args.overlap, exhaustive=args.exhaustive)
+                      overlap=args.overlap, exhaustive=args.exhaustive, pg_groups=args.pg_groups,
+                      cooldown_s=args.cooldown_s, gpus_per_node=args.gpus_per_node)
 
 
 def format_plan(plan: dict, rows: int = 15) -> str:
@@ -147,6 +161,10 @@ def format_plan(plan: dict, rows: int = 15) -> str:
         order = " -> ".join(rec["candidate"]["order"])
         lines.append(f"recommendation: {rec['candidate']['label']}; order {order}")
     lines.append(f"reason: {plan['reason']}")
+    if plan.get("pg_switch_windows"):
+        lines.append("PG-policy switch windows over the Megatron families (sleep + update_weights + wake_up, s): "
+                     + ", ".join(f"{p} {w['sleep']:.2f} + {w['update_weights']:.2f} + {w['wake_up']:.2f} = "
+                                 f"{w['total']:.2f}" for p, w in plan["pg_switch_windows"].items() if p != "none"))
     lines.append(f"{len(plan['outcomes'])} candidates, {plan['simulations']} simulations "
                  f"({plan['simulation_wall_s']:.1f} s of {plan['wall_s']:.1f} s wall)")
     return "\n".join(lines)

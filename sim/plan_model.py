@@ -206,13 +206,16 @@ class GpuSpec:
 class Machine:
     """The figures of a topology preset that the planner's analytic parts use (all SI); ``PlanInputError`` for a bad preset."""
 
-    def __init__(self, cluster: str, nodes: int):
+    def __init__(self, cluster: "str | dict[str, Any]", nodes: int):
         from refimpl.runtime.base import CopyKind
         from sim.presets import PresetError
         from sim.topology import Topology
 
         try:
-            self.topo = Topology.from_preset(cluster, nodes=nodes if nodes > 1 else None)
+            if isinstance(cluster, dict):  # preset data (e.g. cut to fewer GPUs by sim.presets.first_gpus)
+                self.topo = Topology(dict(cluster, nodes=nodes) if nodes > 1 else cluster, where="--cluster")
+            else:
+                self.topo = Topology.from_preset(cluster, nodes=nodes if nodes > 1 else None)
         except PresetError as exc:
             raise PlanInputError(f"--cluster: {exc}") from None
         if nodes > 1 and self.topo.nodes != nodes:

@@ -306,6 +306,19 @@ def load_preset_data(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def first_gpus(data: Mapping[str, Any], gpus: int) -> dict[str, Any]:
+    """A copy of preset ``data`` whose node keeps only its first ``gpus`` GPUs (and the links that do not touch the
+    others): e.g. the 2 x H200 host measured in bench/results/2026-11-30-h200x2-multigpu from ``hgx-h200-8x``."""
+    out = json.loads(json.dumps(dict(data)))
+    names = [e["name"] for e in out["node"]["elements"] if e.get("kind") == "gpu"]
+    if not isinstance(gpus, int) or not 1 <= gpus <= len(names):
+        raise PresetError(f"GPUs per node: expected an integer from 1 to the preset's {len(names)}, got {gpus!r}")
+    drop = set(names[gpus:])
+    out["node"]["elements"] = [e for e in out["node"]["elements"] if e["name"] not in drop]
+    out["node"]["links"] = [lk for lk in out["node"]["links"] if not set(lk["ends"]) & drop]
+    return out
+
+
 def list_scenarios() -> list[str]:
     """Names of the example scenarios shipped under ``sim/presets/scenarios``."""
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
@@ -330,6 +343,7 @@ __all__ = [
     "PresetError",
     "SCENARIO_DIR",
     "UNITS",
+    "first_gpus",
     "list_presets",
     "list_scenarios",
     "load_preset_data",

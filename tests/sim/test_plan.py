@@ -190,3 +190,42 @@ def test_one_gpu_store_switch_is_within_10_percent_of_the_h200_measurement():
     # the plan leaves out the store's Python time (11.5 ms offload, docs/calibration.md), so it reads 3-4% low
     assert sim["offload_s"] == pytest.approx(measured["steady_offload_s"], rel=0.10)
     assert sim["reload_s"] == pytest.approx(measured["steady_reload_s"], rel=0.10)
+
+
+def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
+    # the 2 x H200 measurement (bench/results/2026-11-30-h200x2-multigpu): 14 NCCL groups per rank
+    # (mesh_groups(2, 1)), cooldown 2 s, rollout 3 s, 4 steps, the first 2 left out; sleep + update + wake per policy
+    from pathlib import Path
+
+    from sim.plan_model import GpuSpec
+    from sim.switch_window import mesh_groups
+
+    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-multigpu"
+                         / "multigpu-2026-11-30-nvidia-h200x2.json").read_text())["switch_window"]
+    st = report["settings"]
+    assert (st["dp"], st["tp"], st["train_s"]) == (2, 1, 0.0)
+    assert st["groups_per_rank"] == len([g for g in mesh_groups(st["dp"], st["tp"]) if 0 in g.ranks]) == 14
+    measured = {r["policy"]: r["total"] for r in report["results"]}
+    # the calibrated H200 preset cut to its first two GPUs: the measured 2 x H200 host
+    inputs = PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="calibrated/hgx-h200-8x", gpus_per_node=2,
+                        layout=Layout(dp=st["dp"], tp=st["tp"]), workload=Workload(rollout_s=st["rollout_s"]),
+                        gpu=GpuSpec(989e12, "H200 dense bf16"), pg_groups="megatron", cooldown_s=st["cooldown_s"])
+    plan = make_plan(inputs)
+    assert plan["inputs"]["gpus"] == 2 and plan["inputs"]["pg_groups"] == "megatron"
+    assert (st["steps"], st["warmup"]) == (4, 2)  # the plan's lifecycle driver runs PG_STEPS, PG_WARMUP = 4, 2
+    lead = plan["recommendation"]["candidate"]
+    same = [o for o in plan["outcomes"] if all(o["candidate"][k] == lead[k]
+                                                for k in ("offload", "backend", "score_offload", "order"))]
+    # every policy of the PGPolicy enum (the per-group suspend_planned too) was a candidate for the lead setting
+    assert {o["candidate"]["pg_policy"] for o in same} == set(PG_POLICIES)
+    base = next(o["switch_s"] for o in same if o["candidate"]["pg_policy"] == "none")
+    predicted = {o["candidate"]["pg_policy"].upper(): o["switch_s"] - base for o in same}
+    for name, w in plan["pg_switch_windows"].items():  # the plan's switch carries exactly the simulated window
+        assert predicted[name.upper()] == pytest.approx(w["total"], abs=1e-6)
+    plan_rank = [o["candidate"]["pg_policy"].upper() for o in same if o["candidate"]["pg_policy"].upper() in measured]
+    assert plan_rank == sorted(measured, key=measured.get)
+    for name, total in measured.items():
+        if name == "PAUSED_LIVE":
+            assert predicted[name] == pytest.approx(total, abs=0.05)
+        else:
+            assert predicted[name] == pytest.approx(total, rel=0.15), (name, predicted[name], total)
