@@ -26,7 +26,8 @@ def test_there_are_at_least_fifteen_named_breaks_with_selections():
 
 @pytest.mark.parametrize("brk", BREAKS, ids=[b.name for b in BREAKS])
 def test_every_break_still_applies(brk):
-    brk.locate()  # raises BreakDriftError naming the break when the snippet is gone or ambiguous
+    text = brk.locate()  # raises BreakDriftError naming the break when the snippet is gone or ambiguous
+    assert text.count(brk.snippet) == 1, brk.name
 
 
 def test_a_snippet_found_twice_or_never_is_drift_not_a_skip(tmp_path):

@@ -350,7 +350,7 @@ class TorchRuntime(Runtime):
         if g.suspended:
             raise GroupError(f"group {name!r} is already suspended")
         if g.pg is not None:
-            from refimpl.torch_runtime import nccl
+            import refimpl.torch_runtime.nccl as nccl
 
             g.handles = nccl.pg_comm_handles(g.pg, create_lazy=True)
             nccl.suspend_comms(g.handles)
@@ -362,7 +362,7 @@ class TorchRuntime(Runtime):
         if not g.suspended:
             raise GroupError(f"group {name!r} is not suspended")
         if g.pg is not None:
-            from refimpl.torch_runtime import nccl
+            import refimpl.torch_runtime.nccl as nccl
 
             nccl.resume_comms(g.handles)
         g.suspended = False
@@ -376,7 +376,7 @@ class TorchRuntime(Runtime):
         g = self._entry(name)
         if not (self._distributed and g.live and g.pg is not None) or dist.get_backend(g.pg) != "nccl":
             return CommMemory()
-        from refimpl.torch_runtime import nccl
+        import refimpl.torch_runtime.nccl as nccl
 
         handles = g.handles or nccl.pg_comm_handles(g.pg, create_lazy=False)
         stats = [nccl.comm_mem_stats(h) for h in handles]
