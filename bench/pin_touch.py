@@ -18,18 +18,7 @@ import time
 
 import torch
 
-from refimpl.torch_runtime.pinning import PREFAULT_MODES, mapped_buffer, thp_mode, touch_pages
-
-
-def _anon_huge_kb() -> int:
-    """AnonHugePages of the whole machine in KiB (0 if unknown)."""
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+from refimpl.torch_runtime.pinning import PREFAULT_MODES, anon_huge_pages_kb, mapped_buffer, thp_mode, touch_pages
 
 
 def measure(nbytes: int, repeat: int = 3) -> dict:
@@ -47,7 +36,7 @@ def measure(nbytes: int, repeat: int = 3) -> dict:
             else:
                 t = mapped_buffer(nbytes, torch.uint8, nbytes, v)
             dt = time.perf_counter() - t0
-            huge = max(huge, _anon_huge_kb())
+            huge = max(huge, anon_huge_pages_kb(0))
             del t
             best = min(best, dt)
         out["gbps"][v] = nbytes / best / 1e9

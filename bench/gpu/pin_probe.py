@@ -31,19 +31,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from refimpl.torch_runtime.pinning import HostPinner, mapped_buffer, thp_mode, touch_pages  # noqa: E402
+from refimpl.torch_runtime.pinning import HostPinner, anon_huge_pages_kb, mapped_buffer, thp_mode, touch_pages  # noqa: E402
 
 logger = logging.getLogger("pin_probe")
-
-
-def _anon_huge_kb() -> int:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
 
 
 def _cuda_host_alloc(nbytes: int) -> dict:
@@ -63,7 +53,7 @@ def _pinner(nbytes: int, mode: str) -> dict:
     t0 = time.perf_counter()
     t = p.alloc(nbytes, torch.uint8, pinned=True, tag=f"probe-{mode}")
     dt = time.perf_counter() - t0
-    huge = _anon_huge_kb()
+    huge = anon_huge_pages_kb()
     t1 = time.perf_counter()
     p.free(t)
     unreg = time.perf_counter() - t1

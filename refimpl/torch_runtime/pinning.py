@@ -185,6 +185,18 @@ def thp_mode() -> str:
     return "unknown"
 
 
+def anon_huge_pages_kb(unknown: int = -1) -> int:
+    """The machine's ``AnonHugePages`` in KiB (from /proc/meminfo), or ``unknown`` where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return unknown
+
+
 def touch_pages(buf: torch.Tensor, stride: int = _PAGE) -> None:
     """Write one zero byte every ``stride`` bytes of ``buf`` so the kernel faults every page in now.
 
