@@ -167,14 +167,17 @@ def comm_raw(args, checks: list) -> dict | None:
 
     pgs = []
 
-    def create():
-        for _ in range(args.comms):
-            pg = dist.new_group(ranks, backend="nccl")
-            t = torch.ones(1, device=dev)
-            dist.all_reduce(t, group=pg)
-            pgs.append(pg)
+    def first_collectives():
+        for pg in pgs:
+            dist.all_reduce(torch.ones(1, device=dev), group=pg)
 
-    create_s = timed(create)
+    # apart, as the lifecycle pays them (torch initialises NCCL lazily, at the first collective)
+    group_s = timed(lambda: pgs.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
+    first_s = timed(first_collectives)
+    create_s = group_s + first_s
+    unused = []
+    timed(lambda: unused.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
+    destroy_unused_s = timed(lambda: [dist.destroy_process_group(pg) for pg in unused])
     handles = [nccl.pg_comm_handles(pg, create_lazy=False) for pg in pgs]
     flat = [h for hs in handles for h in hs]
     per = []
@@ -197,13 +200,16 @@ def comm_raw(args, checks: list) -> dict | None:
         nccl.resume_comms([h])
         row["resume_s"] = time.perf_counter() - t0
         row["retaken_bytes"] = free0 - torch.cuda.mem_get_info(dev)[0]
+    first_after_resume_s = timed(first_collectives)  # the canary's cost on a just-resumed communicator
     ok = True
     for pg in pgs:
         x = torch.full((1 << 20,), float(dist.get_rank() + 1), device=dev)
         dist.all_reduce(x, group=pg)
         ok &= bool(torch.all(x == sum(r + 1 for r in ranks)).item())
     destroy_s = timed(lambda: [dist.destroy_process_group(pg) for pg in pgs])
-    mine = {"create_first_collective_s": create_s, "destroy_s": destroy_s, "per_comm": per, "ok": ok}
+    mine = {"create_first_collective_s": create_s, "create_s": group_s, "first_collective_s": first_s,
+            "first_collective_after_resume_s": first_after_resume_s, "destroy_uninitialized_s": destroy_unused_s,
+            "destroy_s": destroy_s, "per_comm": per, "ok": ok}
     everyone = gathered(mine)
     worst = min(r["freed_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
     back = min(r["retaken_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
@@ -221,12 +227,16 @@ def comm_raw(args, checks: list) -> dict | None:
         "resume_s": max(sum(r["resume_s"] for r in m["per_comm"]) for m in everyone),
         "destroy_s": max(m["destroy_s"] for m in everyone),
         "create_first_collective_s": max(m["create_first_collective_s"] for m in everyone),
+        **{k: max(m[k] for m in everyone) for k in ("create_s", "first_collective_s",
+                                                     "first_collective_after_resume_s", "destroy_uninitialized_s")},
         "per_comm": r0,
     }
     log(f"comm_raw: {out['n_comms']} communicators of {len(ranks)} ranks, "
         f"{out['suspendable_bytes'] / 2**30:.2f} GiB suspendable + {out['persistent_bytes'] / 2**20:.0f} MiB "
         f"persistent; suspend {out['suspend_s']:.3f} s, resume {out['resume_s']:.3f} s, destroy "
-        f"{out['destroy_s']:.3f} s, create + first collective {out['create_first_collective_s']:.3f} s")
+        f"{out['destroy_s']:.3f} s (unused {out['destroy_uninitialized_s']:.3f} s), create {out['create_s']:.3f} s + "
+        f"first collective {out['first_collective_s']:.3f} s, first collective after resume "
+        f"{out['first_collective_after_resume_s']:.3f} s")
     return out
 
 

@@ -33,17 +33,16 @@ log = logging.getLogger(__name__)
 
 _MASK62 = (1 << 62) - 1
 
-_WEIGHT_MOD = 65521  # largest prime below 2**16: position weights 1..65521
-_HASH_CHUNK = _WEIGHT_MOD * 64  # a multiple of the modulus: every chunk has the same position weights
+_DIGEST_COLS = 65521  # words per row of the digest's 2-D view (a prime: power-of-two shifts move every word to another column)
 _WEIGHTS: dict[str, torch.Tensor] = {}
 
 
 def _weights(device: torch.device, n: int) -> torch.Tensor:
-    """Position weights ``j % 65521 + 1`` for the first ``n`` words of any chunk (one tensor per device, kept)."""
+    """Position weights ``j + 1`` for the first ``n`` columns of the digest's view (one tensor per device, kept)."""
     key = str(device)
     w = _WEIGHTS.get(key)
     if w is None:
-        w = _WEIGHTS[key] = torch.arange(_HASH_CHUNK, dtype=torch.int64, device=device) % _WEIGHT_MOD + 1
+        w = _WEIGHTS[key] = torch.arange(1, _DIGEST_COLS + 1, dtype=torch.int64, device=device)
     return w[:n]
 
 
@@ -52,14 +51,36 @@ def release_digest_weights() -> None:
     _WEIGHTS.clear()
 
 
+def _column_sums(words: torch.Tensor) -> torch.Tensor:
+    """Per column ``j`` of ``words`` read as rows of 65,521: the wrapping sum of the words at positions ``j mod 65521``.
+
+    One read of the data: the reduction runs over the leading dimension of a
+    contiguous view in the words' own integer type (wrapping, so the result is
+    the exact sum mod 2**bits in any reduction order), and no widened copy is
+    made. A tail shorter than a row is summed into the first columns.
+    """
+    n = words.numel()
+    rows, tail = divmod(n, _DIGEST_COLS)
+    cols = min(n, _DIGEST_COLS)
+    acc = torch.zeros(cols, dtype=torch.int64, device=words.device)
+    if rows:
+        acc += words[:rows * _DIGEST_COLS].view(rows, _DIGEST_COLS).sum(dim=0, dtype=words.dtype).to(torch.int64)
+    if tail:
+        acc[:tail] += words[rows * _DIGEST_COLS:].to(torch.int64)
+    return acc
+
+
 def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
     """Two 64-bit integer hashes per tensor of its raw bytes, computed where the tensor lives.
 
-    ``h1`` is the wrapping sum of the bytes read as int32 words (uint8 when the
-    size is not a multiple of 4); ``h2`` weights each word by its position mod
-    65521, so permutations and swapped halves change it. Integer sums wrap mod
-    2**64 and are exact in any reduction order, so equal bytes give equal
-    hashes on every rank and device. Meta tensors hash to zeros.
+    The bytes are read as int32 words (uint8 when the size is not a multiple
+    of 4) laid out in rows of 65,521 (a prime); each column's words are summed in their
+    own type (wrapping, one pass over the data with no widened copy). ``h1`` is
+    the sum of the column sums and ``h2`` weights column ``j`` by ``j + 1``, so
+    words moved to another column (swapped halves, any shift that is not a
+    multiple of 65,521 words) change it; whole rows swapped do not. Wrapping integer sums are exact
+    in any reduction order, so equal bytes give equal hashes on every rank and
+    device. Meta tensors hash to zeros.
     """
     dev = device or (tensors[0].device if tensors else torch.device("cpu"))
     out = torch.zeros(2 * len(tensors), dtype=torch.int64, device=dev)
@@ -69,14 +90,9 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
         raw = t.detach().reshape(-1)
         raw = raw.contiguous().view(torch.uint8) if raw.dtype != torch.bool else raw.view(torch.uint8)
         words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-        h1 = torch.zeros((), dtype=torch.int64, device=t.device)
-        h2 = torch.zeros((), dtype=torch.int64, device=t.device)
-        for lo in range(0, words.numel(), _HASH_CHUNK):
-            x = words[lo:lo + _HASH_CHUNK].to(torch.int64)
-            h1 += x.sum()
-            h2 += (x * _weights(t.device, x.numel())).sum()
-        out[2 * i] = h1.to(dev)
-        out[2 * i + 1] = h2.to(dev)
+        cols = _column_sums(words)
+        out[2 * i] = cols.sum().to(dev)
+        out[2 * i + 1] = (cols * _weights(t.device, cols.numel())).sum().to(dev)
     return out
 
 

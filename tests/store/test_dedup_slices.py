@@ -93,3 +93,24 @@ def test_config_validation_and_debug_mode(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "four")
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE"):
         DedupConfig().ranks_per_host()
+
+
+@pytest.mark.parametrize("numel", [65521 * 3, 65521 * 4 + 17, 1 << 20])
+def test_digest_of_tensors_longer_than_a_row_sees_moved_and_changed_words(numel):
+    """Past one row of the digest's view the sums run per column in one pass: halves swapped (a power-of-two
+    shift included), one word changed in any row, and rows swapped all show."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randint(-2**31, 2**31 - 1, (numel,), dtype=torch.int32, generator=g).view(torch.float32)
+    d0 = content_digest([base])
+    assert torch.equal(d0, content_digest([base.clone()]))
+    half = numel // 2
+    assert not torch.equal(d0, content_digest([torch.cat([base[half:], base[:half]])]))
+    for pos in (0, 65521, numel - 1):  # first, second row, the tail
+        changed = base.clone().view(torch.int32)
+        changed[pos] += 1
+        assert not torch.equal(d0, content_digest([changed.view(torch.float32)]))
+    rows = base.clone()
+    rows[:65521], rows[65521:2 * 65521] = base[65521:2 * 65521], base[:65521]  # whole rows swapped: same columns
+    assert torch.equal(content_digest([rows])[0], d0[0])  # h1 is order-blind by design ...
+    wrapped = torch.full((65521 * 2,), -1, dtype=torch.int32)  # ... and sums wrap instead of overflowing
+    assert content_digest([wrapped]).tolist() == [-65521 * 2, -2 * sum(range(1, 65522))]
