@@ -5,11 +5,14 @@
 
 On N GPUs of one host (one process per GPU, NCCL; preload NCCL >= 2.29.7 for SUSPEND, see docs/gpu.md):
 
-* ``switch_window``: the lifecycle of every :class:`PGPolicy` over the 14 Relax group families of a
+* ``switch_window``: the lifecycle of every :class:`PGPolicy` and benchmark variant
+  (``SUSPEND_PLANNED_LAZY``, :data:`sim.switch_window.VARIANTS`) over the 14 Relax group families of a
   (dp=N, tp=1) mesh (:func:`mesh_groups`), driven by the same :func:`run_steps` as the simulator's
-  ``timeshare bench switch-window``; one :class:`PolicyResult` per policy (field names as there), so
-  ``timeshare bench switch-window --dp N --tp 1 --steps S --warmup W --train-s 0 --rollout-s R``
-  predicts the same record.
+  ``timeshare bench switch-window``; one :class:`PolicyResult` per row (field names as there: the
+  phases, NCCL memory in the rollout, the first collectives after the wake and whether they were
+  bitwise right), so ``timeshare bench switch-window --dp N --tp 1 --steps S --warmup W --train-s 0
+  --rollout-s R`` predicts the same record. ``goals`` says how SUSPEND_PLANNED compares with issue
+  12's goal (window <= 0.5 x DESTROY_DEFERRED, NCCL memory in the rollout <= 2% of PAUSED_LIVE's).
 * ``comm_raw``: 14 NCCL communicators over all ranks, created and used once, suspended one after the
   other (bytes freed per ``cudaMemGetInfo``), resumed (collective checked), destroyed; totals and
   per communicator.
@@ -59,6 +62,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--gap-s", type=float, default=0.25, help="pause between offload and reload")
     p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, tiny sizes, short rollout")
+    p.add_argument("--rows", nargs="+", metavar="ROW", help="switch-window rows to run (default: every PGPolicy "
+                   "and variant, sim.switch_window.row_names())")
     return p.parse_args()
 
 
@@ -100,7 +105,7 @@ def can_suspend() -> str | None:
 
 
 def switch_window(args, checks: list) -> dict:
-    from bench.switch_window import format_results, mesh_groups, run_steps, summarize
+    from bench.switch_window import format_results, mesh_groups, plan_rules, resolve, row_names, run_steps, summarize
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
 
@@ -108,37 +113,61 @@ def switch_window(args, checks: list) -> dict:
     backend = "nccl" if dist.get_backend() == "nccl" else None
     no_suspend = can_suspend()
     results, skipped = [], {}
-    for policy in PGPolicy:
+    for row in (args.rows or row_names()):
+        row, policy = resolve(row)
         if policy.suspends and no_suspend:
-            skipped[policy.name] = no_suspend
+            skipped[row] = no_suspend
             continue
         t0 = time.monotonic()
         rt = TorchRuntime()
-        specs = [GroupSpec(f"{policy.value}.{s.name}", s.ranks, backend=backend) for s in mesh_groups(n, 1)]
-        lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=policy, cooldown_s=args.cooldown_s,
-                                                           control_group=f"{policy.value}.control"))
+        prefix = row.lower()
+        specs = [GroupSpec(f"{prefix}.{s.name}", s.ranks, backend=backend) for s in mesh_groups(n, 1)]
         tp = next(s.name for s in specs if s.name.split(".")[1].rstrip("0123456789") == "tp" and rt.rank in s.ranks)
+        lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=policy, cooldown_s=args.cooldown_s,
+                                                           control_group=f"{prefix}.control"),
+                         plan=plan_rules(row, tp))
         steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
                                  sync_group=tp))
-        results.append(summarize(policy, gathered(steps), warmup=args.warmup))
+        results.append(summarize(row, gathered(steps), warmup=args.warmup))
         rt.run(lc.pause(policy=PGPolicy.DESTROY_DEFERRED))  # no communicators left for the next policy
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-        log(f"  {policy.name}: {time.monotonic() - t0:.1f} s")
+        log(f"  {row}: {time.monotonic() - t0:.1f} s")
     per_rank = sum(1 for s in mesh_groups(n, 1) if 0 in s.ranks)
     header = (f"switch window per RL step (measured, {n} ranks): {per_rank} groups per rank, "
               f"cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; mean of steps "
               f"{args.warmup + 1}-{args.steps}")
     log(format_results(results, header))
-    if any(r.policy == "DESTROY" for r in results) and any(r.policy == "DESTROY_DEFERRED" for r in results):
-        base = next(r for r in results if r.policy == "DESTROY").total
-        dd = next(r for r in results if r.policy == "DESTROY_DEFERRED").total
+    log("first collectives after the wake (training, outside the window): "
+        + ", ".join(f"{r.policy} {r.first_use_after_wake:.3f} s" for r in results if r.first_use_after_wake is not None))
+    by = {r.policy: r for r in results}
+    if "DESTROY" in by and "DESTROY_DEFERRED" in by:
+        base, dd = by["DESTROY"].total, by["DESTROY_DEFERRED"].total
         checks.append(("DESTROY_DEFERRED beats DESTROY", dd < base, f"{dd:.3f} s vs {base:.3f} s"))
+    for r in results:
+        if r.bitwise_after_wake is not None:
+            checks.append((f"{r.policy}: first collectives after every wake bitwise right", r.bitwise_after_wake, ""))
+    goals = []
+    for row in ("SUSPEND_PLANNED", "SUSPEND_PLANNED_LAZY"):
+        if row in by and "DESTROY_DEFERRED" in by and "PAUSED_LIVE" in by:
+            r, dd, live = by[row], by["DESTROY_DEFERRED"], by["PAUSED_LIVE"]
+            held = None if r.held_in_rollout_gib is None or not live.held_in_rollout_gib else \
+                r.held_in_rollout_gib / live.held_in_rollout_gib
+            goals.append({"row": row, "window_vs_destroy_deferred": r.total / dd.total,
+                          "window_goal_met": r.total <= 0.5 * dd.total,
+                          "held_vs_paused_live": held, "memory_goal_met": held is not None and held <= 0.02,
+                          "per_step_with_first_use_vs_destroy_deferred":
+                              (r.total + (r.first_use_after_wake or 0)) / (dd.total + (dd.first_use_after_wake or 0)),
+                          "bitwise_after_every_wake": r.bitwise_after_wake})
+            log(f"issue 12 goal, {row}: window {r.total:.3f} s = {r.total / dd.total:.3f} x DESTROY_DEFERRED "
+                f"(goal <= 0.5), NCCL memory in the rollout "
+                f"{'unknown' if held is None else f'{held:.4f}'} x PAUSED_LIVE's (goal <= 0.02), bitwise after every "
+                f"wake: {r.bitwise_after_wake}")
     out = {"settings": {"dp": n, "tp": 1, "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,
                         "rollout_s": args.rollout_s, "cooldown_s": args.cooldown_s,
                         "groups_per_rank": sum(1 for s in mesh_groups(n, 1) if 0 in s.ranks)},
-           "results": [asdict(r) for r in results]}
+           "results": [asdict(r) for r in results], "goals": goals}
     if skipped:
         out["skipped"] = skipped
     return out
