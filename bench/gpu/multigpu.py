@@ -236,9 +236,21 @@ def comm_raw(args, checks: list) -> dict | None:
         dist.all_reduce(x, group=pg)
         ok &= bool(torch.all(x == sum(r + 1 for r in ranks)).item())
     destroy_s = timed(lambda: [dist.destroy_process_group(pg) for pg in pgs])
+    # the same number of initialised communicators aborted (ncclCommAbort, no graceful shutdown) instead of
+    # destroyed: a candidate for SUSPEND_PLANNED's DESTROY action if it is much cheaper (issue 12)
+    abort_s: float | None = None
+    try:
+        from refimpl.torch_runtime.runtime import _abort
+
+        doomed: list = []
+        timed(lambda: doomed.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
+        timed(lambda: [dist.all_reduce(torch.ones(1, device=dev), group=pg) for pg in doomed])
+        abort_s = timed(lambda: [_abort(pg) for pg in doomed])
+    except Exception as e:  # noqa: BLE001 - recorded, the figures above stand
+        log(f"comm_raw: aborting initialised communicators failed: {e!r}")
     mine = {"create_first_collective_s": create_s, "create_s": group_s, "first_collective_s": first_s,
             "first_collective_after_resume_s": first_after_resume_s, "destroy_uninitialized_s": destroy_unused_s,
-            "destroy_s": destroy_s, "per_comm": per, "ok": ok}
+            "destroy_s": destroy_s, "abort_s": abort_s, "per_comm": per, "ok": ok}
     everyone = gathered(mine)
     worst = min(r["freed_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
     back = min(r["retaken_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
@@ -256,6 +268,7 @@ def comm_raw(args, checks: list) -> dict | None:
         "resume_s": max(sum(r["resume_s"] for r in m["per_comm"]) for m in everyone),
         "destroy_s": max(m["destroy_s"] for m in everyone),
         "create_first_collective_s": max(m["create_first_collective_s"] for m in everyone),
+        "abort_s": None if any(m["abort_s"] is None for m in everyone) else max(m["abort_s"] for m in everyone),
         **{k: max(m[k] for m in everyone) for k in ("create_s", "first_collective_s",
                                                      "first_collective_after_resume_s", "destroy_uninitialized_s")},
         "per_comm": r0,
@@ -265,7 +278,8 @@ def comm_raw(args, checks: list) -> dict | None:
         f"persistent; suspend {out['suspend_s']:.3f} s, resume {out['resume_s']:.3f} s, destroy "
         f"{out['destroy_s']:.3f} s (unused {out['destroy_uninitialized_s']:.3f} s), create {out['create_s']:.3f} s + "
         f"first collective {out['first_collective_s']:.3f} s, first collective after resume "
-        f"{out['first_collective_after_resume_s']:.3f} s")
+        f"{out['first_collective_after_resume_s']:.3f} s, abort (initialised) "
+        f"{'failed' if out['abort_s'] is None else format(out['abort_s'], '.3f') + ' s'}")
     return out
 
 
