@@ -38,14 +38,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from refimpl.comm.group_plan import GroupAction
 from refimpl.comm.states import PGEvent, PGState
 from refimpl.runtime.base import GroupError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from refimpl.comm.lifecycle import PGLifecycle
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +69,9 @@ def request_votes(groups: tuple[str, ...], names: Iterable[str] | None) -> list[
 
 class LazyWake:
     """The lazy-wake operations of :class:`refimpl.comm.PGLifecycle` (a mixin: it uses the lifecycle's state,
-    role groups, plan, canary and transitions)."""
+    role groups, plan, canary and transitions; not imported here, so no import cycle)."""
 
-    async def use(self: "PGLifecycle", names: Iterable[str] | None = None) -> PGState:
+    async def use(self, names: Iterable[str] | None = None) -> PGState:
         """Bring up the groups named here on any rank that a lazy wake left down; every rank calls it at once.
 
         ``names``: the groups this rank is about to use (None: every group).
@@ -90,7 +87,7 @@ class LazyWake:
             await self._bring_lazy(names)
         return self.state
 
-    async def run_on(self: "PGLifecycle", names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
+    async def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
         """:meth:`use` ``names``, then run ``fn`` (sync or async) as one agreed step on every rank.
 
         A collective in ``fn`` on a group still left down fails every rank with
@@ -103,7 +100,7 @@ class LazyWake:
 
     # ------------------------------------------------------------------ performing it
 
-    async def _lazy_call(self: "PGLifecycle", fn: Callable[[], Any]) -> Any:
+    async def _lazy_call(self, fn: Callable[[], Any]) -> Any:
         try:
             result = fn()
             if inspect.isawaitable(result):
@@ -115,7 +112,7 @@ class LazyWake:
                 raise clear from exc
             raise
 
-    def _explain_lazy(self: "PGLifecycle", exc: BaseException) -> LazyGroupError | None:
+    def _explain_lazy(self, exc: BaseException) -> LazyGroupError | None:
         """A clear error if ``exc`` came from a collective on a group the lazy wake left down."""
         if not isinstance(exc, GroupError) or isinstance(exc, LazyGroupError):
             return None
@@ -130,7 +127,7 @@ class LazyWake:
                 )
         return None
 
-    async def _bring_lazy(self: "PGLifecycle", names: Iterable[str] | None) -> None:
+    async def _bring_lazy(self, names: Iterable[str] | None) -> None:
         """ACTIVE_LAZY: agree the union of the wanted groups, then bring up those left down (one walk, one canary)."""
         rt = self.rt
         error: Exception | None = None

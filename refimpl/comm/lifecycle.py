@@ -470,6 +470,14 @@ class BlockingPGLifecycle:
         """See :meth:`PGLifecycle.resume`."""
         return self.lifecycle.rt.run(self.lifecycle.resume())
 
+    def use(self, names: Iterable[str] | None = None) -> PGState:
+        """See :meth:`PGLifecycle.use` (:mod:`refimpl.comm.lazy_wake`)."""
+        return self.lifecycle.rt.run(self.lifecycle.use(names))
+
+    def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
+        """See :meth:`PGLifecycle.run_on` (:mod:`refimpl.comm.lazy_wake`)."""
+        return self.lifecycle.rt.run(self.lifecycle.run_on(names, fn))
+
 
 __all__ = [
     "BlockingPGLifecycle",

@@ -63,7 +63,7 @@ def _lazy(rank, world_size):
     except Exception as exc:  # noqa: BLE001 - what it is, is the assertion
         out["refused"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
     # rank 0 names ep, the others their own one-rank group: the union comes up everywhere
-    rt.run(lc.use([f"{p}.ep"] if rank == 0 else [f"{p}.solo{rank}"]))
+    lc.sync.use([f"{p}.ep"] if rank == 0 else [f"{p}.solo{rank}"])  # the synchronous facade
     out["after_use"] = dict(state=lc.state.name, left=sorted(lc.planned.left_down),
                             sums=_sums(rt, [f"{p}.ep", *(f"{p}.solo{r}" for r in range(1, world_size))]),
                             gen=rt.group_spec(f"{p}.ep").generation)
