@@ -56,15 +56,28 @@ def parse() -> argparse.Namespace:
     p.add_argument("--train-s", type=float, default=0.0)
     p.add_argument("--rollout-s", type=float, default=3.0)
     p.add_argument("--cooldown-s", type=float, default=2.0)
+    p.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
+                   help="PGPolicy names, or benchmark variants (SUSPEND_PLANNED_LAZY), for the switch window "
+                        "(default: every policy and variant, sim.switch_window.row_names())")
     p.add_argument("--comms", type=int, default=14, help="communicators in comm_raw")
     p.add_argument("--gib", type=float, default=8.0, help="replicated bf16 state per rank for dedup, GiB")
     p.add_argument("--tensors", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--gap-s", type=float, default=0.25, help="pause between offload and reload")
     p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, tiny sizes, short rollout")
-    p.add_argument("--rows", nargs="+", metavar="ROW", help="switch-window rows to run (default: every PGPolicy "
-                   "and variant, sim.switch_window.row_names())")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.policies is not None:
+        from sim.switch_window import resolve, row_names
+
+        bad = []
+        for n in args.policies:
+            try:
+                resolve(n)
+            except ValueError:
+                bad.append(n)
+        if bad:
+            p.error(f"unknown --policies {bad}; choose from {row_names()}")
+    return args
 
 
 def log(msg: str) -> None:
@@ -113,7 +126,7 @@ def switch_window(args, checks: list) -> dict:
     backend = "nccl" if dist.get_backend() == "nccl" else None
     no_suspend = can_suspend()
     results, skipped = [], {}
-    for row in (args.rows or row_names()):
+    for row in (args.policies or row_names()):
         row, policy = resolve(row)
         if policy.suspends and no_suspend:
             skipped[row] = no_suspend
