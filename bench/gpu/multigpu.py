@@ -125,7 +125,7 @@ def switch_window(args, checks: list) -> dict:
     n = dist.get_world_size()
     backend = "nccl" if dist.get_backend() == "nccl" else None
     no_suspend = can_suspend()
-    results, skipped = [], {}
+    results, skipped, spans = [], {}, {}
     for row in (args.policies or row_names()):
         row, policy = resolve(row)
         if policy.suspends and no_suspend:
@@ -142,6 +142,10 @@ def switch_window(args, checks: list) -> dict:
         steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
                                  sync_group=tp))
         results.append(summarize(row, gathered(steps), warmup=args.warmup))
+        # every lifecycle span (pause, plan walks, destroy/rebuild walks, canary, weight sync) of every step, per
+        # rank: where each phase's time goes ([name, start s from the first, duration s])
+        base = min((a for _, a, _ in rt.spans), default=0.0)
+        spans[row] = gathered([[name, round(a - base, 6), round(b - a, 6)] for name, a, b in rt.spans])
         rt.run(lc.pause(policy=PGPolicy.DESTROY_DEFERRED))  # no communicators left for the next policy
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -180,7 +184,7 @@ def switch_window(args, checks: list) -> dict:
     out = {"settings": {"dp": n, "tp": 1, "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,
                         "rollout_s": args.rollout_s, "cooldown_s": args.cooldown_s,
                         "groups_per_rank": sum(1 for s in mesh_groups(n, 1) if 0 in s.ranks)},
-           "results": [asdict(r) for r in results], "goals": goals}
+           "results": [asdict(r) for r in results], "goals": goals, "spans": spans}
     if skipped:
         out["skipped"] = skipped
     return out
@@ -261,9 +265,10 @@ def comm_raw(args, checks: list) -> dict | None:
         abort_s = timed(lambda: [_abort(pg) for pg in doomed])
     except Exception as e:  # noqa: BLE001 - recorded, the figures above stand
         log(f"comm_raw: aborting initialised communicators failed: {e!r}")
+    mesh = _mesh_walk(dev)
     mine = {"create_first_collective_s": create_s, "create_s": group_s, "first_collective_s": first_s,
             "first_collective_after_resume_s": first_after_resume_s, "destroy_uninitialized_s": destroy_unused_s,
-            "destroy_s": destroy_s, "abort_s": abort_s, "per_comm": per, "ok": ok}
+            "destroy_s": destroy_s, "abort_s": abort_s, "per_comm": per, "ok": ok, "mesh": mesh}
     everyone = gathered(mine)
     worst = min(r["freed_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
     back = min(r["retaken_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
@@ -285,6 +290,8 @@ def comm_raw(args, checks: list) -> dict | None:
         **{k: max(m[k] for m in everyone) for k in ("create_s", "first_collective_s",
                                                      "first_collective_after_resume_s", "destroy_uninitialized_s")},
         "per_comm": r0,
+        # the switch window's 14 groups per rank, walked as the lifecycle walks them: per rank, per group
+        "mesh_walk": [m["mesh"] for m in everyone],
     }
     log(f"comm_raw: {out['n_comms']} communicators of {len(ranks)} ranks, "
         f"{out['suspendable_bytes'] / 2**30:.2f} GiB suspendable + {out['persistent_bytes'] / 2**20:.0f} MiB "
@@ -294,6 +301,43 @@ def comm_raw(args, checks: list) -> dict | None:
         f"{out['first_collective_after_resume_s']:.3f} s, abort (initialised) "
         f"{'failed' if out['abort_s'] is None else format(out['abort_s'], '.3f') + ' s'}")
     return out
+
+
+def _mesh_walk(dev) -> list[dict] | None:
+    """The switch window's groups (``mesh_groups(N, 1)``, sorted names, as the lifecycle walks them): each
+    member's first collective and every rank's destroy, timed per group on this rank (issue 12: where the
+    simulated SUSPEND_PLANNED/DESTROY walks fall short of the measured ones)."""
+    from bench.switch_window import mesh_groups
+
+    try:
+        specs = sorted(mesh_groups(dist.get_world_size(), 1), key=lambda s: s.name)
+        me = dist.get_rank()
+        backend = "nccl" if dist.get_backend() == "nccl" else "gloo"
+        sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
+        pgs = {s.name: dist.new_group(list(s.ranks), backend=backend) for s in specs}
+        rows = []
+        sync()
+        dist.barrier()
+        for s in specs:
+            row = {"name": s.name, "size": len(s.ranks), "member": me in s.ranks}
+            if row["member"]:
+                t0 = time.perf_counter()
+                dist.all_reduce(torch.ones(1, device=dev), group=pgs[s.name])
+                sync()
+                row["first_collective_s"] = time.perf_counter() - t0
+            rows.append(row)
+        sync()
+        dist.barrier()
+        for row in rows:  # the lifecycle's walk: TorchRuntime holds no process group where it is not a member
+            pg = pgs[row["name"]]
+            t0 = time.perf_counter()
+            if pg is not dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(pg)
+            row["destroy_s"] = time.perf_counter() - t0
+        return rows
+    except Exception as e:  # noqa: BLE001 - recorded; the figures above stand
+        log(f"comm_raw: the mesh walk failed: {e!r}")
+        return None
 
 
 # --------------------------------------------------------------------------- dedup
