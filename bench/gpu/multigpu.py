@@ -303,10 +303,11 @@ def comm_raw(args, checks: list) -> dict | None:
     return out
 
 
-def _mesh_walk(dev) -> list[dict] | None:
+def _mesh_walk(dev) -> dict | None:
     """The switch window's groups (``mesh_groups(N, 1)``, sorted names, as the lifecycle walks them): each
     member's first collective and every rank's destroy, timed per group on this rank (issue 12: where the
-    simulated SUSPEND_PLANNED/DESTROY walks fall short of the measured ones)."""
+    simulated SUSPEND_PLANNED/DESTROY walks fall short of the measured ones); then a group destroyed right
+    after its collective against one destroyed after 0.5 s, per size."""
     from bench.switch_window import mesh_groups
 
     try:
@@ -334,7 +335,23 @@ def _mesh_walk(dev) -> list[dict] | None:
             if pg is not dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(pg)
             row["destroy_s"] = time.perf_counter() - t0
-        return rows
+        # is a destroy right after the group's collective (as after the weight sync) dearer than one after a
+        # pause? one group of one rank per rank and one of all ranks, each way, three times
+        hot_cold = []
+        n = dist.get_world_size()
+        for size in (1, n):
+            for settle_s in (0.0, 0.5, 0.0, 0.5, 0.0, 0.5):
+                groups = {r: dist.new_group([r], backend=backend) for r in range(n)} if size == 1 else \
+                    {me: dist.new_group(list(range(n)), backend=backend)}
+                pg = groups[me]
+                dist.all_reduce(torch.ones(1, device=dev), group=pg)
+                sync()
+                time.sleep(settle_s)
+                t0 = time.perf_counter()
+                dist.destroy_process_group(pg)
+                hot_cold.append({"size": size, "settle_s": settle_s, "destroy_s": time.perf_counter() - t0})
+                dist.barrier()
+        return {"groups": rows, "destroy_after_use": hot_cold}
     except Exception as e:  # noqa: BLE001 - recorded; the figures above stand
         log(f"comm_raw: the mesh walk failed: {e!r}")
         return None
