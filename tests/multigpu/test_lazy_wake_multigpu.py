@@ -5,7 +5,7 @@ The role groups: an all-rank group ``dp`` (the wake group), an all-rank group
 and one one-rank group per rank that it destroys. The wake brings back ``dp``
 only; ``ep`` stays suspended (its NCCL memory released) and a collective on it
 is refused at once until ``use()`` resumes it, after which a 4 MiB all-reduce on
-it is bitwise right. The next pause from ACTIVE_LAZY suspends only what was used.
+it is bitwise right; ``run_on`` with an unnamed (destroyed) group fails every rank together. The next pause from ACTIVE_LAZY suspends only what was used.
 Needs NCCL >= 2.29.7 loaded (docs/comm.md); otherwise the test skips with the
 whole reason.
 """
@@ -81,10 +81,15 @@ def _lazy(rank, world_size):
             row.update(use_s=time.monotonic() - t0, after_use=sync_state.name, ep_bitwise=_bitwise_sum(rt, f"{p}.ep"))
         row["delta"] = {k: v - s0[k] for k, v in vars(lc.stats).items()}
         out["steps"].append(row)
-    # run_on naming dp; after dp, rank 1 also uses ep (still suspended): every rank fails together, at once
+    # run_on naming dp; after dp, rank 1 also uses its one-rank group (left destroyed): every rank fails together,
+    # at once. The suspended groups come up first: the failure aborts every live group, and aborting a
+    # suspended communicator is not what this test is about
+    rt.run(lc.use([f"{p}.ep", f"{p}.pair"]))
+    out["left_before_run_on"] = sorted(lc.planned.left_down)
+
     def train():
         ok = _bitwise_sum(rt, f"{p}.dp")
-        return _bitwise_sum(rt, f"{p}.ep") if rank == 1 else ok
+        return _bitwise_sum(rt, f"{p}.solo{rank}") if rank == 1 else ok
 
     t0 = time.monotonic()
     try:
@@ -114,6 +119,7 @@ def test_lazy_wake_resumes_a_suspended_communicator_at_its_first_use(gpus):
         # step 2 from ACTIVE_LAZY: dp and ep (used in step 1) suspended again; the pair group stayed down
         assert second["delta"]["comm_suspends"] == 2, second["delta"]
         assert f"{p}.pair" in second["left"] or rank >= 2
+        assert r["left_before_run_on"] == sorted(f"{p}.solo{x}" for x in range(len(results)))
         kind, msg, state, took = r["run_on"]
         assert state == "FAILED" and took < 30
         assert kind == ("LazyGroupError" if rank == 1 else "PeerFailedError"), (kind, msg)
