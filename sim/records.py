@@ -41,9 +41,10 @@ SETTINGS = ("dp", "tp", "steps", "warmup", "train_s", "rollout_s", "cooldown_s",
 COMM_RAW_TIMES = ("suspend_s", "resume_s", "destroy_s", "create_first_collective_s")
 #: optional finer splits a record may carry (totals over n_comms, like the others): the group object alone
 #: (``new_group``), the first collective alone, the first collective after a resume, destroying a group
-#: whose communicator never ran a collective
+#: whose communicator never ran a collective, and a second collective on each (between the first
+#: collectives and the destroys in ``bench/gpu/comm_split_probe.py``)
 COMM_RAW_OPTIONAL_TIMES = ("create_s", "first_collective_s", "first_collective_after_resume_s",
-                           "destroy_uninitialized_s")
+                           "destroy_uninitialized_s", "steady_collective_s")
 
 
 class RecordError(ValueError):
@@ -70,6 +71,7 @@ class CommRaw:
     first_collective_s: float | None = None
     first_collective_after_resume_s: float | None = None
     destroy_uninitialized_s: float | None = None
+    steady_collective_s: float | None = None
 
     def per_comm(self, what: str) -> float | None:
         """``what`` (``suspend_s`` ..., ``suspendable_bytes``) per communicator, or None if not measured."""

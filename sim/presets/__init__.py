@@ -224,6 +224,16 @@ class CommParams:
     every communicator. :meth:`for_size` picks the set for a group size.
     ``resume_first_collective_s`` is what the first collective after a resume
     costs beyond the collective itself (0 where not measured).
+
+    [Note: the proxy's 500 ms poll] ``proxy_poll_s`` (optional key
+    ``proxy_poll``; 0: not modelled) is the poll timeout of NCCL's UDS proxy
+    thread (``ncclProxyServiceUDS`` in NCCL's ``src/proxy.cc``: ``poll(pollfds,
+    1, 500)``, and it reads its stop flag only when the poll returns). Each
+    initialised communicator has that thread (cuMem, the default on Hopper),
+    and ``ncclCommDestroy`` joins it (``commFree``). So destroying an
+    initialised communicator waits for its thread's next poll timeout, which
+    falls ``proxy_poll_s`` apart from the end of its initialisation (the
+    thread's last request): ``destroy_s`` is what is left beyond that wait.
     """
 
     memory_bytes: int
@@ -235,6 +245,8 @@ class CommParams:
     destroy_uninitialized_s: float
     create_group_s: float
     resume_first_collective_s: float = 0.0
+    #: NCCL's UDS proxy thread's poll timeout, which a destroy of an initialised communicator waits out (0: none)
+    proxy_poll_s: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None
 
@@ -255,7 +267,7 @@ _COMM_FIELDS = {
 }
 #: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
 _COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
-                  "resume_first_collective_multi": "time"}
+                  "resume_first_collective_multi": "time", "proxy_poll": "time"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
@@ -263,6 +275,8 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
     raw = section(raw, where, _COMM_FIELDS, optional=_COMM_OPTIONAL)
     v = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_FIELDS.items()}
     opt = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_OPTIONAL.items() if k in raw}
+
+    poll = opt.get("proxy_poll", 0.0)
 
     def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
         return CommParams(
@@ -275,6 +289,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
             destroy_uninitialized_s=values["destroy_uninitialized"],
             create_group_s=values["create_group"],
             resume_first_collective_s=first_after_resume,
+            proxy_poll_s=poll,
         )
 
     one_rank_first = opt.get("resume_first_collective", 0.0)
