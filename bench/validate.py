@@ -12,7 +12,10 @@ policies by total time. For an offload report the store's steady offload and
 reload of each shape are compared (:func:`sim.calibration.compare`), with the
 preset's own PCIe rates rather than the ones measured in the same run, the
 report's phase gap, and the memory another role freed right before the reload
-(``other_role_bytes``), which the driver scrubs while the reload waits.
+(``other_role_bytes``), which the driver scrubs while the reload waits. A
+multigpu record's ``dedup`` section (the ``local`` and ``local_dedup`` reloads
+of replicated state on every rank at once) is replayed by
+:mod:`bench.validate_dedup`, held to the offload tolerance.
 
 [Note: how the switch window is charged] Every rank runs the lifecycle's
 code. Each communicator operation is charged per rank, on the rank that does
@@ -187,6 +190,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
     parser.add_argument("--floor-s", type=float, default=0.1,
                      help="phases shorter than this are held to tolerance x this many seconds (default 0.1)")
+    parser.add_argument("--no-dedup", action="store_true",
+                        help="leave out the dedup section of multigpu records (its replay takes a few seconds)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,7 +204,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         for path in args.records:
             rec = load_record(path)
-            if isinstance(rec, MultiGpuRecord) and rec.switch_window is not None:
+            dedup_rows = []
+            if isinstance(rec, MultiGpuRecord) and rec.dedup and not args.no_dedup:
+                from bench.validate_dedup import validate_dedup
+
+                dedup_rows = validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
+            if isinstance(rec, MultiGpuRecord) and rec.switch_window is None and dedup_rows:
+                rows += dedup_rows
+            elif isinstance(rec, MultiGpuRecord) and rec.switch_window is not None:
+                rows += dedup_rows
                 r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance, floor_s=args.floor_s)
                 rows += r
                 same = facts["measured_order"] == facts["predicted_order"]
@@ -216,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             elif isinstance(rec, OffloadRecord):
                 rows += validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance)
             else:
-                print(f"{rec.name}: nothing to validate (no switch_window, not an offload report)")
+                print(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
                 continue
             checked += 1
     except (RecordError, PresetError) as exc:
