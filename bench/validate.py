@@ -163,6 +163,18 @@ def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = O
     return rows
 
 
+def validate_dedup(record: MultiGpuRecord, preset: str, offload_preset: str, *,
+                   tolerance: float = OFFLOAD_TOLERANCE) -> list[Row]:
+    """Rows for the record's ``dedup`` section: each reload replayed by :func:`bench.validate_dedup.compare_dedup`."""
+    from bench.validate_dedup import compare_dedup
+    from sim.presets import load_preset_data
+
+    for p in (preset, offload_preset):
+        check_disjoint(load_preset_data(p), record, "dedup")
+    return [Row(record.name, what, measured, predicted, tolerance)
+            for what, measured, predicted in compare_dedup(record, preset, offload_preset)]
+
+
 def format_rows(rows: list[Row]) -> str:
     """A table: measured, predicted, error and verdict per row."""
     lines = [f"{'record / what':<70}{'measured s':>12}{'predicted s':>13}{'error':>9}  verdict"]
@@ -206,8 +218,6 @@ def run(args: argparse.Namespace) -> int:
             rec = load_record(path)
             dedup_rows = []
             if isinstance(rec, MultiGpuRecord) and rec.dedup and not args.no_dedup:
-                from bench.validate_dedup import validate_dedup
-
                 dedup_rows = validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
             if isinstance(rec, MultiGpuRecord) and rec.switch_window is None and dedup_rows:
                 rows += dedup_rows
@@ -243,5 +253,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["ABS_FLOOR_S", "OFFLOAD_TOLERANCE", "Row", "SWITCH_TOLERANCE", "add_arguments", "check_disjoint",
-           "fitted_on", "format_rows", "median_abs_error", "run", "simulate_switch_window", "validate_offload",
-           "validate_switch_window"]
+           "fitted_on", "format_rows", "median_abs_error", "run", "simulate_switch_window", "validate_dedup",
+           "validate_offload", "validate_switch_window"]

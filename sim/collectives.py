@@ -36,7 +36,9 @@ communicator first waits for its NCCL UDS proxy thread's next poll timeout,
 poll] in :mod:`sim.presets`): a communicator destroyed right after its first
 collective waits almost the whole period, and a walk destroying communicators
 initialised one after the other is paced by their initialisations. Gloo groups
-hold no device memory.
+hold no device memory; where the preset has ``agreement``, a collective on a
+Gloo group (the lifecycle's agreements) takes that long
+(:meth:`NcclComm.gloo_collective_time`, charged by the rendezvous).
 """
 from __future__ import annotations
 
@@ -222,6 +224,15 @@ class NcclComm:
         if poll <= 0 or origin is None or self._clock is None:
             return 0.0
         return (origin - self._clock()) % poll
+
+    def gloo_collective_time(self, spec: GroupSpec) -> float | None:
+        """Seconds one collective on a Gloo group takes, or None where not modelled.
+
+        The preset's ``agreement`` is what one took over two ranks; over ``n`` ranks Gloo's ring makes
+        ``n - 1`` such exchanges (an assumption: only two-rank agreements are recorded), and one rank none.
+        """
+        t = self.params.agreement_s
+        return t * (spec.size - 1) if spec.backend == "gloo" and t > 0 else None
 
     def suspend_time(self, spec: GroupSpec) -> float:
         """Seconds ``ncclCommSuspend`` takes on one rank."""

@@ -20,7 +20,9 @@ What is fitted, and from which part of which record (each fitted constant's
   object alone (``pg_create``), the init alone, the first collective after a
   resume (``nccl_resume_first_collective``) and destroying a never-used group;
 * from ``bench/gpu/h2d_scrub_probe.py`` records: ``h200_scrub``, the driver's
-  scrub rate of freed device memory.
+  scrub rate of freed device memory;
+* from ``bench/agreement_probe.py`` records: ``gloo_agreement``, one lifecycle
+  agreement on the Gloo control group.
 
 Destroying an initialised communicator waits for its NCCL proxy thread's next
 500 ms poll timeout ([Note: the proxy's 500 ms poll] in :mod:`sim.presets`;
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.presets import load_preset_data
-from sim.records import MultiGpuRecord, Record, RecordError, ScrubProbeRecord
+from sim.records import AgreementRecord, MultiGpuRecord, Record, RecordError, ScrubProbeRecord
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,11 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
                                    f"11 GiB H2D right after a free at {rec.fresh_gbps_at_zero_delay:.2f} GB/s against "
                                    f"{rec.reused_gbps:.2f} GB/s into a reused buffer"))
             continue
+        if isinstance(rec, AgreementRecord):
+            out.append(Observation("gloo_agreement", rec.per_agreement_s, rec.name,
+                                   f"median all_reduce(MIN) on the Gloo control group, {rec.world_size} ranks, "
+                                   f"host {rec.host!r}"))
+            continue
         if not isinstance(rec, MultiGpuRecord) or rec.comm_raw is None:
             log.info("%s: nothing to fit (no comm_raw)", rec.name)
             continue
@@ -189,6 +196,7 @@ _UNITS = {
     "nccl_comm_persistent": ("MiB", 1 / MiB, "persistent"), "h200_scrub": ("GB/s", 1e-9, None),
     "pg_create": ("ms", 1e3, "create_group"), "nccl_destroy_uninitialized": ("ms", 1e3, "destroy_uninitialized"),
     "nccl_resume_first_collective": ("s", 1.0, "resume_first_collective"), "nccl_proxy_poll": ("ms", 1e3, "proxy_poll"),
+    "gloo_agreement": ("ms", 1e3, "agreement"),
 }
 
 
@@ -207,7 +215,7 @@ def calibrated_preset(base: str, records: Iterable[Record]) -> tuple[dict[str, A
     obs = observations(records, pg_create_s=pg_create_s)
     if not obs:
         raise RecordError("none of the records gives a constant to fit (comm_raw of a multigpu or comm_h200 "
-                          "record, or an h2d_scrub_probe record)")
+                          "record, an h2d_scrub_probe record or an agreement_probe record)")
     by_name: dict[str, list[Observation]] = {}
     for o in obs:
         by_name.setdefault(o.constant, []).append(o)

@@ -234,6 +234,11 @@ class CommParams:
     initialised communicator waits for its thread's next poll timeout, which
     falls ``proxy_poll_s`` apart from the end of its initialisation (the
     thread's last request): ``destroy_s`` is what is left beyond that wait.
+
+    ``agreement_s`` (optional key ``agreement``; 0: not modelled) is what one
+    collective on a two-rank Gloo group takes on this host (the lifecycle's
+    agreements on its control group); it replaces the NCCL ring model for Gloo
+    groups, ``n - 1`` times over ``n`` ranks (:meth:`sim.collectives.NcclComm.gloo_collective_time`).
     """
 
     memory_bytes: int
@@ -247,6 +252,8 @@ class CommParams:
     resume_first_collective_s: float = 0.0
     #: NCCL's UDS proxy thread's poll timeout, which a destroy of an initialised communicator waits out (0: none)
     proxy_poll_s: float = 0.0
+    #: one collective on a Gloo group (a lifecycle agreement) on this host (0: timed like NCCL)
+    agreement_s: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None
 
@@ -267,7 +274,8 @@ _COMM_FIELDS = {
 }
 #: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
 _COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
-                  "resume_first_collective_multi": "time", "proxy_poll": "time"}
+                  "resume_first_collective_multi": "time", "proxy_poll": "time",
+                  "agreement": "time"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
@@ -277,6 +285,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
     opt = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_OPTIONAL.items() if k in raw}
 
     poll = opt.get("proxy_poll", 0.0)
+    agreement = opt.get("agreement", 0.0)
 
     def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
         return CommParams(
@@ -290,6 +299,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
             create_group_s=values["create_group"],
             resume_first_collective_s=first_after_resume,
             proxy_poll_s=poll,
+            agreement_s=agreement,
         )
 
     one_rank_first = opt.get("resume_first_collective", 0.0)

@@ -28,7 +28,9 @@ SCRUB = RESULTS / "2026-11-29-h200-run7" / "h2d_scrub_probe.json"
 SPLIT = [RESULTS / "2026-11-30-h200x2-commsplit" / f"2026-11-30-h200x2-comm-split-ranks{k}.json" for k in (2, 1)]
 #: branch gpu's record of bench/gpu/multigpu.py on 2 x H200 (NCCL 2.32.3, lazy init): comm_raw fitted, switch_window validated
 MULTIGPU = RESULTS / "2026-11-30-h200x2-multigpu" / "multigpu-2026-11-30-nvidia-h200x2.json"
-FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB]
+#: bench/agreement_probe.py on the development VM: one lifecycle agreement on the Gloo control group
+AGREEMENT = RESULTS / "2026-11-30-cpu-agreement" / "agreement-2026-11-30-vmx2.json"
+FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB, AGREEMENT]
 OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
 
 
@@ -199,3 +201,24 @@ def test_two_gpu_lazy_init_record_ranking_and_destroy():
     for what in ("DESTROY sleep", "DESTROY wake_up", "DESTROY total", "DESTROY_DEFERRED wake_up", "PAUSED_LIVE total"):
         assert by[what].ok, f"{what}: {by[what].rel_error:+.1%}"
     assert eager.switch_window.results["DESTROY"]["wake_up"] > 100 * lazy.switch_window.results["DESTROY"]["wake_up"]
+
+
+def test_dedup_reload_of_the_two_gpu_record_within_10_percent():
+    """multigpu.py's dedup section (8 GiB of replicated bf16 state per rank, groups of 2, every rank reloading at
+    once): the same store code replayed on 2 simulated H200s (bench/validate_dedup.py), not fitted on it."""
+    from bench.validate import validate_dedup
+    from bench.validate_dedup import predict_dedup
+
+    rec = load_record(MULTIGPU)
+    rows = validate_dedup(rec, "calibrated/hgx-h200-8x", "calibrated/h200-1x")
+    assert [r.what for r in rows] == ["dedup g=2 local reload", "dedup g=2 dedup reload", "dedup g=2 one_gather reload"]
+    assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.1%}" for r in rows]
+    by = {r.what: r for r in rows}
+    measured_ratio = by["dedup g=2 dedup reload"].measured / by["dedup g=2 local reload"].measured  # 0.540
+    assert by["dedup g=2 dedup reload"].predicted / by["dedup g=2 local reload"].predicted == pytest.approx(
+        measured_ratio, rel=0.1)
+    row = rec.dedup[0]
+    pred = predict_dedup(2, 2, row["state_bytes_per_rank"], preset="calibrated/hgx-h200-8x",
+                         offload_preset="calibrated/h200-1x", gap_s=row["gap_s"])
+    assert (pred["host_bytes_local"], pred["host_bytes_dedup"]) == (row["host_bytes_per_rank_local"],
+                                                                    row["host_bytes_per_rank_dedup"])
