@@ -25,8 +25,15 @@ the ranks run in parallel, so a phase costs the slowest rank's walk, not the
 sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
 first collective (charged by the collective itself, ``init_at_collective``);
-a group destroyed before any collective costs ``destroy_uninitialized``.
-Agreements and canaries are collectives of the collective model.
+a group destroyed before any collective costs ``destroy_uninitialized``, an
+initialised one waits for its NCCL proxy thread's next 500 ms poll timeout
+(``proxy_poll``, from the end of its init) and costs ``destroy`` more. So the
+weight sync, which destroys the sync group right after its first collective,
+waits almost a whole poll period, and a pause that destroys the groups the
+training step just initialised is paced by those inits. Agreements are
+collectives on the Gloo control group (``agreement`` each, where the preset has
+it); a canary on a just-resumed group pays ``resume_first_collective`` on top of
+the collective model.
 
 A record part that was used to fit the preset (a constant's ``source`` names
 the record file, with no ``#section`` or with the same section, or its
