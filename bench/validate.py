@@ -216,7 +216,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
     from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-    from sim.presets import PresetError
+    from sim.presets import PresetError, load_preset_data
     from sim.records import load_record
 
     rows, orders_ok, checked = [], True, 0
@@ -226,9 +226,16 @@ def run(args: argparse.Namespace) -> int:
             dedup_rows = []
             if isinstance(rec, MultiGpuRecord) and rec.dedup and not args.no_dedup:
                 dedup_rows = validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
-            if isinstance(rec, MultiGpuRecord) and rec.switch_window is None and dedup_rows:
+            window = isinstance(rec, MultiGpuRecord) and rec.switch_window is not None
+            if window and dedup_rows:  # a switch window the preset was fitted on leaves the dedup rows to check
+                try:
+                    check_disjoint(load_preset_data(args.preset), rec, "switch_window")
+                except RecordError as exc:
+                    print(f"{rec.name}: switch_window not validated: {exc}")
+                    window = False
+            if isinstance(rec, MultiGpuRecord) and not window and dedup_rows:
                 rows += dedup_rows
-            elif isinstance(rec, MultiGpuRecord) and rec.switch_window is not None:
+            elif window:
                 rows += dedup_rows
                 r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance, floor_s=args.floor_s)
                 rows += r

@@ -206,8 +206,14 @@ def _unit(name: str) -> tuple[str, float, str | None]:
     return unit, factor, (None if key is None else key + ("_multi" if name.endswith("_multi") else ""))
 
 
-def calibrated_preset(base: str, records: Iterable[Record]) -> tuple[dict[str, Any], list[Observation]]:
-    """The base preset's JSON with every constant the records give replaced (or added), and the observations."""
+def calibrated_preset(base: str, records: Iterable[Record], *,
+                      canary_from: Iterable[Record] = ()) -> tuple[dict[str, Any], list[Observation]]:
+    """The base preset's JSON with every constant the records give replaced (or added), and the observations.
+
+    ``canary_from``: records whose SUSPEND ``wake_up`` gives the first collective after a resume of a
+    multi-rank communicator, once everything else is fitted (:mod:`sim.fit_window`; it replaces the
+    ``comm_raw`` figure of that constant).
+    """
     data = copy.deepcopy(load_preset_data(base))
     consts = data["constants"]
     pg = consts.get("pg_create")
@@ -229,6 +235,22 @@ def calibrated_preset(base: str, records: Iterable[Record]) -> tuple[dict[str, A
             data["comm"][key] = name
         elif name == "h200_scrub":
             data["copy"]["scrub_bandwidth"] = name
+    canary = list(canary_from)
+    if canary:
+        from sim.fit_window import CONSTANT, derive_resume_canary
+
+        derived = []
+        for rec in canary:
+            if not isinstance(rec, MultiGpuRecord):
+                raise RecordError(f"{rec.name}: --canary-from needs a multigpu record with a switch window")
+            value, how = derive_resume_canary(rec, data)
+            derived.append(Observation(CONSTANT, value, f"{rec.name}#switch_window", how))
+        obs = [o for o in obs if o.constant != CONSTANT] + derived
+        value = statistics.mean(o.value for o in derived)
+        parts = "; ".join(f"{o.record}: {o.how} = {o.value:.6g} s" for o in derived)
+        consts[CONSTANT] = {"value": round(value, 6), "unit": "s", "source": f"derived by timeshare sim calibrate "
+                            f"--canary-from ({'mean of ' if len(derived) > 1 else ''}{parts})"}
+        data["comm"]["resume_first_collective_multi"] = CONSTANT
     data["name"] = f"{data.get('name', base)}-calibrated"
     data["description"] = (f"{data.get('description', base)}; communicator and scrub constants fitted by "
                            f"timeshare sim calibrate on {sorted({o.record.split('#')[0] for o in obs})}")
