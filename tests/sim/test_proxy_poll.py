@@ -114,7 +114,7 @@ def test_the_simulated_probe_gives_the_destroys_of_the_fit_set_records(k):
         return t[1] - t[0], t[3] - t[2]
 
     first, destroy = max(world.run(fn), key=lambda r: r[1])
-    assert first == pytest.approx(raw.first_collective_s, rel=0.02)  # init_multi: the mean of two records
+    assert first == pytest.approx(raw.first_collective_s, rel=0.05)  # init_multi: the mean of three records
     assert destroy == pytest.approx(raw.destroy_s, rel=0.02)
     if k == 1:  # inits 35 ms apart: the walk ends one poll period after the last init, whatever the count
         assert destroy == pytest.approx(NCCL_PROXY_POLL_S, abs=0.002)
