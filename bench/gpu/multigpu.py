@@ -53,13 +53,22 @@ def parse() -> argparse.Namespace:
     p.add_argument("--train-s", type=float, default=0.0)
     p.add_argument("--rollout-s", type=float, default=3.0)
     p.add_argument("--cooldown-s", type=float, default=2.0)
+    p.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
+                   help="PGPolicy names for the switch window (default: every policy)")
     p.add_argument("--comms", type=int, default=14, help="communicators in comm_raw")
     p.add_argument("--gib", type=float, default=8.0, help="replicated bf16 state per rank for dedup, GiB")
     p.add_argument("--tensors", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--gap-s", type=float, default=0.25, help="pause between offload and reload")
     p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, tiny sizes, short rollout")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.policies is not None:
+        from refimpl.comm import PGPolicy
+
+        bad = [n for n in args.policies if n.upper() not in PGPolicy.__members__]
+        if bad:
+            p.error(f"unknown --policies {bad}; choose from {list(PGPolicy.__members__)}")
+    return args
 
 
 def log(msg: str) -> None:
@@ -108,7 +117,8 @@ def switch_window(args, checks: list) -> dict:
     backend = "nccl" if dist.get_backend() == "nccl" else None
     no_suspend = can_suspend()
     results, skipped = [], {}
-    for policy in PGPolicy:
+    chosen = list(PGPolicy) if args.policies is None else [PGPolicy[name.upper()] for name in args.policies]
+    for policy in chosen:
         if policy.suspends and no_suspend:
             skipped[policy.name] = no_suspend
             continue
