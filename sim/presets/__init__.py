@@ -237,8 +237,9 @@ class CommParams:
 
     ``agreement_s`` (optional key ``agreement``; 0: not modelled) is what one
     collective on a two-rank Gloo group takes on this host (the lifecycle's
-    agreements on its control group); it replaces the NCCL ring model for Gloo
-    groups, ``n - 1`` times over ``n`` ranks (:meth:`sim.collectives.NcclComm.gloo_collective_time`).
+    agreements on its control group): a collective on a Gloo group takes at least
+    that, ``n - 1`` times over ``n`` ranks, or what the link model gives if more
+    (:meth:`sim.collectives.NcclComm.gloo_collective_time`).
     """
 
     memory_bytes: int
