@@ -23,7 +23,6 @@ then in the fit set: the constant's source names ``FILE#switch_window`` and
 """
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any, Mapping
 
@@ -90,17 +89,4 @@ def derive_resume_canary(record: MultiGpuRecord, data: Mapping[str, Any]) -> tup
     return value, how
 
 
-def with_resume_canary(data: dict[str, Any], record: MultiGpuRecord) -> tuple[dict[str, Any], float, str]:
-    """A copy of preset ``data`` whose ``nccl_resume_first_collective_multi`` is derived from ``record``."""
-    value, how = derive_resume_canary(record, data)
-    out = copy.deepcopy(data)
-    out["constants"][CONSTANT] = {
-        "value": round(value, 6), "unit": "s",
-        "source": f"derived by timeshare sim calibrate --canary-from ({record.name}#switch_window: {how} = "
-                  f"{value:.6g} s)",
-    }
-    out.setdefault("comm", {})["resume_first_collective_multi"] = CONSTANT
-    return out, value, how
-
-
-__all__ = ["CONSTANT", "derive_resume_canary", "multi_rank_groups", "simulated_wake", "with_resume_canary"]
+__all__ = ["CONSTANT", "derive_resume_canary", "multi_rank_groups", "simulated_wake"]
