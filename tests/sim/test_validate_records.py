@@ -277,3 +277,13 @@ def test_dedup_reload_of_the_two_gpu_record_within_10_percent():
                          offload_preset="calibrated/h200-1x", gap_s=row["gap_s"])
     assert (pred["host_bytes_local"], pred["host_bytes_dedup"]) == (row["host_bytes_per_rank_local"],
                                                                     row["host_bytes_per_rank_dedup"])
+
+
+def test_canary_from_needs_suspend_and_enough_gpus(tmp_path, capsys):
+    lazy = RESULTS / "2026-11-30-h200x2-lifecycle-bind" / "2026-11-30-h200x2-lifecycle-lazy.json"  # no SUSPEND row
+    out = str(tmp_path / "p.json")
+    assert main(["sim", "calibrate", str(SPLIT[0]), "--canary-from", str(lazy), "--out", out]) == 2
+    assert "--canary-from needs a switch window with SUSPEND's wake_up" in capsys.readouterr().err
+    assert main(["sim", "calibrate", str(SPLIT[0]), "--canary-from", str(MULTIGPU), "--base", "h200-1x",
+                 "--out", out]) == 2
+    assert "its SUSPEND wake ran on 2 GPUs but the base preset" in capsys.readouterr().err
