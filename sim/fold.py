@@ -305,10 +305,11 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
     candidates.sort(key=lambda f: (f.active, f.unit != g))
     apart: dict[int, str | None] = {}
     for fold in candidates:
-        if fold.unit not in apart:
-            apart[fold.unit] = _units_apart(scn, topo, fold.unit)
-        why = (apart[fold.unit] or _groups_symmetric(scn, topo, layout, fold)
-               or _topology_symmetric(scn, topo, fold))
+        why = _groups_symmetric(scn, topo, layout, fold)  # most candidates fail here, at the first group
+        if why is None:
+            if fold.unit not in apart:
+                apart[fold.unit] = _units_apart(scn, topo, fold.unit)
+            why = apart[fold.unit] or _topology_symmetric(scn, topo, fold)
         if why is None:
             what = "node(s)" if fold.unit == g else f"unit(s) of {fold.unit} ranks"
             return fold, (f"{scn.world_size} ranks follow the timelines of {fold.active} simulated ranks "
