@@ -42,17 +42,18 @@ MAX_RANKS = 131_072
 
 # Cost model (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
 # processes, bench/results/2026-11-30-cpu-sim-scale-growth.json: full runs at 256 and 1,024 ranks
-# (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs at 1k-16k ranks
-# (3.7 s / 0.44 GB to 8.5 s / 0.74 GB) the base and per-world-rank ones. Wall time on a loaded
+# (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs (8 simulated ranks)
+# at 1k-16k ranks, bench/results/2026-11-30-cpu-sim-scale-growth-sockets.json (2.25 s / 0.36 GB to
+# 6.0 s / 0.65 GB on the shared machine), the base and per-world-rank ones. Wall time on a loaded
 # machine is higher; on an idle one it is about the CPU time (the simulator is single-threaded).
-BASE_S = 3.0  # interpreter, torch (1.3 s) and torch._dynamo (1.3 s, on the first meta torch.cat) imports
-BASE_GB = 0.38
+BASE_S = 1.5  # interpreter and imports (torch about 1 s of it), parsing, planning the fold, the result JSON
+BASE_GB = 0.30
 PER_TENSOR_S = 36e-6  # protocol code per simulated rank and tensor (store collect/pack/copy, allocator)
 PER_TENSOR_GB = 3.6e3 / 1e9  # meta tensors, store and ledger entries per simulated rank and tensor
 PER_SIM_RANK_S = 2e-3  # a simulated rank's fixed work (groups, phases, flows)
 PER_SIM_RANK_GB = 50e3 / 1e9
-PER_WORLD_RANK_S = 0.4e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
-PER_WORLD_RANK_GB = 25e3 / 1e9
+PER_WORLD_RANK_S = 0.25e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
+PER_WORLD_RANK_GB = 19e3 / 1e9
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_GB = 8.0
