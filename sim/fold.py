@@ -82,6 +82,7 @@ it was before folding existed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import re
@@ -134,22 +135,23 @@ class Fold:
     head: int = 0  # leading units simulated as themselves
     ranks_per_unit: int | None = None  # None: a unit is a node
 
-    @property
+    @functools.cached_property
     def unit(self) -> int:
         """Ranks per unit (``gpus_per_node`` unless the fold cuts nodes into parts)."""
         return self.ranks_per_unit or self.gpus_per_node
 
-    @property
+    @functools.cached_property
     def active(self) -> int:
         """Ranks that really run."""
         return (self.head + self.nodes) * self.unit
 
     def rep(self, rank: int) -> int:
         """The active rank whose timeline ``rank`` follows."""
-        if rank < self.active:
+        active = self.active
+        if rank < active:
             return rank
         h = self.head * self.unit
-        return h + (rank - h) % (self.nodes * self.unit)
+        return h + (rank - h) % (active - h)
 
     def rep_node(self, node: int) -> int:
         """The simulated node whose timeline ``node`` follows (units of whole nodes only)."""
@@ -240,11 +242,14 @@ def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold:
     by_name = {s.name: s for s in layout.specs}
     repset: dict[str, frozenset[int]] = {}
     for spec in layout.specs:
-        reps = [rep_of(m) for m in spec.ranks]
-        repset[spec.name] = frozenset(reps)
         # [Note: first come, first served] The first member to use a lazily created communicator pays
         # its initialisation; the others do not. Members that share a representative must therefore
         # not include that first one, unless a head rank (standing only for itself) comes first.
+        # (More members than active ranks always share one: said before computing them all.)
+        if spec.size > active and not (spec.ranks[0] < head):
+            return f"group {spec.name!r} has members that share a representative and no head rank"
+        reps = [rep_of(m) for m in spec.ranks]
+        repset[spec.name] = frozenset(reps)
         if len(repset[spec.name]) < len(reps) and not (spec.ranks[0] < head):
             return f"group {spec.name!r} has members that share a representative and no head rank"
     actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in layout.specs}

@@ -245,11 +245,10 @@ class Topology:
 
     def copy_path(self, rank: int, kind: CopyKind) -> tuple[Resource, ...]:
         """Resources a copy of ``kind`` on ``rank`` draws from, in path order."""
-        gpu = self.gpu(rank)
-        node = self.node_of(rank)
-        local = self._copy_path_local(self._local(gpu), kind)
+        self._check_rank(rank)
+        node, i = divmod(rank, self.gpus_per_node)  # what gpu() and node_of() say, without their strings
         prefix = f"n{node}/"
-        return tuple(r.replace("@", prefix) for r in local)
+        return tuple(r.replace("@", prefix) for r in self._copy_path_local(self.local_gpus[i], kind))
 
     def p2p(self, rank_a: int, rank_b: int) -> tuple[float, LinkKind]:
         """Bottleneck bandwidth (bytes/s, one direction) between two ranks' GPUs and its link kind.
