@@ -5,7 +5,7 @@
     est = estimate(scn); est.check(max_seconds=600, max_gb=8)  # raises BudgetError past the budget
 
 :func:`estimate` predicts a run's wall time and peak memory from what it will
-simulate: the ranks that really run (all of them, or one node's worth when
+simulate: the ranks that really run (all of them, or a socket's or a few nodes' worth when
 :func:`sim.fold.plan_fold` folds the job) times the tensors each holds, plus a
 cost per rank of the whole world (topology, groups, ledgers, the expanded
 result). The constants come from measurements on the shared 2-core
