@@ -36,13 +36,30 @@ SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _asked_for(argv: list[str] | None) -> tuple[str | None, str | None]:
+    """The subcommand and sub-subcommand a command line names (its first two words that are not options),
+    or None for each it does not name."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return (words[0] if words else None), (words[1] if len(words) > 1 else None)
+
+
+def build_parser(argv: list[str] | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``timeshare`` parser. With ``lazy``, only the subcommand that ``argv`` names has its module
+    imported and its arguments added (the others stay listed with their help): a command line that names
+    a subcommand is parsed the same either way, and ``timeshare sim run`` skips importing the benchmark,
+    demo and plan modules (about 0.1 s, issue 18). Without a subcommand every one is wired, as without
+    ``lazy``."""
+    command, subcommand = _asked_for(argv) if lazy else (None, None)
+    if command not in SUBCOMMANDS:
+        command = subcommand = None
     parser = argparse.ArgumentParser(prog="timeshare", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     parser.add_argument("--version", action="version", version=f"timeshare {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
+        if command is not None and name != command:
+            continue  # not the one asked for: argparse never looks at its arguments
         try:
             mod = importlib.import_module(module)
         except ImportError as exc:  # a subcommand whose module is missing stays listed but says why
@@ -51,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         subs = mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
         for extra, (extra_module, extra_help) in (SIM_SUBCOMMANDS.items() if name == "sim" else ()):
+            if subcommand is not None and subcommand != extra and subcommand in subs.choices:
+                continue  # `timeshare sim run`: the sim subcommand asked for is another one
             e = subs.add_parser(extra, help=extra_help)
             extra_mod = importlib.import_module(extra_module)
             extra_mod.add_arguments(e)
@@ -59,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv, lazy=True)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],

@@ -99,6 +99,14 @@ def _check_outputs(out: str | None, trace: str | None, png: str | None) -> None:
 
 def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
              sets: list[str] | None = None, as_json: bool = False, args: argparse.Namespace | None = None) -> int:
+    from sim.scale import command_gc
+
+    with command_gc():  # see [Note: the cyclic GC of a command] in sim/scale.py
+        return _run_one_scenario(name_or_path, out, trace, png, quiet, sets, as_json, args)
+
+
+def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
+                      sets: list[str] | None, as_json: bool, args: argparse.Namespace | None) -> int:
     from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError, describe_os_error
     from refimpl.output import envelope
     from sim.fold import plan_fold

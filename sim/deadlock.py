@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Sequence
 
-import networkx as nx
-
 from sim.engine import ProcessState
 from sim.errors import DeadlockError
 
@@ -73,6 +71,8 @@ def find_deadlock(world: WaitingWorld) -> DeadlockError | None:
         waits[rt.rank] = missing() if missing is not None else []
     if not waits:
         return None
+
+    import networkx as nx  # here, not at the top: a run that ends without a deadlock never needs it (~0.1 s)
 
     graph = nx.DiGraph()
     for r, targets in waits.items():

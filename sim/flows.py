@@ -275,16 +275,20 @@ class FlowTransport:
         net = self.network
         load: dict[int, float] = {}
         kinds = list(CopyKind)
+        groups = [kinds] if self.streams == "per_rank" else [[k] for k in kinds]
+        others: dict[tuple[float, ...], tuple[float, ...]] = {}  # capacities on a path -> min of the others
         for rank in range(self._world_size):
             full = {k: net.resources(self.topology.copy_path(rank, k)) for k in kinds}
-            groups = [kinds] if self.streams == "per_rank" else [[k] for k in kinds]
             for group in groups:
                 best: dict[int, float] = {}
                 for k in group:
                     path = full[k]
-                    caps = [net.capacity(r) for r in path]
-                    for i, r in enumerate(path):
-                        other = min((c for j, c in enumerate(caps) if j != i), default=float("inf"))
+                    caps = tuple(net.capacity(r) for r in path)
+                    mins = others.get(caps)
+                    if mins is None:  # most ranks' paths have the same capacities: computed once each
+                        mins = others[caps] = tuple(min((c for j, c in enumerate(caps) if j != i), default=float("inf"))
+                                                    for i in range(len(caps)))
+                    for r, other in zip(path, mins):
                         best[r] = max(best.get(r, 0.0), other)
                 for r, v in best.items():
                     load[r] = load.get(r, 0.0) + v

@@ -1,4 +1,4 @@
-"""Symmetry folding: simulate a node or a few of a large symmetric job and expand the result to every rank.
+"""Symmetry folding: simulate a socket, a node or a few of a large symmetric job and expand the result to every rank.
 
 [Note: why fold]
 Profiling the default multi-node scenario (``{"world_size": N, "topology":
@@ -12,8 +12,9 @@ work fit in a minute; but in such a job most ranks do exactly the same thing
 at exactly the same simulated times.
 
 [Note: when two ranks follow the same timeline]
-A fold simulates the first ``head`` nodes as themselves and the next ``k``
-nodes as a period that every later node repeats: rank ``r`` follows its
+A fold simulates the first ``head`` units (nodes, or parts of nodes: see
+[Note: units smaller than a node]) as themselves and the next ``k`` units as
+a period that every later unit repeats: rank ``r`` follows its
 representative ``rep(r)`` (itself if it runs, else the rank at the same place
 of the period). Rank ``r`` and ``rep(r)`` have the same timeline when, by
 induction over events:
@@ -23,10 +24,12 @@ induction over events:
   rank), no fault plan, no process-group lifecycle (its agreements reduce over
   rank ids), the plain offload store or the TMS pause (the dedup backend gives
   each member of a group its own slice);
-* they sit at the same place in the topology: the resources of every copy path,
-  the HBM size, the NUMA node and its capacities of ``r`` are those of
-  ``rep(r)`` with the node renamed, and every copy path stays inside its node
-  (so nodes never share a flow);
+* they sit at the same place in the topology: no two units share a resource
+  of a copy path or a NUMA node (so units never share a flow or host
+  memory), and one renaming of resources, one to one within each unit,
+  takes the copy paths (position by position) and the NUMA node of ``r`` to
+  those of ``rep(r)``, with the same capacities, HBM size and host memory
+  (for whole nodes, the node's name: ``n7/`` to ``n1/``);
 * their groups look the same: for every group family, the representatives of
   the members of ``r``'s group are exactly the active members of ``rep(r)``'s
   group (so a collective completes at the same instant: the last arrival is a
@@ -37,10 +40,27 @@ induction over events:
   whose members share representatives (a DP group across all nodes) starts in
   the head, so the member that initialises its lazily created communicator,
   and sleeps for it while the others wait, is a rank that stands only for
-  itself. Hence the default scenario runs node 0 as itself and node 1 for
-  every other node (16 ranks); a fold without a head (8 ranks) gave the right
-  phase times but, in a drawn scenario, a phase's memory peak of the other
-  nodes that differed by one export bucket (``property_tests/test_fold_property.py``).
+  itself. Hence the default scenario runs socket 0 of node 0 as itself and
+  socket 1 of node 0 for every later socket (8 ranks); a fold without a head
+  gave the right phase times but, in a drawn scenario, a phase's memory peak
+  of the other nodes that differed by one export bucket
+  (``property_tests/test_fold_property.py``).
+
+[Note: units smaller than a node]
+Until issue 18's last round the unit was a node, so the default scenario
+simulated 16 ranks (node 0 as the head, node 1 for the rest). But the two
+sockets of an HGX node share nothing a copy uses: GPUs 0-3 stage through
+their PCIe switches and socket 0 to NUMA node 0, GPUs 4-7 through socket 1 to
+NUMA node 1, and collectives are costed per group, not per link. A socket can
+then stand for a socket, node borders or not, and the head and the period are
+half a node each: 8 simulated ranks, half the protocol work of a run (a
+1,024-rank run's simulated ranks took 1.0 s of CPU with whole nodes and 0.47 s
+with sockets, same result JSON). :func:`plan_fold` tries every divisor of the
+GPUs per node as the unit, fewest active ranks first; :func:`_units_apart`
+rejects a unit size at once if two units share any copy-path resource or
+NUMA node (GPU pairs share a PCIe switch, so units of 1 or 2 GPUs never
+pass), and the renaming check above does the rest. Everything else is as
+for nodes: a unit's NUMA ledgers are its representative unit's.
 
 :func:`plan_fold` checks all of this and picks the smallest fold for which it
 holds. :func:`run_folded` then runs a world of all ``N`` ranks (topology,
@@ -48,7 +68,7 @@ groups, flow pruning and collective costs see every rank) in which only the
 active ranks run; a collective completes when its active members have
 arrived. Each inactive rank's result is its representative's, with group
 names in ``last_op`` renamed to its own. The event count is expanded exactly:
-every event is a step of a rank or a flow of a rank (node-local), counted
+every event is a step of a rank or a flow of a rank (unit-local), counted
 once per rank its owner stands for, or the completion of a collective on one
 group, counted once per group of the full job through its representative
 group.
@@ -62,6 +82,7 @@ it was before folding existed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import re
@@ -84,7 +105,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-#: largest active set :func:`plan_fold` tries (ranks of the first k nodes)
+#: largest active set :func:`plan_fold` tries (ranks of the first units)
 MAX_ACTIVE = 1024
 
 _NODE = re.compile(r"^n(\d+)/")
@@ -99,40 +120,52 @@ class FoldBroken(SimError):
 class Fold:
     """Which ranks run, and which active rank each rank of the job follows.
 
-    The first ``head`` nodes run and stand only for themselves; the next
-    ``nodes`` nodes run and stand, periodically, for every later node. So
-    ``rep(r) = r`` for the ``active`` ranks, and for a later rank the rank at
-    the same place of the tail period.
+    The job is cut into units of ``unit`` consecutive ranks: whole nodes, or
+    (``ranks_per_unit``) equal parts of a node that share no copy-path resource
+    and no host memory with each other, such as the GPUs of one socket (see
+    [Note: units smaller than a node]). The first ``head`` units run and stand
+    only for themselves; the next ``nodes`` units run and stand, periodically,
+    for every later unit. So ``rep(r) = r`` for the ``active`` ranks, and for a
+    later rank the rank at the same place of the tail period.
     """
 
     world_size: int
     gpus_per_node: int
-    nodes: int  # tail period in nodes (k)
-    head: int = 0  # leading nodes simulated as themselves
+    nodes: int  # tail period in units (k)
+    head: int = 0  # leading units simulated as themselves
+    ranks_per_unit: int | None = None  # None: a unit is a node
 
-    @property
+    @functools.cached_property
+    def unit(self) -> int:
+        """Ranks per unit (``gpus_per_node`` unless the fold cuts nodes into parts)."""
+        return self.ranks_per_unit or self.gpus_per_node
+
+    @functools.cached_property
     def active(self) -> int:
         """Ranks that really run."""
-        return (self.head + self.nodes) * self.gpus_per_node
+        return (self.head + self.nodes) * self.unit
 
     def rep(self, rank: int) -> int:
         """The active rank whose timeline ``rank`` follows."""
-        if rank < self.active:
+        active = self.active
+        if rank < active:
             return rank
-        h = self.head * self.gpus_per_node
-        return h + (rank - h) % (self.nodes * self.gpus_per_node)
+        h = self.head * self.unit
+        return h + (rank - h) % (active - h)
 
     def rep_node(self, node: int) -> int:
-        """The simulated node whose timeline ``node`` follows."""
+        """The simulated node whose timeline ``node`` follows (units of whole nodes only)."""
+        if self.unit != self.gpus_per_node:
+            raise ValueError(f"a fold in units of {self.unit} ranks maps ranks, not nodes; use rep()")
         if node < self.head + self.nodes:
             return node
         return self.head + (node - self.head) % self.nodes
 
     def multiplicity(self, rank: int) -> int:
         """How many ranks of the job active ``rank`` stands for (itself included)."""
-        if rank < self.head * self.gpus_per_node:
+        if rank < self.head * self.unit:
             return 1
-        return (self.world_size // self.gpus_per_node - self.head) // self.nodes
+        return (self.world_size // self.unit - self.head) // self.nodes
 
 
 # --------------------------------------------------------------------------- can this scenario fold?
@@ -145,42 +178,58 @@ def _rename_node(name: str, node: int) -> str | None:
     return _NODE_ANY.sub(f"n{node}/", name)
 
 
-def _nodes_in(name: str) -> set[int]:
-    return {int(j) for j in _NODE_ANY.findall(name)}
+def _units_apart(scn: "Scenario", topo: "Topology", unit: int) -> str | None:
+    """None when no two units of ``unit`` consecutive ranks share a resource of a copy path or a NUMA
+    node (so their flows never compete and their host memory is their own); else why not."""
+    from refimpl.runtime.base import CopyKind
+
+    kinds = list(CopyKind)
+    owner: dict[str, int] = {}
+    for r in range(scn.world_size):
+        u = r // unit
+        for res in (*(x for k in kinds for x in topo.copy_path(r, k)), "numa " + topo.numa_of(r)):
+            v = owner.setdefault(res, u)
+            if v != u:
+                return f"ranks {v * unit}-{v * unit + unit - 1} and rank {r} share {res!r}"
+    return None
 
 
 def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | None:
-    """None when every rank sits where its representative does (node renamed); else why not."""
+    """None when every rank sits where its representative does; else why not.
+
+    Units share nothing (:func:`_units_apart`, checked by the caller), and one
+    renaming of resources and NUMA nodes, one to one within each unit, takes
+    every rank's copy paths (position by position) and NUMA node to its
+    representative's, with the same capacities, HBM size and host memory. For
+    units of whole nodes that renaming is the node's name (``n7/`` to ``n1/``).
+    """
     from refimpl.runtime.base import CopyKind
 
-    g = topo.gpus_per_node
     caps = topo.capacities()
     kinds = list(CopyKind)
     rep_paths: dict[int, list[tuple[str, ...]]] = {}
-    for rep in range(fold.active):  # the representatives' own paths stay inside their node
-        node = rep // g
+    for rep in range(fold.active):
         rep_paths[rep] = [topo.copy_path(rep, kind) for kind in kinds]
-        for path in rep_paths[rep]:
-            for res in path:
-                if _nodes_in(res) != {node}:
-                    return f"rank {rep}'s copy path uses {res!r}, which is not inside its node n{node}"
+    onto: dict[str, str] = {}  # a later unit's resource -> its representative unit's
+    taken: dict[tuple[int, str], str] = {}  # (later unit, representative's resource) -> the unit's resource
     for r in range(fold.active, scn.world_size):
-        node, rep = r // g, fold.rep(r)
-        old, new = f"n{rep // g}/", f"n{node}/"
+        rep, u = fold.rep(r), r // fold.unit
         if topo.hbm_bytes(r) != topo.hbm_bytes(rep):
             return f"rank {r} has another HBM size than rank {rep}"
         numa, rnuma = topo.numa_of(r), topo.numa_of(rep)
-        if rnuma.replace(old, new) != numa:
-            return f"rank {r}'s NUMA node {numa!r} is not its representative's {rnuma!r} on node {node}"
         if topo.host_capacity(numa) != topo.host_capacity(rnuma) or topo.pinnable_bytes(numa) != topo.pinnable_bytes(rnuma):
             return f"NUMA node {numa!r} has other capacities than {rnuma!r}"
+        pairs = [("numa " + numa, "numa " + rnuma)]
         for kind, rpath in zip(kinds, rep_paths[rep]):
             path = topo.copy_path(r, kind)
-            if path != tuple(res.replace(old, new) for res in rpath):
-                return f"rank {r}'s {kind.name} path {path} is not rank {rep}'s {rpath} on node {node}"
-            for a, b in zip(path, rpath):
-                if caps.get(a) != caps.get(b):
-                    return f"resource {a!r} has another capacity than {b!r}"
+            if len(path) != len(rpath):
+                return f"rank {r}'s {kind.name} path {path} is not like rank {rep}'s {rpath}"
+            pairs += zip(path, rpath)
+        for a, b in pairs:
+            if onto.setdefault(a, b) != b or taken.setdefault((u, b), a) != a:
+                return f"rank {r}'s {a!r} is not in the place of rank {rep}'s {b!r} (its unit is laid out otherwise)"
+            if caps.get(a) != caps.get(b):
+                return f"resource {a!r} has another capacity than {b!r}"
     return None
 
 
@@ -189,15 +238,18 @@ def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold:
     from sim.collectives import TopologyCollectiveCost
 
     active, rep_of = fold.active, fold.rep
-    head = fold.head * topo.gpus_per_node
+    head = fold.head * fold.unit
     by_name = {s.name: s for s in layout.specs}
     repset: dict[str, frozenset[int]] = {}
     for spec in layout.specs:
-        reps = [rep_of(m) for m in spec.ranks]
-        repset[spec.name] = frozenset(reps)
         # [Note: first come, first served] The first member to use a lazily created communicator pays
         # its initialisation; the others do not. Members that share a representative must therefore
         # not include that first one, unless a head rank (standing only for itself) comes first.
+        # (More members than active ranks always share one: said before computing them all.)
+        if spec.size > active and not (spec.ranks[0] < head):
+            return f"group {spec.name!r} has members that share a representative and no head rank"
+        reps = [rep_of(m) for m in spec.ranks]
+        repset[spec.name] = frozenset(reps)
         if len(repset[spec.name]) < len(reps) and not (spec.ranks[0] < head):
             return f"group {spec.name!r} has members that share a representative and no head rank"
     actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in layout.specs}
@@ -243,21 +295,31 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
         return None, f"offload backend {scn.offload.backend!r} gives each rank of a group its own slice"
     if scn.world_size % g or scn.world_size // g < 2:
         return None, f"{scn.world_size} ranks are not two or more whole nodes of {g} GPUs"
-    nodes = scn.world_size // g
     layout = layout or group_layout(scn)
     why = "no candidate"
-    k = 1
-    while k < nodes and k * g <= MAX_ACTIVE:
-        for head in (0, k):  # no head, or one period of nodes simulated as themselves before the tail
-            if head + k >= nodes or (nodes - head) % k:
-                continue
-            fold = Fold(scn.world_size, g, k, head)
-            why = _groups_symmetric(scn, topo, layout, fold) or _topology_symmetric(scn, topo, fold)
-            if why is None:
-                return fold, (f"{scn.world_size} ranks follow the timelines of {fold.active} simulated ranks "
-                              f"({head} head node(s), then a period of {k} node(s))")
-            log.debug("fold (head %d, period %d nodes) rejected: %s", head, k, why)
-        k *= 2
+    candidates = []
+    for unit in (u for u in range(1, g + 1) if g % u == 0):  # see [Note: units smaller than a node]
+        units = scn.world_size // unit
+        k = 1
+        while k < units and k * unit <= MAX_ACTIVE:
+            for head in (0, k):  # no head, or one period of units simulated as themselves before the tail
+                if head + k < units and (units - head) % k == 0:
+                    candidates.append(Fold(scn.world_size, g, k, head, None if unit == g else unit))
+            k *= 2
+    # the fewest active ranks first; among as many, whole nodes (the fold as it was before units)
+    candidates.sort(key=lambda f: (f.active, f.unit != g))
+    apart: dict[int, str | None] = {}
+    for fold in candidates:
+        why = _groups_symmetric(scn, topo, layout, fold)  # most candidates fail here, at the first group
+        if why is None:
+            if fold.unit not in apart:
+                apart[fold.unit] = _units_apart(scn, topo, fold.unit)
+            why = apart[fold.unit] or _topology_symmetric(scn, topo, fold)
+        if why is None:
+            what = "node(s)" if fold.unit == g else f"unit(s) of {fold.unit} ranks"
+            return fold, (f"{scn.world_size} ranks follow the timelines of {fold.active} simulated ranks "
+                          f"({fold.head} head {what}, then a period of {fold.nodes} {what})")
+        log.debug("fold %s rejected: %s", fold, why)
     return None, f"no symmetric fold: {why}"
 
 
@@ -317,10 +379,16 @@ class _ExpandedMemory:
     def __init__(self, memory: Any, fold: Fold, topo: "Topology"):
         self._m, self._fold = memory, fold
         self._peaks: dict[tuple[int, float, float], int] = {}
+        # a rank's NUMA node reads its representative's (plan_fold checked that the renaming is one to one);
+        # one no rank is attached to stays untouched by any run, so any untouched one will do: with whole
+        # nodes its namesake on the representative node, else itself
+        of_rep = {topo.numa_of(r): topo.numa_of(fold.rep(r)) for r in range(fold.active, fold.world_size)}
         self.numa = {}
         for name in memory.numa:
-            m = _NODE.match(name)
-            src = name if m is None else _rename_node(name, fold.rep_node(int(m.group(1))))
+            src = of_rep.get(name)
+            if src is None:
+                m = _NODE.match(name) if fold.unit == fold.gpus_per_node else None
+                src = name if m is None else _rename_node(name, fold.rep_node(int(m.group(1))))
             self.numa[name] = memory.numa[src]
 
     def ledger(self, rank: int):
@@ -438,7 +506,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
         shared = {s.name for s in layout.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
-        head = fold.head * fold.gpus_per_node
+        head = fold.head * fold.unit
 
         def checked_first_use(spec):
             """See [Note: first come, first served]: in a group whose members share representatives the

@@ -5,7 +5,7 @@
     est = estimate(scn); est.check(max_seconds=600, max_gb=8)  # raises BudgetError past the budget
 
 :func:`estimate` predicts a run's wall time and peak memory from what it will
-simulate: the ranks that really run (all of them, or one node's worth when
+simulate: the ranks that really run (all of them, or a socket's or a few nodes' worth when
 :func:`sim.fold.plan_fold` folds the job) times the tensors each holds, plus a
 cost per rank of the whole world (topology, groups, ledgers, the expanded
 result). The constants come from measurements on the shared 2-core
@@ -17,11 +17,14 @@ and refuses one past ``--max-est-seconds`` / ``--max-est-gb`` unless given
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from sim.errors import SimError
 
@@ -39,17 +42,18 @@ MAX_RANKS = 131_072
 
 # Cost model (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
 # processes, bench/results/2026-11-30-cpu-sim-scale-growth.json: full runs at 256 and 1,024 ranks
-# (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs at 1k-16k ranks
-# (3.7 s / 0.44 GB to 8.5 s / 0.74 GB) the base and per-world-rank ones. Wall time on a loaded
+# (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs (8 simulated ranks)
+# at 1k-16k ranks, bench/results/2026-11-30-cpu-sim-scale-growth-sockets.json (2.25 s / 0.36 GB to
+# 6.0 s / 0.65 GB on the shared machine), the base and per-world-rank ones. Wall time on a loaded
 # machine is higher; on an idle one it is about the CPU time (the simulator is single-threaded).
-BASE_S = 3.0  # interpreter, torch (1.3 s) and torch._dynamo (1.3 s, on the first meta torch.cat) imports
-BASE_GB = 0.38
+BASE_S = 1.5  # interpreter and imports (torch about 1 s of it), parsing, planning the fold, the result JSON
+BASE_GB = 0.30
 PER_TENSOR_S = 36e-6  # protocol code per simulated rank and tensor (store collect/pack/copy, allocator)
 PER_TENSOR_GB = 3.6e3 / 1e9  # meta tensors, store and ledger entries per simulated rank and tensor
 PER_SIM_RANK_S = 2e-3  # a simulated rank's fixed work (groups, phases, flows)
 PER_SIM_RANK_GB = 50e3 / 1e9
-PER_WORLD_RANK_S = 0.4e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
-PER_WORLD_RANK_GB = 25e3 / 1e9
+PER_WORLD_RANK_S = 0.25e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
+PER_WORLD_RANK_GB = 19e3 / 1e9
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_GB = 8.0
@@ -176,6 +180,43 @@ class Progress:
         self._thread.join()
 
 
+_exit_hook_registered = False
+
+
+@contextmanager
+def command_gc() -> Iterator[None]:
+    """The cyclic garbage collector as a command-line run wants it (see [Note: the cyclic GC of a command]).
+
+    Paused while the block runs (switched back on after, if it was on); and, from the first use on,
+    the objects alive when the interpreter exits are frozen (``gc.freeze``) instead of walked.
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(gc.freeze)
+        _exit_hook_registered = True
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+# [Note: the cyclic GC of a command]
+# A 1,024-rank `timeshare sim run` spends about 2.5 s of CPU, and the cyclic collector took a
+# noticeable share of it outside the run itself (which already pauses it, [Note: no cyclic GC during
+# a run] in sim/runner.py): walking torch's and the world's objects again and again while the
+# topology, the expanded result and its JSON are built, and once more at interpreter exit, where
+# Python collects before freeing the modules (about 0.3 s of CPU for torch's objects alone; measured
+# with `python -c "import torch"` against `python -c "import gc, torch; gc.freeze()"`). A command
+# makes almost no cyclic garbage, so pausing the collector changes no result, only when memory of a
+# rare cycle is returned. Freezing at exit (an `atexit` hook: it runs before the interpreter tears
+# down its modules) leaves the objects still alive then to the operating system, which takes the
+# whole process back anyway; output files are closed by then (the CLI writes them with
+# Path.write_text) and the standard streams are flushed by the interpreter whatever the collector does.
+
+
 @dataclass(frozen=True)
 class HowRun:
     """How :func:`run_auto` ran a scenario."""
@@ -220,4 +261,4 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
 
 
 __all__ = ["ANNOUNCE_GB", "ANNOUNCE_SECONDS", "BudgetError", "DEFAULT_MAX_GB", "DEFAULT_MAX_SECONDS", "Estimate",
-           "HowRun", "MAX_RANKS", "Progress", "SizeError", "check_size", "estimate", "run_auto"]
+           "HowRun", "MAX_RANKS", "Progress", "SizeError", "check_size", "command_gc", "estimate", "run_auto"]

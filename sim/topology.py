@@ -1,4 +1,4 @@
-"""Machine topology: GPUs, switches, host memory and NICs as a networkx graph.
+"""Machine topology: GPUs, switches, host memory and NICs as a directed graph.
 
 Theory of operation
 -------------------
@@ -16,7 +16,9 @@ equivalent dict inside a scenario. The data has three parts:
 * ``fabric``: elements shared by all nodes (a network switch) and the links
   from each node's NICs to them.
 
-The graph is a ``networkx.DiGraph``; a physical link becomes two directed
+The graph is a directed graph (plain dicts of successors and predecessors,
+offered as a ``networkx.DiGraph`` by :attr:`Topology.graph`, built on first
+use; see [Note: no networkx on the way of a run]); a physical link becomes two directed
 edges, each with its own capacity (``bandwidth`` is per direction), and, where
 the link has a ``duplex`` limit, a shared resource that both directions draw
 from (PCIe Gen5 x16 on the test machine moves 55.2 GB/s each way but only
@@ -30,6 +32,19 @@ is attached to (the store pins host memory near its GPU).
 What the flows model needs from here is :meth:`Topology.copy_path`: the
 resources a device<->host or device<->device copy of a rank draws from, and
 :meth:`Topology.capacities`: the capacity of each resource.
+
+[Note: no networkx on the way of a run]
+Importing networkx costs about 0.1 s and building a ``DiGraph`` of 2,048
+nodes (16,384 ranks) about 0.6 s, a fifth of a whole 1,024-rank ``timeshare
+sim run`` (issue 18). What the simulator asks of the graph is small: a
+shortest path from each GPU of node 0 to its host memory, a widest GPU-to-GPU
+path, a node's NIC links. So the graph is kept as two dicts (``_succ``,
+``_pred``: node -> neighbour -> edge attributes, in insertion order, as
+networkx keeps them), :func:`_bidirectional_bfs` is networkx's
+``bidirectional_shortest_path`` step for step (so a tie between equally short
+paths is broken the same way; ``tests/sim/test_topology.py`` compares them),
+and :attr:`Topology.graph` builds the ``networkx.DiGraph`` only for callers
+that want one.
 """
 from __future__ import annotations
 
@@ -41,8 +56,6 @@ import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
-
-import networkx as nx
 
 from refimpl.runtime.base import CopyKind
 from sim.presets import (
@@ -121,7 +134,10 @@ class Topology:
         node = data.get("node")
         if not isinstance(node, Mapping):
             raise TopologyError(f"{where}.node: missing or not an object (the elements and links of one machine)")
-        self.graph = nx.DiGraph()
+        self._succ: dict[str, dict[str, dict[str, Any]]] = {}  # see [Note: no networkx on the way of a run]
+        self._pred: dict[str, dict[str, dict[str, Any]]] = {}
+        self._edges: list[tuple[str, str, dict[str, Any]]] = []  # insertion order, for :attr:`graph`
+        self._graph: Any = None
         self._elements: dict[str, dict[str, Any]] = {}
         self._resources: dict[Resource, float] = {}
         local = self._add_elements(node.get("elements"), f"{where}.node.elements", per_node=True)
@@ -136,7 +152,7 @@ class Topology:
         if not self.local_gpus:
             raise TopologyError(f"{where}.node.elements: a node needs at least one element of kind 'gpu'")
         self.gpus_per_node = len(self.local_gpus)
-        kinds = {e["kind"] for _, _, e in self.graph.edges(data=True)}
+        kinds = {e["kind"] for _, _, e in self._edges}
         self.copy: CopyParams = parse_copy(data.get("copy"), f"{where}.copy", self.table)
         self.collective: CollectiveParams = parse_collective(data.get("collective"), f"{where}.collective", self.table, kinds)
         self.comm: CommParams = parse_comm(data.get("comm"), f"{where}.comm", self.table)
@@ -168,6 +184,20 @@ class Topology:
         return cls(data, where=f"preset {name!r}")
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def graph(self) -> Any:
+        """The topology as a ``networkx.DiGraph`` (node and edge attributes as built), made on first use."""
+        if self._graph is None:
+            import networkx as nx
+
+            g = nx.DiGraph()
+            for name, attrs in self._elements.items():
+                g.add_node(name, **attrs)
+            for u, v, attrs in self._edges:
+                g.add_edge(u, v, **attrs)
+            self._graph = g
+        return self._graph
 
     @property
     def num_gpus(self) -> int:
@@ -215,11 +245,10 @@ class Topology:
 
     def copy_path(self, rank: int, kind: CopyKind) -> tuple[Resource, ...]:
         """Resources a copy of ``kind`` on ``rank`` draws from, in path order."""
-        gpu = self.gpu(rank)
-        node = self.node_of(rank)
-        local = self._copy_path_local(self._local(gpu), kind)
+        self._check_rank(rank)
+        node, i = divmod(rank, self.gpus_per_node)  # what gpu() and node_of() say, without their strings
         prefix = f"n{node}/"
-        return tuple(r.replace("@", prefix) for r in local)
+        return tuple(r.replace("@", prefix) for r in self._copy_path_local(self.local_gpus[i], kind))
 
     def p2p(self, rank_a: int, rank_b: int) -> tuple[float, LinkKind]:
         """Bottleneck bandwidth (bytes/s, one direction) between two ranks' GPUs and its link kind.
@@ -305,7 +334,8 @@ class Topology:
                         raise TopologyError(f"{where}: element {name!r} names numa {a['numa_local']!r}, which is not a host_memory element")
                     a["numa"] = f"n{node}/{a['numa_local']}"
                 self._elements[full] = a
-                self.graph.add_node(full, **a)
+                self._succ.setdefault(full, {})
+                self._pred.setdefault(full, {})
                 if "bandwidth" in a:
                     self._resources[_elem_resource(full)] = a["bandwidth"]
                 if "copy_bandwidth" in a:
@@ -351,15 +381,24 @@ class Topology:
                     if duplex is not None:
                         res.append(_duplex_resource(u, v))
                         self._resources[res[1]] = duplex
-                    self.graph.add_edge(u, v, kind=kind, bandwidth=bw, resources=tuple(res))
+                    self._add_edge(u, v, {"kind": kind, "bandwidth": bw, "resources": tuple(res)})
                 if not per_node:
                     break
+
+    def _add_edge(self, u: str, v: str, attrs: dict[str, Any]) -> None:
+        """Edge ``u -> v`` (both known elements); a repeated edge updates its attributes, as networkx does."""
+        old = self._succ[u].get(v)
+        if old is not None:
+            old.update(attrs)
+            return
+        self._succ[u][v] = self._pred[v][u] = attrs
+        self._edges.append((u, v, attrs))
 
     def _check_paths(self) -> None:
         for g in self.local_gpus:
             try:
                 self._copy_path_local(g, CopyKind.D2H)
-            except nx.NetworkXNoPath:
+            except _NoPath:
                 raise TopologyError(f"{self.where}: gpu {g!r} has no path to its host memory") from None
 
     def _check_rank(self, rank: int) -> None:
@@ -378,25 +417,26 @@ class Topology:
         if kind is CopyKind.D2D:
             return (_elem_resource("@" + gpu_local) + "/copy",)
         numa = self._elements[gpu]["numa"]
-        path = nx.shortest_path(self._node0_view(), gpu, numa)
+        path = _bidirectional_bfs(self._succ, self._pred, self._node0(), gpu, numa)
         if kind is CopyKind.H2D:
             path = list(reversed(path))
         res: list[Resource] = []
         for u, v in zip(path, path[1:]):
-            res.extend(self.graph.edges[u, v]["resources"])
+            res.extend(self._succ[u][v]["resources"])
         for n in path:
             if _elem_resource(n) in self._resources:
                 res.append(_elem_resource(n))
         return tuple(r.replace("n0/", "@") for r in res)
 
     @lru_cache(maxsize=None)
-    def _node0_view(self) -> nx.DiGraph:
-        return self.graph.subgraph([n for n in self.graph if n.startswith("n0/")])
+    def _node0(self) -> frozenset[str]:
+        """Elements of node 0 (what networkx's induced subgraph view of them showed)."""
+        return frozenset(n for n in self._elements if n.startswith("n0/"))
 
     @lru_cache(maxsize=None)
     def _widest_local(self, a: str, b: str) -> tuple[float, LinkKind]:
         """Widest path between two GPUs of node 0 that avoids host memory and NICs."""
-        g = self._node0_view()
+        node0 = self._node0()
         blocked = {ElementKind.HOST_MEMORY, ElementKind.NIC}
         src, dst = f"n0/{a}", f"n0/{b}"
         best: dict[str, float] = {src: math.inf}
@@ -408,10 +448,11 @@ class Topology:
                 return -negw, kind_at[u]
             if -negw < best.get(u, -1):
                 continue
-            for v in g.successors(u):
-                if v != dst and g.nodes[v]["kind"] in blocked | {ElementKind.GPU}:
+            for v, e in self._succ[u].items():
+                if v not in node0:
                     continue
-                e = g.edges[u, v]
+                if v != dst and self._elements[v]["kind"] in blocked | {ElementKind.GPU}:
+                    continue
                 w = min(-negw, e["bandwidth"])
                 if w > best.get(v, -1):
                     best[v] = w
@@ -422,18 +463,82 @@ class Topology:
     @lru_cache(maxsize=None)
     def _nic_bandwidth(self) -> float:
         total = 0.0
-        for n in self._node0_view():
-            if self._elements[n]["kind"] is ElementKind.NIC:
-                out = [e for _, v, e in self.graph.out_edges(n, data=True) if v.startswith("fabric/")]
+        node0 = self._node0()
+        for n in self._elements:
+            if n in node0 and self._elements[n]["kind"] is ElementKind.NIC:
+                out = [e for v, e in self._succ[n].items() if v.startswith("fabric/")]
                 total += sum(e["bandwidth"] for e in out)
         return total
 
     @lru_cache(maxsize=None)
     def _gpu_max_link(self, gpu_local: str) -> float:
-        return max(e["bandwidth"] for _, _, e in self.graph.out_edges(f"n0/{gpu_local}", data=True))
+        return max(e["bandwidth"] for e in self._succ[f"n0/{gpu_local}"].values())
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, nodes={self.nodes}, gpus_per_node={self.gpus_per_node})"
+
+
+class _NoPath(Exception):
+    """No path between two elements (networkx's NetworkXNoPath)."""
+
+
+def _bidirectional_bfs(succ: Mapping[str, Mapping[str, Any]], pred: Mapping[str, Mapping[str, Any]],
+                       inside: frozenset[str], source: str, target: str) -> list[str]:
+    """A shortest path from ``source`` to ``target`` through elements in ``inside``.
+
+    networkx's ``bidirectional_shortest_path`` (3.x) on the subgraph induced by
+    ``inside``, step for step, so that ties between equally short paths are
+    broken the same way: breadth first from both ends, always growing the
+    smaller fringe, neighbours in insertion order, stopping at the first meeting.
+    """
+    if source == target:
+        return [source]
+    preds: dict[str, str | None] = {source: None}
+    succs: dict[str, str | None] = {target: None}
+    forward, reverse = [source], [target]
+    meet = None
+    while forward and reverse and meet is None:
+        if len(forward) <= len(reverse):
+            level, forward = forward, []
+            for v in level:
+                for w in succ[v]:
+                    if w not in inside:
+                        continue
+                    if w not in preds:
+                        forward.append(w)
+                        preds[w] = v
+                    if w in succs:
+                        meet = w
+                        break
+                if meet is not None:
+                    break
+        else:
+            level, reverse = reverse, []
+            for v in level:
+                for w in pred[v]:
+                    if w not in inside:
+                        continue
+                    if w not in succs:
+                        succs[w] = v
+                        reverse.append(w)
+                    if w in preds:
+                        meet = w
+                        break
+                if meet is not None:
+                    break
+    if meet is None:
+        raise _NoPath(f"no path between {source} and {target}")
+    path: list[str] = []
+    w: str | None = meet
+    while w is not None:
+        path.append(w)
+        w = preds[w]
+    path.reverse()
+    w = succs[path[-1]]
+    while w is not None:
+        path.append(w)
+        w = succs[w]
+    return path
 
 
 _DIM_OF = {

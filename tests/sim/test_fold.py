@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from refimpl.cli import main
-from sim.fold import FoldBroken, plan_fold, run_folded
+from sim.fold import FoldBroken, _units_apart, plan_fold, run_folded
 from sim.presets import scenario_path
 from sim.runner import run_scenario
 from sim.scale import MAX_RANKS, BudgetError, estimate, run_auto
@@ -45,9 +45,11 @@ def _store_scale(n: int, **changes) -> dict:
 @pytest.mark.parametrize("n", [256, 1024])
 def test_folded_default_multinode_scenario_is_bit_identical_to_the_golden_full_run(n):
     result, world, _, how = run_auto(parse_scenario(_multinode(n)))
-    # the dp group spans every node: node 0 (whose rank 0 initialises its communicator first) runs as
-    # itself, node 1 stands for all the others
-    assert how.folded and how.simulated_ranks == 16 and len(world.runtimes) == 16
+    # the dp group spans every node; a node's two sockets share no copy path or host memory, so the units
+    # are sockets: socket 0 of node 0 (whose rank 0 initialises the communicator first) runs as itself,
+    # socket 1 of node 0 stands for every later socket
+    assert how.folded and how.simulated_ranks == 8 and len(world.runtimes) == 8
+    assert "unit(s) of 4 ranks" in how.reason
     assert _text(result) == _golden(f"multinode_{n}")
 
 
@@ -79,6 +81,38 @@ def test_folded_and_full_agree_at_2048_ranks_with_tp_groups_and_an_export():
     full, _, _ = run_scenario(parse_scenario(raw))
     assert full.ok and full.data["events"] > 2048 * 10
     assert _text(folded) == _text(full)
+
+
+def test_socket_units_agree_with_the_full_run_through_an_export_and_two_steps():
+    # [Note: units smaller than a node]: the two sockets of an HGX node share no copy path and no host
+    # memory, so a socket stands for a socket; an export over the dp group (its first use inside
+    # update_weights, where a head-less fold once moved a memory peak) and per-kind copy streams
+    raw = dict(_multinode(64), steps=2, transport={"streams": "per_kind"},
+               workload={"train_s": 1.0, "rollout_s": 5.0, "rollout_memory_fraction": 0.5, "touch_groups": True,
+                         "export": {"group": "dp", "bucket_bytes": 2**30, "ipc_s": 0.01}})
+    scn = parse_scenario(raw)
+    fold, why = plan_fold(scn)
+    assert fold is not None and (fold.unit, fold.head, fold.active) == (4, 1, 8), why
+    folded, world, _ = run_folded(scn, fold)
+    full, _, _ = run_scenario(parse_scenario(raw))
+    assert len(world.runtimes) == 8 and full.ok and full.data["events"] > 64 * 10
+    assert _text(folded) == _text(full)
+
+
+def test_sockets_that_share_host_memory_fold_as_whole_nodes():
+    from sim.presets import load_preset_data
+
+    topo = load_preset_data("hgx-h200-8x-ib")
+    for e in topo["node"]["elements"]:
+        if e["name"] in ("gpu4", "gpu5", "gpu6", "gpu7"):
+            e["numa"] = "numa0"  # socket 1's GPUs stage through socket 0's memory (over UPI)
+    raw = dict(_multinode(32), topology=dict(topo, nodes=4))
+    scn = parse_scenario(raw)
+    fold, why = plan_fold(scn)
+    assert fold is not None and (fold.unit, fold.active) == (8, 16), why
+    assert _units_apart(scn, scn.topo, 4) == "ranks 0-3 and rank 4 share 'link:n0/cpu0>n0/numa0'"
+    result, _, _, how = run_auto(scn)
+    assert how.folded and _text(result) == _text(run_scenario(parse_scenario(raw))[0])
 
 
 @pytest.mark.parametrize("n, mesh, active", [
@@ -129,7 +163,7 @@ def test_a_fold_the_run_cannot_honour_falls_back_to_the_full_run():
 def test_estimate_and_budget():
     big = parse_scenario(_multinode(16384))
     folded = estimate(big)
-    assert folded.folded and folded.simulated_ranks == 16 and folded.tensors_per_rank == 1455
+    assert folded.folded and folded.simulated_ranks == 8 and folded.tensors_per_rank == 1455
     assert folded.seconds < 60 and folded.gb < 4
     folded.check()  # within the default budget
     full = estimate(big, None, "folding turned off")

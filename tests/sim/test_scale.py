@@ -45,3 +45,23 @@ def test_the_shipped_scale_scenario_keeps_1024_ranks_groups_live_through_the_pau
     assert all(r["phase_peak_device_bytes"]["rollout"] >= 0.6 * 141e9 + 3 * (388 << 20) for r in d["ranks"])
     copy = PER_RANK / SHARED_UPLINK  # the offload, plus the lifecycle's agreement and canary (microseconds)
     assert 0.98 * copy <= d["phases"]["sleep"]["min"] <= d["phases"]["sleep"]["max"] < 1.02 * copy + 2e-3
+
+
+def test_the_growth_benchmark_measures_whole_cli_processes(tmp_path):
+    # bench/sim_scale_bench.py --growth: each row is a fresh `python -m refimpl sim run` whose cost is read
+    # from outside (os.wait4); the record keeps every run of --repeat and the load before it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "growth.json"
+    proc = subprocess.run([sys.executable, "bench/sim_scale_bench.py", "--growth", "--ranks", "16", "--repeat", "2",
+                           "--out", str(out), "--note", "test"], cwd=root, capture_output=True, text=True, check=True)
+    assert "ratio" in proc.stdout
+    record = json.loads(out.read_text())
+    assert record["repeat"] == 2 and record["note"] == "test" and [r["ranks"] for r in record["rows"]] == [16]
+    for row in record["rows"]:
+        assert row["ok"] and row["folded"] and row["events"] > 0 and len(row["runs"]) == 2
+        assert row["wall_s"] == min(r["wall_s"] for r in row["runs"])
+        assert 0 < row["cpu_s"] and 0.05 < row["peak_rss_gb"] < 4  # a whole interpreter with torch, not this one

@@ -254,3 +254,15 @@ def test_the_json_schema_is_what_checks_a_scenario_first(raw, message):
         check(raw, "scenario", ScenarioError)
     with pytest.raises(ScenarioError, match=message):
         parse_scenario(raw)
+
+
+def test_the_shipped_schemas_are_valid_json_schemas():
+    import jsonschema
+
+    from sim.schemas import SCHEMA_DIR
+
+    files = sorted(SCHEMA_DIR.glob("*.schema.json"))
+    assert files
+    for path in files:
+        schema = json.loads(path.read_text())
+        jsonschema.validators.validator_for(schema).check_schema(schema)  # raises SchemaError naming the fault

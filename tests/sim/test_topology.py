@@ -91,3 +91,56 @@ def test_a_bad_topology_gets_an_error_naming_the_field(mutate, field):
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(TopologyError, match="hgx-h200-8x"):
         Topology.from_preset("dgx-9000")
+
+
+# [Note: no networkx on the way of a run] in sim/topology.py: the topology keeps its graph as dicts and
+# finds copy paths with its own breadth-first search, which must pick the path networkx picks.
+
+
+def test_copy_paths_are_the_ones_networkx_finds_on_every_preset():
+    import networkx as nx
+
+    for name in list_presets():
+        topo = Topology.from_preset(name, nodes=2) if "ib" in name else Topology.from_preset(name)
+        g = topo.graph
+        assert g.number_of_edges() == len(topo._edges) and set(g) == set(topo._elements)
+        view = g.subgraph([n for n in g if n.startswith("n0/")])
+        for gpu in topo.local_gpus:
+            numa = topo.element(f"n0/{gpu}")["numa"]
+            want = nx.shortest_path(view, f"n0/{gpu}", numa)
+            res = [r for u, v in zip(want, want[1:]) for r in g.edges[u, v]["resources"]]
+            res += [f"elem:{n}" for n in want if f"elem:{n}" in topo.capacities()]
+            rank = topo.local_gpus.index(gpu)
+            assert topo.copy_path(rank, CopyKind.D2H) == tuple(res), (name, gpu)
+
+
+def test_breadth_first_search_breaks_ties_as_networkx_does():
+    """4,000 small random digraphs (seeded), a node left out of the search as node 0's view leaves the
+    others out: the same path as networkx's, including wherever several paths are equally short."""
+    import random
+
+    import networkx as nx
+
+    from sim.topology import _bidirectional_bfs, _NoPath
+
+    rng = random.Random(18)
+    ties = 0
+    for _ in range(4000):
+        n = rng.randint(2, 12)
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from((rng.randrange(n), rng.randrange(n)) for _ in range(rng.randint(0, 4 * n)))
+        src, dst = rng.randrange(n), rng.randrange(n)
+        inside = frozenset(range(n - 1)) | {src, dst}
+        succ = {u: dict(g.succ[u]) for u in g}
+        pred = {u: dict(g.pred[u]) for u in g}
+        view = g.subgraph(inside)
+        try:
+            want = nx.bidirectional_shortest_path(view, src, dst)
+        except nx.NetworkXNoPath:
+            with pytest.raises(_NoPath):
+                _bidirectional_bfs(succ, pred, inside, src, dst)
+            continue
+        assert _bidirectional_bfs(succ, pred, inside, src, dst) == want, (sorted(g.edges), src, dst)
+        ties += sum(1 for _ in zip(range(2), nx.all_shortest_paths(view, src, dst))) > 1
+    assert ties > 100  # the draw does exercise the tie-breaking
