@@ -21,9 +21,14 @@ One step, every phase timed between device synchronisations:
 ``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
                offload of params, grads and optimizer state.
 ``rollout``    the rollout role allocates its KV cache, generates, frees it
-               (``--free driver``: ``empty_cache`` after; ``allocator``: the
-               memory stays in torch's caching allocator, the store runs with
-               ``empty_cache=False``).
+               (``--free allocator``, the default: the memory stays in torch's
+               caching allocator, the store runs with ``empty_cache=False``, so
+               the trainer's reload reuses the blocks the KV cache gave back;
+               ``driver``: ``empty_cache`` after, and the store's offload
+               returns its memory to the driver too). The 2 x H200 record
+               (bench/results/2026-11-30-h200x2-wave/loop) favours
+               ``allocator``: a reload right after 40 GB were freed ran at
+               1.005 x line through the allocator, 0.763 x through the driver.
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather
                each full parameter (``DTensor.full_tensor``) and copy it into
                the rollout weights.
@@ -40,7 +45,9 @@ offloaded at the device-to-host line rate plus the bytes reloaded at the
 host-to-device line rate, both measured at start in the same run.
 
 Rank 0 writes ``rl_step_<world>.json`` and ``rl_step_<world>.png`` (a timeline;
-:mod:`bench.rl_record`).
+:mod:`bench.rl_record`). The record keeps the runtime's own spans too
+(``runtime_spans``: the lifecycle's destroy / rebuild / cooldown, the store's
+phases) on the phases' clock, so a phase's time can be taken apart.
 
 Not done here: the FSDP mesh's own process groups are made by
 ``init_device_mesh`` and are not under the lifecycle (the lifecycle manages
@@ -77,7 +84,7 @@ class StepConfig:
     prompt_len: int = 32
     new_tokens: int = 32
     kv_gb: float | None = None  # None: the bytes the trainer's offload freed
-    free: str = "driver"  # or "allocator"
+    free: str = "allocator"  # or "driver" (see the module docstring: the measurements favour "allocator")
     shard: int = 2
     out: str = "."
     seed: int = 0
@@ -149,6 +156,11 @@ def _line_rates(device: torch.device, nbytes: int, rt) -> dict[str, float]:
     return out
 
 
+def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
+    """The runtime's recorded spans (``lifecycle.*``, the store's phases) as dicts, seconds since ``t0``."""
+    return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
+
+
 def _int_view(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bits as integers of the same width (bitwise comparison, -0 != +0, NaN == NaN)."""
     return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64, 1: torch.uint8}[t.element_size()])
@@ -189,6 +201,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         device = torch.device("cpu")
     rt = TorchRuntime(device)
     clock = _Clock(device)
+    rt_t0 = rt.now() - (time.perf_counter() - clock.t0)  # the runtime's clock at the phases' zero
     rec: dict[str, Any] = {"config": asdict(cfg), "world_size": world_size, "device": str(device),
                            "torch": torch.__version__, "errors": []}
     try:
@@ -343,7 +356,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         steps.append(s)
         if rank == 0:  # a partial record after every step, in case the run is cut short
             try:
-                write_outputs({**rec, "steps": steps, "partial": True,
+                write_outputs({**rec, "steps": steps, "partial": True, "runtime_spans": runtime_spans(rt, rt_t0),
                                "spans": [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in clock.spans]},
                               cfg.out)
             except OSError as e:
@@ -351,6 +364,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     spans = clock.spans
     rec["spans"] = [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
     rec["steps"] = steps
+    rec["runtime_spans"] = runtime_spans(rt, rt_t0)
     rec["lifecycle_stats"] = asdict(lc.stats)
     rec["store_phases"] = dict(store.stats().phases)
     rec["summary"] = summarize(rec)
@@ -430,7 +444,8 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--prompt-len", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--kv-gb", type=float, default=None, help="KV cache size (default: what the offload freed)")
-    ap.add_argument("--free", choices=("driver", "allocator"), default="driver")
+    ap.add_argument("--free", choices=("driver", "allocator"), default="allocator",
+                    help="how the roles hand memory over: the shared caching allocator (default) or the driver")
     ap.add_argument("--shard", type=int, default=2, help="HSDP shard-group size (mesh = (world/shard, shard))")
     ap.add_argument("--policy", default="DESTROY_DEFERRED", help="the lifecycle's PGPolicy name")
     ap.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto",
