@@ -366,10 +366,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("record")
     ap.add_argument("--preset", default="calibrated/h200-1x")
     ap.add_argument("--fit", action="store_true", help="also print the LOOP_CONSTANTS this record gives")
+    ap.add_argument("--policy", default=None, help="predict with this PGPolicy instead of the record's "
+                    "(prints the prediction only: the record measured another configuration)")
+    ap.add_argument("--free", choices=("driver", "allocator"), default=None,
+                    help="predict with this way of freeing instead of the record's (prediction only)")
     a = ap.parse_args(argv)
     try:
         with open(a.record) as f:
             rec = json.load(f)
+        if a.policy or a.free:
+            from refimpl.comm import PGPolicy
+
+            if a.policy:
+                rec.setdefault("config", {})["lifecycle_policy"] = PGPolicy.parse(a.policy).name
+            pred = predict_step(rec, preset=a.preset, free=a.free)
+            print(f"predicted with policy {rec.get('config', {}).get('lifecycle_policy')} and free {pred['free']} "
+                  "(train and rollout from the record):")
+            for ph in PHASES:
+                print(f"{ph:12s} predicted {pred['phase_s'][ph]:.4f} s")
+            print(f"switch overhead predicted {pred['switch_overhead_s']:.4f} s")
+            return 0
         pred = predict_step(rec, preset=a.preset)
         cmp = compare(rec, pred)
     except (OSError, ValueError) as e:  # RecordError is a ValueError

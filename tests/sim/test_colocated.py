@@ -160,3 +160,19 @@ def test_the_simulator_predicts_the_recorded_step_within_15_percent(name):
     res = compare(rec)
     off = {ph: round(r["ratio"], 3) for ph, r in res["phases"].items() if not r["within"]}
     assert res["predicted_phases_within"], f"{name}: phases off by more than 15%: {off}"
+
+
+def test_cli_compares_a_record_and_predicts_another_configuration(capsys):
+    from sim.colocated import main
+
+    rec = str(LOOP / "rl1_alloc" / "rl_step_1.json")
+    assert main([rec]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" ok") >= 5 and "OFF" not in out
+    assert main([rec, "--policy", "paused_live"]) == 0
+    out = capsys.readouterr().out
+    # keeping trainer.dp live drops the destroy from the pause and the cooldown from the resume
+    live = float(out.split("switch overhead predicted ")[1].split()[0])
+    assert live < predict_step(_load("rl1_alloc/rl_step_1.json"))["switch_overhead_s"] - 0.4
+    assert main([rec, "--policy", "nope"]) == 2
+    assert "unknown process-group policy" in capsys.readouterr().err
