@@ -51,7 +51,13 @@ phases) on the phases' clock, so a phase's time can be taken apart.
 
 Not done here: the FSDP mesh's own process groups are made by
 ``init_device_mesh`` and are not under the lifecycle (the lifecycle manages
-``trainer.dp``, which the trainer uses for its loss and the weight check).
+``trainer.dp``, which the trainer uses for its loss and the weight check), so
+their NCCL memory stays held through the rollout. FSDP2 keeps the process-group
+objects it was built with, so a policy that destroys and rebuilds groups would
+leave it on dead ones; even ``PAUSED_LIVE`` destroys the groups at the first
+pause (preservation is armed only by the first good weight sync). Putting them
+under the lifecycle needs a mesh built from the runtime's groups and a lifecycle
+that never destroys them (suspend only), which is not built.
 """
 from __future__ import annotations
 
