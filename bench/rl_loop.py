@@ -21,14 +21,10 @@ One step, every phase timed between device synchronisations:
 ``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
                offload of params, grads and optimizer state.
 ``rollout``    the rollout role allocates its KV cache, generates, frees it
-               (``--free allocator``, the default: the memory stays in torch's
-               caching allocator, the store runs with ``empty_cache=False``, so
-               the trainer's reload reuses the blocks the KV cache gave back;
-               ``driver``: ``empty_cache`` after, and the store's offload
-               returns its memory to the driver too). The 2 x H200 record
-               (bench/results/2026-11-30-h200x2-wave/loop) favours
-               ``allocator``: a reload right after 40 GB were freed ran at
-               1.005 x line through the allocator, 0.763 x through the driver.
+               (``--free allocator``, the default: the store runs with
+               ``empty_cache=False`` and the reload reuses the blocks the KV
+               cache gave back to torch's allocator, 1.005 x line on the H200;
+               ``driver``: ``empty_cache`` after, 0.763 x, docs/store.md).
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather
                each full parameter (``DTensor.full_tensor``) and copy it into
                the rollout weights.
@@ -49,15 +45,11 @@ Rank 0 writes ``rl_step_<world>.json`` and ``rl_step_<world>.png`` (a timeline;
 (``runtime_spans``: the lifecycle's destroy / rebuild / cooldown, the store's
 phases) on the phases' clock, so a phase's time can be taken apart.
 
-Not done here: the FSDP mesh's own process groups are made by
-``init_device_mesh`` and are not under the lifecycle (the lifecycle manages
-``trainer.dp``, which the trainer uses for its loss and the weight check), so
-their NCCL memory stays held through the rollout. FSDP2 keeps the process-group
-objects it was built with, so a policy that destroys and rebuilds groups would
-leave it on dead ones; even ``PAUSED_LIVE`` destroys the groups at the first
-pause (preservation is armed only by the first good weight sync). Putting them
-under the lifecycle needs a mesh built from the runtime's groups and a lifecycle
-that never destroys them (suspend only), which is not built.
+Not done here: the FSDP mesh's own groups (``init_device_mesh``) are not under
+the lifecycle, which manages ``trainer.dp`` (the loss, the weight check); their
+NCCL memory stays held through the rollout. FSDP2 keeps the group objects it was
+built with, and every policy may destroy groups (even ``PAUSED_LIVE`` at the
+first pause, before a good weight sync arms preservation).
 """
 from __future__ import annotations
 
@@ -72,7 +64,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.rl_record import summarize, write_outputs
+from bench.rl_record import runtime_spans, summarize, write_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -160,11 +152,6 @@ def _line_rates(device: torch.device, nbytes: int, rt) -> dict[str, float]:
         out[name] = nbytes / best / 1e9
     rt.free_host(host)
     return out
-
-
-def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
-    """The runtime's recorded spans (``lifecycle.*``, the store's phases) as dicts, seconds since ``t0``."""
-    return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
 
 
 def _int_view(t: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,11 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
+    """The runtime's recorded spans (``lifecycle.*``, the store's phases) as dicts, seconds since ``t0``."""
+    return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
+
+
 def span_breakdown(rec: dict[str, Any], steps: list[int]) -> dict[str, dict[str, float]]:
     """Per phase, the mean seconds per step of each runtime span (``lifecycle.destroy``, ``offload`` ...) that
     lies inside that phase's span, over ``steps``; spans nest, so a name's time may include another's."""
