@@ -21,9 +21,10 @@ One step, every phase timed between device synchronisations:
 ``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
                offload of params, grads and optimizer state.
 ``rollout``    the rollout role allocates its KV cache, generates, frees it
-               (``--free driver``: ``empty_cache`` after; ``allocator``: the
-               memory stays in torch's caching allocator, the store runs with
-               ``empty_cache=False``).
+               (``--free allocator``, the default: the store runs with
+               ``empty_cache=False`` and the reload reuses the blocks the KV
+               cache gave back to torch's allocator, 1.005 x line on the H200;
+               ``driver``: ``empty_cache`` after, 0.763 x, docs/store.md).
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather
                each full parameter (``DTensor.full_tensor``) and copy it into
                the rollout weights.
@@ -40,11 +41,15 @@ offloaded at the device-to-host line rate plus the bytes reloaded at the
 host-to-device line rate, both measured at start in the same run.
 
 Rank 0 writes ``rl_step_<world>.json`` and ``rl_step_<world>.png`` (a timeline;
-:mod:`bench.rl_record`).
+:mod:`bench.rl_record`). The record keeps the runtime's own spans too
+(``runtime_spans``: the lifecycle's destroy / rebuild / cooldown, the store's
+phases) on the phases' clock, so a phase's time can be taken apart.
 
-Not done here: the FSDP mesh's own process groups are made by
-``init_device_mesh`` and are not under the lifecycle (the lifecycle manages
-``trainer.dp``, which the trainer uses for its loss and the weight check).
+Not done here: the FSDP mesh's own groups (``init_device_mesh``) are not under
+the lifecycle, which manages ``trainer.dp`` (the loss, the weight check); their
+NCCL memory stays held through the rollout. FSDP2 keeps the group objects it was
+built with, and every policy may destroy groups (even ``PAUSED_LIVE`` at the
+first pause, before a good weight sync arms preservation).
 """
 from __future__ import annotations
 
@@ -59,7 +64,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.rl_record import summarize, write_outputs
+from bench.rl_record import runtime_spans, summarize, write_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +82,7 @@ class StepConfig:
     prompt_len: int = 32
     new_tokens: int = 32
     kv_gb: float | None = None  # None: the bytes the trainer's offload freed
-    free: str = "driver"  # or "allocator"
+    free: str = "allocator"  # or "driver" (see the module docstring: the measurements favour "allocator")
     shard: int = 2
     out: str = "."
     seed: int = 0
@@ -189,6 +194,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         device = torch.device("cpu")
     rt = TorchRuntime(device)
     clock = _Clock(device)
+    rt_t0 = rt.now() - (time.perf_counter() - clock.t0)  # the runtime's clock at the phases' zero
     rec: dict[str, Any] = {"config": asdict(cfg), "world_size": world_size, "device": str(device),
                            "torch": torch.__version__, "errors": []}
     try:
@@ -343,7 +349,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         steps.append(s)
         if rank == 0:  # a partial record after every step, in case the run is cut short
             try:
-                write_outputs({**rec, "steps": steps, "partial": True,
+                write_outputs({**rec, "steps": steps, "partial": True, "runtime_spans": runtime_spans(rt, rt_t0),
                                "spans": [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in clock.spans]},
                               cfg.out)
             except OSError as e:
@@ -351,6 +357,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     spans = clock.spans
     rec["spans"] = [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
     rec["steps"] = steps
+    rec["runtime_spans"] = runtime_spans(rt, rt_t0)
     rec["lifecycle_stats"] = asdict(lc.stats)
     rec["store_phases"] = dict(store.stats().phases)
     rec["summary"] = summarize(rec)
@@ -430,7 +437,8 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--prompt-len", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--kv-gb", type=float, default=None, help="KV cache size (default: what the offload freed)")
-    ap.add_argument("--free", choices=("driver", "allocator"), default="driver")
+    ap.add_argument("--free", choices=("driver", "allocator"), default="allocator",
+                    help="how the roles hand memory over: the shared caching allocator (default) or the driver")
     ap.add_argument("--shard", type=int, default=2, help="HSDP shard-group size (mesh = (world/shard, shard))")
     ap.add_argument("--policy", default="DESTROY_DEFERRED", help="the lifecycle's PGPolicy name")
     ap.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto",

@@ -35,11 +35,32 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     overhead = per["offload"] + per["weight_sync"] + per["reload"]
     return {
         "steps_used": use, "phase_s": per, "switch_overhead_s": overhead, "offload_bytes": off_b,
+        "runtime_spans_by_phase": span_breakdown(rec, use),
         "copy_time_at_line_s": copy_line,
         "overhead_x_copy_time": (overhead / copy_line) if copy_line else None,
         "weights_bitwise_equal_every_sync": all(s["weight_check"]["bitwise_equal"] for s in rec["steps"])
         and rec["initial_sync"]["bitwise_equal"],
     }
+
+
+def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
+    """The runtime's recorded spans (``lifecycle.*``, the store's phases) as dicts, seconds since ``t0``."""
+    return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
+
+
+def span_breakdown(rec: dict[str, Any], steps: list[int]) -> dict[str, dict[str, float]]:
+    """Per phase, the mean seconds per step of each runtime span (``lifecycle.destroy``, ``offload`` ...) that
+    lies inside that phase's span, over ``steps``; spans nest, so a name's time may include another's."""
+    rt_spans = rec.get("runtime_spans") or []
+    out: dict[str, dict[str, float]] = {}
+    for ph in rec.get("spans", []):
+        if ph["step"] not in steps:
+            continue
+        row = out.setdefault(ph["phase"], {})
+        for sp in rt_spans:
+            if sp["start_s"] >= ph["start_s"] - 1e-6 and sp["end_s"] <= ph["end_s"] + 1e-6:
+                row[sp["name"]] = row.get(sp["name"], 0.0) + (sp["end_s"] - sp["start_s"]) / max(1, len(steps))
+    return out
 
 
 def write_png(rec: dict[str, Any], path: str) -> str | None:

@@ -59,6 +59,14 @@ def test_rl_step_two_gloo_ranks(tmp_path):
         assert sm["switch_overhead_s"] == pytest.approx(
             sm["phase_s"]["offload"] + sm["phase_s"]["weight_sync"] + sm["phase_s"]["reload"])
         assert sm["copy_time_at_line_s"] > 0 and sm["overhead_x_copy_time"] > 0
+        assert rec["config"]["free"] == "allocator"  # the default the H200 measurements favour
+        # the runtime's own spans, placed inside the phases that ran them (the lifecycle's and the store's)
+        br = sm["runtime_spans_by_phase"]
+        assert {"lifecycle.pause", "lifecycle.destroy", "offload"} <= set(br["offload"])
+        assert {"lifecycle.weight_sync", "lifecycle.rebuild", "reload"} <= set(br["weight_sync"])
+        assert {"lifecycle.resume", "lifecycle.rebuild", "reload"} <= set(br["reload"])
+        assert br["offload"]["lifecycle.pause"] <= sm["phase_s"]["offload"] + 1e-6
+        assert br["reload"]["lifecycle.resume"] <= sm["phase_s"]["reload"] + 1e-6
     # both ranks generated from the same weights; digests agree across ranks
     assert recs[0]["steps"][-1]["weight_check"]["digest"] == recs[1]["steps"][-1]["weight_check"]["digest"]
     on_disk = json.loads((tmp_path / "rl_step_2.json").read_text())

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Issue 16 on the device, one command, under 4 minutes on 2 GPUs. From the repo root:
+# Issue 16 on the device, one command, under 5 minutes on 2 GPUs. From the repo root:
 #   export PYTHONPATH=/tmp/site:$PWD   # (LD_PRELOAD of NCCL already set)
 #   bash bench/gpu/run_loop.sh
 # Runs, each under its own timeout and each allowed to fail without stopping the rest:
 #   1. bench/gpu/pin_probe.py     pinning 8 GiB per way (cudaHostAlloc, HostPinner none/touch/thp/populate, THP on threads)
 #   2. bench/gpu/reload_probe.py  reload of 11 GiB right after another role frees 40 GB: driver / allocator / mempool, beside the line rate
-#   3. bench/gpu/rl_step.py       the colocated RL step on 1 GPU and on 2 GPUs (torchrun), free through the driver
-#   4. (if time is left) the RL step on 1 GPU with the roles sharing the caching allocator (--free allocator)
+#   3. bench/gpu/rl_step.py       the colocated RL step on 1 GPU and on 2 GPUs (torchrun), the roles sharing the
+#                                 caching allocator (the default since the 2026-11-30 wave record: 1.005 x line vs 0.763)
+#   4. (if time is left) the RL step on 1 GPU freeing through the driver (--free driver), for comparison
+#   5. (if time is left) the RL step on 1 GPU with the lifecycle keeping trainer.dp alive (--policy PAUSED_LIVE)
+# PARTS="pin reload rl1 rl2 rl1_driver rl1_live" (the default) picks which parts run, e.g. PARTS="rl1 rl2";
+# BUDGET_S (default 270) bounds when the optional parts 4-5 may start.
 # Writes $OUT/loop.tgz (everything, with the log) and $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/../.."
@@ -34,16 +38,23 @@ step() {  # step NAME TIMEOUT CMD...
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; $PY -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda)"; \
   $PY -c "import transformers;print('transformers',transformers.__version__)"; cat /sys/kernel/mm/transparent_hugepage/enabled; nproc; } >>"$LOG" 2>&1
 export TIMESHARE_PIN_PREFAULT=${TIMESHARE_PIN_PREFAULT:-touch}
-step pin 40 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/pin_probe.py --gib 8 --threads 8 --out "$W/pin.json"
-step reload 45 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/reload_probe.py --state-gib 11 --other-gb 40 --repeat 3 --out "$W/reload.json"
-step rl1 70 $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 --out "$W/rl1"
-step rl2 75 $PY -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpu/rl_step.py --steps 3 --out "$W/rl2"
-left=$(( 225 - $(elapsed) ))
-if [ "$left" -gt 25 ]; then
-  step rl1_alloc "$left" $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 --free allocator --out "$W/rl1_alloc"
-else
-  echo "=== rl1_alloc skipped (only ${left}s left)" | tee -a "$LOG"
-fi
+on() { case " ${PARTS:-pin reload rl1 rl2 rl1_driver rl1_live} " in *" $1 "*) return 0;; esac; echo "=== $1 not in PARTS" | tee -a "$LOG"; return 1; }
+on pin && step pin 40 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/pin_probe.py --gib 8 --threads 8 --out "$W/pin.json"
+on reload && step reload 45 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/reload_probe.py --state-gib 11 --other-gb 40 --repeat 3 --out "$W/reload.json"
+on rl1 && step rl1 70 $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 --out "$W/rl1"
+on rl2 && step rl2 75 $PY -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpu/rl_step.py --steps 3 --out "$W/rl2"
+optional() {  # optional NAME ARGS...: the RL step on 1 GPU with ARGS, if the budget (BUDGET_S, default 270 s) allows
+  local name=$1; shift
+  on "$name" || return 0
+  local left=$(( ${BUDGET_S:-270} - $(elapsed) ))
+  if [ "$left" -gt 25 ]; then
+    step "$name" "$left" $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py --steps 3 "$@" --out "$W/$name"
+  else
+    echo "=== $name skipped (only ${left}s left)" | tee -a "$LOG"
+  fi
+}
+optional rl1_driver --free driver
+optional rl1_live --policy PAUSED_LIVE
 # summary
 $PY - "$W" >"$W/summary.txt" 2>&1 <<'PYEOF'
 import json, os, sys
@@ -64,17 +75,20 @@ for k, v in rl.get("modes", {}).items():
         print(f"  {k:10s} median {v['median_gbps']:.2f} GB/s = {v.get('median_x_line', 0):.3f} x line (best {v.get('best_x_line', 0):.3f})")
     else:
         print(f"  {k:10s} {v.get('error', v.get('skipped', '?'))[:160]}")
-for d, world in (("rl1", 1), ("rl2", 2), ("rl1_alloc", 1)):
+for d, world in (("rl1", 1), ("rl2", 2), ("rl1_driver", 1), ("rl1_live", 1)):
     r = load(f"{d}/rl_step_{world}.json")
     sm = r.get("summary")
     if not sm:
         print(f"{d}: {r.get('error') or r.get('missing')}")
         continue
     ph = " ".join(f"{k}={v:.3f}" for k, v in sm["phase_s"].items())
-    print(f"{d}: {r['params']/1e9:.3f} B params, mesh {r.get('mesh')}, free={r['config']['free']}: {ph} s; switch overhead "
+    print(f"{d}: {r['params']/1e9:.3f} B params, mesh {r.get('mesh')}, free={r['config']['free']}, policy={r['config'].get('lifecycle_policy')}: {ph} s; switch overhead "
           f"{sm['switch_overhead_s']:.3f} s vs copies at line {sm['copy_time_at_line_s']:.3f} s "
           f"(x{sm['overhead_x_copy_time']:.2f}); bitwise weights every sync: {sm['weights_bitwise_equal_every_sync']}; "
           f"kv {r['steps'][-1].get('kv_cache')} {r['steps'][-1].get('rollout_peak_extra_bytes', 0)/1e9:.2f} GB")
+    br = sm.get("runtime_spans_by_phase") or {}
+    print("   lifecycle spans: " + " ".join(f"{ph}:{n.split('.')[-1]}={v:.3f}" for ph in ("offload", "weight_sync", "reload")
+                                          for n, v in br.get(ph, {}).items() if n in ("lifecycle.destroy", "lifecycle.rebuild", "lifecycle.cooldown")))
     try:
         sys.path.insert(0, os.getcwd())
         from sim.colocated import compare
