@@ -1,0 +1,267 @@
+"""Where a measured switch window's destroy walks spend their time (issues 11 and 12).
+
+A multigpu record (``bench/gpu/multigpu.py``) keeps two views of the lifecycle's
+destroy walks on real GPUs:
+
+* ``switch_window.spans``: every lifecycle span (``[name, start s, duration s]``)
+  of every step, per policy and per rank. A destroy walk is a
+  ``lifecycle.destroy`` span (the destroying policies) or a
+  ``lifecycle.plan.apply`` span (``SUSPEND_PLANNED``); it lies in the pause
+  (``sleep``) or in the weight sync (``update_weights``).
+  :func:`walks_from_spans` lists them with the time from the step's pause
+  (``after_pause``): the training step's collectives, the lazy NCCL inits of
+  every group the walk destroys, returned right before the pause, so
+  ``after_pause`` is how long after the last init the walk ended.
+* ``comm_raw.mesh_walk``: per rank, the same 14 groups created, first used one
+  after the other (``first_collective_s``) and destroyed in the lifecycle's
+  order (``destroy_s``). :func:`replay_mesh_walk` replays that walk with the
+  simulator's rule, a destroy waiting for its communicator's next NCCL proxy
+  poll timeout ([Note: the proxy's 500 ms poll] in :mod:`sim.presets`), and the
+  destroy costs of a preset, so the rule is checked group by group on
+  measurements it was not fitted to.
+
+[Note: one poll period more] Under the proxy-poll rule a walk over groups the
+training step initialised one after the other ends a whole number of poll
+periods after the last init, plus the last destroy's cost: each group's timeout
+falls ``proxy_poll`` apart from its own init, and the walk visits the groups in
+the order they were initialised. ``after_pause / proxy_poll`` (rounded down) is
+that number (:attr:`DestroyWalk.periods`): 3 for a walk of 1.51 s, 4 for one of
+2.01 s. The simulator gives 3 for every such walk of the 2 x H200 records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+#: lifecycle spans that are destroy walks (one per walk, around every group's destroy)
+WALK_SPANS = ("lifecycle.destroy", "lifecycle.plan.apply")
+
+
+class WalkRecordError(ValueError):
+    """A record lacks the spans or the mesh walk asked for, or has a malformed one; the message says which."""
+
+
+@dataclass(frozen=True)
+class DestroyWalk:
+    """One destroy walk of one rank in one RL step, from the lifecycle's spans (seconds, the rank's clock)."""
+
+    policy: str
+    rank: int
+    #: RL step, counted from 0 by the step's pause
+    step: int
+    #: ``sleep`` (in the pause) or ``update_weights`` (in the weight sync)
+    phase: str
+    start: float
+    duration: float
+    #: walk end minus the step's pause start: the training step's collectives (the inits of the groups a pause walk,
+    #: or a SUSPEND_PLANNED sync walk, destroys) returned right before the pause
+    after_pause: float
+    #: walk end minus the weight sync's start (walks in ``update_weights``; None in ``sleep``)
+    after_sync_start: float | None
+    #: the weight sync rebuilt groups before this walk (DESTROY/DESTROY_DEFERRED: its groups are not the training
+    #: step's, so ``after_pause`` says nothing about their inits)
+    rebuilt_first: bool
+
+    def periods(self, poll_s: float = 0.5) -> int:
+        """Whole proxy poll periods between the training step's last init and the walk's end ([Note: one poll
+        period more] in this module)."""
+        return math.floor(self.after_pause / poll_s)
+
+
+def _spans(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    sw = data.get("switch_window")
+    spans = sw.get("spans") if isinstance(sw, Mapping) else None
+    if not isinstance(spans, Mapping) or not spans:
+        raise WalkRecordError(f"{where}: no switch_window.spans (bench/gpu/multigpu.py records them since the wave2 "
+                              "run of 2026-11-30); use a record that has them")
+    return spans
+
+
+def walks_from_spans(data: Mapping[str, Any], where: str = "record") -> list[DestroyWalk]:
+    """Every destroy walk of every policy, rank and step in a multigpu record's ``switch_window.spans``."""
+    out: list[DestroyWalk] = []
+    for policy, per_rank in _spans(data, where).items():
+        if not isinstance(per_rank, list):
+            raise WalkRecordError(f"{where}: switch_window.spans.{policy}: expected a list per rank")
+        for rank, rows in enumerate(per_rank):
+            try:
+                spans = sorted(((str(n), float(a), float(d)) for n, a, d in rows), key=lambda s: s[1])
+            except (TypeError, ValueError):
+                raise WalkRecordError(f"{where}: switch_window.spans.{policy}[{rank}]: expected [name, start, "
+                                      "duration] rows") from None
+            out.extend(_rank_walks(policy, rank, spans))
+    return out
+
+
+def _rank_walks(policy: str, rank: int, spans: list[tuple[str, float, float]]) -> list[DestroyWalk]:
+    pauses = [s for s in spans if s[0] == "lifecycle.pause"]
+    syncs = [s for s in spans if s[0] == "lifecycle.weight_sync"]
+    out = []
+    for step, (_, p0, pdur) in enumerate(pauses):
+        sync = next((s for s in syncs if s[1] >= p0 + pdur - 1e-9), None)
+        step_end = sync[1] + sync[2] if sync else p0 + pdur
+        for name, a, d in spans:
+            if name not in WALK_SPANS or not (p0 <= a <= step_end):
+                continue
+            in_sync = sync is not None and a >= sync[1]
+            rebuilt = in_sync and any(n == "lifecycle.rebuild" and sync[1] <= b < a for n, b, _ in spans)
+            out.append(DestroyWalk(policy=policy, rank=rank, step=step, phase="update_weights" if in_sync else "sleep",
+                                   start=a, duration=d, after_pause=a + d - p0,
+                                   after_sync_start=(a + d - sync[1]) if in_sync else None, rebuilt_first=rebuilt))
+    return out
+
+
+def training_walks(walks: Sequence[DestroyWalk]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """``(policy, phase) -> [(step, slowest rank's after_pause)]`` for the walks over the training step's groups
+    (every walk but those after a rebuild in the same weight sync)."""
+    by: dict[tuple[str, str, int], float] = {}
+    for w in walks:
+        if not w.rebuilt_first:
+            key = (w.policy, w.phase, w.step)
+            by[key] = max(by.get(key, 0.0), w.after_pause)
+    out: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for (policy, phase, step), after in sorted(by.items()):
+        out.setdefault((policy, phase), []).append((step, after))
+    return out
+
+
+# --------------------------------------------------------------------------- the mesh walk
+
+
+@dataclass(frozen=True)
+class MeshDestroy:
+    """One group's destroy in ``comm_raw.mesh_walk``: measured and replayed with the proxy-poll rule (seconds)."""
+
+    rank: int
+    group: str
+    size: int
+    member: bool
+    measured: float
+    predicted: float
+
+
+def replay_mesh_walk(rows: Sequence[Mapping[str, Any]], *, poll_s: float, destroy_s: Mapping[int, float],
+                     rank: int = 0, gap_s: float = 0.0) -> list[MeshDestroy]:
+    """Replay one rank's mesh walk: the member groups' first collectives one after the other (their inits, as
+    measured), then every group destroyed in order, ``gap_s`` after the last init.
+
+    A member's destroy waits for its communicator's next poll timeout (``poll_s`` apart from the end of its init)
+    and then takes ``destroy_s[size]``; a non-member's (no communicator on this rank) takes what it measured.
+    """
+    inits: dict[str, float] = {}
+    t = 0.0
+    for i, g in enumerate(rows):
+        if not isinstance(g, Mapping) or "name" not in g or "destroy_s" not in g:
+            raise WalkRecordError(f"mesh_walk[{rank}].groups[{i}]: expected name, size, member, destroy_s")
+        if g.get("member"):
+            if "first_collective_s" not in g:
+                raise WalkRecordError(f"mesh_walk[{rank}].groups[{i}] ({g['name']}): a member needs first_collective_s")
+            t += float(g["first_collective_s"])
+            inits[str(g["name"])] = t
+    t += gap_s
+    out = []
+    for g in rows:
+        size = int(g.get("size", 1))
+        start = t
+        if g.get("member"):
+            if size not in destroy_s:
+                raise WalkRecordError(f"mesh_walk[{rank}]: no destroy cost for groups of {size} rank(s)")
+            t += (inits[str(g["name"])] - t) % poll_s + destroy_s[size]
+        else:
+            t += float(g["destroy_s"])
+        out.append(MeshDestroy(rank, str(g["name"]), size, bool(g.get("member")), float(g["destroy_s"]), t - start))
+    return out
+
+
+def mesh_walks(data: Mapping[str, Any], where: str = "record") -> list[list[Mapping[str, Any]]]:
+    """Each rank's ``comm_raw.mesh_walk`` groups."""
+    raw = data.get("comm_raw")
+    mesh = raw.get("mesh_walk") if isinstance(raw, Mapping) else None
+    if not isinstance(mesh, list) or not mesh or any(not isinstance(m, Mapping) or "groups" not in m for m in mesh):
+        raise WalkRecordError(f"{where}: no comm_raw.mesh_walk (bench/gpu/multigpu.py records it since the wave2 "
+                              "run of 2026-11-30); use a record that has it")
+    return [list(m["groups"]) for m in mesh]
+
+
+def replay_record(data: Mapping[str, Any], topology: str, where: str = "record") -> list[MeshDestroy]:
+    """Every rank's mesh walk replayed with ``topology``'s proxy poll and destroy costs (no constant fitted here)."""
+    from sim.topology import Topology
+
+    comm = Topology.from_preset(topology).comm
+    if comm.proxy_poll_s <= 0:
+        raise WalkRecordError(f"preset {topology!r} does not model the proxy poll; use calibrated/hgx-h200-8x")
+    costs = {1: comm.for_size(1).destroy_s, 2: comm.for_size(2).destroy_s}
+    out = []
+    for rank, rows in enumerate(mesh_walks(data, where)):
+        sizes = {int(g.get("size", 1)) for g in rows}
+        costs.update({s: comm.for_size(s).destroy_s for s in sizes})
+        out.extend(replay_mesh_walk(rows, poll_s=comm.proxy_poll_s, destroy_s=costs, rank=rank))
+    return out
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
+    """The text ``python -m sim.destroy_walks RECORD`` prints: the record's walks, and its mesh walk replayed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise WalkRecordError(f"{path}: cannot read it as JSON ({exc})") from None
+    where = str(path)
+    lines = [f"{where}: destroy walks over the groups the training step initialised, slowest rank; time from the "
+             "pause (the training step's last init) to the walk's end, and whole 0.5 s proxy poll periods in it"]
+    for (policy, phase), steps in training_walks(walks_from_spans(data, where)).items():
+        cells = ", ".join(f"step {s}: {a:.3f} s ({math.floor(a / 0.5)})" for s, a in steps)
+        lines.append(f"  {policy:<22}{phase:<16}{cells}")
+    after_sync = [w for w in walks_from_spans(data, where) if w.phase == "update_weights" and not w.rebuilt_first]
+    for w in after_sync:
+        if w.rank == 0:
+            lines.append(f"  {w.policy} step {w.step}: the sync walk ended {w.after_sync_start:.3f} s after the weight "
+                         "sync (its collective) started")
+    try:
+        replay = replay_record(data, topology, where)
+    except WalkRecordError as exc:
+        lines.append(f"mesh walk: {exc}")
+        return "\n".join(lines)
+    lines.append(f"comm_raw.mesh_walk replayed on {topology} (proxy poll and destroy costs as fitted, nothing fitted "
+                 "on this record): group, size, measured s, predicted s")
+    for rank in sorted({d.rank for d in replay}):
+        mine = [d for d in replay if d.rank == rank]
+        worst = max(mine, key=lambda d: abs(d.predicted - d.measured))
+        lines.append(f"  rank {rank}: walk {sum(d.measured for d in mine):.4f} s measured, "
+                     f"{sum(d.predicted for d in mine):.4f} s predicted; largest difference "
+                     f"{worst.predicted - worst.measured:+.4f} s ({worst.group})")
+        lines.extend(f"    {d.group:<10}{d.size:>2}{d.measured:>9.4f}{d.predicted:>9.4f}" for d in mine if d.member)
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sim.destroy_walks RECORD [--topology PRESET]``: print :func:`report`; exit 2 on a bad record."""
+    p = argparse.ArgumentParser(prog="python -m sim.destroy_walks", description=__doc__.split("\n\n")[0])
+    p.add_argument("record", help="a multigpu record with switch_window.spans (and comm_raw.mesh_walk)")
+    p.add_argument("--topology", default="calibrated/hgx-h200-8x", help="preset whose proxy poll and destroy costs "
+                   "replay the mesh walk (default calibrated/hgx-h200-8x)")
+    args = p.parse_args(argv)
+    try:
+        print(report(args.record, args.topology))
+    except WalkRecordError as exc:
+        print(f"error: {exc}", file=__import__("sys").stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
+
+
+__all__ = ["DestroyWalk", "MeshDestroy", "WALK_SPANS", "WalkRecordError", "main", "mesh_walks", "replay_mesh_walk",
+           "replay_record", "report", "training_walks", "walks_from_spans"]

@@ -1,0 +1,97 @@
+"""The destroy walks of the 2 x H200 wave2 record: the proxy-poll rule replayed group by group on its mesh walk, and
+where SUSPEND_PLANNED's weight sync spends the poll period the simulator does not charge (issues 11 and 12).
+
+Nothing of the wave2 record is in the calibrated presets' fit set; these tests read it, fit nothing.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sim.destroy_walks import (WalkRecordError, main, mesh_walks, replay_mesh_walk, replay_record, training_walks,
+                               walks_from_spans)
+from sim.presets import load_preset_data
+
+ROOT = Path(__file__).resolve().parents[2]
+WAVE2 = ROOT / "bench" / "results" / "2026-11-30-h200x2-wave2" / "multigpu-2026-11-30-nvidia-h200x2.json"
+PRESET = "calibrated/hgx-h200-8x"
+
+
+@pytest.fixture(scope="module")
+def wave2() -> dict:
+    return json.loads(WAVE2.read_text())
+
+
+def test_wave2_is_outside_the_fit_set():
+    assert "h200x2-wave2" not in json.dumps(load_preset_data(PRESET))
+
+
+def test_replay_waits_for_each_communicators_own_poll_timeout():
+    # two one-rank groups initialised 0.1 s apart (ends at 0.1 and 0.2 s), destroyed right after: the first waits for
+    # its timeout at 0.6 s (0.4 s), the second for 0.7 s (0.1 s less its predecessor's 0.01 s cost); a non-member
+    # takes what it measured
+    rows = [{"name": "a", "size": 1, "member": True, "first_collective_s": 0.1, "destroy_s": 0.0},
+            {"name": "b", "size": 1, "member": False, "destroy_s": 0.002},
+            {"name": "c", "size": 1, "member": True, "first_collective_s": 0.1, "destroy_s": 0.0}]
+    got = replay_mesh_walk(rows, poll_s=0.5, destroy_s={1: 0.01})
+    assert [d.predicted for d in got] == pytest.approx([0.41, 0.002, 0.098])
+
+
+def test_the_proxy_poll_rule_predicts_every_destroy_of_the_measured_mesh_walk(wave2):
+    """28 destroys (14 groups on each of 2 ranks) as the lifecycle walks them, first used one after the other:
+    each within 25 ms with the preset's constants (fitted on the commsplit probe), each walk within 1%."""
+    replay = replay_record(wave2, PRESET)
+    members = [d for d in replay if d.member]
+    assert len(members) == 28 and {d.size for d in members} == {1, 2}
+    assert max(abs(d.predicted - d.measured) for d in members) < 0.025
+    for rank in (0, 1):
+        mine = [d for d in replay if d.rank == rank]
+        assert sum(d.predicted for d in mine) == pytest.approx(sum(d.measured for d in mine), rel=0.01)
+        # the first destroy waits for the first group's timeout, 1.5 s after its init: 0.37 s, the longest
+        first = next(d for d in mine if d.member)
+        assert first.measured == max(d.measured for d in mine) and first.predicted == pytest.approx(first.measured,
+                                                                                                     abs=0.005)
+
+
+def test_suspend_planned_sync_walk_ends_one_poll_period_later_than_the_pause_walks(wave2):
+    """The same 14 groups, initialised by the training step right before the pause, destroyed in the same order:
+    DESTROY_DEFERRED's pause walk ends 3 poll periods (1.51 s) after the pause in every steady step,
+    SUSPEND_PLANNED's weight-sync walk 4 (2.01 s) in every step; the lazy variant's pause walk (13 groups) 3 or 4."""
+    tw = training_walks(walks_from_spans(wave2, str(WAVE2)))
+    periods = {k: [math.floor(a / 0.5) for s, a in v if s >= 1] for k, v in tw.items()}
+    assert periods[("DESTROY_DEFERRED", "sleep")] == [3, 3, 3]
+    assert periods[("SUSPEND_PLANNED", "update_weights")] == [4, 4, 4]
+    assert sorted(periods[("SUSPEND_PLANNED_LAZY", "sleep")]) == [3, 3, 4]
+    sp = [a for s, a in tw[("SUSPEND_PLANNED", "update_weights")]]
+    dd = [a for s, a in tw[("DESTROY_DEFERRED", "sleep")] if s >= 1]
+    assert min(sp) - max(dd) == pytest.approx(0.5, abs=0.01)
+
+
+def test_the_weight_syncs_collective_does_not_restart_the_synced_groups_poll(wave2):
+    """The lazy variant's sync walk destroys only the sync's own group, right after the sync's collective on it:
+    it ends 0.08-0.09 s after the sync started (the group's timeout, 2 periods after its training init), where a poll
+    restarted by that collective would hold the destroy ~0.5 s. So the extra period of SUSPEND_PLANNED's sync walk is
+    not the sync's collective on that group."""
+    lazy = [w for w in walks_from_spans(wave2) if w.policy == "SUSPEND_PLANNED_LAZY" and w.phase == "update_weights"
+            and not w.rebuilt_first]
+    assert len(lazy) == 6 and all(0.05 < w.after_sync_start < 0.15 for w in lazy)
+
+
+def test_missing_sections_are_named(tmp_path, capsys):
+    with pytest.raises(WalkRecordError, match=r"switch_window\.spans"):
+        walks_from_spans({"switch_window": {"results": []}}, "r.json")
+    with pytest.raises(WalkRecordError, match=r"comm_raw\.mesh_walk"):
+        mesh_walks({"comm_raw": {"skipped": "no NCCL"}}, "r.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main([str(bad)]) == 2 and "cannot read it as JSON" in capsys.readouterr().err
+
+
+def test_command_prints_the_walks_and_the_replay(capsys):
+    assert main([str(WAVE2)]) == 0
+    out = capsys.readouterr().out
+    assert "SUSPEND_PLANNED       update_weights  step 1: 2.014 s (4)" in out
+    assert "rank 0: walk 1.5082 s measured, 1.5132 s predicted" in out
