@@ -206,6 +206,79 @@ def replay_record(data: Mapping[str, Any], topology: str, where: str = "record")
     return out
 
 
+# --------------------------------------------------------------------------- the destroy-walk probe
+
+
+@dataclass(frozen=True)
+class ProbeDestroy:
+    """One destroy in a ``bench/gpu/destroy_walk_probe.py`` record, against its group's collectives (seconds)."""
+
+    rank: int
+    walk: int
+    group: str
+    start: float
+    end: float
+    #: the destroy's end minus the group's first collective since it was (re)built (its lazy init); None: never used
+    since_init: float | None
+    #: the destroy's end minus the group's last collective; None: never used
+    since_last: float | None
+
+    def periods(self, poll_s: float = 0.5) -> int | None:
+        """Whole proxy poll periods from the group's init to the destroy's end (None: never initialised)."""
+        return None if self.since_init is None else math.floor(self.since_init / poll_s)
+
+
+def probe_destroys(data: Mapping[str, Any], where: str = "record", control: str = "control") -> list[ProbeDestroy]:
+    """Every destroy of a destroy-walk probe record, numbered by walk: a walk is the destroys between two of the
+    lifecycle's agreements (collectives on the group whose name ends with ``control``)."""
+    ranks = data.get("ranks")
+    if data.get("kind") != "destroy_walk_probe" or not isinstance(ranks, list):
+        raise WalkRecordError(f"{where}: not a bench/gpu/destroy_walk_probe.py record (kind destroy_walk_probe, ranks)")
+    out: list[ProbeDestroy] = []
+    for rank, r in enumerate(ranks):
+        events = r.get("events") if isinstance(r, Mapping) else None
+        if not isinstance(events, list):
+            raise WalkRecordError(f"{where}: ranks[{rank}].events: expected [kind, group, time] rows")
+        init: dict[str, float] = {}
+        last: dict[str, float] = {}
+        started: dict[str, float] = {}
+        walk, in_walk = 0, False
+        for kind, group, t in events:
+            if kind == "collective":
+                if str(group).endswith(control):
+                    if in_walk:
+                        walk, in_walk = walk + 1, False
+                    continue
+                init.setdefault(group, t)
+                last[group] = t
+            elif kind == "destroy_start":
+                started[group], in_walk = t, True
+            elif kind == "destroy_end" and group in started:
+                i, l = init.pop(group, None), last.pop(group, None)
+                out.append(ProbeDestroy(rank, walk, str(group), started.pop(group), t,
+                                        None if i is None else t - i, None if l is None else t - l))
+    return out
+
+
+def probe_report(data: Mapping[str, Any], where: str = "record", poll_s: float = 0.5) -> list[str]:
+    """Per rank and walk of a probe record: its destroys, duration, and the destroys that waited one poll period
+    more after their init than the walk's first initialised one (the missed timeouts)."""
+    lines = []
+    destroys = probe_destroys(data, where)
+    for rank, walk in sorted({(d.rank, d.walk) for d in destroys}):
+        mine = [d for d in destroys if d.rank == rank and d.walk == walk]
+        used = [d for d in mine if d.periods(poll_s) is not None]
+        line = f"rank {rank} walk {walk}: {len(mine)} destroys, {mine[-1].end - mine[0].start:.3f} s"
+        if used:
+            first = used[0].periods(poll_s)
+            late = [d for d in used if d.periods(poll_s) > first]
+            line += (f"; {len(used)} of initialised groups, the first ending {first} poll period(s) after its init"
+                     + (f"; one period more from {late[0].group} on (it ended {late[0].since_init:.3f} s after its init, "
+                        f"{late[0].since_last:.3f} s after its last collective)" if late else ""))
+        lines.append(line)
+    return lines
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -217,6 +290,9 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
     except (OSError, json.JSONDecodeError) as exc:
         raise WalkRecordError(f"{path}: cannot read it as JSON ({exc})") from None
     where = str(path)
+    if isinstance(data, Mapping) and data.get("kind") == "destroy_walk_probe":
+        return "\n".join([f"{where}: {data.get('policy')} (weight sync collective: {data.get('sync', 'tp')}), each "
+                          "destroy walk per rank"] + probe_report(data, where))
     lines = [f"{where}: destroy walks over the groups the training step initialised, slowest rank; time from the "
              "pause (the training step's last init) to the walk's end, and whole 0.5 s proxy poll periods in it"]
     for (policy, phase), steps in training_walks(walks_from_spans(data, where)).items():
@@ -247,7 +323,8 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sim.destroy_walks RECORD [--topology PRESET]``: print :func:`report`; exit 2 on a bad record."""
     p = argparse.ArgumentParser(prog="python -m sim.destroy_walks", description=__doc__.split("\n\n")[0])
-    p.add_argument("record", help="a multigpu record with switch_window.spans (and comm_raw.mesh_walk)")
+    p.add_argument("record", help="a multigpu record with switch_window.spans (and comm_raw.mesh_walk), or a "
+                   "bench/gpu/destroy_walk_probe.py record")
     p.add_argument("--topology", default="calibrated/hgx-h200-8x", help="preset whose proxy poll and destroy costs "
                    "replay the mesh walk (default calibrated/hgx-h200-8x)")
     args = p.parse_args(argv)
@@ -263,5 +340,6 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-__all__ = ["DestroyWalk", "MeshDestroy", "WALK_SPANS", "WalkRecordError", "main", "mesh_walks", "replay_mesh_walk",
-           "replay_record", "report", "training_walks", "walks_from_spans"]
+__all__ = ["DestroyWalk", "MeshDestroy", "ProbeDestroy", "WALK_SPANS", "WalkRecordError", "main", "mesh_walks",
+           "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
+           "walks_from_spans"]

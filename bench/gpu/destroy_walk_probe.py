@@ -1,6 +1,6 @@
 """Each destroy of the lifecycle's destroy walk, timed against its group's first collective (issue 11).
 
-    torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py [--policy destroy_deferred] [--steps 6]
+    torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py [--policy destroy_deferred] [--steps 6] [--sync tp|none]
     torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py --dry-run     # CPU, Gloo: the script runs
 
 The simulator charges a destroy of an initialised NCCL communicator the wait for its UDS proxy thread's next
@@ -11,8 +11,15 @@ both steps of the wave record. This probe runs the switch-window driver of ``ben
 same settings as ``bench/gpu/multigpu.py`` (``mesh_groups(N, 1)``, cooldown 2 s, rollout 3 s, train 0 s) and
 records, per rank and step, when each group's first collective of the training step returned (its lazy NCCL
 init) and when each destroy started and ended, on the host clock: which destroy waits a whole extra period, and
-how much slack the others had. Rank 0 writes ``destroy-walk-<date>-<device>x<N>.json`` to ``$OUT`` (default
-bench/results) and prints, per step, the walk's total and its three longest destroys.
+how much slack the others had. Rank 0 writes ``destroy-walk-<date>-<policy>-sync-<tp|none>-<device>x<N>.json`` to
+``$OUT`` (default bench/results) and prints its three longest destroys; ``python -m sim.destroy_walks FILE`` names,
+per walk, the destroy from which the walk ran one poll period later than its first destroy.
+
+``--sync none`` runs the weight sync without its collective on the tp group. The wave2 record shows
+SUSPEND_PLANNED's sync walk one poll period longer than the same walk in DESTROY_DEFERRED's pause in every step,
+while the lazy variant's tp-only sync walk shows the sync's collective does not restart the tp communicator's poll
+(docs/calibration.md): ``--policy suspend_planned`` with ``--sync tp`` and ``--sync none`` says whether the
+collective matters at all.
 """
 from __future__ import annotations
 
@@ -57,6 +64,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--rollout-s", type=float, default=3.0)
     p.add_argument("--cooldown-s", type=float, default=2.0)
+    p.add_argument("--sync", choices=("tp", "none"), default="tp",
+                   help="the weight sync's collective: on the rank's tp group, as the benchmark (default), or none "
+                        "(SUSPEND_PLANNED's sync walk then follows the pause's agreements alone: whether the extra poll "
+                        "period of that walk comes from the sync's collective)")
     p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, short rollout")
     args = p.parse_args()
     from bench.switch_window import mesh_groups, run_steps
@@ -75,18 +86,20 @@ def main() -> int:
                                                        control_group="p.control"))
     tp = next(s.name for s in specs if s.name.split(".")[1].rstrip("0123456789") == "tp" and rank in s.ranks)
     rollout = 0.2 if args.dry_run else args.rollout_s
-    steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=0.0, rollout_s=rollout, sync_group=tp))
+    steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=0.0, rollout_s=rollout,
+                             sync_group=tp if args.sync == "tp" else None))
     everyone = [None] * n
     dist.all_gather_object(everyone, {"events": rt.events, "steps": [s.__dict__ for s in steps]})
     if rank == 0:
-        rec = {"kind": "destroy_walk_probe", "schema": 1, "world_size": n, "policy": policy.name,
+        rec = {"kind": "destroy_walk_probe", "schema": 1, "world_size": n, "policy": policy.name, "sync": args.sync,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "device": torch.cuda.get_device_name() if cuda else "cpu", "dry_run": args.dry_run,
                "command": "torchrun --nproc-per-node=%d bench/gpu/destroy_walk_probe.py %s" % (n, " ".join(sys.argv[1:])),
                "ranks": everyone}
         out = Path(os.environ.get("OUT", REPO / "bench" / "results"))
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"destroy-walk-{rec['date'][:10]}-{rec['device'].replace(' ', '-').lower()}x{n}.json"
+        path = out / (f"destroy-walk-{rec['date'][:10]}-{policy.value}-sync-{args.sync}-"
+                      f"{rec['device'].replace(' ', '-').lower()}x{n}.json")
         path.write_text(json.dumps(rec, indent=1) + "\n")
         for r, data in enumerate(everyone):
             ev, walk = data["events"], []

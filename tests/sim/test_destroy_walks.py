@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.destroy_walks import (WalkRecordError, main, mesh_walks, replay_mesh_walk, replay_record, training_walks,
-                               walks_from_spans)
+from sim.destroy_walks import (WalkRecordError, main, mesh_walks, probe_destroys, probe_report, replay_mesh_walk,
+                               replay_record, training_walks, walks_from_spans)
 from sim.presets import load_preset_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +95,25 @@ def test_command_prints_the_walks_and_the_replay(capsys):
     out = capsys.readouterr().out
     assert "SUSPEND_PLANNED       update_weights  step 1: 2.014 s (4)" in out
     assert "rank 0: walk 1.5082 s measured, 1.5132 s predicted" in out
+
+
+def test_probe_records_name_the_destroy_that_waited_a_period_more(tmp_path, capsys):
+    """A bench/gpu/destroy_walk_probe.py record (synthetic here: the GPU run is the lead's): a walk is the destroys
+    between two agreements; the group whose destroy ends one poll period later after its init than the walk's first
+    is named."""
+    events = [["collective", "p.control", 0.0], ["collective", "p.a", 0.1], ["collective", "p.b", 0.2],
+              ["collective", "p.b", 0.22], ["collective", "p.control", 0.25],
+              ["destroy_start", "p.a", 0.25], ["destroy_end", "p.a", 0.61],
+              ["destroy_start", "p.x", 0.61], ["destroy_end", "p.x", 0.611],
+              ["destroy_start", "p.b", 0.611], ["destroy_end", "p.b", 1.21], ["collective", "p.control", 1.22]]
+    rec = {"kind": "destroy_walk_probe", "policy": "SUSPEND_PLANNED", "sync": "tp", "ranks": [{"events": events}]}
+    got = probe_destroys(rec)
+    assert [(d.group, d.walk, d.periods()) for d in got] == [("p.a", 0, 1), ("p.x", 0, None), ("p.b", 0, 2)]
+    assert got[2].since_last == pytest.approx(0.99)
+    (line,) = probe_report(rec)
+    assert "3 destroys, 0.960 s" in line and "one period more from p.b on" in line
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(rec))
+    assert main([str(path)]) == 0 and "SUSPEND_PLANNED (weight sync collective: tp)" in capsys.readouterr().out
+    with pytest.raises(WalkRecordError, match="destroy_walk_probe"):
+        probe_destroys({"kind": "multigpu"})
