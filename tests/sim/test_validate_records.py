@@ -36,6 +36,9 @@ MULTIGPU = RESULTS / "2026-11-30-h200x2-multigpu" / "multigpu-2026-11-30-nvidia-
 #: the split fields (fitted); and its stock-NCCL run (switch window without the suspending policies, dedup)
 WAVE = RESULTS / "2026-11-30-h200x2-wave" / "multigpu-2026-11-30-nvidia-h200x2.json"
 WAVE_STOCK = RESULTS / "2026-11-30-h200x2-wave" / "stock-nccl" / "multigpu-2026-11-30-nvidia-h200x2.json"
+#: the 2 x H200 record of 14:00 UTC (NCCL 2.32.3, lazy wake): DESTROY_DEFERRED, PAUSED_LIVE, SUSPEND_PLANNED and its
+#: lazy variant, every lifecycle span, comm_raw.mesh_walk; nothing of it is in the fit set
+WAVE2 = RESULTS / "2026-11-30-h200x2-wave2" / "multigpu-2026-11-30-nvidia-h200x2.json"
 #: bench/agreement_probe.py on the development VM: one lifecycle agreement on the Gloo control group
 AGREEMENT = RESULTS / "2026-11-30-cpu-agreement" / "agreement-2026-11-30-vmx2.json"
 FIT_SET = [RUN1_COMM, MULTIGPU, WAVE, *SPLIT, SCRUB, AGREEMENT]
@@ -170,12 +173,29 @@ def test_every_policy_of_the_wave_record_within_15_percent_but_suspend_planned_w
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 not done: SUSPEND_PLANNED's update_weights on the wave record is 0.5 s "
-                   "(one NCCL proxy poll) longer than predicted: the destroy walk after the weight sync missed a poll "
-                   "timeout in both measured steps, which the deterministic model does not (DESTROY_DEFERRED's pause, "
-                   "the same walk, measured 1.51 and 2.01 s per step); see docs/calibration.md")
+                   "(one NCCL proxy poll period) longer than predicted: its destroy walk after the weight sync ended 4 "
+                   "poll periods after the training step's last init in every measured step (wave2's spans), the "
+                   "model's walk 3, as DESTROY_DEFERRED's pause walk measured in most steps; the records do not say "
+                   "what costs the period (python -m sim.destroy_walks RECORD; docs/calibration.md)")
 def test_every_two_gpu_switch_window_phase_within_15_percent():
-    rows, _ = validate_switch_window(load_record(WAVE), "calibrated/hgx-h200-8x")
-    assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.0%}" for r in rows if not r.ok]
+    for path in (WAVE, WAVE2):
+        rows, facts = validate_switch_window(load_record(path), "calibrated/hgx-h200-8x")
+        assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.0%}" for r in rows if not r.ok]
+        assert facts["predicted_order"] == facts["measured_order"]
+
+
+def test_wave2_switch_window_every_phase_but_suspend_planned_sync_within_15_percent():
+    """The wave2 record (not in the fit set): every phase of DESTROY_DEFERRED, PAUSED_LIVE and the lazy variant within
+    15%, SUSPEND_PLANNED's sleep and wake too; its weight sync is one proxy poll period (0.5 s) longer than predicted,
+    as on the wave record, which swaps it with the lazy variant in the ranking (measured 2.022 against 1.848 s)."""
+    rows, facts = validate_switch_window(load_record(WAVE2), "calibrated/hgx-h200-8x")
+    assert len(rows) == 16 and {r.what for r in rows if not r.ok} == {"SUSPEND_PLANNED update_weights",
+                                                                         "SUSPEND_PLANNED total"}
+    by = {r.what: r for r in rows}
+    assert by["SUSPEND_PLANNED update_weights"].measured - by["SUSPEND_PLANNED update_weights"].predicted == \
+        pytest.approx(0.5, abs=0.01)
+    assert facts["measured_order"] == ["PAUSED_LIVE", "SUSPEND_PLANNED_LAZY", "SUSPEND_PLANNED", "DESTROY_DEFERRED"]
+    assert facts["predicted_order"] == ["PAUSED_LIVE", "SUSPEND_PLANNED", "SUSPEND_PLANNED_LAZY", "DESTROY_DEFERRED"]
 
 
 def test_the_stock_nccl_record_and_the_old_record_switch_window():
