@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import torch
 
@@ -51,10 +51,28 @@ from refimpl.store.parking import (
 logger = logging.getLogger(__name__)
 
 
-Item = tuple  # (category, kind, name, tensor, source, flags): see below
-"""One registered tensor object found by a collector, as a plain tuple (collection runs per tensor at
-every offload, so it avoids constructing objects): ``(category, kind, name, tensor, source, flags)``
-with ``flags`` a bitwise OR of :data:`HOST_RESIDENT_OK` and :data:`EXPLICIT_KIND`."""
+class Item(NamedTuple):
+    """One registered tensor object found by a collector.
+
+    Collection runs per tensor at every offload (tens of thousands for a MoE), so collectors
+    build items with ``_item(Item, (...))`` (``tuple.__new__``: no Python-level constructor
+    call) and the steady-state check reads only :meth:`Collector.tensors`.
+    """
+
+    category: Category
+    #: a finer label than the category for backends ("param", "grad", "optimizer", "ddp_buffer" ...)
+    kind: str
+    #: the registered name, e.g. ``model.layer.weight`` or ``optim.state.3.exp_avg``
+    name: str
+    #: the tensor object as registered (a DTensor stays a DTensor here)
+    tensor: Any
+    #: the attach name of the collector
+    source: str
+    #: a bitwise OR of :data:`HOST_RESIDENT_OK` and :data:`EXPLICIT_KIND`
+    flags: int
+
+
+_item = tuple.__new__  # _item(Item, (fields...)): an Item without the generated __new__'s Python frame
 
 HOST_RESIDENT_OK = 1
 """A tensor on the host while the runtime device is an accelerator is left in place (not an error)."""
@@ -78,6 +96,12 @@ class Collector(abc.ABC):
     @abc.abstractmethod
     def items(self, categories: frozenset[Category]) -> Iterator[Item]:
         """Items of the given categories, in a deterministic order."""
+
+    def tensor_objects(self, categories: frozenset[Category]) -> Iterator[Any]:
+        """The ``tensor`` of every item :meth:`items` yields, in the same order, without building the
+        items: the steady-state check's per-tensor loop (subclasses override it with a cheaper loop)."""
+        for it in self.items(categories):
+            yield it.tensor
 
     def check_phase(self) -> None:
         """Raise :class:`StoreStateError` if the object is mid-phase (default: always fine)."""
@@ -128,21 +152,43 @@ class ModuleCollector(Collector):
         if Category.PARAMS in categories:
             by_param = {id(fp.sharded_param): fp for fp in self.fsdp_params() if hasattr(fp, "sharded_param")}
             for pname, p in named:
-                yield (Category.PARAMS, "param", f"{self.name}.{pname}", p, self.name, 0)
+                yield _item(Item, (Category.PARAMS, "param", f"{self.name}.{pname}", p, self.name, 0))
                 fp = by_param.pop(id(p), None)
                 if fp is not None:
                     for attr in ("_sharded_param_data", "_sharded_post_forward_param_data"):
                         t = getattr(fp, attr, None)
                         if isinstance(t, torch.Tensor):
-                            yield (Category.PARAMS, "param", f"{self.name}.{pname}#{attr}", t, self.name, 0)
+                            yield _item(Item, (Category.PARAMS, "param", f"{self.name}.{pname}#{attr}", t, self.name, 0))
         if Category.GRADS in categories:
             for pname, p in named:
                 if p.grad is not None:
-                    yield (Category.GRADS, "grad", f"{self.name}.{pname}.grad", p.grad, self.name, 0)
+                    yield _item(Item, (Category.GRADS, "grad", f"{self.name}.{pname}.grad", p.grad, self.name, 0))
         if Category.BUFFERS in categories:
             for bname, b in self.module.named_buffers(remove_duplicate=False):
                 if b is not None:
-                    yield (Category.BUFFERS, "buffer", f"{self.name}.{bname}", b, self.name, 0)
+                    yield _item(Item, (Category.BUFFERS, "buffer", f"{self.name}.{bname}", b, self.name, 0))
+
+    def tensor_objects(self, categories: frozenset[Category]) -> Iterator[Any]:
+        """What :meth:`items` yields, tensors only (same order; no names built)."""
+        params = [p for _, p in self.module.named_parameters(remove_duplicate=False)]
+        if Category.PARAMS in categories:
+            by_param = {id(fp.sharded_param): fp for fp in self.fsdp_params() if hasattr(fp, "sharded_param")}
+            for p in params:
+                yield p
+                fp = by_param.pop(id(p), None) if by_param else None
+                if fp is not None:
+                    for attr in ("_sharded_param_data", "_sharded_post_forward_param_data"):
+                        t = getattr(fp, attr, None)
+                        if isinstance(t, torch.Tensor):
+                            yield t
+        if Category.GRADS in categories:
+            for p in params:
+                if p.grad is not None:
+                    yield p.grad
+        if Category.BUFFERS in categories:
+            for _, b in self.module.named_buffers(remove_duplicate=False):
+                if b is not None:
+                    yield b
 
 
 class OptimizerCollector(Collector):
@@ -165,9 +211,22 @@ class OptimizerCollector(Collector):
                 if state:
                     for key, value in state.items():
                         if isinstance(value, torch.Tensor):
-                            yield (Category.OPTIMIZER, "optimizer", f"{self.name}.state.{index}.{key}", value,
-                                   self.name, HOST_RESIDENT_OK)
+                            yield _item(Item, (Category.OPTIMIZER, "optimizer", f"{self.name}.state.{index}.{key}", value,
+                                               self.name, HOST_RESIDENT_OK))
                 index += 1
+
+    def tensor_objects(self, categories: frozenset[Category]) -> Iterator[Any]:
+        """What :meth:`items` yields, tensors only (same order; no names built)."""
+        if Category.OPTIMIZER not in categories:
+            return
+        state = self.optimizer.state
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                s = state.get(p)
+                if s:
+                    for value in s.values():
+                        if isinstance(value, torch.Tensor):
+                            yield value
 
 
 class TensorsCollector(Collector):
@@ -190,7 +249,17 @@ class TensorsCollector(Collector):
         for key, t in self.tensors.items():
             if not isinstance(split_dtensor(t)[0], torch.Tensor):  # a DTensor (or duck-typed one) is accepted
                 raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
-            yield (self.category, self.kind, f"{self.name}.{key}", t, self.name, flags)
+            yield _item(Item, (self.category, self.kind, f"{self.name}.{key}", t, self.name, flags))
+
+    def tensor_objects(self, categories: frozenset[Category]) -> Iterator[Any]:
+        """What :meth:`items` yields, tensors only (same order, same error for a value that is no tensor)."""
+        if self.category not in categories:
+            return
+        plain = _PLAIN
+        for key, t in self.tensors.items():
+            if type(t) not in plain and not isinstance(split_dtensor(t)[0], torch.Tensor):
+                raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
+            yield t
 
 
 # --------------------------------------------------------------------------- grouping

@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -53,6 +53,9 @@ _LOCK = threading.Lock()
 _PLACEHOLDERS: dict[tuple[str, torch.dtype], tuple[torch.Tensor, Any, int]] = {}
 _PLACEHOLDER_IDS: set[int] = set()
 _ZERO_STRIDES: dict[int, tuple[int, ...]] = {}
+ZERO_STRIDES: Mapping[int, tuple[int, ...]] = _ZERO_STRIDES
+"""All-zero strides by dimension count, filled by :func:`zero_strides` (read it, never write it: a hot
+loop's ``ZERO_STRIDES.get(ndim)`` saves a call)."""
 
 
 def _make_placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -113,6 +116,9 @@ _ALLOWED_NAMES = frozenset({
 })
 _GUARD_CLASSES: dict[type, type] = {}
 _ORIGINAL_CLASS: dict[type, type] = {}
+GUARDED_CLASSES: Mapping[type, type] = _ORIGINAL_CLASS
+"""Guarded tensor class -> the class it replaced (read it, never write it: ``type(t) in GUARDED_CLASSES``
+is :func:`is_guarded` without the call)."""
 
 
 def _func_name(func: Any) -> str:
@@ -286,7 +292,9 @@ def park_strays(storage_id: int, known: set[int]) -> list[str]:
 
 __all__ = [
     "DEBUG_ENV",
+    "GUARDED_CLASSES",
     "OffloadedTensorError",
+    "ZERO_STRIDES",
     "debug_mode",
     "describe_aliases",
     "find_views",

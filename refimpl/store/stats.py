@@ -50,6 +50,9 @@ class StoreStats:
     copies: dict[str, int] = field(default_factory=dict)
     #: seconds per phase of the last offload (``offload.collect`` ...) and reload (``reload.wait`` ...)
     phases: dict[str, float] = field(default_factory=dict)
+    #: the path the last offload took (its plan's name, :mod:`refimpl.store.plans`): ``streamed`` (first
+    #: offload, streaming backend), ``steady`` (unchanged since the reload), ``full``; "" before any
+    last_offload_path: str = ""
 
     @property
     def host_pinned_gb(self) -> float:

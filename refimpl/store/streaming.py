@@ -99,7 +99,7 @@ class StreamingPlan:
             layout.data_numel = st.offset
             layout.numel = _round_up(st.offset, st.align)
             await self._close_segment(st, layout.numel)
-            layout._set_segments(st.cuts)
+            layout.set_segments(st.cuts)
         while self._queue:
             await self._issue(*self._queue.popleft())
         for st in self.open.values():
