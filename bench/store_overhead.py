@@ -1,6 +1,6 @@
 """The offload store's Python overhead per phase, for a state of many small tensors, on any device.
 
-``python -m bench.store_overhead [--tensors-of moe] [--numel 64] [--cycles 7] [--device cpu]``
+``python -m bench.store_overhead [--tensors-of moe] [--numel 64] [--cycles 7] [--device cpu] [--calls]``
 
 The offload benchmark (:mod:`bench.offload`) measures bytes per second; on the GPU a
 steady offload of the MoE shape (~25k tensors) runs at line rate only because the
@@ -15,12 +15,17 @@ scattered state (streamed), the steady offload (every tensor still where the
 last reload put it), and a changed offload (one tensor re-assigned between
 cycles, so the layouts are planned afresh), each followed by a reload; it
 prints the median of each phase in milliseconds over ``--cycles`` cycles. Wall
-times on a shared machine are noisy: compare runs taken back to back.
+times on a shared machine are noisy: compare runs taken back to back. ``--calls``
+counts the Python function calls (``cProfile``, C functions included) of one
+offload and one reload per path instead: deterministic, so two versions of the
+store compare exactly on any machine.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 from typing import Any
@@ -83,6 +88,39 @@ def measure(shape: str = "moe", numel: int = 64, cycles: int = 7, device: str = 
             "device": str(rt.device), "steady_fast_offloads": steady_fast, "phases_ms": ms}
 
 
+def count_calls(shape: str = "moe", numel: int = 64, device: str = "cpu") -> dict[str, dict[str, int]]:
+    """Python function calls (cProfile's total, C functions included) of one offload and one reload of
+    each path: ``cold`` (the first offload), ``steady``, ``changed`` (one tensor re-assigned)."""
+    from refimpl.torch_runtime import TorchRuntime
+
+    rt = TorchRuntime(torch.device(device))
+    state = small_state(shape, numel, rt.device)
+    store = OffloadStore(rt, config=StoreConfig(pin_ahead="off"))
+    for cat, tensors in state.items():
+        store.attach_tensors(cat, tensors, name=cat.value)
+
+    def calls(fn: Any) -> int:
+        prof = cProfile.Profile()
+        prof.enable()
+        fn()
+        prof.disable()
+        return pstats.Stats(prof).total_calls  # type: ignore[attr-defined]
+
+    out: dict[str, dict[str, int]] = {}
+    try:
+        out["cold"] = {"offload": calls(store.offload), "reload": calls(store.reload)}
+        store.offload()
+        store.reload()
+        out["steady"] = {"offload": calls(store.offload), "reload": calls(store.reload)}
+        cat = next(iter(state))
+        name = next(iter(state[cat]))
+        state[cat][name] = state[cat][name].clone()
+        out["changed"] = {"offload": calls(store.offload), "reload": calls(store.reload)}
+    finally:
+        store.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: print each path's phase medians in ms (``--json`` for the raw report)."""
     p = argparse.ArgumentParser(prog="python -m bench.store_overhead", description=__doc__.split("\n\n")[0])
@@ -91,7 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=7, help="steady and changed cycles (default 7)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--calls", action="store_true",
+                   help="count Python function calls of one offload and reload per path (deterministic)")
     a = p.parse_args(argv)
+    if a.calls:
+        counts = count_calls(a.tensors_of, a.numel, a.device)
+        if a.json:
+            print(json.dumps(counts, indent=1))
+            return 0
+        print(f"{a.tensors_of} tensors at <= {a.numel} elements on {a.device}: Python function calls (cProfile)")
+        for path, c in counts.items():
+            print(f"  {path:8s} offload {c['offload']:,}, reload {c['reload']:,}")
+        return 0
     rep = measure(a.tensors_of, a.numel, a.cycles, a.device)
     if a.json:
         print(json.dumps(rep, indent=1))
