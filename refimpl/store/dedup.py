@@ -59,7 +59,7 @@ import torch
 from refimpl.runtime.base import (
     WORLD, CollectiveFailedError, CollectiveTimeoutError, CopyKind, ReduceOp, Runtime, gather,
 )
-from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend, register_backend
+from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.pool import HostBuffer, PinnedHostPool
@@ -564,9 +564,6 @@ async def _drain_all(pending: list) -> None:
             await pending.pop(0)[1]
         except BaseException as e:  # noqa: BLE001 - the gather's own error is the one raised
             log.error("an H2D copy of a failed local_dedup reload also failed: %s", e)
-
-
-register_backend("local_dedup", DedupBackend)
 
 
 __all__ = [

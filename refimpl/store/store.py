@@ -67,7 +67,6 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.backend import create_backend
 from refimpl.store.collect import (
     Collector,
     Item,
@@ -84,6 +83,7 @@ from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.planner import gc_paused, plan_layouts
 from refimpl.store.plans import FullOffload, OffloadPlan, RecoverPlan, ReloadPlan, SteadyOffload, StreamedOffload
 from refimpl.store.pool import PinnedHostPool
+from refimpl.store.registry import create_backend
 from refimpl.store.release import ReleasePlan, park_kept_views, prepare_release, release_layouts
 from refimpl.store.residency import (
     ItemSignature, ParkRecord, mark_resident, park, repoint, restore_released, steady_unchanged, unadopt, unpark,
