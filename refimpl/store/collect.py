@@ -87,6 +87,22 @@ def split_dtensor(t: Any) -> tuple[torch.Tensor, Any]:
     return t, None
 
 
+def plain_tensor(t: Any) -> Any:
+    """The plain tensor the store moves for ``t``: a DTensor's local tensor, else ``t`` itself."""
+    if hasattr(t, "_local_tensor") and hasattr(t, "placements") and hasattr(t, "device_mesh"):
+        return t._local_tensor
+    return t
+
+
+class ViewCount(NamedTuple):
+    """How many tensor objects viewed a storage before the store made views of its own."""
+
+    #: tensor objects viewing the storage (registered or not); -1: unknown
+    viewers: int
+    #: :func:`own_view_mark` when they were counted (the store's views made before it are among them)
+    mark: int
+
+
 class Collector(abc.ABC):
     """Yields the registered tensors of one attached object."""
 
@@ -247,7 +263,7 @@ class TensorsCollector(Collector):
             return
         flags = EXPLICIT_KIND if self.explicit_kind else 0
         for key, t in self.tensors.items():
-            if not isinstance(split_dtensor(t)[0], torch.Tensor):  # a DTensor (or duck-typed one) is accepted
+            if not isinstance(plain_tensor(t), torch.Tensor):  # a DTensor (or duck-typed one) is accepted
                 raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
             yield _item(Item, (self.category, self.kind, f"{self.name}.{key}", t, self.name, flags))
 
@@ -257,7 +273,7 @@ class TensorsCollector(Collector):
             return
         plain = _PLAIN
         for key, t in self.tensors.items():
-            if type(t) not in plain and not isinstance(split_dtensor(t)[0], torch.Tensor):
+            if type(t) not in plain and not isinstance(plain_tensor(t), torch.Tensor):
                 raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")
             yield t
 
@@ -343,12 +359,12 @@ class StorageGrouper:
     thousands for a MoE), so it sticks to cheap attribute reads.
     """
 
-    def __init__(self, device: torch.device, viewers: dict[int, tuple[int, int]] | None = None,
+    def __init__(self, device: torch.device, viewers: dict[int, ViewCount] | None = None,
                  own: frozenset[int] = frozenset()) -> None:
         self.device = device
         #: storage ids of the store's own flat buffers (a view of one kept by the user is parked, not refused)
         self.own = own
-        #: ``(tensor objects viewing a storage, own_view_mark())`` counted before the store made views of it
+        #: tensor objects viewing a storage, counted before the store made views of it
         self.known_viewers = viewers or {}
         self.report = CollectReport()
         self._groups: dict[int, StorageGroup] = {}
@@ -495,7 +511,7 @@ def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
     )
 
 
-def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[int, tuple[int, int]] | None = None,
+def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[int, ViewCount] | None = None,
                      own: frozenset[int] = frozenset()) -> tuple[list[StorageGroup], CollectReport]:
     """Validate ``items`` and group them by storage (all at once; see :class:`StorageGrouper`).
 
@@ -526,7 +542,9 @@ __all__ = [
     "StorageGroup",
     "StorageGrouper",
     "TensorsCollector",
+    "ViewCount",
     "group_by_storage",
+    "plain_tensor",
     "same_device",
     "unattached_alias_error",
     "split_dtensor",

@@ -26,6 +26,7 @@ import torch
 
 from refimpl.runtime.base import Runtime
 from refimpl.store.backend import StoreBackend
+from refimpl.store.collect import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, storage_id
 from refimpl.store.parking import own_view
@@ -67,7 +68,7 @@ class OffloadCopies:
         self.pending: list[Awaitable[None]] = []
         self.ahead: dict[LayoutKey, CopyAhead] = {}
         self.flats: dict[LayoutKey, torch.Tensor] = {}
-        self.viewers: dict[int, tuple[int, int]] = {}
+        self.viewers: dict[int, ViewCount] = {}
         #: storages released while later copies ran (what a rollback must bring back)
         self.early: list[EarlyRelease] = []
 

@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import torch
 
@@ -50,7 +50,13 @@ class OffloadedTensorError(RuntimeError):
 
 
 _LOCK = threading.Lock()
-_PLACEHOLDERS: dict[tuple[str, torch.dtype], tuple[torch.Tensor, Any, int]] = {}
+class _Placeholder(NamedTuple):
+    tensor: torch.Tensor
+    storage: Any
+    storage_id: int
+
+
+_PLACEHOLDERS: dict[tuple[str, torch.dtype], _Placeholder] = {}
 _PLACEHOLDER_IDS: set[int] = set()
 _ZERO_STRIDES: dict[int, tuple[int, ...]] = {}
 ZERO_STRIDES: Mapping[int, tuple[int, ...]] = _ZERO_STRIDES
@@ -81,9 +87,9 @@ def placeholder(device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
             if hit is None:
                 t = _make_placeholder(device, dtype)
                 st = t.untyped_storage()
-                hit = _PLACEHOLDERS[key] = (t, st, st._cdata)
+                hit = _PLACEHOLDERS[key] = _Placeholder(t, st, st._cdata)
                 _PLACEHOLDER_IDS.add(st._cdata)
-    return hit[1], hit[2]
+    return hit.storage, hit.storage_id
 
 
 def is_placeholder(storage_id: int) -> bool:

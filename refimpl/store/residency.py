@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 
-from refimpl.store.collect import Item, StorageGroup, split_dtensor, storage_view
+from refimpl.store.collect import Item, StorageGroup, ViewCount, plain_tensor, storage_view
 from refimpl.store.layout import FlatLayout, LayoutState
 from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS
@@ -223,7 +223,7 @@ def force_repoint_prepare(layouts: list[FlatLayout]) -> list[str]:
     return changed
 
 
-def resident_flat(layout: FlatLayout, viewers: dict[int, tuple[int, int]]) -> torch.Tensor | None:
+def resident_flat(layout: FlatLayout, viewers: dict[int, ViewCount]) -> torch.Tensor | None:
     """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor.
 
     Records in ``viewers`` how many tensor objects view the buffer before the store adds its own.
@@ -236,7 +236,7 @@ def resident_flat(layout: FlatLayout, viewers: dict[int, tuple[int, int]]) -> to
             st = t.untyped_storage()
             if st._cdata == layout.flat_storage and st.nbytes() == layout.nbytes:
                 if storage_use_count is not None:
-                    viewers[st._cdata] = (storage_use_count(st._cdata) - 1, own_view_mark())  # minus st
+                    viewers[st._cdata] = ViewCount(storage_use_count(st._cdata) - 1, own_view_mark())  # minus st
                 return storage_view(st, layout.dtype, t.device, layout.numel)
     return None
 
@@ -290,7 +290,7 @@ class ItemSignature:
         self.cats = cats
         self.ids = [id(it.tensor) for it in items]
         self.left_in_place = {id(it.tensor): it.tensor for it in items
-                              if id(split_dtensor(it.tensor)[0]) not in in_layouts}
+                              if id(plain_tensor(it.tensor)) not in in_layouts}
         self.layouts = {key: id(lay) for key, lay in plan.items()}
         self.report = report
 
@@ -309,7 +309,7 @@ def steady_unchanged(tensors: Iterator[Any], sig: ItemSignature, resident: list[
             return False
         i += 1
         if id(t) in left:  # zero-size or host-resident before: must still be
-            plain = split_dtensor(t)[0]
+            plain = plain_tensor(t)
             if plain.numel() and not (plain.device.type == "cpu" and device.type != "cpu"):
                 return False
     if i != n:

@@ -74,6 +74,7 @@ from refimpl.store.collect import (
     OptimizerCollector,
     StorageGroup,
     TensorsCollector,
+    ViewCount,
     group_by_storage,
 )
 from refimpl.store.config import Category, StoreConfig
@@ -91,6 +92,8 @@ from refimpl.store.residency import (
 from refimpl.store.stats import PhaseClock, StoreStats
 
 logger = logging.getLogger(__name__)
+
+_UNCOUNTED = ViewCount(-1, 0)  # a resident flat buffer whose viewers were not counted
 
 
 class OffloadStore:
@@ -433,7 +436,7 @@ class OffloadStore:
                                    drop_grads=drop_grads, lookahead=self.pool.pin_threads)
         sig, viewers = self._signature, copies.viewers
         if (sig is not None and sig.cats == cats and not drop_grads
-                and all(viewers.get(lay.flat_storage, (-1,))[0] == lay.resident_views for lay in resident)
+                and all(viewers.get(lay.flat_storage, _UNCOUNTED).viewers == lay.resident_views for lay in resident)
                 and steady_unchanged(self._tensor_objects(cats), sig, resident, copies.flats, rt.device)):
             return SteadyOffload(resident, sig)
         return FullOffload(rt, self.backend, self.config, cats, lambda: self._items(cats), resident)
