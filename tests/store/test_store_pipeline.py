@@ -96,3 +96,14 @@ def test_a_backend_that_does_not_stream_plans_its_first_offload_in_full():
     store.attach_tensors(Category.PARAMS, tensors, name="p")
     assert _cycle(store) == "full"
     assert all(torch.equal(tensors[k], want[k]) for k in want)
+
+
+def test_the_overhead_benchmark_times_and_counts_each_path_and_the_steady_one_is_cheapest():
+    from bench.store_overhead import count_calls, measure
+
+    rep = measure("dense", numel=8, cycles=1)
+    assert rep["tensors"] == 1164 and rep["steady_fast_offloads"] == 1
+    assert set(rep["phases_ms"]) == {"cold", "steady", "changed"}
+    assert all("offload.collect" in p and "reload.repoint" in p for p in rep["phases_ms"].values())
+    calls = count_calls("dense", numel=8)
+    assert calls["steady"]["offload"] < calls["changed"]["offload"] < calls["cold"]["offload"]
