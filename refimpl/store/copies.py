@@ -26,7 +26,7 @@ import torch
 
 from refimpl.runtime.base import Runtime
 from refimpl.store.backend import StoreBackend
-from refimpl.store.collect import ViewCount
+from refimpl.store.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, storage_id
 from refimpl.store.parking import own_view

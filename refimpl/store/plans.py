@@ -45,7 +45,8 @@ import torch
 
 from refimpl.runtime.base import Runtime, gather
 from refimpl.store.backend import StoreBackend
-from refimpl.store.collect import CollectReport, Item, StorageGrouper, group_by_storage
+from refimpl.store.collect import Item
+from refimpl.store.grouping import CollectReport, StorageGrouper, group_by_storage
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.copies import OffloadCopies, sort_key
 from refimpl.store.errors import TensorChangedError

@@ -26,7 +26,7 @@ import torch
 
 from refimpl.runtime.base import CopyKind, Runtime
 from refimpl.store.backend import StoreBackend
-from refimpl.store.collect import storage_view
+from refimpl.store.grouping import storage_view
 from refimpl.store.config import Category
 from refimpl.store.layout import FlatLayout, LayoutState, StorageEntry
 from refimpl.store.parking import park_strays

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 
-from refimpl.store.collect import Item, StorageGroup, ViewCount, plain_tensor, storage_view
+from refimpl.store.collect import Item, plain_tensor
+from refimpl.store.grouping import StorageGroup, ViewCount, storage_view
 from refimpl.store.layout import FlatLayout, LayoutState
 from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS

@@ -67,16 +67,8 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.collect import (
-    Collector,
-    Item,
-    ModuleCollector,
-    OptimizerCollector,
-    StorageGroup,
-    TensorsCollector,
-    ViewCount,
-    group_by_storage,
-)
+from refimpl.store.collect import Collector, Item, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.grouping import StorageGroup, ViewCount, group_by_storage
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.copies import OffloadCopies, ReloadCopies, sort_key
 from refimpl.store.errors import StoreError, StoreStateError

@@ -28,7 +28,7 @@ from typing import Any
 
 from refimpl.runtime.base import Completion, Runtime
 from refimpl.store.backend import StoreBackend
-from refimpl.store.collect import StorageGroup
+from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.source import DeviceLayoutSource, StagingArea
