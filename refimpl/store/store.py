@@ -3,17 +3,21 @@
 Theory of operation
 -------------------
 Attach what holds the state (modules, optimizers, explicit tensors). Each
-``offload`` collects the registered tensors of the requested categories
-(:mod:`refimpl.store.collect`), groups them by storage, lays the storages out
-in flat layouts (:mod:`refimpl.store.layout`) and hands each layout to the
-backend (:mod:`refimpl.store.backend`), which copies it to host memory. A
-storage's device memory is released only after the copies carrying its bytes
-have completed and all host memory of the offload is allocated (for a backend
-with ``early_release``, storage by storage while later copies run; otherwise
-once every finisher completed): ``Runtime.release`` shrinks the storage to 0
-bytes and the tensor objects stay.
-``reload`` allocates one flat device buffer per layout, has the backend fill
-it, and re-points every registered tensor into it with ``set_``.
+``offload`` runs the pipeline of :mod:`refimpl.store.plans`: collect the
+registered tensors of the requested categories and group them by storage
+(:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`), plan flat
+layouts (:mod:`refimpl.store.layout`, :mod:`refimpl.store.planner`), have the
+backend (:mod:`refimpl.store.backend`) copy each layout to host memory
+(:mod:`refimpl.store.copies`), then release (:mod:`refimpl.store.release`). The
+store picks the plan object of the path the state calls for (streamed first
+offload, steady, full) and runs its stages. A storage's device memory is
+released only after the copies carrying its bytes have completed and all host
+memory of the offload is allocated (for a backend with ``early_release``,
+storage by storage while later copies run; otherwise once every finisher
+completed): ``Runtime.release`` shrinks the storage to 0 bytes and the tensor
+objects stay. ``reload`` allocates one flat device buffer per layout, has the
+backend fill it, and re-points every registered tensor into it with ``set_``
+(:mod:`refimpl.store.residency`).
 
 Invariants:
 
@@ -36,25 +40,11 @@ Invariants:
   traffic.
 * After a reload the store holds registered tensors only weakly.
 
-[Note: the steady-state fast path]
-After a reload every tensor of a layout is a view into one flat buffer. At the
-next offload, if every tensor is still where the reload put it (and no new
-tensor joined the layout), the layout is unchanged and leaves in one copy per
-host segment. A backend with ``speculative_offload`` gets that copy issued
-*before* collection, so collecting tens of thousands of tensors overlaps the
-DMA; if collection then finds the layout changed, the speculative copy is
-awaited and discarded and the layout is planned afresh.
-
-[Note: the first offload]
-The state is scattered over the framework's storages. For a backend with
-``streaming_offload`` the offload is streamed (:mod:`refimpl.store.streaming`):
-host segments are pinned and copied while collection goes on. Small storages
-are packed on the device and leave in large copies (:mod:`refimpl.store.source`),
-segments are pinned on the pool's threads (:mod:`refimpl.store.pool`), and
-storages are released as their copies complete. By default on CUDA
-(``StoreConfig.pin_ahead``) the host memory is pinned ahead, at attach, on
-background threads (:meth:`OffloadStore.pin_ahead`), so the first offload finds
-it ready. ``StoreStats.phases`` times each phase.
+The paths are described where they live: [Note: steady offload check] in
+:mod:`refimpl.store.residency`, [Note: why stream] in
+:mod:`refimpl.store.streaming`; pinning ahead at attach is :meth:`OffloadStore.pin_ahead`
+(``StoreConfig.pin_ahead``, the default on CUDA). ``StoreStats.phases`` times each
+phase and ``StoreStats.last_offload_path`` names the path the last offload took.
 """
 from __future__ import annotations
 
@@ -68,7 +58,7 @@ import torch
 
 from refimpl.runtime.base import Runtime
 from refimpl.store.collect import Collector, Item, ModuleCollector, OptimizerCollector, TensorsCollector
-from refimpl.store.grouping import StorageGroup, ViewCount, group_by_storage
+from refimpl.store.grouping import ViewCount, group_by_storage
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.copies import OffloadCopies, ReloadCopies, sort_key
 from refimpl.store.errors import StoreError, StoreStateError
@@ -207,8 +197,8 @@ class OffloadStore:
         by_cat: dict[str, int] = {}
         for layout in self._layouts.values():
             by_cat[layout.category.value] = by_cat.get(layout.category.value, 0) + layout.data_nbytes
-        c = self._counters
-        return StoreStats(
+        return StoreStats.with_counters(
+            self._counters,
             backend=self.backend.name,
             host_pinned_bytes=pool.host_pinned_bytes,
             host_pageable_bytes=pool.host_pageable_bytes,
@@ -221,20 +211,6 @@ class OffloadStore:
             layouts=len(self._layouts),
             storages=sum(len(layout.entries) for layout in self._layouts.values()),
             tensors=sum(len(e.refs) for layout in self._layouts.values() for e in layout.entries),
-            skipped_zero_size=c["skipped_zero_size"],
-            skipped_host_resident=c["skipped_host_resident"],
-            offloads=c["offloads"],
-            reloads=c["reloads"],
-            last_offload_s=c["last_offload_s"],
-            last_reload_s=c["last_reload_s"],
-            last_offload_bytes=c["last_offload_bytes"],
-            last_reload_bytes=c["last_reload_bytes"],
-            last_device_bytes_freed=c["last_device_bytes_freed"],
-            last_early_releases=c["last_early_releases"],
-            steady_fast_offloads=c["steady_fast_offloads"],
-            copies=dict(c["copies"]),
-            phases=dict(c["phases"]),
-            last_offload_path=c["last_offload_path"],
         )
 
     def host_tensors(self, include: Iterable[Category | str] | Category | str | None = None) -> dict[str, torch.Tensor]:
@@ -284,7 +260,7 @@ class OffloadStore:
         cats = Category.select(include) - self._offloaded
         groups, _ = group_by_storage(self._items(cats), self.rt.device)
         try:
-            plan = self._plan(groups, cats)
+            plan = plan_layouts(groups, self._resident(cats), self.backend, self.config)  # resident ones reused
         finally:
             unadopt(self._resident(cats))
         for layout in sorted(plan.values(), key=sort_key):
@@ -444,10 +420,6 @@ class OffloadStore:
     def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
         return [lay for lay in self._layouts.values()
                 if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
-
-    def _plan(self, groups: list[StorageGroup], cats: frozenset[Category]) -> dict[LayoutKey, FlatLayout]:
-        """Layouts for the collected storages: unchanged resident layouts are reused as they are."""
-        return plan_layouts(groups, self._resident(cats), self.backend, self.config)
 
     # ------------------------------------------------------------------ reload
 
