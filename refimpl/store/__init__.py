@@ -5,9 +5,11 @@
     store.attach_optimizer(optimizer, name="optim")   # torch.optim state
     store.offload(); ...; store.reload()
 
-See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.layout`
-for the flat layouts, :mod:`refimpl.store.pool` for pinned host memory and
-:mod:`refimpl.store.backend` for the backend seam.
+See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.plans`
+for the offload/reload pipeline and its plan objects, :mod:`refimpl.store.layout`
+for the flat layouts, :mod:`refimpl.store.pool` for pinned host memory,
+:mod:`refimpl.store.backend` for the backend seam and
+:mod:`refimpl.store.registry` for backends by name.
 """
 from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend
 from refimpl.store.config import Category, StoreConfig
