@@ -72,8 +72,8 @@ class OffloadCopies:
         #: storages released while later copies ran (what a rollback must bring back)
         self.early: list[EarlyRelease] = []
 
-    def copies_grads(self, layout: FlatLayout) -> bool:
-        """False for a gradient layout of an offload that drops gradients."""
+    def will_copy(self, layout: FlatLayout) -> bool:
+        """Whether ``layout`` is copied: not a gradient layout of an offload that drops gradients."""
         return not (self.drop_grads and layout.category is Category.GRADS)
 
     async def copy_ahead(self, resident: list[FlatLayout]) -> None:
@@ -86,7 +86,7 @@ class OffloadCopies:
         if not getattr(self.backend, "speculative_offload", False):
             return
         for layout in sorted(resident, key=sort_key):
-            if not self.copies_grads(layout):
+            if not self.will_copy(layout):
                 continue
             flat = resident_flat(layout, self.viewers)
             if flat is not None:
@@ -105,7 +105,7 @@ class OffloadCopies:
 
     async def issue(self, ordered: list[FlatLayout]) -> None:
         """``prepare`` then one backend ``offload`` per layout to copy (a copy issued ahead is reused)."""
-        to_copy = [lay for lay in ordered if self.copies_grads(lay)]
+        to_copy = [lay for lay in ordered if self.will_copy(lay)]
         await self.backend.prepare(to_copy)
         for layout in to_copy:
             ahead = self.ahead.pop(layout.key, None)

@@ -9,6 +9,11 @@ bytes are in host memory (see [Note: parked tensors] in
 :func:`changed_tensors` checks before a reload that each tensor is still parked
 as the offload left it. :func:`restore_released` parks the tensors again when a
 reload fails after re-pointing them.
+
+The reload's last stage (restore, after :mod:`refimpl.store.copies`) is
+:func:`repoint` and :func:`mark_resident`; the offload's steady path reads
+:func:`resident_flat` and :func:`steady_unchanged` (see [Note: steady offload
+check] below) and :func:`adopt_resident`; :func:`unadopt` is its way back.
 """
 from __future__ import annotations
 
