@@ -16,6 +16,11 @@ deferred cooldown can hide. Policies:
   each group taken down once per step and brought back once at wake
   (:mod:`refimpl.comm.group_plan`); no sync groups are declared here, so all
   stay up through the weight sync, as in the GPU benchmark.
+* ``SUSPEND_PLANNED_LAZY`` (a variant, not a policy): the same with the weight
+  sync's TP group declared (the other groups go down at the pause) and a lazy
+  wake: nothing comes back in ``wake_up``; the training step's first use of its
+  groups brings them up (``PGLifecycle.use``), outside the window, in the
+  "first collective after the wake" line.
 
 On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
 Megatron group families of the Relax report over a DP x TP mesh), on the
@@ -36,20 +41,22 @@ from dataclasses import asdict
 from refimpl.cli_errors import one_line_errors
 from refimpl.comm import PGPolicy
 # the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
-from sim.switch_window import (RELAX_FAMILIES, PolicyResult, StepTimes, first_use_after_wake, mesh_groups,  # noqa: F401
-                               run_steps, simulate, summarize)
+from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
+                               mesh_groups, plan_rules, resolve, row_names, run_steps, simulate,
+                               summarize)
 
 log = logging.getLogger(__name__)
 
 def format_results(results: list[PolicyResult], header: str) -> str:
     """A table with each policy's phases and total, and the ratio to DESTROY."""
     base = next((r.total for r in results if r.policy == "DESTROY"), None)
-    lines = [header, f"{'policy':<18}{'sleep s':>9}{'update s':>10}{'wake s':>9}{'total s':>9}{'vs DESTROY':>12}"
+    w = max([18] + [len(r.policy) + 2 for r in results])
+    lines = [header, f"{'policy':<{w}}{'sleep s':>9}{'update s':>10}{'wake s':>9}{'total s':>9}{'vs DESTROY':>12}"
                      f"{'NCCL GiB in rollout':>21}{'device GiB in rollout':>23}"]
     for r in results:
         ratio = f"{r.total / base:.3f}x" if base else "-"
         held = "unknown" if r.held_in_rollout_gib is None else f"{r.held_in_rollout_gib:.2f}"
-        lines.append(f"{r.policy:<18}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}{r.total:>9.3f}"
+        lines.append(f"{r.policy:<{w}}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}{r.total:>9.3f}"
                      f"{ratio:>12}{held:>21}{r.device_used_in_rollout_gib:>23.2f}")
     return "\n".join(lines)
 
@@ -69,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models (default: hgx-h200-8x with the constants timeshare sim calibrate fitted on the "
                              "recorded fit set; '' for the simulator's defaults)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
-                        help=f"policies to run, any case: {', '.join(p.value for p in PGPolicy)} (repeatable; default all)")
+                        help=f"policies (or variants) to run, any case: {', '.join(n.lower() for n in row_names())} "
+                             "(repeatable; default all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
 
@@ -96,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_output_path(args.json, "--json")
     try:
-        policies = [PGPolicy.parse(p) for p in (args.policy or [p.value for p in PGPolicy])]
+        policies = [resolve(p)[0] for p in (args.policy or row_names())]
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
     results, first_use = [], {}
@@ -104,14 +112,17 @@ def run(args: argparse.Namespace) -> int:
         per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
                             rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
         results.append(summarize(policy, per_rank, args.warmup))
-        first_use[policy.name] = first_use_after_wake(per_rank, args.warmup)
+        first_use[policy] = first_use_after_wake(per_rank, args.warmup)
     groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
     header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header))
     print("first collective on every group after the wake (training, outside the window; lazy NCCL init of "
-          "groups rebuilt at wake lands here): " + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
+          "groups rebuilt at wake, and a lazy wake's bring-up, land here): "
+          + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
+    wrong = [r.policy for r in results if r.bitwise_after_wake is False]
+    print("first collectives after every wake bitwise right: " + ("all rows" if not wrong else f"NOT for {wrong}"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             from refimpl.output import envelope
@@ -121,6 +132,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["RELAX_FAMILIES", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake", "format_results",
-           "mesh_groups",
+__all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake",
+           "format_results", "mesh_groups", "plan_rules", "resolve", "row_names",
            "run", "run_steps", "simulate", "summarize"]

@@ -99,8 +99,7 @@ def check_disjoint(preset_data: dict[str, Any], record: Record, section: str) ->
 def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iterable[str]) -> dict[str, Any]:
     """Each policy's :class:`PolicyResult` for a record's settings, simulated on ``preset`` (the
     switch-window benchmark's own simulation, :func:`bench.switch_window.simulate`)."""
-    from bench.switch_window import mesh_groups, simulate, summarize
-    from refimpl.comm import PGPolicy
+    from bench.switch_window import mesh_groups, resolve, row_names, simulate, summarize
 
     dp, tp = settings["dp"], settings["tp"]
     per_rank = len([s for s in mesh_groups(dp, tp) if 0 in s.ranks])
@@ -110,10 +109,9 @@ def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iter
     out = {}
     for name in policies:
         try:
-            policy = PGPolicy[name]
-        except KeyError:
-            raise RecordError(f"switch_window.results: unknown policy {name!r}; known: "
-                              f"{[p.name for p in PGPolicy]}") from None
+            policy, _ = resolve(name)  # a PGPolicy's name or a benchmark variant's (SUSPEND_PLANNED_LAZY)
+        except ValueError:
+            raise RecordError(f"switch_window.results: unknown policy {name!r}; known: {row_names()}") from None
         per_rank_steps = simulate(policy, dp=dp, tp=tp, steps=settings["steps"], train_s=settings["train_s"],
                                   rollout_s=settings["rollout_s"], cooldown_s=settings["cooldown_s"], topology=preset)
         out[name] = summarize(policy, per_rank_steps, settings["warmup"])

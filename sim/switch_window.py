@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
+from refimpl.comm.group_plan import GroupPlanRules
 from refimpl.runtime.base import GroupSpec, ReduceOp, Runtime
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,44 @@ RELAX_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tp_dp_cp", ("dp", "tp")), ("tp_cp", ("tp",)), ("pp", ()), ("cp", ()), ("embd", ()), ("pos_embd", ()),
     ("ep", ()), ("etp", ("tp",)), ("edp", ("dp",)),
 )
+
+
+#: rows of the benchmark beside the :class:`PGPolicy` members: name -> the policy it runs
+VARIANTS: dict[str, PGPolicy] = {
+    # SUSPEND_PLANNED with the weight sync's group declared (the others go down at the pause) and a lazy wake:
+    # nothing comes back at the wake; the training step's first use of each group brings it up (PGLifecycle.use)
+    "SUSPEND_PLANNED_LAZY": PGPolicy.SUSPEND_PLANNED,
+}
+
+
+def row_names() -> list[str]:
+    """Every row the benchmark can run: the policies, then the variants."""
+    return [p.name for p in PGPolicy] + list(VARIANTS)
+
+
+def resolve(row: "PGPolicy | str") -> tuple[str, PGPolicy]:
+    """``(row name, policy)`` for a policy, a policy's name in any spelling, or a variant's name.
+
+    Raises ValueError listing the known rows.
+    """
+    if isinstance(row, PGPolicy):
+        return row.name, row
+    key = str(row).strip().upper().replace("-", "_")
+    if key in VARIANTS:
+        return key, VARIANTS[key]
+    try:
+        policy = PGPolicy.parse(row)
+    except ValueError:
+        raise ValueError(f"unknown switch-window row {row!r}; expected one of {row_names()} (any case)") from None
+    return policy.name, policy
+
+
+def plan_rules(row: str, sync_group: str | None) -> GroupPlanRules | None:
+    """The :class:`GroupPlanRules` a row runs with on a rank whose weight sync uses ``sync_group`` (None: defaults)."""
+    if row == "SUSPEND_PLANNED_LAZY":
+        return GroupPlanRules(sync_groups=frozenset({sync_group}) if sync_group else frozenset(),
+                              wake_groups=frozenset())
+    return None
 
 
 def mesh_groups(dp: int, tp: int, families=RELAX_FAMILIES, *, backend: str | None = "nccl") -> list[GroupSpec]:
@@ -51,7 +90,11 @@ class StepTimes:
     ``held_in_rollout``: NCCL memory of the role's groups (``ncclCommMemStats``; None where the
     loaded NCCL cannot say). ``device_used_in_rollout``: device memory in use as the driver sees it.
     ``first_use``: the training step's first collective on each group, right after the previous
-    step's wake (outside the window): where a group rebuilt at wake pays torch's lazy NCCL init.
+    step's wake (outside the window): where a group rebuilt at wake pays torch's lazy NCCL init, and
+    where a lazy wake brings its groups up (``PGLifecycle.use``). ``bitwise_after_wake``: those first
+    collectives after this step's wake (the next step's, or one more after the last step) gave
+    bitwise the sums computed on the host, on every group of this rank (None where buffers carry no
+    data).
     """
 
     sleep: float
@@ -61,32 +104,65 @@ class StepTimes:
     device_used_in_rollout: int
     state_in_rollout: str
     first_use: float = 0.0
+    bitwise_after_wake: bool | None = None
 
     @property
     def total(self) -> float:
         return self.sleep + self.update_weights + self.wake_up
 
 
-async def _touch(rt: Runtime, names: list[str]) -> None:
-    """One small all-reduce per member group: the training step uses its groups (and creates lazy comms)."""
+TOUCH_NUMEL = 256
+
+
+def _touch_values(rank: int) -> torch.Tensor:
+    # small integers: every partial sum is exact in float32, so the reduced buffer is known bitwise
+    return torch.arange(TOUCH_NUMEL, dtype=torch.float32).remainder_(61).add_(1000.0 * (rank + 1))
+
+
+async def _touch(rt: Runtime, names: list[str]) -> bool | None:
+    """One small all-reduce per member group: the training step uses its groups (and creates lazy comms).
+
+    Returns whether every sum is bitwise the one computed on the host (None where device buffers are meta).
+    """
+    ok: bool | None = None
     for name in names:
         if rt.is_member(name):
-            t = rt.alloc_device(1, torch.float32, tag="bench.touch")
-            t.fill_(1.0)
+            t = rt.alloc_device(TOUCH_NUMEL, torch.float32, tag="bench.touch")
+            real = t.device.type != "meta"
+            if real:
+                t.copy_(_touch_values(rt.rank).to(t.device))
+            else:
+                t.fill_(1.0)
             await rt.all_reduce(t, ReduceOp.SUM, name, timeout_s=120)
+            if real:
+                want = sum(_touch_values(r) for r in rt.group_spec(name).ranks)
+                good = bool(torch.equal(t.cpu(), want))
+                if not good:
+                    log.error("rank %d: all-reduce on %r after the wake is not bitwise right", rt.rank, name)
+                ok = good if ok is None else (ok and good)
             rt.release(t)
+    return ok
+
+
+async def _first_use(rt: Runtime, lc: PGLifecycle) -> bool | None:
+    """The training step's first use of its groups: a lazy wake's groups come up first (agreed on every rank)."""
+    if lc.state is PGState.ACTIVE_LAZY:
+        await lc.use(lc.groups)
+    return await _touch(rt, list(lc.groups))
 
 
 async def run_steps(
     rt: Runtime, lc: PGLifecycle, *, steps: int, train_s: float, rollout_s: float, sync_group: str | None
 ) -> list[StepTimes]:
     """``steps`` RL steps on one rank: train, pause, weight sync, rollout, resume; the switch phases timed."""
-    out = []
+    out: list[StepTimes] = []
     await lc.start()
     for _ in range(steps):
         t_first = rt.now()
-        await _touch(rt, list(lc.groups))
+        ok = await _first_use(rt, lc)
         first_use = rt.now() - t_first
+        if out:
+            out[-1].bitwise_after_wake = ok
         await rt.sleep(train_s)
         t0 = rt.now()
         await lc.pause()
@@ -112,6 +188,8 @@ async def run_steps(
         await lc.resume()
         t4 = rt.now()
         out.append(StepTimes(t1 - t0, t2 - t1, t4 - t3, held, used, state, first_use))
+    if out:  # the last wake's first collectives (not timed)
+        out[-1].bitwise_after_wake = await _first_use(rt, lc)
     return out
 
 
@@ -127,30 +205,43 @@ class PolicyResult:
     held_in_rollout_gib: float | None
     device_used_in_rollout_gib: float
     states: list[str] = field(default_factory=list)
+    #: the training step's first collectives after the wake (outside the window), slowest rank, mean of the steps
+    first_use_after_wake: float | None = None
+    #: every rank's first collectives after every wake were bitwise right (None: not checked)
+    bitwise_after_wake: bool | None = None
 
 
-def summarize(policy: PGPolicy, per_rank: list[list[StepTimes]], warmup: int) -> PolicyResult:
-    """Mean over ranks of the steps after ``warmup`` (the slowest rank sets the window, so take the max)."""
+def summarize(policy: "PGPolicy | str", per_rank: list[list[StepTimes]], warmup: int) -> PolicyResult:
+    """Mean over ranks of the steps after ``warmup`` (the slowest rank sets the window, so take the max).
+
+    ``policy``: the row (a :class:`PGPolicy` or a :data:`VARIANTS` name).
+    """
+    name, _ = resolve(policy)
     steady = [steps[warmup:] for steps in per_rank]
+    checks = [s.bitwise_after_wake for r in per_rank for s in r]
     def window(attr: str) -> float:
         return statistics.mean(max(getattr(r[i], attr) for r in steady) for i in range(len(steady[0])))
     return PolicyResult(
-        policy=policy.name,
+        policy=name,
         sleep=window("sleep"), update_weights=window("update_weights"), wake_up=window("wake_up"),
         total=statistics.mean(max(r[i].total for r in steady) for i in range(len(steady[0]))),
         held_in_rollout_gib=None if any(s.held_in_rollout is None for r in steady for s in r)
         else max(s.held_in_rollout for r in steady for s in r) / 2**30,
         device_used_in_rollout_gib=max(s.device_used_in_rollout for r in steady for s in r) / 2**30,
         states=[s.state_in_rollout for s in per_rank[0]],
+        first_use_after_wake=first_use_after_wake(per_rank, warmup) if len(per_rank[0]) > max(warmup, 1) else None,
+        bitwise_after_wake=None if any(c is None for c in checks) else all(checks),
     )
 
 
-def simulate(policy: PGPolicy, *, dp: int, tp: int, steps: int, train_s: float, rollout_s: float,
+def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s: float, rollout_s: float,
              cooldown_s: float, topology: "str | dict[str, Any] | None") -> list[list[StepTimes]]:
     """Run the steps on a simulated ``dp * tp`` rank job; returns each rank's step times.
 
     ``topology``: a preset name or file, or preset data; None for the simulator's defaults.
+    ``policy``: a :class:`PGPolicy` or a :data:`VARIANTS` name.
     """
+    row, pol = resolve(policy)
     from sim.world import SimWorld
 
     kwargs: dict[str, Any] = {}
@@ -165,11 +256,11 @@ def simulate(policy: PGPolicy, *, dp: int, tp: int, steps: int, train_s: float, 
                       comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
     world = SimWorld(dp * tp, trace=False, **kwargs)
     specs = mesh_groups(dp, tp)
-    config = LifecycleConfig(policy=policy, cooldown_s=cooldown_s)
+    config = LifecycleConfig(policy=pol, cooldown_s=cooldown_s)
 
     async def rank(rt):
-        lc = PGLifecycle(rt, specs, config=config)
         tp_group = next(s.name for s in specs if s.name.rstrip("0123456789") == "tp" and rt.rank in s.ranks)
+        lc = PGLifecycle(rt, specs, config=config, plan=plan_rules(row, tp_group))
         return await run_steps(rt, lc, steps=steps, train_s=train_s, rollout_s=rollout_s, sync_group=tp_group)
 
     return world.run(rank)
@@ -184,5 +275,5 @@ def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
     return statistics.mean(max(r[i].first_use for r in per_rank) for i in range(first, len(per_rank[0])))
 
 
-__all__ = ["RELAX_FAMILIES", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups", "run_steps",
-           "simulate", "summarize"]
+__all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
+           "plan_rules", "resolve", "row_names", "run_steps", "simulate", "summarize"]

@@ -122,10 +122,16 @@ class GroupPlanRules:
     to destroy against 0.30 s to suspend, no peers to wait for; torch creates
     the communicator again lazily at its first collective). ``costs``: destroy
     any group for which :func:`cheaper_to_destroy` says so with these
-    :class:`SwitchCosts` (None: never by cost).
+    :class:`SwitchCosts` (None: never by cost). ``wake_groups``: the groups
+    this rank's training needs right at the wake (None: every group, the
+    wake brings all back). The others the plan took down stay down after the
+    wake (lazy wake, state ACTIVE_LAZY) until :meth:`PGLifecycle.use` names
+    them; a group left down and never used is not suspended or destroyed
+    again at the next pause.
     """
 
     sync_groups: frozenset[str] | None = None
+    wake_groups: frozenset[str] | None = None
     keep_live: frozenset[str] = frozenset()
     destroy: frozenset[str] = frozenset()
     keep_below_bytes: int = 1 * MiB
@@ -133,7 +139,7 @@ class GroupPlanRules:
     costs: SwitchCosts | None = field(default_factory=SwitchCosts)
 
     def __post_init__(self) -> None:
-        for name in ("sync_groups", "keep_live", "destroy"):
+        for name in ("sync_groups", "wake_groups", "keep_live", "destroy"):
             v = getattr(self, name)
             if v is None:
                 continue
@@ -149,7 +155,7 @@ class GroupPlanRules:
     def unknown(self, groups: Iterable[str]) -> list[str]:
         """Names in the rules that are not among ``groups`` (a typo would silently change the plan)."""
         known = set(groups)
-        named = set(self.keep_live) | set(self.destroy) | set(self.sync_groups or ())
+        named = set(self.keep_live) | set(self.destroy) | set(self.sync_groups or ()) | set(self.wake_groups or ())
         return sorted(named - known)
 
 
@@ -214,45 +220,53 @@ def local_votes(
     rules: GroupPlanRules, names: tuple[str, ...], members: Mapping[str, bool], sizes: Mapping[str, int],
     suspendable: Mapping[str, int],
 ) -> list[int]:
-    """``[action, not-needed-by-sync, not-declared-keep-live]`` per group, for the plan agreement (MIN over ranks).
+    """``[action, not-needed-by-sync, not-declared-keep-live, not-needed-at-wake]`` per group, for the plan
+    agreement (MIN over ranks).
 
-    A non-member votes the largest action and "no" twice, so the members decide.
+    A non-member votes the largest action and "no" three times, so the members decide.
     """
-    actions, unneeded, undeclared = [], [], []
+    actions, unneeded, undeclared, unwoken = [], [], [], []
     for name in names:
         if not members[name]:
             actions.append(int(GroupAction.DESTROY))
             unneeded.append(1)
             undeclared.append(1)
+            unwoken.append(1)
             continue
         actions.append(int(choose_action(rules, name, sizes[name], suspendable[name])))
         needed = rules.sync_groups is None or name in rules.sync_groups
         unneeded.append(int(not needed))
         undeclared.append(int(name not in rules.keep_live))
-    return actions + unneeded + undeclared
+        unwoken.append(int(not (rules.wake_groups is None or name in rules.wake_groups)))
+    return actions + unneeded + undeclared + unwoken
 
 
 @dataclass(frozen=True)
 class GroupPlan:
     """The agreed plan (same on every rank): every group's action, which groups the weight sync needs,
     and which kept groups were declared ``keep_live`` (checked by a canary after the pause, as
-    PAUSED_LIVE's groups are)."""
+    PAUSED_LIVE's groups are). ``at_wake``: the groups some rank needs right at the wake (None: all)."""
 
     actions: Mapping[str, GroupAction]
     for_sync: frozenset[str] = field(default_factory=frozenset)
     kept_live: frozenset[str] = field(default_factory=frozenset)
+    at_wake: frozenset[str] | None = None
 
     @classmethod
     def from_agreed(cls, names: tuple[str, ...], agreed: list[int]) -> "GroupPlan":
-        """The plan from the MIN-reduced :func:`local_votes`."""
+        """The plan from the MIN-reduced :func:`local_votes` (3 values per group without the wake lane)."""
         n = len(names)
-        if len(agreed) != 3 * n:
-            raise ValueError(f"plan agreement has {len(agreed)} values, expected {3 * n} for {n} groups")
+        if len(agreed) not in (3 * n, 4 * n):
+            raise ValueError(f"plan agreement has {len(agreed)} values, expected {4 * n} (or {3 * n} without "
+                             f"the wake lane) for {n} groups")
         actions = {name: GroupAction(agreed[i]) for i, name in enumerate(names)}
         for_sync = frozenset(name for i, name in enumerate(names) if agreed[n + i] == 0)
         kept_live = frozenset(name for i, name in enumerate(names)
                               if agreed[2 * n + i] == 0 and actions[name] is GroupAction.KEEP)
-        return cls(actions, for_sync, kept_live)
+        at_wake = None
+        if len(agreed) == 4 * n and any(agreed[3 * n + i] for i in range(n)):
+            at_wake = frozenset(name for i, name in enumerate(names) if agreed[3 * n + i] == 0)
+        return cls(actions, for_sync, kept_live, at_wake)
 
     def acted(self, *, sync: bool) -> list[str]:
         """Groups (in walk order) that are suspended or destroyed at the pause (``sync=False``) or after the sync."""
@@ -273,25 +287,38 @@ class PlannedGroups:
         self.role = role
         self.rules = rules
         self.plan: GroupPlan | None = None
+        #: groups a lazy wake left down (same on every rank: from the agreed plan), with the action that took them
+        #: down; they come back at their first use (PGLifecycle.use)
+        self.left_down: dict[str, GroupAction] = {}
 
     async def agree(self) -> GroupPlan:
-        """Read every member group's NCCL memory (the suspend preflight), vote, agree on one plan."""
+        """Read every member group's NCCL memory (the suspend preflight), vote, agree on one plan.
+
+        A group a lazy wake left down votes the action that took it down (its
+        memory is already released; it is not suspended or destroyed again).
+        """
         role, rt = self.role, self.role.rt
         names = role.names
         suspendable: dict[str, int] = {}
 
         async def facts() -> list[int]:
             for name in names:
-                if role.member(name) and rt.group_live(name):
+                if name in self.left_down:
+                    suspendable[name] = role.suspended_bytes.get(name, 0)
+                elif role.member(name) and rt.group_live(name):
                     suspendable[name] = rt.comm_memory(name).suspendable  # ncclCommMemStats: fails if in error
                 else:
                     suspendable[name] = 0
             members = {n: role.member(n) for n in names}
             sizes = {n: rt.group_size(n) if members[n] else 0 for n in names}
-            return local_votes(self.rules, names, members, sizes, suspendable)
+            votes = local_votes(self.rules, names, members, sizes, suspendable)
+            for i, name in enumerate(names):
+                if name in self.left_down and members[name]:
+                    votes[i] = int(self.left_down[name])
+            return votes
 
         error: Exception | None = None
-        votes = [int(GroupAction.DESTROY)] * len(names) + [1] * (2 * len(names))
+        votes = [int(GroupAction.DESTROY)] * len(names) + [1] * (3 * len(names))
         try:
             await rt.point("lifecycle.plan")
             votes = await facts()
@@ -301,7 +328,7 @@ class PlannedGroups:
         agreed = await role.outcome("plan", error, votes)
         plan = GroupPlan.from_agreed(names, agreed)
         for name, action in plan.actions.items():
-            if action is GroupAction.SUSPEND and role.member(name):
+            if action is GroupAction.SUSPEND and role.member(name) and name not in self.left_down:
                 role.suspended_bytes[name] = suspendable[name]
         self.plan = plan
         log.info("rank %d: planned pause: %s; weight sync keeps %s live", rt.rank, plan.counts(),
@@ -331,6 +358,8 @@ class PlannedGroups:
 
             await role.step("plan.preflight", read)
 
+        destroyed: list[str] = []
+
         async def one(name: str) -> None:
             if name not in todo:
                 return
@@ -342,12 +371,13 @@ class PlannedGroups:
             elif rt.group_live(name):
                 await rt.destroy_group(name)
                 role.stats.destroys += 1
+                destroyed.append(name)
 
         if not todo:
             return
         with rt.span("lifecycle.plan.apply"):
             await role.walk("plan.apply", one)
-        if any(plan.actions[n] is GroupAction.DESTROY for n in todo):
+        if destroyed or any(plan.actions[n] is GroupAction.DESTROY and n not in self.left_down for n in todo):
             role.cooldown.defer(rt.now())
 
     def down(self, names: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -65,7 +65,8 @@ from refimpl.comm.errors import (
     ResumeMemoryError,
 )
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
-from refimpl.comm.group_plan import GroupPlanRules, PlannedGroups
+from refimpl.comm.group_plan import GroupAction, GroupPlanRules, PlannedGroups
+from refimpl.comm.lazy_wake import LazyWake
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.comm.role_groups import RoleGroups
 from refimpl.comm.states import PGEvent, PGPolicy, PGState, transition_for
@@ -93,7 +94,7 @@ async def _call(fn: Callable[[], Any] | None) -> Any:
     return result
 
 
-class PGLifecycle:
+class PGLifecycle(LazyWake):
     """A role's process groups, driven through pause / weight sync / resume on every rank at once.
 
     ``groups``: the role's groups, as names the runtime knows or as
@@ -101,7 +102,9 @@ class PGLifecycle:
     lifecycle must never touch (cross-role weight-update groups), checked to be
     disjoint. ``gates`` / ``facts``: static eligibility gates and what they look at.
     ``plan``: how SUSPEND_PLANNED chooses each group's action and which groups
-    the weight sync needs (:class:`refimpl.comm.group_plan.GroupPlanRules`).
+    the weight sync needs (:class:`refimpl.comm.group_plan.GroupPlanRules`); with its
+    ``wake_groups`` the wake leaves the others down until :meth:`use` names them
+    (:mod:`refimpl.comm.lazy_wake`).
     """
 
     def __init__(
@@ -214,7 +217,7 @@ class PGLifecycle:
         own memory; with PAUSED_LIVE the canary runs after it. Returns the new state.
         """
         await self.start()
-        self._require("pause", {PGState.ACTIVE})
+        self._require("pause", {PGState.ACTIVE, PGState.ACTIVE_LAZY})
         policy = policy or self.config.policy
         rt = self.rt
         with rt.span("lifecycle.pause"):
@@ -245,6 +248,11 @@ class PGLifecycle:
             if vote and not vote_all:
                 log.warning("rank %d voted to keep the groups but a peer did not; all ranks destroy them", rt.rank)
             event = pause_event(policy, bool(vote_all))
+            if self.state is PGState.ACTIVE_LAZY:
+                # groups a lazy wake left down: the sync's come up first (all of them unless the plan follows)
+                await self._bring_lazy(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None)
+                if self.preservation.disabled is not None:  # that bring-up's canary failed on some rank (agreed)
+                    event = PGEvent.DESTROY
             if event is PGEvent.PAUSE_LIVE:
                 self._transition(PGEvent.PAUSE_LIVE)
                 await self.role.step("release_memory", lambda: _call(release_memory))
@@ -276,11 +284,13 @@ class PGLifecycle:
         """
         await self.start()
         self._require("weight_sync", {PGState.ACTIVE, PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED,
-                                      PGState.SYNC_READY, PGState.PLANNED})
+                                      PGState.SYNC_READY, PGState.PLANNED, PGState.ACTIVE_LAZY})
         paused = self.state
         with self.rt.span("lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
-            if needs_bring_up(paused):
+            if paused is PGState.ACTIVE_LAZY:
+                await self._bring_lazy(self.plan_rules.sync_groups)
+            elif needs_bring_up(paused):
                 await self._bring_up()
             elif paused is PGState.PLANNED:
                 await self._bring_up_planned(sync_only=True)
@@ -302,11 +312,13 @@ class PGLifecycle:
         """Bring the groups back for training (ACTIVE): resume, rebuild, or nothing if they stayed live."""
         await self.start()
         self._require("resume", {PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED, PGState.SYNC_READY,
-                                 PGState.PLANNED})
+                                 PGState.PLANNED, PGState.ACTIVE_LAZY})
         with self.rt.span("lifecycle.resume"):
             self.stats.resumes += 1
             if self.state is PGState.PAUSED_LIVE:
                 self._transition(PGEvent.RESUME)
+            elif self.state is PGState.ACTIVE_LAZY:  # everything the lazy wake left down, now
+                await self._bring_lazy(None)
             elif self.state in (PGState.SYNC_READY, PGState.PLANNED):
                 await self._bring_up_planned(sync_only=False)
             else:
@@ -374,7 +386,7 @@ class PGLifecycle:
         try:
             return await _call(fn)
         except GroupError as exc:
-            clear = self.planned.explain(exc)
+            clear = self.planned.explain(exc) or self._explain_lazy(exc)
             if clear is not None:
                 raise clear from exc
             raise
@@ -383,26 +395,36 @@ class PGLifecycle:
         """From SYNC_READY or PLANNED: resume (one walk, one canary pass) and rebuild what the plan took down.
 
         ``sync_only``: only the groups the weight sync needs (PLANNED -> SYNC_READY);
-        otherwise every group (-> ACTIVE). A canary failure aborts everything,
-        turns preservation off and rebuilds (DESTROYED -> ACTIVE), as for SUSPEND.
+        otherwise every group (-> ACTIVE), or with a lazy wake (the plan's
+        ``at_wake``) only those, the others left down (-> ACTIVE_LAZY). A canary
+        failure aborts everything, turns preservation off and rebuilds
+        (DESTROYED -> ACTIVE), as for SUSPEND.
         """
         plan = self.planned.plan
         assert plan is not None, "a planned state always has an agreed plan"
-        wanted = plan.for_sync if sync_only else set(self.groups)
-        if self.state is PGState.SYNC_READY:  # the sync groups are live; the others were taken down at the pause
-            wanted = set(wanted) - plan.for_sync
+        all_groups = set(self.groups)
+        wanted = plan.for_sync if sync_only else (all_groups if plan.at_wake is None else plan.at_wake)
+        up_already = plan.for_sync if self.state is PGState.SYNC_READY else frozenset()
+        wanted = set(wanted) - up_already  # in SYNC_READY the sync groups are live
         suspended, destroyed = self.planned.down(wanted)
+        left = {} if sync_only else {g: a for g, a in plan.actions.items()
+                                     if a is not GroupAction.KEEP and g not in wanted and g not in up_already}
         self._transition(PGEvent.RELOAD)
         if suspended:
             await self.role.resume_all(only=suspended)
             if not await self._check_canary(only=suspended):
+                self.planned.left_down.clear()
                 self._transition(PGEvent.RELOAD)
                 await self.role.rebuild_all()
                 self._transition(PGEvent.RELOADED)
                 return
         if destroyed:
             await self.role.rebuild_all(only=destroyed)
-        self._transition(PGEvent.SYNC_GROUPS_UP if sync_only else PGEvent.RELOADED)
+        if sync_only:
+            self._transition(PGEvent.SYNC_GROUPS_UP)
+            return
+        self.planned.left_down = left
+        self._transition(PGEvent.RELOADED_LAZY if left else PGEvent.RELOADED)
 
     async def _check_canary(self, only: Sequence[str] | None = None) -> bool:
         """Canary on every group this rank belongs to (or those in ``only``); on an agreed failure abort and go to DESTROYED."""
@@ -449,6 +471,14 @@ class BlockingPGLifecycle:
     def resume(self) -> PGState:
         """See :meth:`PGLifecycle.resume`."""
         return self.lifecycle.rt.run(self.lifecycle.resume())
+
+    def use(self, names: Iterable[str] | None = None) -> PGState:
+        """See :meth:`PGLifecycle.use` (:mod:`refimpl.comm.lazy_wake`)."""
+        return self.lifecycle.rt.run(self.lifecycle.use(names))
+
+    def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
+        """See :meth:`PGLifecycle.run_on` (:mod:`refimpl.comm.lazy_wake`)."""
+        return self.lifecycle.rt.run(self.lifecycle.run_on(names, fn))
 
 
 __all__ = [

@@ -60,6 +60,7 @@ class LifecycleStats:
     canaries: int = 0
     canary_failures: int = 0
     address_in_use_retries: int = 0
+    lazy_bring_ups: int = 0  #: groups a lazy wake left down and use() brought back
     fallbacks: int = 0
 
 

@@ -22,7 +22,11 @@ policies decide what "pause" does with the groups:
   destroy than to suspend) and those declared unneeded until training, suspend
   the rest. Groups the weight sync needs stay live through it (SYNC_READY) and
   get their plan afterwards (PLANNED); each group is suspended once and
-  resumed once per RL step, with one canary pass at wake.
+  resumed once per RL step, with one canary pass at wake. With
+  ``GroupPlanRules.wake_groups`` declared, the wake brings back only those
+  (ACTIVE_LAZY); every other group stays down until ``PGLifecycle.use`` names
+  it (its resume and canary then run right before its first collective), and
+  a group never used stays down through the next pause, costing nothing.
 
 The two keeping policies are only taken when every rank agrees they are
 possible (gates pass, preservation is "ready" after one good weight sync, it
@@ -53,6 +57,7 @@ class PGState(enum.Enum):
     RELOADING = "reloading"  #: transient: groups being resumed or rebuilt
     SYNC_READY = "sync_ready"  #: planned pause: weight-sync groups live, the others as planned
     PLANNED = "planned"  #: every group as its plan says: kept live, suspended or destroyed
+    ACTIVE_LAZY = "active_lazy"  #: training runs; groups the lazy wake left down come back at their first use
     FAILED = "failed"  #: a failure aborted the groups; terminal
 
 
@@ -69,6 +74,8 @@ class PGEvent(enum.Enum):
     PAUSE_PLANNED = "pause_planned"
     APPLY_PLAN = "apply_plan"
     SYNC_GROUPS_UP = "sync_groups_up"
+    RELOADED_LAZY = "reloaded_lazy"
+    USE = "use"
     FAULT = "fault"
 
 
@@ -186,6 +193,19 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(_S.RELOADING, _E.SYNC_GROUPS_UP, _S.SYNC_READY,
                "a weight sync from PLANNED: its groups up and their canary right on every rank (agreed)",
                "none"),
+    Transition(_S.RELOADING, _E.RELOADED_LAZY, _S.ACTIVE_LAZY,
+               "a wake with GroupPlanRules.wake_groups: those groups up and their canary right on every rank, "
+               "the others the plan took down left down (agreed)",
+               "none: a group left down comes back at its first use (USE); a collective on it is refused at once"),
+    Transition(_S.ACTIVE_LAZY, _E.USE, _S.RELOADING,
+               "use() / run_on(), a weight sync or a pause names a group left down, on some rank (agreed union of "
+               "the names)",
+               "resume the named suspended groups (agreed memory preflight, one walk) and one canary pass over them "
+               "before any carries data; rebuild the named destroyed groups (cooldown rule)"),
+    Transition(_S.ACTIVE_LAZY, _E.PAUSE_PLANNED, _S.SYNC_READY,
+               "policy SUSPEND_PLANNED, preservation agreed, after the weight sync's groups left down came up (USE)",
+               "agree the plan as from ACTIVE; groups still down vote the action that took them down and are not "
+               "touched again (no suspend, no destroy)"),
 ) + tuple(
     Transition(s, _E.FAULT, _S.FAILED,
                "an exception or agreement timeout on any rank",

@@ -33,17 +33,18 @@ log = logging.getLogger(__name__)
 
 _MASK62 = (1 << 62) - 1
 
-_DIGEST_COLS = 65521  # words per row of the digest's 2-D view (a prime: power-of-two shifts move every word to another column)
+_DIGEST_COLS = 1021  # words per row of the digest's 2-D view (a prime: power-of-two shifts move every word to another column)
+_DIGEST_BATCH = 4096  # tensors whose column sums are held at once (4 KiB each)
 _WEIGHTS: dict[str, torch.Tensor] = {}
 
 
-def _weights(device: torch.device, n: int) -> torch.Tensor:
-    """Position weights ``j + 1`` for the first ``n`` columns of the digest's view (one tensor per device, kept)."""
+def _weights(device: torch.device) -> torch.Tensor:
+    """Position weights ``j + 1`` of the digest's columns (one tensor per device, kept)."""
     key = str(device)
     w = _WEIGHTS.get(key)
     if w is None:
         w = _WEIGHTS[key] = torch.arange(1, _DIGEST_COLS + 1, dtype=torch.int64, device=device)
-    return w[:n]
+    return w
 
 
 def release_digest_weights() -> None:
@@ -51,48 +52,61 @@ def release_digest_weights() -> None:
     _WEIGHTS.clear()
 
 
-def _column_sums(words: torch.Tensor) -> torch.Tensor:
-    """Per column ``j`` of ``words`` read as rows of 65,521: the wrapping sum of the words at positions ``j mod 65521``.
+def _words(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s raw bytes as int32 words (uint8 when the size is not a multiple of 4); None for meta or empty."""
+    if t.device.type == "meta" or t.numel() == 0:
+        return None
+    raw = t.detach().reshape(-1)
+    raw = raw.contiguous().view(torch.uint8) if raw.dtype != torch.bool else raw.view(torch.uint8)
+    return raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
 
-    One read of the data: the reduction runs over the leading dimension of a
-    contiguous view in the words' own integer type (wrapping, so the result is
-    the exact sum mod 2**bits in any reduction order), and no widened copy is
-    made. A tail shorter than a row is summed into the first columns.
+
+def _column_sums_into(row: torch.Tensor, words: torch.Tensor) -> None:
+    """Write into ``row`` (int32, one per column) the wrapping sums of ``words`` laid out in rows of 1,021.
+
+    One read of the data and one or two kernels: the reduction runs over the
+    leading dimension of a contiguous view in int32 (wrapping, so the result
+    is the exact sum mod 2**32 in any reduction order) with no widened copy; a
+    tail shorter than a row is added into the first columns.
     """
-    n = words.numel()
-    rows, tail = divmod(n, _DIGEST_COLS)
-    cols = min(n, _DIGEST_COLS)
-    acc = torch.zeros(cols, dtype=torch.int64, device=words.device)
+    rows, tail = divmod(words.numel(), _DIGEST_COLS)
     if rows:
-        acc += words[:rows * _DIGEST_COLS].view(rows, _DIGEST_COLS).sum(dim=0, dtype=words.dtype).to(torch.int64)
+        torch.sum(words[:rows * _DIGEST_COLS].view(rows, _DIGEST_COLS), dim=0, dtype=torch.int32, out=row)
     if tail:
-        acc[:tail] += words[rows * _DIGEST_COLS:].to(torch.int64)
-    return acc
+        row[:tail] += words[rows * _DIGEST_COLS:]
 
 
 def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
     """Two 64-bit integer hashes per tensor of its raw bytes, computed where the tensor lives.
 
     The bytes are read as int32 words (uint8 when the size is not a multiple
-    of 4) laid out in rows of 65,521 (a prime); each column's words are summed in their
-    own type (wrapping, one pass over the data with no widened copy). ``h1`` is
+    of 4) laid out in rows of 1,021 (a prime); each column's words are summed
+    as int32 (wrapping, one pass over the data with no widened copy). ``h1`` is
     the sum of the column sums and ``h2`` weights column ``j`` by ``j + 1``, so
     words moved to another column (swapped halves, any shift that is not a
-    multiple of 65,521 words) change it; whole rows swapped do not. Wrapping integer sums are exact
-    in any reduction order, so equal bytes give equal hashes on every rank and
-    device. Meta tensors hash to zeros.
+    multiple of 1,021 words) change it; whole rows swapped do not. Wrapping
+    integer sums are exact in any reduction order, so equal bytes give equal
+    hashes on every rank and device. Meta and empty tensors hash to zeros.
+    The column sums of up to 4,096 tensors are held at once and reduced
+    together, so a tensor costs one or two kernels.
     """
     dev = device or (tensors[0].device if tensors else torch.device("cpu"))
     out = torch.zeros(2 * len(tensors), dtype=torch.int64, device=dev)
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for i, t in enumerate(tensors):
-        if t.device.type == "meta" or t.numel() == 0:
-            continue
-        raw = t.detach().reshape(-1)
-        raw = raw.contiguous().view(torch.uint8) if raw.dtype != torch.bool else raw.view(torch.uint8)
-        words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-        cols = _column_sums(words)
-        out[2 * i] = cols.sum().to(dev)
-        out[2 * i + 1] = (cols * _weights(t.device, cols.numel())).sum().to(dev)
+        words = _words(t)
+        if words is not None:
+            by_device.setdefault(words.device, []).append((i, words))
+    for d, items in by_device.items():
+        for lo in range(0, len(items), _DIGEST_BATCH):
+            part = items[lo:lo + _DIGEST_BATCH]
+            cols = torch.zeros(len(part), _DIGEST_COLS, dtype=torch.int32, device=d)
+            for k, (_, words) in enumerate(part):
+                _column_sums_into(cols[k], words)
+            wide = cols.to(torch.int64)
+            idx = torch.tensor([2 * i for i, _ in part], dtype=torch.int64, device=dev)
+            out[idx] = wide.sum(dim=1).to(dev)
+            out[idx + 1] = (wide * _weights(d)).sum(dim=1).to(dev)
     return out
 
 

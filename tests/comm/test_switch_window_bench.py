@@ -71,3 +71,57 @@ def test_cli_prints_ratios_and_writes_json(tmp_path, capsys):
     assert data["format"] == "timeshare/1" and data["command"] == "bench switch-window"
     assert [r["policy"] for r in data["data"]["results"]] == ["DESTROY", "SUSPEND"]
     assert sw.run(parser.parse_args(["--steps", "2", "--warmup", "2"])) == 2
+
+
+WAVE = (Path(__file__).resolve().parents[2]
+        / "bench/results/2026-11-30-h200x2-wave/multigpu-2026-11-30-nvidia-h200x2.json")
+
+
+def test_variant_rows_resolve_and_every_wake_is_checked_bitwise():
+    assert sw.resolve("suspend-planned-lazy") == ("SUSPEND_PLANNED_LAZY", PGPolicy.SUSPEND_PLANNED)
+    assert sw.resolve(PGPolicy.SUSPEND) == ("SUSPEND", PGPolicy.SUSPEND)
+    with pytest.raises(ValueError, match="SUSPEND_PLANNED_LAZY"):
+        sw.resolve("suspend_sometimes")
+    kw = dict(dp=2, tp=1, steps=3, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="calibrated/hgx-h200-8x")
+    planned = sw.summarize("SUSPEND_PLANNED", sw.simulate("SUSPEND_PLANNED", **kw), warmup=1)
+    lazy_runs = sw.simulate("SUSPEND_PLANNED_LAZY", **kw)
+    lazy = sw.summarize("SUSPEND_PLANNED_LAZY", lazy_runs, warmup=1)
+    for r in (planned, lazy):
+        assert r.bitwise_after_wake is True, f"{r.policy}: first collectives after every wake bitwise right"
+        assert r.held_in_rollout_gib == 0.0
+    assert lazy.policy == "SUSPEND_PLANNED_LAZY" and lazy.wake_up == 0.0, "a lazy wake brings nothing back itself"
+    assert lazy.states[1:] == ["PLANNED", "PLANNED"]
+    assert lazy.first_use_after_wake >= planned.first_use_after_wake, "its bring-up lands in the first collectives"
+    assert lazy.sleep > planned.sleep, "with the sync group declared, the other groups go down at the pause"
+    assert lazy.total == pytest.approx(planned.total, rel=0.05), "on 480 MiB communicators both destroy everything once"
+
+
+def test_suspend_planned_on_2xh200_meets_the_goal_and_the_simulator_ranks_it_the_same():
+    """The wave record (2 x H200, 13:27-13:45 UTC): SUSPEND_PLANNED's window against DESTROY_DEFERRED's in
+    the same run (goal <= 0.5 x) and its NCCL memory in the rollout (goal <= 2% of PAUSED_LIVE's); the
+    simulator on the shipped calibrated preset orders them the same and holds the same memory."""
+    rec = json.loads(WAVE.read_text())
+    st = rec["switch_window"]["settings"]
+    m = {r["policy"]: r for r in rec["switch_window"]["results"]}
+    assert m["SUSPEND_PLANNED"]["total"] <= 0.5 * m["DESTROY_DEFERRED"]["total"]
+    assert m["SUSPEND_PLANNED"]["held_in_rollout_gib"] <= 0.02 * m["PAUSED_LIVE"]["held_in_rollout_gib"]
+    kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
+              cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
+    sim_ = {p: sw.summarize(p, sw.simulate(p, **kw), warmup=st["warmup"])
+            for p in ("DESTROY_DEFERRED", "PAUSED_LIVE", "SUSPEND_PLANNED")}
+    assert sim_["SUSPEND_PLANNED"].total < sim_["DESTROY_DEFERRED"].total
+    assert sim_["SUSPEND_PLANNED"].held_in_rollout_gib == m["SUSPEND_PLANNED"]["held_in_rollout_gib"] == 0.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12: the simulated SUSPEND_PLANNED window (1.39 s, all 14 groups "
+                   "destroyed after the sync) is 31% under the 2 x H200 wave record's 2.016 s; DESTROY_DEFERRED's "
+                   "sleep, the same 14-group destroy walk, is 22% under too; comm_raw.mesh_walk of "
+                   "bench/gpu/multigpu.py measures the walk per group to locate the gap")
+def test_simulated_suspend_planned_window_within_15_percent_of_the_wave_record():
+    rec = json.loads(WAVE.read_text())
+    st = rec["switch_window"]["settings"]
+    measured = next(r for r in rec["switch_window"]["results"] if r["policy"] == "SUSPEND_PLANNED")
+    kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
+              cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
+    got = sw.summarize("SUSPEND_PLANNED", sw.simulate("SUSPEND_PLANNED", **kw), warmup=st["warmup"])
+    assert got.total == pytest.approx(measured["total"], rel=0.15)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from refimpl.store.dedup import DEBUG_ENV, DedupConfig, SlicePlan
 from refimpl.store.replica import ReplicaGroup
-from refimpl.store.replica_sync import content_digest, shape_fingerprint
+from refimpl.store.replica_sync import _DIGEST_COLS, content_digest, shape_fingerprint
 from tests._hypothesis import BUDGET
 
 
@@ -95,7 +95,7 @@ def test_config_validation_and_debug_mode(monkeypatch):
         DedupConfig().ranks_per_host()
 
 
-@pytest.mark.parametrize("numel", [65521 * 3, 65521 * 4 + 17, 1 << 20])
+@pytest.mark.parametrize("numel", [_DIGEST_COLS * 3, _DIGEST_COLS * 4 + 17, 1 << 20])
 def test_digest_of_tensors_longer_than_a_row_sees_moved_and_changed_words(numel):
     """Past one row of the digest's view the sums run per column in one pass: halves swapped (a power-of-two
     shift included), one word changed in any row, and rows swapped all show."""
@@ -105,12 +105,22 @@ def test_digest_of_tensors_longer_than_a_row_sees_moved_and_changed_words(numel)
     assert torch.equal(d0, content_digest([base.clone()]))
     half = numel // 2
     assert not torch.equal(d0, content_digest([torch.cat([base[half:], base[:half]])]))
-    for pos in (0, 65521, numel - 1):  # first, second row, the tail
+    for pos in (0, _DIGEST_COLS, numel - 1):  # first, second row, the tail
         changed = base.clone().view(torch.int32)
         changed[pos] += 1
         assert not torch.equal(d0, content_digest([changed.view(torch.float32)]))
+    c = _DIGEST_COLS
     rows = base.clone()
-    rows[:65521], rows[65521:2 * 65521] = base[65521:2 * 65521], base[:65521]  # whole rows swapped: same columns
-    assert torch.equal(content_digest([rows])[0], d0[0])  # h1 is order-blind by design ...
-    wrapped = torch.full((65521 * 2,), -1, dtype=torch.int32)  # ... and sums wrap instead of overflowing
-    assert content_digest([wrapped]).tolist() == [-65521 * 2, -2 * sum(range(1, 65522))]
+    rows[:c], rows[c:2 * c] = base[c:2 * c], base[:c]  # whole rows swapped: same columns
+    assert torch.equal(content_digest([rows]), d0)  # the digest is blind to that by design ...
+    wrapped = torch.full((c * 8,), 1 << 30, dtype=torch.int32)  # ... and column sums wrap instead of overflowing
+    assert content_digest([wrapped]).tolist() == [0, 0]
+
+
+def test_digest_of_many_tensors_equals_each_alone():
+    """Tensors are hashed in batches; each one's hashes are the same as when it is hashed alone."""
+    g = torch.Generator().manual_seed(2)
+    ts = [torch.randn(n, generator=g) for n in (1, 5, 1021, 1022, 5000)] + [torch.ones(7, dtype=torch.uint8)]
+    d = content_digest(ts)
+    for i, t in enumerate(ts):
+        assert torch.equal(d[2 * i:2 * i + 2], content_digest([t]))
