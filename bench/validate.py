@@ -12,7 +12,10 @@ policies by total time. For an offload report the store's steady offload and
 reload of each shape are compared (:func:`sim.calibration.compare`), with the
 preset's own PCIe rates rather than the ones measured in the same run, the
 report's phase gap, and the memory another role freed right before the reload
-(``other_role_bytes``), which the driver scrubs while the reload waits.
+(``other_role_bytes``), which the driver scrubs while the reload waits. A
+multigpu record's ``dedup`` section (the ``local`` and ``local_dedup`` reloads
+of replicated state on every rank at once) is replayed by
+:mod:`bench.validate_dedup`, held to the offload tolerance.
 
 [Note: how the switch window is charged] Every rank runs the lifecycle's
 code. Each communicator operation is charged per rank, on the rank that does
@@ -22,8 +25,15 @@ the ranks run in parallel, so a phase costs the slowest rank's walk, not the
 sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
 first collective (charged by the collective itself, ``init_at_collective``);
-a group destroyed before any collective costs ``destroy_uninitialized``.
-Agreements and canaries are collectives of the collective model.
+a group destroyed before any collective costs ``destroy_uninitialized``, an
+initialised one waits for its NCCL proxy thread's next 500 ms poll timeout
+(``proxy_poll``, from the end of its init) and costs ``destroy`` more. So the
+weight sync, which destroys the sync group right after its first collective,
+waits almost a whole poll period, and a pause that destroys the groups the
+training step just initialised is paced by those inits. Agreements are
+collectives on the Gloo control group (``agreement`` each, where the preset has
+it); a canary on a just-resumed group pays ``resume_first_collective`` on top of
+the collective model.
 
 A record part that was used to fit the preset (a constant's ``source`` names
 the record file, with no ``#section`` or with the same section, or its
@@ -158,6 +168,18 @@ def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = O
     return rows
 
 
+def validate_dedup(record: MultiGpuRecord, preset: str, offload_preset: str, *,
+                   tolerance: float = OFFLOAD_TOLERANCE) -> list[Row]:
+    """Rows for the record's ``dedup`` section: each reload replayed by :func:`bench.validate_dedup.compare_dedup`."""
+    from bench.validate_dedup import compare_dedup
+    from sim.presets import load_preset_data
+
+    for p in (preset, offload_preset):
+        check_disjoint(load_preset_data(p), record, "dedup")
+    return [Row(record.name, what, measured, predicted, tolerance)
+            for what, measured, predicted in compare_dedup(record, preset, offload_preset)]
+
+
 def format_rows(rows: list[Row]) -> str:
     """A table: measured, predicted, error and verdict per row."""
     lines = [f"{'record / what':<70}{'measured s':>12}{'predicted s':>13}{'error':>9}  verdict"]
@@ -185,19 +207,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
     parser.add_argument("--floor-s", type=float, default=0.1,
                      help="phases shorter than this are held to tolerance x this many seconds (default 0.1)")
+    parser.add_argument("--no-dedup", action="store_true",
+                        help="leave out the dedup section of multigpu records (its replay takes a few seconds)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
     from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-    from sim.presets import PresetError
+    from sim.presets import PresetError, load_preset_data
     from sim.records import load_record
 
     rows, orders_ok, checked = [], True, 0
     try:
         for path in args.records:
             rec = load_record(path)
-            if isinstance(rec, MultiGpuRecord) and rec.switch_window is not None:
+            dedup_rows = []
+            if isinstance(rec, MultiGpuRecord) and rec.dedup and not args.no_dedup:
+                dedup_rows = validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
+            window = isinstance(rec, MultiGpuRecord) and rec.switch_window is not None
+            if window and dedup_rows:  # a switch window the preset was fitted on leaves the dedup rows to check
+                try:
+                    check_disjoint(load_preset_data(args.preset), rec, "switch_window")
+                except RecordError as exc:
+                    print(f"{rec.name}: switch_window not validated: {exc}")
+                    window = False
+            if isinstance(rec, MultiGpuRecord) and not window and dedup_rows:
+                rows += dedup_rows
+            elif window:
+                rows += dedup_rows
                 r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance, floor_s=args.floor_s)
                 rows += r
                 same = facts["measured_order"] == facts["predicted_order"]
@@ -214,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
             elif isinstance(rec, OffloadRecord):
                 rows += validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance)
             else:
-                print(f"{rec.name}: nothing to validate (no switch_window, not an offload report)")
+                print(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
                 continue
             checked += 1
     except (RecordError, PresetError) as exc:
@@ -228,5 +265,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["ABS_FLOOR_S", "OFFLOAD_TOLERANCE", "Row", "SWITCH_TOLERANCE", "add_arguments", "check_disjoint",
-           "fitted_on", "format_rows", "median_abs_error", "run", "simulate_switch_window", "validate_offload",
-           "validate_switch_window"]
+           "fitted_on", "format_rows", "median_abs_error", "run", "simulate_switch_window", "validate_dedup",
+           "validate_offload", "validate_switch_window"]

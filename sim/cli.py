@@ -7,8 +7,9 @@
   e.g. ``relax_4xa6000_qwen3_4b``), writes the JSON result, a Chrome trace
   (open it in https://ui.perfetto.dev) and a PNG timeline;
 * ``timeshare sim list`` lists the topology presets and example scenarios;
-* ``timeshare sim calibrate RECORD.json... --out PRESET.json`` fits the
-  communicator and scrub constants on a fit set of records (:mod:`sim.fit`);
+* ``timeshare sim calibrate RECORD.json... --out PRESET.json [--canary-from RECORD.json]``
+  fits the communicator and scrub constants on a fit set of records (:mod:`sim.fit`,
+  :mod:`sim.fit_window`);
 * ``timeshare sim validate RECORD.json...`` replays each record in the
   simulator and prints predicted against measured (:mod:`bench.validate`,
   wired here by ``refimpl.cli``); exit 1 when a figure is outside its
@@ -78,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
     cal.add_argument("records", nargs="+", metavar="RECORD.json", help="the fit set (multigpu, comm_h200, scrub probe)")
     cal.add_argument("--base", default="hgx-h200-8x", help="preset whose other constants are kept (default hgx-h200-8x)")
     cal.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the calibrated preset")
+    cal.add_argument("--canary-from", action="append", default=[], metavar="RECORD.json",
+                     help="a multigpu record whose SUSPEND wake_up gives the first collective after a resume of a "
+                          "multi-rank communicator (sim.fit_window); its switch_window joins the fit set")
     return sub
 
 
@@ -209,7 +213,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     try:
         records = [load_record(p) for p in args.records]
-        data, obs = calibrated_preset(args.base, records)
+        data, obs = calibrated_preset(args.base, records, canary_from=[load_record(p) for p in args.canary_from])
         path = write_preset(data, args.out)
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -30,7 +30,15 @@ creates NCCL communicators lazily, at the first collective of a (re)built
 group: creating the group costs ``create_group``; the first collective costs
 ``init`` more (:meth:`NcclComm.first_use`), and destroying a group costs
 ``destroy`` if its communicator was initialised, ``destroy_uninitialized``
-if not. Gloo groups hold no device memory.
+if not. Where the preset has ``proxy_poll``, destroying an initialised
+communicator first waits for its NCCL UDS proxy thread's next poll timeout,
+``proxy_poll`` after the end of its initialisation ([Note: the proxy's 500 ms
+poll] in :mod:`sim.presets`): a communicator destroyed right after its first
+collective waits almost the whole period, and a walk destroying communicators
+initialised one after the other is paced by their initialisations. Gloo groups
+hold no device memory; where the preset has ``agreement``, a collective on a
+Gloo group (the lifecycle's agreements) takes that long
+(:meth:`NcclComm.gloo_collective_time`, charged by the rendezvous).
 """
 from __future__ import annotations
 
@@ -147,6 +155,20 @@ class NcclComm:
         self.init_at_collective = init_at_collective
         self._initialized: dict[tuple[str, int], None] = {}
         self._resumed: set[tuple[str, int]] = set()
+        #: when each initialised communicator's proxy thread last started a poll period (end of its init)
+        self._poll_origin: dict[tuple[str, int], float] = {}
+        self._clock = None
+
+    def bind(self, world) -> None:
+        """Read simulated time from ``world``'s engine (the proxy poll needs it; :class:`sim.SimWorld` calls this)."""
+        engine = world.engine
+        self._clock = lambda: engine.now
+
+    def _initialise(self, key: tuple[str, int], after_s: float) -> None:
+        """Record that ``key``'s communicator exists once ``after_s`` from now have passed."""
+        self._initialized[key] = None
+        if self._clock is not None:
+            self._poll_origin[key] = self._clock() + after_s
 
     def _p(self, spec: GroupSpec) -> CommParams:
         return self.params.for_size(spec.size)
@@ -165,7 +187,7 @@ class NcclComm:
             return p.create_group_s
         if self.lazy_init:
             return p.create_group_s
-        self._initialized[(spec.name, spec.generation)] = None
+        self._initialise((spec.name, spec.generation), p.create_group_s + p.init_s)
         return p.create_group_s + p.init_s
 
     def first_use(self, spec: GroupSpec) -> float:
@@ -179,19 +201,38 @@ class NcclComm:
             return self._p(spec).resume_first_collective_s
         if key in self._initialized:
             return 0.0
-        self._initialized[key] = None
-        return self._p(spec).init_s
+        init_s = self._p(spec).init_s
+        self._initialise(key, init_s)
+        return init_s
 
     def initialized(self, spec: GroupSpec) -> bool:
         """True once this group generation's communicator exists (a collective ran, or eager init)."""
         return (spec.name, spec.generation) in self._initialized
 
     def destroy_time(self, spec: GroupSpec) -> float:
-        """Seconds one rank spends destroying its communicator."""
+        """Seconds one rank spends destroying its communicator: for an initialised one, the wait for its proxy
+        thread's next poll timeout (where the preset has ``proxy_poll``) and ``destroy``."""
         p = self._p(spec)
         if spec.backend == "nccl" and self.initialized(spec):
-            return p.destroy_s
+            return self.proxy_wait(spec) + p.destroy_s
         return p.destroy_uninitialized_s
+
+    def proxy_wait(self, spec: GroupSpec) -> float:
+        """Seconds from now to the next poll timeout of the communicator's UDS proxy thread (0 where not modelled)."""
+        poll = self._p(spec).proxy_poll_s
+        origin = self._poll_origin.get((spec.name, spec.generation))
+        if poll <= 0 or origin is None or self._clock is None:
+            return 0.0
+        return (origin - self._clock()) % poll
+
+    def gloo_collective_time(self, spec: GroupSpec) -> float | None:
+        """Seconds one collective on a Gloo group takes, or None where not modelled.
+
+        The preset's ``agreement`` is what one took over two ranks; over ``n`` ranks Gloo's ring makes
+        ``n - 1`` such exchanges (an assumption: only two-rank agreements are recorded), and one rank none.
+        """
+        t = self.params.agreement_s
+        return t * (spec.size - 1) if spec.backend == "gloo" and t > 0 else None
 
     def suspend_time(self, spec: GroupSpec) -> float:
         """Seconds ``ncclCommSuspend`` takes on one rank."""

@@ -22,6 +22,8 @@ Three kinds of JSON record are read, each into one shape:
   compared by :mod:`sim.calibration`.
 * ``bench/gpu/h2d_scrub_probe.py``'s record (H2D rate right after a free and
   into a reused buffer), from which the driver's scrub rate is fitted.
+* ``"kind": "agreement_probe"`` (``bench/agreement_probe.py``): what one lifecycle
+  agreement (``all_reduce(MIN)`` on the Gloo control group) took.
 
 A value a record does not have is ``None``; nothing is guessed.
 """
@@ -41,9 +43,10 @@ SETTINGS = ("dp", "tp", "steps", "warmup", "train_s", "rollout_s", "cooldown_s",
 COMM_RAW_TIMES = ("suspend_s", "resume_s", "destroy_s", "create_first_collective_s")
 #: optional finer splits a record may carry (totals over n_comms, like the others): the group object alone
 #: (``new_group``), the first collective alone, the first collective after a resume, destroying a group
-#: whose communicator never ran a collective
+#: whose communicator never ran a collective, and a second collective on each (between the first
+#: collectives and the destroys in ``bench/gpu/comm_split_probe.py``)
 COMM_RAW_OPTIONAL_TIMES = ("create_s", "first_collective_s", "first_collective_after_resume_s",
-                           "destroy_uninitialized_s")
+                           "destroy_uninitialized_s", "steady_collective_s")
 
 
 class RecordError(ValueError):
@@ -70,6 +73,7 @@ class CommRaw:
     first_collective_s: float | None = None
     first_collective_after_resume_s: float | None = None
     destroy_uninitialized_s: float | None = None
+    steady_collective_s: float | None = None
 
     def per_comm(self, what: str) -> float | None:
         """``what`` (``suspend_s`` ..., ``suspendable_bytes``) per communicator, or None if not measured."""
@@ -145,8 +149,25 @@ class ScrubProbeRecord:
         return self.PROBE_BYTES / extra
 
 
-Record = MultiGpuRecord | OffloadRecord | ScrubProbeRecord
 REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class AgreementRecord:
+    """``bench/agreement_probe.py``'s record: seconds per lifecycle agreement (median of the slowest rank)."""
+
+    path: Path
+    world_size: int
+    per_agreement_s: float
+    host: str
+
+    @property
+    def name(self) -> str:
+        """The record's file, relative to the repository when it lies inside it."""
+        return _display(self.path)
+
+
+Record = MultiGpuRecord | OffloadRecord | ScrubProbeRecord | AgreementRecord
 
 
 def _display(path: Path) -> str:
@@ -283,6 +304,10 @@ def load_record(path: str | Path) -> Record:
         raise RecordError(f"{path}: expected a JSON object")
     if data.get("kind") == "multigpu":
         return _multigpu(data, path)
+    if data.get("kind") == "agreement_probe":
+        where = _display(path)
+        return AgreementRecord(path=path, world_size=_num(data, "world_size", where, integer=True),
+                               per_agreement_s=_num(data, "per_agreement_s", where), host=str(data.get("host", "")))
     if "per_group" in data and "switch_window" in data:
         return _comm_h200(data, path)
     if "shapes" in data and "variants" in data:
@@ -292,10 +317,10 @@ def load_record(path: str | Path) -> Record:
                                 fresh_gbps_at_zero_delay=_num(data, "cudamalloc_delay_0.0_gbps", str(path)))
     raise RecordError(
         f"{path}: not a record this code reads: expected \"kind\": \"multigpu\" (bench/gpu/multigpu.py), "
-        "a bench/gpu/comm_h200.py record (per_group, switch_window), an offload report (shapes, variants) "
-        "or a bench/gpu/h2d_scrub_probe.py record"
+        "a bench/gpu/comm_h200.py record (per_group, switch_window), an offload report (shapes, variants), "
+        "a bench/gpu/h2d_scrub_probe.py record or \"kind\": \"agreement_probe\" (bench/agreement_probe.py)"
     )
 
 
-__all__ = ["COMM_RAW_OPTIONAL_TIMES", "COMM_RAW_TIMES", "CommRaw", "MultiGpuRecord", "OffloadRecord", "PHASES", "Record", "RecordError", "ScrubProbeRecord",
+__all__ = ["AgreementRecord", "COMM_RAW_OPTIONAL_TIMES", "COMM_RAW_TIMES", "CommRaw", "MultiGpuRecord", "OffloadRecord", "PHASES", "Record", "RecordError", "ScrubProbeRecord",
            "SETTINGS", "SwitchWindow", "load_record"]

@@ -179,6 +179,11 @@ class Rendezvous:
         if p.seq == CREATE_SEQ:
             return w.comm.create_time(w.resolve_backend(p.spec))
         t = w.collective_cost.time(p.op, p.spec.ranks, p.nbytes)
+        gloo = getattr(w.comm, "gloo_collective_time", None)  # a host collective (agreement), where modelled
+        if gloo is not None:
+            host = gloo(w.resolve_backend(p.spec))
+            if host is not None:  # a small one costs the agreement; the link model still bounds a large one
+                return max(t, host)
         if getattr(w.comm, "init_at_collective", False):  # lazy NCCL init paid by the collective itself
             t += w.comm.first_use(w.resolve_backend(p.spec))
         return t

@@ -224,6 +224,22 @@ class CommParams:
     every communicator. :meth:`for_size` picks the set for a group size.
     ``resume_first_collective_s`` is what the first collective after a resume
     costs beyond the collective itself (0 where not measured).
+
+    [Note: the proxy's 500 ms poll] ``proxy_poll_s`` (optional key
+    ``proxy_poll``; 0: not modelled) is the poll timeout of NCCL's UDS proxy
+    thread (``ncclProxyServiceUDS`` in NCCL's ``src/proxy.cc``: ``poll(pollfds,
+    1, 500)``, and it reads its stop flag only when the poll returns). Each
+    initialised communicator has that thread (cuMem, the default on Hopper),
+    and ``ncclCommDestroy`` joins it (``commFree``). So destroying an
+    initialised communicator waits for its thread's next poll timeout, which
+    falls ``proxy_poll_s`` apart from the end of its initialisation (the
+    thread's last request): ``destroy_s`` is what is left beyond that wait.
+
+    ``agreement_s`` (optional key ``agreement``; 0: not modelled) is what one
+    collective on a two-rank Gloo group takes on this host (the lifecycle's
+    agreements on its control group): a collective on a Gloo group takes at least
+    that, ``n - 1`` times over ``n`` ranks, or what the link model gives if more
+    (:meth:`sim.collectives.NcclComm.gloo_collective_time`).
     """
 
     memory_bytes: int
@@ -235,6 +251,10 @@ class CommParams:
     destroy_uninitialized_s: float
     create_group_s: float
     resume_first_collective_s: float = 0.0
+    #: NCCL's UDS proxy thread's poll timeout, which a destroy of an initialised communicator waits out (0: none)
+    proxy_poll_s: float = 0.0
+    #: one collective on a Gloo group (a lifecycle agreement) on this host (0: timed like NCCL)
+    agreement_s: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None
 
@@ -255,7 +275,8 @@ _COMM_FIELDS = {
 }
 #: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
 _COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
-                  "resume_first_collective_multi": "time"}
+                  "resume_first_collective_multi": "time", "proxy_poll": "time",
+                  "agreement": "time"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
@@ -263,6 +284,9 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
     raw = section(raw, where, _COMM_FIELDS, optional=_COMM_OPTIONAL)
     v = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_FIELDS.items()}
     opt = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_OPTIONAL.items() if k in raw}
+
+    poll = opt.get("proxy_poll", 0.0)
+    agreement = opt.get("agreement", 0.0)
 
     def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
         return CommParams(
@@ -275,6 +299,8 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
             destroy_uninitialized_s=values["destroy_uninitialized"],
             create_group_s=values["create_group"],
             resume_first_collective_s=first_after_resume,
+            proxy_poll_s=poll,
+            agreement_s=agreement,
         )
 
     one_rank_first = opt.get("resume_first_collective", 0.0)

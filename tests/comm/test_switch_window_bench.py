@@ -25,30 +25,35 @@ def test_every_rank_is_in_the_relax_reports_14_groups():
 
 
 RECORD = (Path(__file__).resolve().parents[2]
-          / "bench/results/2026-11-30-h200x2-multigpu/multigpu-2026-11-30-nvidia-h200x2.json")
+          / "bench/results/2026-11-30-h200x2-wave/multigpu-2026-11-30-nvidia-h200x2.json")
 
 
 def test_simulated_switch_window_against_the_2xh200_record():
-    """The recorded settings on the calibrated preset, checked against what 2 x H200 measured.
+    """The recorded settings on the calibrated preset, checked against what 2 x H200 measured (the wave record,
+    outside the preset's fit set; tests/sim/test_validate_records.py checks every phase).
 
-    What the model gets from the raw communicator costs (issue 11: not every phase yet, see
-    tests/sim/test_validate_records.py): the order of the policies, the inline cooldown (DESTROY
-    sleeps the 2 s that DESTROY_DEFERRED defers: 3.77 - 1.51 s measured), each policy's total and
-    SUSPEND's pause within 15%, and the memory each policy keeps.
+    The order of the policies, the inline cooldown (DESTROY sleeps the 2 s that DESTROY_DEFERRED defers),
+    each policy's total and SUSPEND's pause within 15% (SUSPEND_PLANNED: its destroy walk missed one 0.5 s
+    proxy poll in both measured steps, [Note: the proxy's 500 ms poll] in sim.presets), and the memory each
+    policy keeps.
     """
     rec = json.loads(RECORD.read_text())
     st = rec["switch_window"]["settings"]
     measured = {r["policy"]: r for r in rec["switch_window"]["results"]}
     kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
               cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
-    # the policies the record measured (SUSPEND_PLANNED came later: test_planned_suspend_sim.py covers it)
     res = {p.name: sw.summarize(p, sw.simulate(p, **kw), warmup=st["warmup"]) for p in PGPolicy if p.name in measured}
+    assert set(res) == {p.name for p in PGPolicy}  # the record measured every policy
     assert sorted(res, key=lambda p: res[p].total) == sorted(measured, key=lambda p: measured[p]["total"])
-    assert measured["DESTROY"]["sleep"] - measured["DESTROY_DEFERRED"]["sleep"] >= st["cooldown_s"]
+    # measured: the 2 s wait, less the 0.5 s proxy poll DESTROY_DEFERRED's destroy walk missed in one of its steps
+    assert measured["DESTROY"]["sleep"] - measured["DESTROY_DEFERRED"]["sleep"] >= st["cooldown_s"] - 0.5 / 2 - 0.01
     assert res["DESTROY"].sleep - res["DESTROY_DEFERRED"].sleep == pytest.approx(st["cooldown_s"], abs=0.01)
     assert res["SUSPEND"].sleep == pytest.approx(measured["SUSPEND"]["sleep"], rel=0.15)
     for p in res:
-        assert res[p].total == pytest.approx(measured[p]["total"], rel=0.15, abs=0.015), p
+        if p == "SUSPEND_PLANNED":
+            assert measured[p]["total"] - res[p].total == pytest.approx(0.5, abs=0.05)
+        else:
+            assert res[p].total == pytest.approx(measured[p]["total"], rel=0.15, abs=0.015), p
     assert res["PAUSED_LIVE"].states[1:] == ["PAUSED_LIVE"] * 3 and res["SUSPEND"].states[1:] == ["SUSPENDED"] * 3
     assert res["DESTROY"].held_in_rollout_gib == res["DESTROY_DEFERRED"].held_in_rollout_gib == 0
     # per rank 9 one-rank groups (384 + 4 MiB on one GPU) and 5 two-rank groups (480 + 4 MiB on 2 x H200)
@@ -93,7 +98,9 @@ def test_variant_rows_resolve_and_every_wake_is_checked_bitwise():
     assert lazy.states[1:] == ["PLANNED", "PLANNED"]
     assert lazy.first_use_after_wake >= planned.first_use_after_wake, "its bring-up lands in the first collectives"
     assert lazy.sleep > planned.sleep, "with the sync group declared, the other groups go down at the pause"
-    assert lazy.total == pytest.approx(planned.total, rel=0.05), "on 480 MiB communicators both destroy everything once"
+    # on 480 MiB communicators both destroy every group once per step; the lazy row destroys the sync group apart,
+    # after the weight sync, so it also waits out that group's own NCCL proxy poll (less than one 0.5 s period)
+    assert 0 <= lazy.total - planned.total < 0.5, "on 480 MiB communicators both destroy everything once"
 
 
 def test_suspend_planned_on_2xh200_meets_the_goal_and_the_simulator_ranks_it_the_same():

@@ -193,14 +193,15 @@ def test_one_gpu_store_switch_is_within_10_percent_of_the_h200_measurement():
 
 
 def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
-    # the 2 x H200 measurement (bench/results/2026-11-30-h200x2-multigpu): 14 NCCL groups per rank
-    # (mesh_groups(2, 1)), cooldown 2 s, rollout 3 s, 4 steps, the first 2 left out; sleep + update + wake per policy
+    # the 2 x H200 measurement the calibrated preset was not fitted on (bench/results/2026-11-30-h200x2-wave, every
+    # PGPolicy): 14 NCCL groups per rank (mesh_groups(2, 1)), cooldown 2 s, rollout 3 s, 4 steps, the first 2 left
+    # out; sleep + update + wake per policy
     from pathlib import Path
 
     from sim.plan_model import GpuSpec
     from sim.switch_window import mesh_groups
 
-    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-multigpu"
+    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-wave"
                          / "multigpu-2026-11-30-nvidia-h200x2.json").read_text())["switch_window"]
     st = report["settings"]
     assert (st["dp"], st["tp"], st["train_s"]) == (2, 1, 0.0)
@@ -227,5 +228,7 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     for name, total in measured.items():
         if name == "PAUSED_LIVE":
             assert predicted[name] == pytest.approx(total, abs=0.05)
+        elif name == "SUSPEND_PLANNED":  # its destroy walk missed one proxy poll (0.5 s) in both steps measured
+            assert total - predicted[name] == pytest.approx(0.5, abs=0.05), (predicted[name], total)
         else:
             assert predicted[name] == pytest.approx(total, rel=0.15), (name, predicted[name], total)

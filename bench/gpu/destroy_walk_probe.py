@@ -1,0 +1,107 @@
+"""Each destroy of the lifecycle's destroy walk, timed against its group's first collective (issue 11).
+
+    torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py [--policy destroy_deferred] [--steps 6]
+    torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py --dry-run     # CPU, Gloo: the script runs
+
+The simulator charges a destroy of an initialised NCCL communicator the wait for its UDS proxy thread's next
+500 ms poll timeout, counted from the end of its initialisation ([Note: the proxy's 500 ms poll] in
+sim/presets/__init__.py). It predicts DESTROY_DEFERRED's pause on 2 x H200 at 1.51 s; records measured 1.51 s in
+some steps and 2.01 s (one poll more) in others, and SUSPEND_PLANNED's weight sync (the same walk) 2.01 s in
+both steps of the wave record. This probe runs the switch-window driver of ``bench/switch_window.py`` with the
+same settings as ``bench/gpu/multigpu.py`` (``mesh_groups(N, 1)``, cooldown 2 s, rollout 3 s, train 0 s) and
+records, per rank and step, when each group's first collective of the training step returned (its lazy NCCL
+init) and when each destroy started and ended, on the host clock: which destroy waits a whole extra period, and
+how much slack the others had. Rank 0 writes ``destroy-walk-<date>-<device>x<N>.json`` to ``$OUT`` (default
+bench/results) and prints, per step, the walk's total and its three longest destroys.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from refimpl.runtime import TorchRuntime  # noqa: E402
+
+
+class TimedRuntime(TorchRuntime):
+    """TorchRuntime that notes when each collective returned and each destroy started and ended (host clock)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.events: list[tuple[str, str, float]] = []
+
+    async def all_reduce(self, tensor, op=None, group="world", *, timeout_s=None):
+        kw = {} if op is None else {"op": op}
+        await super().all_reduce(tensor, group=group, timeout_s=timeout_s, **kw)
+        self.events.append(("collective", group, time.perf_counter()))
+
+    async def destroy_group(self, name, *, abort=False):
+        self.events.append(("destroy_start", name, time.perf_counter()))
+        await super().destroy_group(name, abort=abort)
+        self.events.append(("destroy_end", name, time.perf_counter()))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", default="destroy_deferred", help="a PGPolicy value (default destroy_deferred)")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--rollout-s", type=float, default=3.0)
+    p.add_argument("--cooldown-s", type=float, default=2.0)
+    p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, short rollout")
+    args = p.parse_args()
+    from bench.switch_window import mesh_groups, run_steps
+    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.runtime import GroupSpec
+
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    policy = PGPolicy.parse(args.policy)
+    rt = TimedRuntime()
+    specs = [GroupSpec(f"p.{s.name}", s.ranks, backend="nccl" if cuda else None) for s in mesh_groups(n, 1)]
+    lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=policy, cooldown_s=args.cooldown_s,
+                                                       control_group="p.control"))
+    tp = next(s.name for s in specs if s.name.split(".")[1].rstrip("0123456789") == "tp" and rank in s.ranks)
+    rollout = 0.2 if args.dry_run else args.rollout_s
+    steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=0.0, rollout_s=rollout, sync_group=tp))
+    everyone = [None] * n
+    dist.all_gather_object(everyone, {"events": rt.events, "steps": [s.__dict__ for s in steps]})
+    if rank == 0:
+        rec = {"kind": "destroy_walk_probe", "schema": 1, "world_size": n, "policy": policy.name,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "device": torch.cuda.get_device_name() if cuda else "cpu", "dry_run": args.dry_run,
+               "command": "torchrun --nproc-per-node=%d bench/gpu/destroy_walk_probe.py %s" % (n, " ".join(sys.argv[1:])),
+               "ranks": everyone}
+        out = Path(os.environ.get("OUT", REPO / "bench" / "results"))
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"destroy-walk-{rec['date'][:10]}-{rec['device'].replace(' ', '-').lower()}x{n}.json"
+        path.write_text(json.dumps(rec, indent=1) + "\n")
+        for r, data in enumerate(everyone):
+            ev, walk = data["events"], []
+            for kind, name, t in ev:
+                if kind == "destroy_start":
+                    walk.append([name, t, None])
+                elif kind == "destroy_end" and walk and walk[-1][0] == name:
+                    walk[-1][2] = t
+            durations = sorted(((e - s, name) for name, s, e in walk if e is not None), reverse=True)[:3]
+            print(f"rank {r}: {len(walk)} destroys; longest: " +
+                  ", ".join(f"{name} {d * 1e3:.1f} ms" for d, name in durations))
+        print(f"wrote {path}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
