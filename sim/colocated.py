@@ -40,11 +40,16 @@ Where the constants come from (``constants`` in the result names each):
   (``calibrated/h200-1x``; ``calibrated/hgx-h200-8x`` for the lifecycle of more
   than one rank), each constant's ``source`` naming its record (runs 7-8, the
   comm-split and multigpu records), none of them the RL step's;
+* the pause's destroy of the ``trainer.dp`` communicator the training step
+  just used: no constant of its own. The preset's rule does it (NCCL's proxy
+  thread polls every 500 ms and a destroy waits for its next poll timeout,
+  counted from the end of the communicator's init; ``proxy_poll`` and
+  ``destroy`` in the preset, fitted on the comm-split records), and it predicts
+  the 0.295-0.301 s the RL records measure;
 * :data:`LOOP_CONSTANTS`: what only the RL step measures, fitted by
   :func:`fit_loop_constants` on the record named in each constant's source:
-  the destroy of the used ``trainer.dp`` communicator in the pause and the
-  per-tensor gather time on one rank come from the 1-GPU driver record and are
-  checked on the other records; the per-tensor gather time on two ranks has
+  the per-tensor gather time on one rank comes from the 1-GPU driver record and
+  is checked on the other records; the per-tensor gather time on two ranks has
   only one record so far (its ``weight_sync`` is then not an independent check).
 
 What is **not** predicted but taken from the record, and named so in the
@@ -105,15 +110,6 @@ def measured_phases(rec: dict[str, Any]) -> dict[str, float]:
 #: the RL step's own constants (see the module docstring), each fitted by :func:`fit_loop_constants` on the
 #: record its source names; ``tests/sim/test_colocated.py`` refits them from the committed records
 LOOP_CONSTANTS: dict[str, dict[str, Any]] = {
-    "pg_destroy_after_use_s": {
-        "value": 0.2948,
-        "source": "fitted on bench/results/2026-11-30-h200x2-wave/loop/rl1/rl_step_1.json (1 x H200, free through "
-                  "the driver): the offload phase minus the store's offload inside it, mean of steps 1-2 (0.2944, "
-                  "0.2952 s): what the DESTROY_DEFERRED pause spends destroying trainer.dp after the training step "
-                  "used it. The comm benchmarks measured 0.035 s (1 rank, 2026-11-30-h200x2-commsplit) and "
-                  "0.21-0.25 s (2 ranks, 2026-11-30-h200x2-multigpu) per communicator; why the RL step's is "
-                  "larger is not known (its record keeps the lifecycle's own spans from now on)",
-    },
     "gather_per_tensor_1rank_s": {
         "value": 1.795e-4,
         "source": "fitted on bench/results/2026-11-30-h200x2-wave/loop/rl1/rl_step_1.json: gather_copy_s "
@@ -157,32 +153,22 @@ def _sim_times(shape, preset: str, d2h_bps: float, h2d_bps: float, *, gap_s: flo
     return out[-1]["offload_s"], back[-1]["reload_s"]
 
 
-def _preset_with_destroy(preset: str, destroy_s: float | None):
-    """The preset's topology, its NCCL destroy cost (one-rank and multi-rank) set to ``destroy_s`` when given."""
-    import copy
-
-    from sim.presets import load_preset_data
+def _preset_topology(preset: str):
+    """The preset's topology."""
     from sim.topology import Topology
 
-    data = load_preset_data(preset)
-    if destroy_s is not None:
-        data = copy.deepcopy(data)
-        for key in ("destroy", "destroy_multi"):
-            name = data.get("comm", {}).get(key)
-            if name in data["constants"]:
-                data["constants"][name] = {"value": destroy_s, "unit": "s", "source": "LOOP_CONSTANTS"}
-    return Topology(data, where=f"preset {preset!r}")
+    return Topology.from_preset(preset)
 
 
 @functools.lru_cache(maxsize=64)
 def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, train_s: float = 0.0,
-                       rollout_s: float = 0.0, destroy_s: float | None = None, steps: int = 3) -> dict[str, float]:
+                       rollout_s: float = 0.0, steps: int = 3) -> dict[str, float]:
     """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of the NCCL group
     ``trainer.dp`` over ``world`` ranks in the steady step (the last of ``steps``), by the real
     :class:`~refimpl.comm.PGLifecycle` on a :class:`~sim.world.SimWorld` of the preset, driven as
     bench/rl_loop.py drives it: a training collective on the group (its communicator initialised),
     ``train_s`` of training, the pause, ``rollout_s`` of rollout, the weight sync, the resume. The preset's
-    NCCL create / init / destroy costs and the cooldown apply; ``destroy_s`` replaces the preset's destroy cost."""
+    NCCL create / init / destroy costs (a destroy waits for the proxy thread's next poll) and the cooldown apply."""
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec
     from sim.collectives import NcclComm, TopologyCollectiveCost
@@ -193,7 +179,7 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
 
     if train_s < 0 or rollout_s < 0:
         raise ValueError(f"train_s and rollout_s must be >= 0, got {train_s} and {rollout_s}")
-    topo = _preset_with_destroy(preset, destroy_s)
+    topo = _preset_topology(preset)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
                       memory=TopologyMemory(topo, record=False), comm=NcclComm(topo, init_at_collective=True),
                       trace=False)
@@ -244,19 +230,17 @@ def gather_bytes_s(params_bytes: float, world: int, preset: str = MULTI_PRESET) 
 
 
 def fit_loop_constants(rec: dict[str, Any]) -> dict[str, float]:
-    """The :data:`LOOP_CONSTANTS` one record gives: ``pg_destroy_after_use_s`` (the offload phase less the
-    store's offload inside it) and the per-tensor gather time of its world size (``gather_per_tensor_1rank_s``
-    or ``gather_per_tensor_multi_s``: ``gather_copy_s`` less the bytes at NVLink rate, per parameter);
-    means over the steady steps."""
+    """The :data:`LOOP_CONSTANTS` one record gives: the per-tensor gather time of its world size
+    (``gather_per_tensor_1rank_s`` or ``gather_per_tensor_multi_s``: ``gather_copy_s`` less the bytes at
+    NVLink rate, per parameter); means over the steady steps."""
     steady = _steady(rec)
-    meas = measured_phases(rec)
     world = int(rec.get("world_size", 1))
     tensors = int(rec.get("initial_sync", {}).get("tensors", 0))
     if tensors < 1:
         raise RecordError("the record has no 'initial_sync.tensors' (the parameter count of the model)")
     gather = _mean(steady, "gather_copy_s") - gather_bytes_s(_mean(steady, "params_bytes"), world)
     key = "gather_per_tensor_1rank_s" if world == 1 else "gather_per_tensor_multi_s"
-    return {"pg_destroy_after_use_s": meas["offload"] - _mean(steady, "offload_store_s"), key: gather / tensors}
+    return {key: gather / tensors}
 
 
 def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", free: str | None = None,
@@ -313,7 +297,7 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
     lc_preset = preset if world == 1 else MULTI_PRESET  # a preset with enough GPUs for the world
     lifecycle = dict(simulate_lifecycle(lc_preset, world, str(cfg.get("lifecycle_policy", "DESTROY_DEFERRED")),
                                         float(cfg.get("cooldown_s", 0.2)), round(measured["train"], 4),
-                                        round(measured["rollout"], 4), loop["pg_destroy_after_use_s"]))
+                                        round(measured["rollout"], 4)))
     lifecycle_measured = {
         "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
         "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")

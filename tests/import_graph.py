@@ -71,16 +71,11 @@ COMPAT_SHIMS: dict[str, str] = {
 DYNAMIC_IMPORTERS: dict[str, str] = {
     "refimpl.cli": "SUBCOMMANDS maps each subcommand to the module that defines it",
     "bench.cli": "_OTHER maps each sub-benchmark to its module",
-    "refimpl.store.backend": "_LAZY_MODULES maps a backend name to the module that registers it",
+    "refimpl.store.registry": "_LAZY maps a backend name to the module that defines its factory",
 }
 
 #: circles that stand today and are someone's open work: each must still be a circle (else remove it here)
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"refimpl.store.backend", "refimpl.store.dedup", "refimpl.store.replica_sync"}): (
-        "issue 15, the store's part (branch safety): replica_sync imports dedup's DedupConfig while dedup "
-        "imports replica_sync; the backend registry loads dedup lazily and dedup registers itself there"
-    ),
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 @dataclass(frozen=True)

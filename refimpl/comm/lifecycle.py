@@ -145,7 +145,7 @@ class PGLifecycle(LazyWake):
         self._preservation = Preservation()
         self._pause_policy: PGPolicy = self.config.policy
         self._started = False
-        self.role = RoleGroups(rt, self.groups, self.control, self.config, self.stats, self.cooldown, self._fail)
+        self.role = RoleGroups(rt, self.groups, self.control, self.config, self.stats, self.cooldown, on_failure=self)
         self.plan_rules = plan or GroupPlanRules()
         unknown = self.plan_rules.unknown(self.groups)
         if unknown:
@@ -241,7 +241,7 @@ class PGLifecycle(LazyWake):
                     f"rank {rt.rank}: ranks asked for different pause policies ({PGPolicy.from_code(lo).name} to "
                     f"{PGPolicy.from_code(-neg_hi).name}); every rank must pause with the same policy"
                 )
-                await self._fail("pause.decide", err)
+                await self.fall_back("pause.decide", err)
                 raise err
             if policy.preserves:
                 self._preservation = after_gates(self.preservation, bool(gates_all))
@@ -358,8 +358,10 @@ class PGLifecycle(LazyWake):
             log.warning("rank %d: group preservation off for the life of the process: %s", self.rt.rank, reason)
         self._preservation = disabled(self._preservation, reason)
 
-    async def _fail(self, point: str, cause: BaseException) -> None:
-        """The fallback: abort the role's groups at once, preservation off, FAILED."""
+    async def fall_back(self, point: str, cause: BaseException) -> None:
+        """The agreed fallback, on every rank once any rank failed at ``point``: abort the role's groups at
+        once, preservation off for the life of the process, state FAILED (its
+        :class:`~refimpl.comm.role_groups.AgreedFailureHandler` for :class:`RoleGroups`)."""
         self.failure = cause
         self.stats.fallbacks += 1
         self._disable(f"failure at {point}: {cause!r}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Awaitable, Callable, Collection, TypeVar
+from typing import Any, Awaitable, Callable, Collection, Protocol, TypeVar
 
 import torch
 
@@ -50,14 +50,24 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-FailHook = Callable[[str, BaseException], Awaitable[None]]
+class AgreedFailureHandler(Protocol):
+    """Who decides what an agreed failure of the role's groups means (:class:`PGLifecycle` does).
+
+    :meth:`fall_back` is awaited on every rank, once every rank knows that some
+    rank failed at ``point``, before the failure is raised; it must abort the
+    role's groups (:meth:`RoleGroups.abort_all`) and must not raise.
+    """
+
+    async def fall_back(self, point: str, cause: BaseException) -> None:
+        """Abort the role's groups and record the failure (``cause``: this rank's error or the peer's)."""
+        ...
 
 
 class RoleGroups:
     """A role's groups on one rank, operated on together with every other rank.
 
-    ``fail(point, cause)`` is the lifecycle's fallback; it is awaited on every
-    rank before an agreed failure is raised.
+    ``on_failure`` (an :class:`AgreedFailureHandler`, the lifecycle) falls back
+    on every rank before an agreed failure is raised.
     """
 
     def __init__(
@@ -68,7 +78,7 @@ class RoleGroups:
         config: LifecycleConfig,
         stats: LifecycleStats,
         cooldown: PortCooldown,
-        fail: FailHook,
+        on_failure: AgreedFailureHandler,
     ) -> None:
         self.rt = rt
         self.names = names
@@ -76,7 +86,7 @@ class RoleGroups:
         self.config = config
         self.stats = stats
         self.cooldown = cooldown
-        self._fail = fail
+        self.on_failure = on_failure
         #: bytes each of this rank's groups released when suspended (what a resume takes back)
         self.suspended_bytes: dict[str, int] = {}
 
@@ -102,7 +112,7 @@ class RoleGroups:
                 rt, [int(error is None), rt.world_size if error is None else rt.rank, *votes], point
             )
         except AgreementError as exc:
-            await self._fail(point, error or exc)
+            await self.on_failure.fall_back(point, error or exc)
             if error is not None:
                 raise error from exc
             raise
@@ -110,7 +120,7 @@ class RoleGroups:
             cause = error or PeerFailedError(
                 f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank"
             )
-            await self._fail(point, cause)
+            await self.on_failure.fall_back(point, cause)
             raise cause
         return agreed
 
@@ -263,7 +273,7 @@ class RoleGroups:
                 f"rank {rt.rank}: groups {todo} could not be rebuilt in {self.config.rebuild_retries + 1} attempts: "
                 "their ports stayed in use; raise LifecycleConfig.cooldown_s or look for a port conflict"
             )
-            await self._fail("rebuild", err)
+            await self.on_failure.fall_back("rebuild", err)
             raise err
 
     async def canary(self, only: Collection[str] | None = None) -> list[str]:
@@ -292,4 +302,4 @@ class RoleGroups:
         return problems
 
 
-__all__ = ["LifecycleError", "PeerFailedError", "ResumeMemoryError", "RoleGroups"]
+__all__ = ["AgreedFailureHandler", "LifecycleError", "PeerFailedError", "ResumeMemoryError", "RoleGroups"]

@@ -5,11 +5,13 @@
     store.attach_optimizer(optimizer, name="optim")   # torch.optim state
     store.offload(); ...; store.reload()
 
-See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.layout`
-for the flat layouts, :mod:`refimpl.store.pool` for pinned host memory and
-:mod:`refimpl.store.backend` for the backend seam.
+See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.plans`
+for the offload/reload pipeline and its plan objects, :mod:`refimpl.store.layout`
+for the flat layouts, :mod:`refimpl.store.pool` for pinned host memory,
+:mod:`refimpl.store.backend` for the backend seam and
+:mod:`refimpl.store.registry` for backends by name.
 """
-from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend, create_backend, register_backend
+from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import (
     MixedDtypeError,
@@ -25,6 +27,7 @@ from refimpl.store.errors import (
 from refimpl.store.parking import OffloadedTensorError, is_parked
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
 from refimpl.store.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
+from refimpl.store.registry import create_backend, register_backend
 from refimpl.store.stats import StoreStats
 from refimpl.store.store import OffloadStore
 

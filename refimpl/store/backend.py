@@ -38,24 +38,24 @@ in ``offload``) may see ``offload`` of an unchanged layout issued before
 collection and ``prepare``; the store awaits and discards it if the layout
 turns out to have changed.
 
-Backends are found by name: :func:`register_backend` ``(name, factory)`` with
-``factory(runtime, pool, config, **options) -> StoreBackend``.
-``OffloadStore(backend="local_dedup")`` imports :mod:`refimpl.store.dedup`
-on first use, which registers itself.
+Backends are found by name in :mod:`refimpl.store.registry`
+(:func:`~refimpl.store.registry.register_backend` ``(name, factory)`` with
+``factory(runtime, pool, config, **options) -> StoreBackend``);
+``OffloadStore(backend="local_dedup")`` imports :mod:`refimpl.store.dedup` on
+first use.
 """
 from __future__ import annotations
 
 import abc
 import bisect
-import importlib
 import logging
-from typing import Any, Awaitable, Callable, ClassVar, Hashable, Iterator, Sequence
+from typing import Awaitable, ClassVar, Hashable, Iterator, Sequence
 
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
 from refimpl.store.config import StoreConfig
-from refimpl.store.errors import StoreStateError, UnknownBackendError
+from refimpl.store.errors import StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.parking import own_view
 from refimpl.store.pool import HostBuffer, PinnedHostPool
@@ -292,60 +292,8 @@ class LocalBackend(StoreBackend):
             self.pool.free(key)
 
 
-# --------------------------------------------------------------------------- registry
-
-BackendFactory = Callable[..., StoreBackend]
-"""``factory(runtime, pool, config, **options) -> StoreBackend``."""
-
-_REGISTRY: dict[str, BackendFactory] = {}
-
-#: backends in modules of their own, imported on first use (the module registers itself)
-_LAZY_MODULES: dict[str, str] = {"local_dedup": "refimpl.store.dedup"}
-
-
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``OffloadStore(backend=name)`` build its backend with ``factory``.
-
-    Re-registering a name replaces the factory (so a module may be reloaded).
-    """
-    if not name or not isinstance(name, str):
-        raise ValueError(f"a backend needs a non-empty string name, got {name!r}")
-    _REGISTRY[name] = factory
-
-
-def registered_backends() -> list[str]:
-    """Names of the backends registered now (lazy ones appear once imported)."""
-    return sorted(_REGISTRY)
-
-
-def create_backend(
-    name: str, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig, **options: Any
-) -> StoreBackend:
-    """Build the backend registered as ``name`` (importing its module if it is a known lazy one)."""
-    if name not in _REGISTRY and name in _LAZY_MODULES:
-        importlib.import_module(_LAZY_MODULES[name])
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        known = sorted(set(_REGISTRY) | set(_LAZY_MODULES))
-        raise UnknownBackendError(
-            f"no offload backend named {name!r}; known: {known}. Register one with "
-            f"refimpl.store.backend.register_backend(name, factory)."
-        )
-    backend = factory(runtime, pool, config, **options)
-    if not isinstance(backend, StoreBackend):
-        raise UnknownBackendError(f"backend factory for {name!r} returned {type(backend).__name__}, not a StoreBackend")
-    return backend
-
-
-register_backend("local", LocalBackend)
-
-
 __all__ = [
-    "BackendFactory",
     "LayoutSource",
     "LocalBackend",
     "StoreBackend",
-    "create_backend",
-    "register_backend",
-    "registered_backends",
 ]

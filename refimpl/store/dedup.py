@@ -52,14 +52,14 @@ import math
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Hashable, Sequence
+from typing import Any, Awaitable, Hashable, NamedTuple, Sequence
 
 import torch
 
 from refimpl.runtime.base import (
-    WORLD, CollectiveFailedError, CollectiveTimeoutError, CopyKind, ReduceOp, Runtime, gather,
+    WORLD, CollectiveFailedError, CollectiveTimeoutError, Completion, CopyKind, ReduceOp, Runtime, gather,
 )
-from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend, register_backend
+from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.pool import HostBuffer, PinnedHostPool
@@ -224,6 +224,14 @@ class ReplicaShare:
     def fraction(self) -> float:
         """Host bytes kept here over the layout's bytes (about 1/N)."""
         return self.host_bytes / self.layout_bytes if self.layout_bytes else 0.0
+
+
+class SegmentCopy(NamedTuple):
+    """An H2D copy of one host segment of this rank's slice, in flight."""
+
+    #: the segment's first element in the chunk
+    start: int
+    completion: Completion
 
 
 class DedupBackend(StoreBackend):
@@ -430,9 +438,9 @@ class DedupBackend(StoreBackend):
         lo = plan.index * plan.chunk
         mine = own_view(device_flat[lo:lo + plan.chunk])
         host = self._held[key]
-        completions = []  # (first element of the segment in the chunk, its H2D completion)
+        completions: list[SegmentCopy] = []
         if host is not None:
-            completions = [(a, self.rt.copy_async(mine[a:b], host.segment(i), CopyKind.H2D))
+            completions = [SegmentCopy(a, self.rt.copy_async(mine[a:b], host.segment(i), CopyKind.H2D))
                            for i, (a, b) in enumerate(host.ranges()) if b > a]
         if plan.valid < plan.chunk:
             mine[plan.valid:].zero_()
@@ -445,7 +453,7 @@ class DedupBackend(StoreBackend):
         piece = max(align, self.config.segment_bytes // dtype.itemsize // plan.group_size // align * align)
         return min(plan.chunk, piece)
 
-    async def _gather(self, completions: list, device_flat: torch.Tensor, plan: SlicePlan,
+    async def _gather(self, completions: list[SegmentCopy], device_flat: torch.Tensor, plan: SlicePlan,
                       group: ReplicaGroup) -> None:
         """Rebuild the other members' chunks, piece by piece as this rank's H2D lands.
 
@@ -466,8 +474,8 @@ class DedupBackend(StoreBackend):
         async def landed(upto: int) -> None:
             """Wait for every H2D segment that starts before element ``upto`` of the chunk."""
             with rt.span("dedup.h2d"):
-                while pending and pending[0][0] < upto:
-                    await pending.pop(0)[1]
+                while pending and pending[0].start < upto:
+                    await pending.pop(0).completion
 
         if piece >= chunk:
             await landed(chunk)
@@ -557,16 +565,13 @@ class DedupBackend(StoreBackend):
         self._local.close()
 
 
-async def _drain_all(pending: list) -> None:
+async def _drain_all(pending: list[SegmentCopy]) -> None:
     """Await H2D copies still in flight (after a failed gather) so their buffers are not freed under them."""
     while pending:
         try:
-            await pending.pop(0)[1]
+            await pending.pop(0).completion
         except BaseException as e:  # noqa: BLE001 - the gather's own error is the one raised
             log.error("an H2D copy of a failed local_dedup reload also failed: %s", e)
-
-
-register_backend("local_dedup", DedupBackend)
 
 
 __all__ = [

@@ -271,7 +271,7 @@ class FlatLayout:
         data_numel = offset
         numel = _round_up(offset, align)
         layout = cls(key, list(entries), numel, data_numel, ())
-        layout._set_segments(cuts)
+        layout.set_segments(cuts)
         return layout
 
     def pad_to(self, numel: int) -> None:
@@ -279,9 +279,11 @@ class FlatLayout:
         if numel < self.data_numel:
             raise ValueError(f"layout {self.key.label()}: cannot shrink to {numel} < {self.data_numel} elements")
         self.numel = numel
-        self._set_segments([a for a, _ in self.segments] or [0])
+        self.set_segments([a for a, _ in self.segments] or [0])
 
-    def _set_segments(self, cuts: list[int]) -> None:
+    def set_segments(self, cuts: list[int]) -> None:
+        """Cut the host segments at element offsets ``cuts`` (ascending, starting at 0; cuts at or past
+        ``numel`` are dropped): one segment from each cut to the next, the last one up to ``numel``."""
         cuts = [c for c in cuts if c < self.numel] or [0]
         self.segments = tuple(zip(cuts, cuts[1:] + [self.numel]))
         if self.numel == 0:

@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, Mapping, NamedTuple
 
 import torch
 
@@ -50,9 +50,18 @@ class OffloadedTensorError(RuntimeError):
 
 
 _LOCK = threading.Lock()
-_PLACEHOLDERS: dict[tuple[str, torch.dtype], tuple[torch.Tensor, Any, int]] = {}
+class _Placeholder(NamedTuple):
+    tensor: torch.Tensor
+    storage: Any
+    storage_id: int
+
+
+_PLACEHOLDERS: dict[tuple[str, torch.dtype], _Placeholder] = {}
 _PLACEHOLDER_IDS: set[int] = set()
 _ZERO_STRIDES: dict[int, tuple[int, ...]] = {}
+ZERO_STRIDES: Mapping[int, tuple[int, ...]] = _ZERO_STRIDES
+"""All-zero strides by dimension count, filled by :func:`zero_strides` (read it, never write it: a hot
+loop's ``ZERO_STRIDES.get(ndim)`` saves a call)."""
 
 
 def _make_placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -78,9 +87,9 @@ def placeholder(device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
             if hit is None:
                 t = _make_placeholder(device, dtype)
                 st = t.untyped_storage()
-                hit = _PLACEHOLDERS[key] = (t, st, st._cdata)
+                hit = _PLACEHOLDERS[key] = _Placeholder(t, st, st._cdata)
                 _PLACEHOLDER_IDS.add(st._cdata)
-    return hit[1], hit[2]
+    return hit.storage, hit.storage_id
 
 
 def is_placeholder(storage_id: int) -> bool:
@@ -113,6 +122,9 @@ _ALLOWED_NAMES = frozenset({
 })
 _GUARD_CLASSES: dict[type, type] = {}
 _ORIGINAL_CLASS: dict[type, type] = {}
+GUARDED_CLASSES: Mapping[type, type] = _ORIGINAL_CLASS
+"""Guarded tensor class -> the class it replaced (read it, never write it: ``type(t) in GUARDED_CLASSES``
+is :func:`is_guarded` without the call)."""
 
 
 def _func_name(func: Any) -> str:
@@ -286,7 +298,9 @@ def park_strays(storage_id: int, known: set[int]) -> list[str]:
 
 __all__ = [
     "DEBUG_ENV",
+    "GUARDED_CLASSES",
     "OffloadedTensorError",
+    "ZERO_STRIDES",
     "debug_mode",
     "describe_aliases",
     "find_views",

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 from refimpl.store.backend import StoreBackend
-from refimpl.store.collect import StorageGroup
+from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.residency import adopt_if_unchanged

@@ -96,8 +96,8 @@ class HostBuffer:
         """Total bytes of the buffer."""
         return self.numel * self.dtype.itemsize
 
-    def _append(self, numel: int) -> int:
-        """Add a segment of ``numel`` elements at the end (its tensor comes later); returns its index."""
+    def append_segment(self, numel: int) -> int:
+        """Add a segment of ``numel`` elements at the end (its memory comes later); returns its index."""
         self.segment_numels = (*self.segment_numels, int(numel))
         self._tensors.append(None)
         self._futures.append(None)
@@ -105,6 +105,39 @@ class HostBuffer:
         self._starts = (*self._starts, self.numel)
         self.numel += int(numel)
         return len(self.segment_numels) - 1
+
+    def fill(self, i: int, tensor: torch.Tensor, pinned: bool) -> None:
+        """Segment ``i``'s memory is ``tensor`` (``pinned``: page-locked, else pageable)."""
+        self._tensors[i] = tensor
+        self.pinned[i] = pinned
+
+    def filling(self, i: int, future: Future) -> None:
+        """Segment ``i`` is being allocated on a pinning thread; ``future`` completes when :meth:`fill` ran."""
+        self._futures[i] = future
+
+    def settle(self) -> None:
+        """Wait for every segment still being allocated; a failed one simply holds nothing."""
+        for fut in self._futures:
+            if fut is not None:
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001 - a failed segment holds nothing to free
+                    pass
+
+    def take_segment(self, i: int) -> tuple[torch.Tensor | None, bool]:
+        """Hand segment ``i``'s memory over to the caller: ``(tensor or None, pinned)``; the buffer keeps none."""
+        t, pinned = self._tensors[i], self.pinned[i]
+        self._tensors[i] = None
+        return t, pinned
+
+    @property
+    def template(self) -> "HostBuffer | None":
+        """While growing: the key's previous buffer, whose segments are taken over where sizes match."""
+        return self._template
+
+    @template.setter
+    def template(self, old: "HostBuffer | None") -> None:
+        self._template = old
 
     def ranges(self) -> list[tuple[int, int]]:
         """``(start, stop)`` element range of each segment within the buffer."""
@@ -199,7 +232,7 @@ class PinnedHostPool:
         old = self._buffers.pop(key, None)
         buf = HostBuffer(key, dtype, ())
         if old is not None and not old.failed and old.dtype == dtype:
-            buf._template = old
+            buf.template = old
         elif old is not None:
             self._free_buffer(old)
         self._buffers[key] = buf
@@ -207,23 +240,22 @@ class PinnedHostPool:
 
     def finish_growing(self, buf: HostBuffer) -> None:
         """Free what the old buffer of a grown buffer's key had beyond what was taken over."""
-        if buf._template is not None:
-            self._free_buffer(buf._template)
-            buf._template = None
+        if buf.template is not None:
+            self._free_buffer(buf.template)
+            buf.template = None
 
     def grow(self, buf: HostBuffer, numel: int) -> int:
         """Append a segment of exactly ``numel`` elements to ``buf`` and start pinning it (or take over
         the old buffer's segment at this index when it has that size); returns its index."""
-        i = buf._append(numel)
-        tpl = buf._template
+        i = buf.append_segment(numel)
+        tpl = buf.template
         if tpl is not None and i < len(tpl.segment_numels) and tpl.segment_numels[i] == numel:
             try:
                 tpl.segment(i)  # pinned ahead: wait for it, then take it over
             except Exception:  # noqa: BLE001 - a failed segment is simply pinned anew below
                 pass
             else:
-                buf._tensors[i], buf.pinned[i] = tpl._tensors[i], tpl.pinned[i]
-                tpl._tensors[i] = None
+                buf.fill(i, *tpl.take_segment(i))
                 with self._lock:
                     self._reuses += 1
                 return i
@@ -250,27 +282,22 @@ class PinnedHostPool:
             self._free_buffer(buf)
 
     def _free_buffer(self, buf: HostBuffer) -> None:
-        for fut in buf._futures:
-            if fut is not None:
-                try:
-                    fut.result()
-                except Exception:  # noqa: BLE001 - a failed segment holds nothing to free
-                    pass
-        for i, t in enumerate(buf._tensors):
+        buf.settle()
+        for i in range(len(buf.segment_numels)):
+            t, pinned = buf.take_segment(i)
             if t is None:
                 continue
             n = t.numel() * t.element_size()
-            if buf.pinned[i]:
+            if pinned:
                 self.rt.free_host(t)
                 with self._lock:
                     self._pinned_bytes -= n
             else:
                 with self._lock:
                     self._pageable_bytes -= n
-            buf._tensors[i] = None
-        if buf._template is not None:
-            self._free_buffer(buf._template)
-            buf._template = None
+        if buf.template is not None:
+            self._free_buffer(buf.template)
+            buf.template = None
         logger.debug("freed host buffer %r (%d bytes)", buf.key, buf.nbytes)
 
     def close(self) -> None:
@@ -310,7 +337,7 @@ class PinnedHostPool:
     def _start_fill(self, buf: HostBuffer, i: int, numel: int) -> None:
         """Allocate and pin segment ``i`` of ``buf``: on the pinning threads when there are several, else now."""
         if self.pin_threads > 1 and numel > 0:
-            buf._futures[i] = self._pool().submit(self._fill, buf, i, numel)
+            buf.filling(i, self._pool().submit(self._fill, buf, i, numel))
         else:
             self._fill(buf, i, numel)
 
@@ -331,8 +358,7 @@ class PinnedHostPool:
             warnings.warn(msg, PageableFallbackWarning, stacklevel=2)
             t = self.rt.alloc_host(numel, buf.dtype, pinned=False, tag=tag)
             pinned = False
-        buf._tensors[i] = t
-        buf.pinned[i] = pinned
+        buf.fill(i, t, pinned)
         with self._lock:
             if pinned:
                 self._pinned_bytes += nbytes

@@ -5,22 +5,48 @@
   ``early_release``), and records each release so a later failure can restore it;
 * :func:`prepare_release` does the per-entry part of the release while the copies
   run;
-* :func:`release_layouts` releases what is left and marks the layouts offloaded.
+* :func:`park_kept_views` parks views of the store's flat buffers that the user kept;
+* :func:`release_layouts` releases what is left and marks the layouts offloaded;
+* :func:`restore_released_early` is the way back when the offload fails after
+  :func:`release_as_copied` released storages.
+
+Stage four of the store's pipeline (collect -> plan -> copy -> release; see
+:mod:`refimpl.store.plans`).
 
 Every registered tensor is parked before any of this runs (see
 :mod:`refimpl.store.parking`): a release never leaves a tensor on freed memory.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from refimpl.runtime.base import Runtime
+from refimpl.runtime.base import CopyKind, Runtime
+from refimpl.store.backend import StoreBackend
+from refimpl.store.grouping import storage_view
 from refimpl.store.config import Category
 from refimpl.store.layout import FlatLayout, LayoutState, StorageEntry
+from refimpl.store.parking import park_strays
 from refimpl.store.source import DeviceLayoutSource
+
+logger = logging.getLogger(__name__)
+
+
+class EarlyRelease(NamedTuple):
+    """A storage :func:`release_as_copied` released while later copies ran, and what it held."""
+
+    layout: FlatLayout
+    entry: StorageEntry
+    #: the released storage (0 bytes now)
+    storage: Any
+    #: its size before the release
+    nbytes: int
+
+
+_new = tuple.__new__
 
 
 @dataclass
@@ -90,15 +116,14 @@ def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, pl
     return plan.moved_bytes
 
 
-async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource],
-                            released: list[tuple[FlatLayout, StorageEntry, Any, int]]) -> int:
+async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], released: list[EarlyRelease]) -> int:
     """Release each storage as soon as every copy carrying its bytes has completed.
 
     Runs while later copies are still in flight, so the per-storage work of a
     scattered offload overlaps the DMA. Only entries that own their storage;
     all host memory is already pinned (``copy_to_host`` waited for every
     segment), so a pinning failure can no longer happen after this starts.
-    Appends ``(layout, entry, storage, bytes)`` of each released storage to
+    Appends an :class:`EarlyRelease` for each released storage to
     ``released`` as it goes (what a rollback must bring back if a later copy
     fails). Returns how many storages it released.
     """
@@ -120,11 +145,44 @@ async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource],
                 remaining[id(e)] = left
                 if left == 0 and e.owns_storage and e.base is not None:
                     st = e.base.untyped_storage()
-                    released.append((src.layout, e, st, st.nbytes()))
+                    released.append(_new(EarlyRelease, (src.layout, e, st, st.nbytes())))  # no __new__ frame
                     release(e.base)
                     e.base = None
                     count += 1
     return count
 
 
-__all__ = ["ReleasePlan", "prepare_release", "release_as_copied", "release_layouts"]
+async def restore_released_early(rt: Runtime, backend: StoreBackend, early: list[EarlyRelease]) -> None:
+    """After a failed offload: give storages released early their bytes back from the host copies."""
+    for r in early:
+        layout, entry = r.layout, r.entry
+        host = backend.host_view(layout, entry.offset, entry.offset + entry.numel)
+        if host is None:
+            logger.error("cannot restore %s after a failed offload: the backend holds no host copy of it",
+                         entry.name)
+            continue
+        r.storage.resize_(r.nbytes)
+        device = storage_view(r.storage, layout.dtype, rt.device, entry.numel)
+        await rt.copy_async(device, host, CopyKind.H2D)
+    logger.warning("offload failed after %d storage(s) were released early; their bytes were copied back",
+                   len(early))
+
+
+def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor],
+                    plan: ReleasePlan) -> None:
+    """Park the views of the store's flat buffers that tensor objects it does not know kept (``strays``:
+    storage id -> ids of the tensors it knows there), with a warning; the store's own views are not
+    strays. Nothing can fail any more when this runs."""
+    if not strays:
+        return
+    ours = {id(t) for t in flats.values()} | {id(t) for t in plan.flat_bases.values()}
+    ours |= {id(e.base) for lay in layouts for e in lay.entries if e.base is not None}
+    for sid, known in strays.items():
+        found = park_strays(sid, known | ours)
+        logger.warning("views of an attached tensor kept across the offload (%s) are parked: they read "
+                       "NaN/0 and do not come back on reload; take views after reload() instead",
+                       "; ".join(found[:3]) or "none reachable from Python")
+
+
+__all__ = ["EarlyRelease", "ReleasePlan", "park_kept_views", "prepare_release", "release_as_copied",
+           "release_layouts", "restore_released_early"]

@@ -43,7 +43,7 @@ import functools
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
@@ -255,6 +255,13 @@ def group_from_placements(mesh: Any, placements: Sequence[Any], rank: int) -> Re
     return group_over_dims(mesh, rank, dims, label=_placement_label(mesh, dims))
 
 
+class _CachedGroup(NamedTuple):
+    """A memoised replica group and the mesh object it was built for (ids can be reused)."""
+
+    mesh: Any
+    group: ReplicaGroup
+
+
 @dataclass(frozen=True)
 class MeshReplica:
     """Override value: replicate over the named ``dims`` of ``mesh`` (resolved per rank)."""
@@ -286,7 +293,7 @@ class ReplicaPolicy:
     overrides: tuple[tuple[str, OverrideValue], ...] = ()
     #: (mesh id, rank, replicate dims) -> (mesh, group): a store resolves tens of thousands of tensors
     #: on a handful of meshes, and reading a mesh costs far more than a lookup
-    _cache: dict = field(default_factory=dict, compare=False, repr=False, init=False)
+    _cache: dict[tuple, _CachedGroup] = field(default_factory=dict, compare=False, repr=False, init=False)
 
     def __post_init__(self) -> None:
         if self.dp_ranks is not None:
@@ -340,12 +347,12 @@ class ReplicaPolicy:
         """:func:`group_over_dims`, memoised per (mesh object, rank, dims)."""
         key = (id(mesh), rank, tuple(dims))
         hit = self._cache.get(key)
-        if hit is not None and hit[0] is mesh:
-            return hit[1]
+        if hit is not None and hit.mesh is mesh:
+            return hit.group
         if label is None:
             label = _placement_label(mesh, [d for d in dims if isinstance(d, int)])
         group = group_over_dims(mesh, rank, dims, label=label)
-        self._cache[key] = (mesh, group)
+        self._cache[key] = _CachedGroup(mesh, group)
         return group
 
 

@@ -9,18 +9,26 @@ bytes are in host memory (see [Note: parked tensors] in
 :func:`changed_tensors` checks before a reload that each tensor is still parked
 as the offload left it. :func:`restore_released` parks the tensors again when a
 reload fails after re-pointing them.
+
+The reload's last stage (restore, after :mod:`refimpl.store.copies`) is
+:func:`repoint` and :func:`mark_resident`; the offload's steady path reads
+:func:`resident_flat` and :func:`steady_unchanged` (see [Note: steady offload
+check] below) and :func:`adopt_resident`; :func:`unadopt` is its way back.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 
-from refimpl.store.collect import StorageGroup
-from refimpl.store.layout import FlatLayout
-from refimpl.store.parking import _ORIGINAL_CLASS as _GUARDED
-from refimpl.store.parking import _ZERO_STRIDES as _ZEROS
-from refimpl.store.parking import debug_mode, guard, own_view, placeholder, unguard, zero_strides
+from refimpl.store.collect import Item, plain_tensor
+from refimpl.store.grouping import StorageGroup, ViewCount, storage_view
+from refimpl.store.layout import FlatLayout, LayoutState
+from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
+from refimpl.store.parking import ZERO_STRIDES as _ZEROS
+from refimpl.store.parking import (
+    debug_mode, guard, own_view, own_view_mark, placeholder, storage_use_count, unguard, zero_strides,
+)
 
 
 def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
@@ -75,17 +83,37 @@ def changed_tensors(layouts: list[FlatLayout]) -> list[str]:
     return problems
 
 
+class EntryOrigin(NamedTuple):
+    """Where a parked entry's tensors pointed: its storage (None: no device data) and the entry's start in it."""
+
+    storage: Any
+    offset: int
+
+
+_new = tuple.__new__
+_NO_ORIGIN = EntryOrigin(None, 0)
+
+
+class ParkedLayout(NamedTuple):
+    """Where the tensors of one parked layout came from."""
+
+    layout: FlatLayout
+    #: a 1-D view of the layout's flat buffer when it was resident in one, else None
+    flat: torch.Tensor | None
+    #: otherwise, each entry's origin, in entry order
+    origins: list[EntryOrigin] | None
+
+
 class ParkRecord:
     """Where each parked tensor came from, to put it back if the offload fails before its release.
 
-    ``origins``: per layout, ``(layout, flat, entry origins)``: for a layout resident in one flat buffer
-    ``flat`` is a 1-D view of it; otherwise each entry's ``(storage, storage offset of the entry start)``.
+    ``origins``: one :class:`ParkedLayout` per layout, in the order :func:`park` visited them.
     """
 
     __slots__ = ("origins",)
 
     def __init__(self) -> None:
-        self.origins: list[tuple[FlatLayout, torch.Tensor | None, list[tuple[Any, int]] | None]] = []
+        self.origins: list[ParkedLayout] = []
 
 
 def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: ParkRecord) -> None:
@@ -100,13 +128,15 @@ def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: Park
     with torch.no_grad():
         for layout in layouts:
             flat = flats.get(layout.key)
-            origins: list[tuple[Any, int]] | None = None
+            origins: list[EntryOrigin] | None = None
             if flat is None:
                 origins = []
                 for e in layout.entries:
                     base = e.base
-                    origins.append((base.untyped_storage(), base.storage_offset()) if base is not None else (None, 0))
-            record.origins.append((layout, flat, origins))
+                    # _new(EntryOrigin, ...): no generated __new__ frame per entry (25k on a MoE's first offload)
+                    origins.append(_new(EntryOrigin, (base.untyped_storage(), base.storage_offset()))
+                                   if base is not None else _NO_ORIGIN)
+            record.origins.append(ParkedLayout(layout, flat, origins))
             if not layout.entries:
                 continue
             st, _ = placeholder(layout.entries[0].refs[0].tensor.device, layout.dtype)
@@ -199,8 +229,48 @@ def force_repoint_prepare(layouts: list[FlatLayout]) -> list[str]:
     return changed
 
 
-__all__ = ["ParkRecord", "adopt_if_unchanged", "changed_tensors", "force_repoint_prepare", "park", "repoint",
-           "restore_released", "unpark"]
+def resident_flat(layout: FlatLayout, viewers: dict[int, ViewCount]) -> torch.Tensor | None:
+    """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor.
+
+    Records in ``viewers`` how many tensor objects view the buffer before the store adds its own.
+    """
+    for e in layout.entries:
+        for r in e.refs:
+            t = r.live()
+            if t is None:
+                continue
+            st = t.untyped_storage()
+            if st._cdata == layout.flat_storage and st.nbytes() == layout.nbytes:
+                if storage_use_count is not None:
+                    viewers[st._cdata] = ViewCount(storage_use_count(st._cdata) - 1, own_view_mark())  # minus st
+                return storage_view(st, layout.dtype, t.device, layout.numel)
+    return None
+
+
+def unadopt(layouts: Iterable[FlatLayout]) -> None:
+    """After a failed offload (nothing released): resident layouts go back to weak references."""
+    for layout in layouts:
+        for e in layout.entries:
+            e.base = None
+            for r in e.refs:
+                r.weaken()
+
+
+def mark_resident(layouts: list[FlatLayout], flat_storages: list[int]) -> int:
+    """After a reload: each layout is on the device in its flat buffer (storage ids in layout order).
+    Returns the bytes brought back (dropped layouts count nothing)."""
+    moved = 0
+    for layout, sid in zip(layouts, flat_storages):
+        layout.state = LayoutState.ON_DEVICE
+        layout.flat_storage = sid
+        moved += 0 if layout.dropped else layout.data_nbytes
+        layout.dropped = False
+    return moved
+
+
+__all__ = ["EntryOrigin", "ItemSignature", "ParkRecord", "ParkedLayout", "adopt_if_unchanged", "adopt_resident",
+           "changed_tensors", "force_repoint_prepare", "mark_resident", "park", "repoint", "resident_flat",
+           "restore_released", "steady_unchanged", "unadopt", "unpark"]
 
 
 # --------------------------------------------------------------------------- steady-state fast path
@@ -221,33 +291,31 @@ class ItemSignature:
 
     __slots__ = ("cats", "ids", "left_in_place", "layouts", "report")
 
-    def __init__(self, cats: frozenset, items: list, plan: dict, report: Any) -> None:
-        from refimpl.store.collect import split_dtensor
-
+    def __init__(self, cats: frozenset, items: list[Item], plan: dict, report: Any) -> None:
         in_layouts = {id(r.tensor) for lay in plan.values() for e in lay.entries for r in e.refs}
         self.cats = cats
-        self.ids = [id(it[3]) for it in items]
-        self.left_in_place = {id(it[3]): it[3] for it in items if id(split_dtensor(it[3])[0]) not in in_layouts}
+        self.ids = [id(it.tensor) for it in items]
+        self.left_in_place = {id(it.tensor): it.tensor for it in items
+                              if id(plain_tensor(it.tensor)) not in in_layouts}
         self.layouts = {key: id(lay) for key, lay in plan.items()}
         self.report = report
 
 
-def steady_unchanged(items: Iterator, sig: ItemSignature, resident: list[FlatLayout],
+def steady_unchanged(tensors: Iterator[Any], sig: ItemSignature, resident: list[FlatLayout],
                      flats: dict[Any, torch.Tensor], device: torch.device) -> bool:
     """True if the collectors yield the same objects as at ``sig`` and every registered tensor of the
-    resident layouts is still the view the reload made (see [Note: steady offload check])."""
-    from refimpl.store.collect import split_dtensor
+    resident layouts is still the view the reload made (see [Note: steady offload check]).
 
+    ``tensors``: the tensor objects the collectors yield now (:meth:`Collector.tensor_objects`)."""
     if {lay.key: id(lay) for lay in resident} != sig.layouts or any(lay.key not in flats for lay in resident):
         return False
     ids, left, n, i = sig.ids, sig.left_in_place, len(sig.ids), 0
-    for it in items:
-        t = it[3]
+    for t in tensors:
         if i >= n or id(t) != ids[i]:
             return False
         i += 1
         if id(t) in left:  # zero-size or host-resident before: must still be
-            plain = split_dtensor(t)[0]
+            plain = plain_tensor(t)
             if plain.numel() and not (plain.device.type == "cpu" and device.type != "cpu"):
                 return False
     if i != n:

@@ -19,7 +19,7 @@ is reused only after its previous D2H has completed.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,6 +40,14 @@ async def _finish_issued(copies: list[Completion]) -> None:
             await c
 
 
+class _Zeros(NamedTuple):
+    """The zeros :meth:`StagingArea.zeros` handed out last."""
+
+    numel: int
+    dtype: torch.dtype
+    zeros: torch.Tensor
+
+
 class StagingArea:
     """A ring of device staging buffers for packing small storages, shared by one offload.
 
@@ -56,14 +64,14 @@ class StagingArea:
         self._pending: list[Completion | None] = []
         self._next = 0
         self._zeros: dict[torch.dtype, torch.Tensor] = {}
-        self._last_zeros: tuple[int, torch.dtype, torch.Tensor] | None = None
+        self._last_zeros: _Zeros | None = None
         self.packs = 0
 
     def zeros(self, n: int, dtype: torch.dtype, alignment_bytes: int) -> torch.Tensor:
         """``n`` device zeros of ``dtype`` (fills alignment gaps inside a packed run)."""
         hit = self._last_zeros
-        if hit is not None and hit[0] == n and hit[1] is dtype:
-            return hit[2]
+        if hit is not None and hit.numel == n and hit.dtype is dtype:
+            return hit.zeros
         z = self._zeros.get(dtype)
         if z is None or z.numel() < n:
             z = self.rt.alloc_device(max(n, alignment_bytes // dtype.itemsize), dtype, tag="store.staging.gap")
@@ -71,8 +79,8 @@ class StagingArea:
             if dtype in self._zeros:
                 self.rt.release(self._zeros[dtype])
             self._zeros[dtype] = z
-        self._last_zeros = (n, dtype, z[:n])
-        return self._last_zeros[2]
+        self._last_zeros = _Zeros(n, dtype, z[:n])
+        return self._last_zeros.zeros
 
     async def take(self, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
         """``(slot, buffer viewed as dtype)``; the slot's previous copy has completed."""

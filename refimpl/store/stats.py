@@ -1,7 +1,8 @@
 """What the offload store reports: :class:`StoreStats`, and the phase clock behind its timings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
 
 from refimpl.runtime.base import Runtime
 
@@ -50,6 +51,20 @@ class StoreStats:
     copies: dict[str, int] = field(default_factory=dict)
     #: seconds per phase of the last offload (``offload.collect`` ...) and reload (``reload.wait`` ...)
     phases: dict[str, float] = field(default_factory=dict)
+    #: the path the last offload took (its plan's name, :mod:`refimpl.store.plans`): ``streamed`` (first
+    #: offload, streaming backend), ``steady`` (unchanged since the reload), ``full``; "" before any
+    last_offload_path: str = ""
+
+    @classmethod
+    def with_counters(cls, counters: Mapping[str, Any], **now: Any) -> "StoreStats":
+        """Stats from the store's running ``counters`` (each a field of this name; dicts are copied) and the
+        fields computed ``now``; a counter that is no field, or a field given twice, is an error."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(counters) - names)
+        if unknown:
+            raise ValueError(f"store counters {unknown} are not StoreStats fields; add them there")
+        kept = {k: dict(v) if isinstance(v, dict) else v for k, v in counters.items()}
+        return cls(**kept, **now)
 
     @property
     def host_pinned_gb(self) -> float:

@@ -3,17 +3,21 @@
 Theory of operation
 -------------------
 Attach what holds the state (modules, optimizers, explicit tensors). Each
-``offload`` collects the registered tensors of the requested categories
-(:mod:`refimpl.store.collect`), groups them by storage, lays the storages out
-in flat layouts (:mod:`refimpl.store.layout`) and hands each layout to the
-backend (:mod:`refimpl.store.backend`), which copies it to host memory. A
-storage's device memory is released only after the copies carrying its bytes
-have completed and all host memory of the offload is allocated (for a backend
-with ``early_release``, storage by storage while later copies run; otherwise
-once every finisher completed): ``Runtime.release`` shrinks the storage to 0
-bytes and the tensor objects stay.
-``reload`` allocates one flat device buffer per layout, has the backend fill
-it, and re-points every registered tensor into it with ``set_``.
+``offload`` runs the pipeline of :mod:`refimpl.store.plans`: collect the
+registered tensors of the requested categories and group them by storage
+(:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`), plan flat
+layouts (:mod:`refimpl.store.layout`, :mod:`refimpl.store.planner`), have the
+backend (:mod:`refimpl.store.backend`) copy each layout to host memory
+(:mod:`refimpl.store.copies`), then release (:mod:`refimpl.store.release`). The
+store picks the plan object of the path the state calls for (streamed first
+offload, steady, full) and runs its stages. A storage's device memory is
+released only after the copies carrying its bytes have completed and all host
+memory of the offload is allocated (for a backend with ``early_release``,
+storage by storage while later copies run; otherwise once every finisher
+completed): ``Runtime.release`` shrinks the storage to 0 bytes and the tensor
+objects stay. ``reload`` allocates one flat device buffer per layout, has the
+backend fill it, and re-points every registered tensor into it with ``set_``
+(:mod:`refimpl.store.residency`).
 
 Invariants:
 
@@ -36,25 +40,11 @@ Invariants:
   traffic.
 * After a reload the store holds registered tensors only weakly.
 
-[Note: the steady-state fast path]
-After a reload every tensor of a layout is a view into one flat buffer. At the
-next offload, if every tensor is still where the reload put it (and no new
-tensor joined the layout), the layout is unchanged and leaves in one copy per
-host segment. A backend with ``speculative_offload`` gets that copy issued
-*before* collection, so collecting tens of thousands of tensors overlaps the
-DMA; if collection then finds the layout changed, the speculative copy is
-awaited and discarded and the layout is planned afresh.
-
-[Note: the first offload]
-The state is scattered over the framework's storages. For a backend with
-``streaming_offload`` the offload is streamed (:mod:`refimpl.store.streaming`):
-host segments are pinned and copied while collection goes on. Small storages
-are packed on the device and leave in large copies (:mod:`refimpl.store.source`),
-segments are pinned on the pool's threads (:mod:`refimpl.store.pool`), and
-storages are released as their copies complete. By default on CUDA
-(``StoreConfig.pin_ahead``) the host memory is pinned ahead, at attach, on
-background threads (:meth:`OffloadStore.pin_ahead`), so the first offload finds
-it ready. ``StoreStats.phases`` times each phase.
+The paths are described where they live: [Note: steady offload check] in
+:mod:`refimpl.store.residency`, [Note: why stream] in
+:mod:`refimpl.store.streaming`; pinning ahead at attach is :meth:`OffloadStore.pin_ahead`
+(``StoreConfig.pin_ahead``, the default on CUDA). ``StoreStats.phases`` times each
+phase and ``StoreStats.last_offload_path`` names the path the last offload took.
 """
 from __future__ import annotations
 
@@ -62,43 +52,30 @@ import contextlib
 import logging
 import os
 import threading
-from typing import Any, Awaitable, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
-from refimpl.runtime.base import CopyKind, Runtime, gather
-from refimpl.store.backend import create_backend
-from refimpl.store.collect import (
-    Collector,
-    Item,
-    ModuleCollector,
-    OptimizerCollector,
-    StorageGroup,
-    StorageGrouper,
-    TensorsCollector,
-    group_by_storage,
-    storage_view,
-)
+from refimpl.runtime.base import Runtime
+from refimpl.store.collect import Collector, Item, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.grouping import ViewCount, group_by_storage
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.errors import StoreError, StoreStateError, TensorChangedError
-from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, storage_id
-from refimpl.store.parking import own_view, own_view_mark, park_strays, storage_use_count
+from refimpl.store.copies import OffloadCopies, ReloadCopies, sort_key
+from refimpl.store.errors import StoreError, StoreStateError
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.planner import gc_paused, plan_layouts
-from refimpl.store.release import prepare_release, release_as_copied, release_layouts
+from refimpl.store.plans import FullOffload, OffloadPlan, RecoverPlan, ReloadPlan, SteadyOffload, StreamedOffload
 from refimpl.store.pool import PinnedHostPool
+from refimpl.store.registry import create_backend
+from refimpl.store.release import ReleasePlan, park_kept_views, prepare_release, release_layouts
 from refimpl.store.residency import (
-    ItemSignature, ParkRecord, adopt_resident, changed_tensors, force_repoint_prepare, park, repoint,
-    restore_released, steady_unchanged, unpark,
+    ItemSignature, ParkRecord, mark_resident, park, repoint, restore_released, steady_unchanged, unadopt, unpark,
 )
-from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
 from refimpl.store.stats import PhaseClock, StoreStats
-from refimpl.store.streaming import StreamingPlan
 
 logger = logging.getLogger(__name__)
 
-
-def _sort_key(layout: FlatLayout) -> tuple[int, str, str]:
-    return layout.key.sort_key()
+_UNCOUNTED = ViewCount(-1, 0)  # a resident flat buffer whose viewers were not counted
 
 
 class OffloadStore:
@@ -133,7 +110,7 @@ class OffloadStore:
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
-            "skipped_host_resident": 0, "copies": {}, "phases": {},
+            "skipped_host_resident": 0, "copies": {}, "phases": {}, "last_offload_path": "",
         }
 
     # ------------------------------------------------------------------ attach
@@ -220,8 +197,8 @@ class OffloadStore:
         by_cat: dict[str, int] = {}
         for layout in self._layouts.values():
             by_cat[layout.category.value] = by_cat.get(layout.category.value, 0) + layout.data_nbytes
-        c = self._counters
-        return StoreStats(
+        return StoreStats.with_counters(
+            self._counters,
             backend=self.backend.name,
             host_pinned_bytes=pool.host_pinned_bytes,
             host_pageable_bytes=pool.host_pageable_bytes,
@@ -234,19 +211,6 @@ class OffloadStore:
             layouts=len(self._layouts),
             storages=sum(len(layout.entries) for layout in self._layouts.values()),
             tensors=sum(len(e.refs) for layout in self._layouts.values() for e in layout.entries),
-            skipped_zero_size=c["skipped_zero_size"],
-            skipped_host_resident=c["skipped_host_resident"],
-            offloads=c["offloads"],
-            reloads=c["reloads"],
-            last_offload_s=c["last_offload_s"],
-            last_reload_s=c["last_reload_s"],
-            last_offload_bytes=c["last_offload_bytes"],
-            last_reload_bytes=c["last_reload_bytes"],
-            last_device_bytes_freed=c["last_device_bytes_freed"],
-            last_early_releases=c["last_early_releases"],
-            steady_fast_offloads=c["steady_fast_offloads"],
-            copies=dict(c["copies"]),
-            phases=dict(c["phases"]),
         )
 
     def host_tensors(self, include: Iterable[Category | str] | Category | str | None = None) -> dict[str, torch.Tensor]:
@@ -257,7 +221,7 @@ class OffloadStore:
         """
         cats = Category.select(include)
         out: dict[str, torch.Tensor] = {}
-        for layout in sorted(self._layouts.values(), key=_sort_key):
+        for layout in sorted(self._layouts.values(), key=sort_key):
             if layout.state is not LayoutState.OFFLOADED or layout.dropped or layout.category not in cats:
                 continue
             for e in layout.entries:
@@ -296,10 +260,10 @@ class OffloadStore:
         cats = Category.select(include) - self._offloaded
         groups, _ = group_by_storage(self._items(cats), self.rt.device)
         try:
-            plan = self._plan(groups, cats)
+            plan = plan_layouts(groups, self._resident(cats), self.backend, self.config)  # resident ones reused
         finally:
-            self._unadopt(cats)
-        for layout in sorted(plan.values(), key=_sort_key):
+            unadopt(self._resident(cats))
+        for layout in sorted(plan.values(), key=sort_key):
             self.backend.reserve(layout)
             for e in layout.entries:
                 e.base = None
@@ -359,129 +323,59 @@ class OffloadStore:
         with rt.span("offload"), gc_paused():  # no collector pass in the switch window
             await rt.point("store.offload.begin")
             t0, free_before = rt.now(), rt.memory_info().free
-            speculative: dict[LayoutKey, tuple[FlatLayout, Awaitable[None]]] = {}
-            flats: dict[LayoutKey, torch.Tensor] = {}
-            pending: list[Awaitable[None]] = []
-            staging = StagingArea(rt, self.config)
-            sources: list[DeviceLayoutSource] = []
+            copies = OffloadCopies(rt, self.backend, self.config, drop_grads=drop_grads)
             clock = PhaseClock(rt, "offload")
-            stream: StreamingPlan | None = None
-            fast = False
-            streamed = False
-            viewers: dict[int, tuple[int, int]] = {}  # tensor objects viewing each resident flat buffer, before ours
             parked = ParkRecord()
-            early: list = []  # storages released while later copies ran
-            plan: dict[LayoutKey, FlatLayout] = {}
-            release_plan = None
+            plan: OffloadPlan | None = None
+            release_plan: ReleasePlan | None = None
             try:
-                if getattr(self.backend, "speculative_offload", False):
-                    for layout in sorted(self._resident(cats), key=_sort_key):
-                        if drop_grads and layout.category is Category.GRADS:
-                            continue
-                        flat = self._resident_flat(layout, viewers)
-                        if flat is not None:
-                            flats[layout.key] = flat
-                            src = DeviceLayoutSource(rt, layout, self.config, flat=flat)
-                            sources.append(src)
-                            speculative[layout.key] = (layout, await self.backend.offload(layout, src))
+                await copies.copy_ahead(self._resident(cats))
                 clock.lap("speculate")
                 for c in self._collectors:
                     c.check_phase()
-                if self.backend.streaming_offload and not speculative and not self._resident(cats):
-                    # the first offload: copies start while collection goes on (see refimpl.store.streaming)
-                    stream = StreamingPlan(rt, self.backend, self.config, staging, drop_grads=drop_grads,
-                                           lookahead=self.pool.pin_threads)
-                    grouper = StorageGrouper(rt.device)
-                    items: list = []  # recorded as they stream past, for the next offload's fast check
-                    with gc_paused():  # tens of thousands of small objects: no collector passes meanwhile
-                        for group in grouper.feed(_recorded(self._items(cats), items)):
-                            await stream.add(group)
-                        clock.lap("collect")
-                        groups, report = grouper.finish()
-                        plan = await stream.finish()
-                        self._signature = ItemSignature(cats, items, plan, report)
-                    streamed = True
-                    clock.lap("plan")
-                    ordered = sorted(plan.values(), key=_sort_key)
-                    sources.extend(stream.sources)
-                    pending = [gather(*stream.completions(lay.key)) for lay in ordered]
-                else:
-                    sig, resident = self._signature, self._resident(cats)
-                    fast = (sig is not None and sig.cats == cats and not drop_grads
-                            and all(viewers.get(lay.flat_storage, (-1,))[0] == lay.resident_views for lay in resident)
-                            and steady_unchanged(self._items(cats), sig, resident, flats, rt.device))
-                    clock.lap("collect")
-                    if fast:  # see [Note: steady offload check] in refimpl.store.residency
-                        self._counters["steady_fast_offloads"] += 1
-                        plan, report = {lay.key: lay for lay in resident}, sig.report
-                        for lay in plan.values():
-                            adopt_resident(lay, flats[lay.key])
-                    else:
-                        items = list(self._items(cats))
-                        own = frozenset(lay.flat_storage for lay in resident)
-                        groups, report = group_by_storage(items, rt.device, viewers, own)
-                        plan = self._plan(groups, cats)
-                        self._signature = ItemSignature(cats, items, plan, report)
-                    clock.lap("plan")
-                    for key in list(speculative):
-                        layout, finisher = speculative[key]
-                        if plan.get(key) is not layout:  # changed since the reload: discard the copy
-                            del speculative[key]
-                            await finisher
-                    ordered = sorted(plan.values(), key=_sort_key)
-                    to_copy = [lay for lay in ordered if not (drop_grads and lay.category is Category.GRADS)]
-                    await self.backend.prepare(to_copy)
-                    for layout in to_copy:
-                        if layout.key in speculative:
-                            pending.append(speculative.pop(layout.key)[1])
-                            continue
-                        src = DeviceLayoutSource(rt, layout, self.config, staging=staging)
-                        sources.append(src)
-                        pending.append(await self.backend.offload(layout, src))
+                plan = self._offload_plan(cats, drop_grads, copies)  # the steady check runs here
+                await plan.collect(copies)
+                clock.lap("collect")
+                await plan.plan(copies)
+                if isinstance(plan, SteadyOffload):
+                    self._counters["steady_fast_offloads"] += 1
+                if plan.signature is not None:
+                    self._signature = plan.signature
+                clock.lap("plan")
+                ordered = plan.ordered()
+                await plan.copy(copies, ordered)
                 clock.lap("issue")
-                park(ordered, flats if fast else {}, parked)  # per-tensor work while the copies run
+                park(ordered, plan.resident_flats(copies), parked)  # per-tensor work while the copies run
                 release_plan = prepare_release(ordered, drop_grads)
-                self._counters["copies"] = describe_copies(sources)  # before the wait, not after the copies
+                self._counters["copies"] = copies.describe()  # before the wait, not after the copies
                 clock.lap("record")
                 await rt.point("store.offload.wait")
                 self._counters["last_early_releases"] = 0
-                if self.backend.early_release:
-                    self._counters["last_early_releases"] = await release_as_copied(rt, sources, early)
-                while pending:
-                    await pending.pop(0)
+                self._counters["last_early_releases"] = await copies.release_early()
+                await copies.wait()
                 clock.lap("wait")
                 await rt.point("store.offload.release")  # the last point where a failure rolls back
             except BaseException:
-                await _drain([*pending, *(f for _, f in speculative.values())])
-                if early:
-                    await self._restore_released_early(early)
+                await copies.unwind()
                 unpark(parked)
-                if stream is not None and not streamed:
-                    await stream.abort()  # nothing released yet: drop the partial host buffers
-                await staging.close()
-                self._unadopt(cats)
+                if plan is not None:
+                    await plan.abort()
+                await copies.close()
+                unadopt(self._resident(cats))
                 # the traceback keeps this frame: drop every view of the state made here, so the next
                 # offload's count of the tensors viewing a storage sees none of ours
-                for lay in [*plan.values(), *(stream.layouts() if stream is not None else ())]:
+                for lay in plan.touched() if plan is not None else ():
                     for e in lay.entries:
                         e.base = None
-                flats.clear(), sources.clear(), speculative.clear(), early.clear()
-                flat = src = release_plan = parked = None  # noqa: F841
+                copies.forget()
+                release_plan = parked = None  # noqa: F841
                 raise
-            await staging.close()
-            strays = {} if fast else report.stray_views
-            if strays:  # nothing can fail from here on; the store's own views are not strays
-                ours = {id(t) for t in flats.values()} | {id(t) for t in release_plan.flat_bases.values()}
-                ours |= {id(e.base) for lay in ordered for e in lay.entries if e.base is not None}
-            for sid, known in strays.items():
-                found = park_strays(sid, known | ours)
-                logger.warning("views of an attached tensor kept across the offload (%s) are parked: they read "
-                               "NaN/0 and do not come back on reload; take views after reload() instead",
-                               "; ".join(found[:3]) or "none reachable from Python")
+            await copies.close()
+            park_kept_views(plan.stray_views(), ordered, copies.flats, release_plan)  # nothing can fail from here on
             moved = release_layouts(self.rt, ordered, drop_grads, release_plan)
             for key in [k for k in self._layouts if k.category in cats]:
                 del self._layouts[key]
-            self._layouts.update(plan)
+            self._layouts.update(plan.layouts)
             self._offloaded |= cats
             clock.lap("release")
             if self.config.empty_cache:
@@ -492,63 +386,40 @@ class OffloadStore:
             c["last_offload_s"] = rt.now() - t0
             c["last_offload_bytes"] = moved
             c["last_device_bytes_freed"] = rt.memory_info().free - free_before
+            c["last_offload_path"] = plan.name
+            report = plan.report
             c["skipped_zero_size"] = len(report.skipped_zero_size)
             c["skipped_host_resident"] = len(report.skipped_host_resident)
             c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | clock.laps
             if logger.isEnabledFor(logging.INFO):
-                logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s)", sorted(x.value for x in cats),
-                            len(ordered), moved / 1e9, c["last_offload_s"], c["copies"])
+                logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
+                            len(ordered), moved / 1e9, c["last_offload_s"], plan.name, c["copies"])
+
+    def _offload_plan(self, cats: frozenset[Category], drop_grads: bool, copies: OffloadCopies) -> OffloadPlan:
+        """The path of this offload: streamed (first offload, streaming backend), steady (every tensor where
+        the last reload put it; see [Note: steady offload check] in refimpl.store.residency) or full."""
+        rt, resident = self.rt, self._resident(cats)
+        if self.backend.streaming_offload and not copies.ahead and not resident:
+            return StreamedOffload(rt, self.backend, self.config, cats, lambda: self._items(cats),
+                                   drop_grads=drop_grads, lookahead=self.pool.pin_threads)
+        sig, viewers = self._signature, copies.viewers
+        if (sig is not None and sig.cats == cats and not drop_grads
+                and all(viewers.get(lay.flat_storage, _UNCOUNTED).viewers == lay.resident_views for lay in resident)
+                and steady_unchanged(self._tensor_objects(cats), sig, resident, copies.flats, rt.device)):
+            return SteadyOffload(resident, sig)
+        return FullOffload(rt, self.backend, self.config, cats, lambda: self._items(cats), resident)
 
     def _items(self, cats: frozenset[Category]) -> Iterator[Item]:
         for c in self._collectors:
             yield from c.items(cats)
 
+    def _tensor_objects(self, cats: frozenset[Category]) -> Iterator[Any]:
+        for c in self._collectors:
+            yield from c.tensor_objects(cats)
+
     def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
         return [lay for lay in self._layouts.values()
                 if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
-
-    def _resident_flat(self, layout: FlatLayout, viewers: dict[int, tuple[int, int]]) -> torch.Tensor | None:
-        """A 1-D view of ``layout``'s flat device buffer, found through a live registered tensor.
-
-        Records in ``viewers`` how many tensor objects view the buffer before the store adds its own.
-        """
-        for e in layout.entries:
-            for r in e.refs:
-                t = r.live()
-                if t is None:
-                    continue
-                st = t.untyped_storage()
-                if st._cdata == layout.flat_storage and st.nbytes() == layout.nbytes:
-                    if storage_use_count is not None:
-                        viewers[st._cdata] = (storage_use_count(st._cdata) - 1, own_view_mark())  # minus st
-                    return storage_view(st, layout.dtype, t.device, layout.numel)
-        return None
-
-    async def _restore_released_early(self, early: list) -> None:
-        """After a failed offload: give storages released early their bytes back from the host copies."""
-        for layout, entry, storage, nbytes in early:
-            host = self.backend.host_view(layout, entry.offset, entry.offset + entry.numel)
-            if host is None:
-                logger.error("cannot restore %s after a failed offload: the backend holds no host copy of it",
-                             entry.name)
-                continue
-            storage.resize_(nbytes)
-            device = storage_view(storage, layout.dtype, self.rt.device, entry.numel)
-            await self.rt.copy_async(device, host, CopyKind.H2D)
-        logger.warning("offload failed after %d storage(s) were released early; their bytes were copied back",
-                       len(early))
-
-    def _plan(self, groups: list[StorageGroup], cats: frozenset[Category]) -> dict[LayoutKey, FlatLayout]:
-        """Layouts for the collected storages: unchanged resident layouts are reused as they are."""
-        return plan_layouts(groups, self._resident(cats), self.backend, self.config)
-
-    def _unadopt(self, cats: frozenset[Category]) -> None:
-        """After a failed offload (nothing released): resident layouts go back to weak references."""
-        for layout in self._resident(cats):
-            for e in layout.entries:
-                e.base = None
-                for r in e.refs:
-                    r.weaken()
 
     # ------------------------------------------------------------------ reload
 
@@ -583,61 +454,38 @@ class OffloadStore:
 
     async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool) -> list[str]:
         cats = Category.select(include)
-        todo = sorted((lay for lay in self._layouts.values()
-                       if lay.state is LayoutState.OFFLOADED and lay.category in cats), key=_sort_key)
-        if not todo:
+        offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
+        if not offloaded:
             self._offloaded -= cats
             return []
+        plan = RecoverPlan(offloaded) if force else ReloadPlan(offloaded)
+        todo = plan.layouts
         rt = self.rt
-        overwritten: list[str] = []
         with rt.span("reload"), gc_paused():
             await rt.point("store.reload.begin")
             t0 = rt.now()
-            flats: list[torch.Tensor] = []
-            pending: list[Awaitable[None]] = []
+            copies = ReloadCopies(rt, self.backend)
             repointed = False
             clock = PhaseClock(rt, "reload")
             try:
-                for layout in todo:
-                    flat = own_view(rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
-                    flats.append(flat)
-                    if layout.dropped:
-                        flat.zero_()
-                    else:
-                        pending.append(await self.backend.reload(layout, flat))
+                await copies.issue(todo)
                 clock.lap("issue")
-                problems = force_repoint_prepare(todo) if force else changed_tensors(todo)
+                problems = plan.check()
                 clock.lap("validate")
-                if problems and force:
-                    overwritten = problems
-                    logger.warning("recover(): %d registered tensor(s) changed while offloaded get their offloaded "
-                                   "bytes back, overwriting the change: %s", len(problems), "; ".join(problems[:5]))
-                elif problems:
-                    raise TensorChangedError(
-                        f"{len(problems)} registered tensor(s) changed while offloaded: " + "; ".join(problems[:5])
-                        + ". The offloaded copy is kept (store.host_tensors() reads it); store.recover() reloads "
-                        "it into every registered tensor, overwriting the change"
-                    )
+                overwritten = plan.settle(problems)
                 repointed = True
-                repoint(todo, flats)  # while the copies run
+                repoint(todo, copies.flats)  # while the copies run
                 clock.lap("repoint")
                 await rt.point("store.reload.wait")
-                while pending:
-                    await pending.pop(0)
+                await copies.wait()
                 clock.lap("wait")
             except BaseException:
-                await _drain(pending)
+                await copies.drain()
                 if repointed:
                     restore_released(todo)
-                for flat in flats:
-                    rt.release(flat)
+                copies.release_flats()
                 raise
-            moved = 0
-            for layout, flat in zip(todo, flats):
-                layout.state = LayoutState.ON_DEVICE
-                layout.flat_storage = storage_id(flat)
-                moved += 0 if layout.dropped else layout.data_nbytes
-                layout.dropped = False
+            moved = mark_resident(todo, copies.storage_ids())
             self._offloaded -= cats
             c = self._counters
             c["reloads"] += 1
@@ -647,22 +495,6 @@ class OffloadStore:
             logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats), len(todo),
                         moved / 1e9, c["last_reload_s"])
             return overwritten
-
-
-def _recorded(items: Iterator[Item], into: list) -> Iterator[Item]:
-    """Pass ``items`` through, appending each to ``into``."""
-    for it in items:
-        into.append(it)
-        yield it
-
-
-async def _drain(finishers: Iterable[Awaitable[None]]) -> None:
-    """Await every finisher, keeping the first error only for logging (the caller re-raises its own)."""
-    for f in finishers:
-        try:
-            await f
-        except BaseException as e:  # noqa: BLE001 - the original error is what the caller raises
-            logger.error("while unwinding a failed store operation, a backend finisher also failed: %s", e)
 
 
 __all__ = ["OffloadStore", "StoreStats"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from refimpl.runtime.base import Completion, Runtime
 from refimpl.store.backend import StoreBackend
-from refimpl.store.collect import StorageGroup
+from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.source import DeviceLayoutSource, StagingArea
@@ -99,7 +99,7 @@ class StreamingPlan:
             layout.data_numel = st.offset
             layout.numel = _round_up(st.offset, st.align)
             await self._close_segment(st, layout.numel)
-            layout._set_segments(st.cuts)
+            layout.set_segments(st.cuts)
         while self._queue:
             await self._issue(*self._queue.popleft())
         for st in self.open.values():

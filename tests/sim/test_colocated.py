@@ -107,13 +107,15 @@ def test_the_lifecycle_share_comes_from_the_simulated_lifecycle(driver_pred):
     assert a["phase_s"]["reload"] - b["phase_s"]["reload"] == pytest.approx(0.3, abs=0.01)
     assert a["lifecycle_preset"] == "calibrated/hgx-h200-8x"  # two ranks need a preset with two GPUs
     # a rollout shorter than the cooldown: the weight sync's rebuild waits for the rest of it
-    short = simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, 0.1, 0.2, 0.3)
-    long = simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, 0.1, 3.0, 0.3)
+    short = simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, 0.1, 0.2)
+    long = simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, 0.1, 3.0)
     assert short["weight_sync"] - long["weight_sync"] == pytest.approx(0.3, abs=0.01)
-    # the pause destroys the communicator the training step used: the destroy cost is paid there
-    assert long["offload"] == pytest.approx(0.3, abs=0.01)
-    assert simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, 0.1, 3.0, 0.1)["offload"] == \
-        pytest.approx(0.1, abs=0.01)
+    # the pause destroys the communicator the training step used: the destroy waits for the proxy thread's
+    # next 500 ms poll, counted from the end of its init (at the step's training collective), so a longer
+    # training step leaves less of the wait, and one past the poll period waits for the next one
+    for train_s, wait_s in ((0.1, 0.4), (0.3, 0.2), (0.45, 0.05), (0.6, 0.4)):
+        got = simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, train_s, 3.0)["offload"]
+        assert got == pytest.approx(wait_s, abs=0.01), train_s
     # the measured remainder is reported beside, not used
     assert set(driver_pred["lifecycle_measured_s"]) == {"offload", "weight_sync", "reload"}
 
@@ -143,7 +145,6 @@ def _load(name):
 def test_loop_constants_are_what_their_records_give():
     rl1, rl2 = _load("rl1/rl_step_1.json"), _load("rl2/rl_step_2.json")
     fit1, fit2 = fit_loop_constants(rl1), fit_loop_constants(rl2)
-    assert LOOP_CONSTANTS["pg_destroy_after_use_s"]["value"] == pytest.approx(fit1["pg_destroy_after_use_s"], rel=1e-3)
     assert LOOP_CONSTANTS["gather_per_tensor_1rank_s"]["value"] == pytest.approx(fit1["gather_per_tensor_1rank_s"],
                                                                                 rel=1e-3)
     assert LOOP_CONSTANTS["gather_per_tensor_multi_s"]["value"] == pytest.approx(fit2["gather_per_tensor_multi_s"],
@@ -154,8 +155,9 @@ def test_loop_constants_are_what_their_records_give():
 
 @pytest.mark.parametrize("name", ["rl1/rl_step_1.json", "rl1_alloc/rl_step_1.json", "rl2/rl_step_2.json"])
 def test_the_simulator_predicts_the_recorded_step_within_15_percent(name):
-    """rl1 is the record the constants were fitted on; rl1_alloc (the other way of freeing) and rl2 (two ranks:
-    the destroy constant and the copies; its per-tensor gather time is fitted on it) check them."""
+    """rl1 is the record the one-rank gather constant was fitted on; rl1_alloc (the other way of freeing) and rl2
+    (two ranks: the copies; its per-tensor gather time is fitted on it) check it. The pause's destroy of the
+    just-used trainer.dp is no fit on any of them: the preset's proxy-poll rule predicts it."""
     rec = _load(name)
     res = compare(rec)
     off = {ph: round(r["ratio"], 3) for ph, r in res["phases"].items() if not r["within"]}
@@ -176,3 +178,19 @@ def test_cli_compares_a_record_and_predicts_another_configuration(capsys):
     assert live < predict_step(_load("rl1_alloc/rl_step_1.json"))["switch_overhead_s"] - 0.4
     assert main([rec, "--policy", "nope"]) == 2
     assert "unknown process-group policy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["rl1/rl_step_1.json", "rl1_alloc/rl_step_1.json", "rl2/rl_step_2.json"])
+def test_the_pause_destroy_of_a_just_used_group_is_the_proxy_poll_wait(name):
+    """The DESTROY_DEFERRED pause right after training destroys trainer.dp, whose communicator the training
+    collective initialised: the destroy waits for NCCL's proxy thread's next 500 ms poll. The preset's rule
+    (fitted on the comm-split records, not on these) gives the lifecycle's part of the offload within 5%;
+    without the poll wait it would be the bare destroy (0 to 13 ms)."""
+    from sim.presets import load_preset_data
+
+    rec = _load(name)
+    res = predict_step(rec)
+    assert res["lifecycle_s"]["offload"] == pytest.approx(res["lifecycle_measured_s"]["offload"], rel=0.05)
+    data = load_preset_data("calibrated/hgx-h200-8x")
+    assert "rl_step_" not in json.dumps(data)  # no constant of the preset comes from the RL records
+    assert res["lifecycle_s"]["offload"] > 10 * data["constants"][data["comm"]["destroy_multi"]]["value"]

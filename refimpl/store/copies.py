@@ -1,0 +1,200 @@
+"""The copy stage: the copies of one offload or reload, issued, awaited and unwound.
+
+Stage three of the store's pipeline (collect -> plan -> copy -> release, and back:
+plan -> copy -> restore; see :mod:`refimpl.store.plans`).
+
+* :class:`OffloadCopies` holds what one offload has in flight: copies issued
+  ahead of collection for layouts resident in one flat buffer
+  (:meth:`~OffloadCopies.copy_ahead`, backends with ``speculative_offload``), the
+  copies of the planned layouts (:meth:`~OffloadCopies.issue`), the device
+  sources and staging ring they read through (:mod:`refimpl.store.source`), and
+  the storages released while later copies still ran
+  (:meth:`~OffloadCopies.wait`). :meth:`~OffloadCopies.unwind` waits for every
+  copy and gives early-released storages their bytes back when the offload fails.
+* :class:`ReloadCopies` allocates a reload's flat device buffers and has the
+  backend fill them; :meth:`~ReloadCopies.release_flats` frees them when the reload fails.
+
+Every finisher a backend returned is awaited, also on the error path, so ranks
+running collectives inside backends agree (see :mod:`refimpl.store.backend`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Iterable, NamedTuple
+
+import torch
+
+from refimpl.runtime.base import Runtime
+from refimpl.store.backend import StoreBackend
+from refimpl.store.grouping import ViewCount
+from refimpl.store.config import Category, StoreConfig
+from refimpl.store.layout import FlatLayout, LayoutKey, storage_id
+from refimpl.store.parking import own_view
+from refimpl.store.release import EarlyRelease, release_as_copied, restore_released_early
+from refimpl.store.residency import resident_flat
+from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
+
+logger = logging.getLogger(__name__)
+
+
+def sort_key(layout: FlatLayout) -> tuple[int, str, str]:
+    """The order layouts are processed in, identical on every rank."""
+    return layout.key.sort_key()
+
+
+class CopyAhead(NamedTuple):
+    """A copy issued before collection for a layout resident in one flat buffer, and its finisher."""
+
+    layout: FlatLayout
+    finisher: Awaitable[None]
+
+
+class OffloadCopies:
+    """The copies of one offload: issued ahead, issued after planning, awaited, or unwound.
+
+    ``drop_grads``: gradient layouts are not copied. Attributes a plan reads:
+    ``flats`` (a 1-D view of each resident layout's flat buffer found while
+    copying ahead, by key), ``viewers`` (tensor objects viewing each of those
+    buffers before the store made its own views), ``staging`` (the ring the
+    scattered copies pack through) and ``sources`` / ``pending`` (the device
+    sources of the copies issued and the backend finishers still to await).
+    """
+
+    def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, *, drop_grads: bool) -> None:
+        self.rt, self.backend, self.config = rt, backend, config
+        self.drop_grads = drop_grads
+        self.staging = StagingArea(rt, config)
+        self.sources: list[DeviceLayoutSource] = []
+        self.pending: list[Awaitable[None]] = []
+        self.ahead: dict[LayoutKey, CopyAhead] = {}
+        self.flats: dict[LayoutKey, torch.Tensor] = {}
+        self.viewers: dict[int, ViewCount] = {}
+        #: storages released while later copies ran (what a rollback must bring back)
+        self.early: list[EarlyRelease] = []
+
+    def will_copy(self, layout: FlatLayout) -> bool:
+        """Whether ``layout`` is copied: not a gradient layout of an offload that drops gradients."""
+        return not (self.drop_grads and layout.category is Category.GRADS)
+
+    async def copy_ahead(self, resident: list[FlatLayout]) -> None:
+        """Issue the copy of every layout resident in one flat buffer now, before collection.
+
+        Only for a backend with ``speculative_offload``; collecting tens of
+        thousands of tensors then overlaps the DMA. A layout the plan changes
+        has its copy discarded (:meth:`discard_changed`).
+        """
+        if not getattr(self.backend, "speculative_offload", False):
+            return
+        for layout in sorted(resident, key=sort_key):
+            if not self.will_copy(layout):
+                continue
+            flat = resident_flat(layout, self.viewers)
+            if flat is not None:
+                self.flats[layout.key] = flat
+                src = DeviceLayoutSource(self.rt, layout, self.config, flat=flat)
+                self.sources.append(src)
+                self.ahead[layout.key] = CopyAhead(layout, await self.backend.offload(layout, src))
+
+    async def discard_changed(self, plan: dict[LayoutKey, FlatLayout]) -> None:
+        """Await and drop the copies issued ahead for layouts the plan does not keep as they were."""
+        for key in list(self.ahead):
+            ahead = self.ahead[key]
+            if plan.get(key) is not ahead.layout:  # changed since the reload: discard the copy
+                del self.ahead[key]
+                await ahead.finisher
+
+    async def issue(self, ordered: list[FlatLayout]) -> None:
+        """``prepare`` then one backend ``offload`` per layout to copy (a copy issued ahead is reused)."""
+        to_copy = [lay for lay in ordered if self.will_copy(lay)]
+        await self.backend.prepare(to_copy)
+        for layout in to_copy:
+            ahead = self.ahead.pop(layout.key, None)
+            if ahead is not None:
+                self.pending.append(ahead.finisher)
+                continue
+            src = DeviceLayoutSource(self.rt, layout, self.config, staging=self.staging)
+            self.sources.append(src)
+            self.pending.append(await self.backend.offload(layout, src))
+
+    def describe(self) -> dict[str, int]:
+        """Copies issued so far, by path (``flat``, ``direct``, ``packed``)."""
+        return describe_copies(self.sources)
+
+    async def release_early(self) -> int:
+        """With a backend that allows it (``early_release``), release each storage as its copies complete;
+        returns how many were released."""
+        if not self.backend.early_release:
+            return 0
+        return await release_as_copied(self.rt, self.sources, self.early)
+
+    async def wait(self) -> None:
+        """Await every backend finisher, in layout order."""
+        pending = self.pending
+        while pending:
+            await pending.pop(0)
+
+    async def close(self) -> None:
+        """Wait for the staging ring's copies and release it."""
+        await self.staging.close()
+
+    async def unwind(self) -> None:
+        """After a failure: await every finisher (issued or ahead), then give storages released early
+        their bytes back from the host copies."""
+        await drain([*self.pending, *(a.finisher for a in self.ahead.values())])
+        if self.early:
+            await restore_released_early(self.rt, self.backend, self.early)
+
+    def forget(self) -> None:
+        """Drop every view and source this offload made (after a failure the traceback keeps the frames)."""
+        self.flats.clear(), self.sources.clear(), self.ahead.clear(), self.early.clear()
+
+
+class ReloadCopies:
+    """A reload's flat device buffers, one per layout, and the backend finishers that fill them."""
+
+    def __init__(self, rt: Runtime, backend: StoreBackend) -> None:
+        self.rt, self.backend = rt, backend
+        self.flats: list[torch.Tensor] = []
+        self.pending: list[Awaitable[None]] = []
+
+    async def issue(self, layouts: list[FlatLayout]) -> None:
+        """Allocate each layout's flat buffer and have the backend fill it (zeros for dropped layouts)."""
+        rt = self.rt
+        for layout in layouts:
+            flat = own_view(rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
+            self.flats.append(flat)
+            if layout.dropped:
+                flat.zero_()
+            else:
+                self.pending.append(await self.backend.reload(layout, flat))
+
+    async def wait(self) -> None:
+        """Await every backend finisher, in layout order."""
+        pending = self.pending
+        while pending:
+            await pending.pop(0)
+
+    def storage_ids(self) -> list[int]:
+        """The storage of each flat buffer, in layout order."""
+        return [storage_id(flat) for flat in self.flats]
+
+    async def drain(self) -> None:
+        """After a failure: await every finisher still pending (errors are logged; the caller raises its own)."""
+        await drain(self.pending)
+
+    def release_flats(self) -> None:
+        """After a failure: free the flat buffers (no tensor may point into them any more)."""
+        for flat in self.flats:
+            self.rt.release(flat)
+
+
+async def drain(finishers: Iterable[Awaitable[None]]) -> None:
+    """Await every finisher, keeping the first error only for logging (the caller re-raises its own)."""
+    for f in finishers:
+        try:
+            await f
+        except BaseException as e:  # noqa: BLE001 - the original error is what the caller raises
+            logger.error("while unwinding a failed store operation, a backend finisher also failed: %s", e)
+
+
+__all__ = ["CopyAhead", "OffloadCopies", "ReloadCopies", "drain", "sort_key"]
