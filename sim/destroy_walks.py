@@ -34,6 +34,7 @@ import argparse
 import json
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -203,6 +204,7 @@ def replay_record(data: Mapping[str, Any], topology: str, where: str = "record")
         sizes = {int(g.get("size", 1)) for g in rows}
         costs.update({s: comm.for_size(s).destroy_s for s in sizes})
         out.extend(replay_mesh_walk(rows, poll_s=comm.proxy_poll_s, destroy_s=costs, rank=rank))
+    log.debug("%s: mesh walk replayed on %s with destroy costs %s", where, topology, costs)
     return out
 
 
@@ -295,10 +297,11 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
                           "destroy walk per rank"] + probe_report(data, where))
     lines = [f"{where}: destroy walks over the groups the training step initialised, slowest rank; time from the "
              "pause (the training step's last init) to the walk's end, and whole 0.5 s proxy poll periods in it"]
-    for (policy, phase), steps in training_walks(walks_from_spans(data, where)).items():
+    walks = walks_from_spans(data, where)
+    for (policy, phase), steps in training_walks(walks).items():
         cells = ", ".join(f"step {s}: {a:.3f} s ({math.floor(a / 0.5)})" for s, a in steps)
         lines.append(f"  {policy:<22}{phase:<16}{cells}")
-    after_sync = [w for w in walks_from_spans(data, where) if w.phase == "update_weights" and not w.rebuilt_first]
+    after_sync = [w for w in walks if w.phase == "update_weights" and not w.rebuilt_first]
     for w in after_sync:
         if w.rank == 0:
             lines.append(f"  {w.policy} step {w.step}: the sync walk ended {w.after_sync_start:.3f} s after the weight "
@@ -331,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(report(args.record, args.topology))
     except WalkRecordError as exc:
-        print(f"error: {exc}", file=__import__("sys").stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
 
