@@ -324,18 +324,20 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.destroy_walks RECORD [--topology PRESET]``: print :func:`report`; exit 2 on a bad record."""
+    """``python -m sim.destroy_walks RECORD... [--topology PRESET]``: print :func:`report` of each; exit 2 on a bad
+    record."""
     p = argparse.ArgumentParser(prog="python -m sim.destroy_walks", description=__doc__.split("\n\n")[0])
-    p.add_argument("record", help="a multigpu record with switch_window.spans (and comm_raw.mesh_walk), or a "
-                   "bench/gpu/destroy_walk_probe.py record")
+    p.add_argument("records", nargs="+", metavar="RECORD", help="a multigpu record with switch_window.spans (and "
+                   "comm_raw.mesh_walk), or a bench/gpu/destroy_walk_probe.py record")
     p.add_argument("--topology", default="calibrated/hgx-h200-8x", help="preset whose proxy poll and destroy costs "
                    "replay the mesh walk (default calibrated/hgx-h200-8x)")
     args = p.parse_args(argv)
     try:
-        print(report(args.record, args.topology))
+        texts = [report(r, args.topology) for r in args.records]
     except WalkRecordError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print("\n\n".join(texts))
     return 0
 
 

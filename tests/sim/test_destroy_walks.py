@@ -117,3 +117,13 @@ def test_probe_records_name_the_destroy_that_waited_a_period_more(tmp_path, caps
     assert main([str(path)]) == 0 and "SUSPEND_PLANNED (weight sync collective: tp)" in capsys.readouterr().out
     with pytest.raises(WalkRecordError, match="destroy_walk_probe"):
         probe_destroys({"kind": "multigpu"})
+
+
+def test_command_takes_several_records(tmp_path, capsys):
+    rec = {"kind": "destroy_walk_probe", "policy": "DESTROY_DEFERRED", "sync": "none",
+           "ranks": [{"events": [["collective", "p.a", 0.1], ["destroy_start", "p.a", 0.2], ["destroy_end", "p.a", 0.6]]}]}
+    paths = [tmp_path / f"{k}.json" for k in "ab"]
+    for p in paths:
+        p.write_text(json.dumps(rec))
+    assert main([str(p) for p in paths]) == 0
+    assert capsys.readouterr().out.count("DESTROY_DEFERRED (weight sync collective: none)") == 2
