@@ -71,22 +71,25 @@ class SwitchCosts:
     A suspend and a resume cost about in proportion to the suspendable bytes
     (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
     init at the first collective, counted although it lands outside the
-    switch window) cost about the same whatever the size. Defaults, measured:
-    suspend 0.8 s/GiB (one H200, run 1: 0.324 s for 384 MiB; 2 x H200: 0.154 s
-    for 192 MiB in GPU.md, 0.345 s for 480 MiB in multigpu run 1), resume
-    0.3 s/GiB (0.16, 0.27 and 0.52 s/GiB in the same three records), destroy
-    0.036 s for one rank (run 1) and 0.2 s for more (0.142 s GPU.md, 0.247 s
-    multigpu run 1), init 0.18 s for more ranks (2.48 s for 14 two-rank
-    communicators, both 2-GPU records) and 0.25 s for one rank (not measured:
-    the presets' assumption).
+    switch window) cost about the same whatever the size. Defaults, measured on
+    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-wave2/``,
+    ``comm_raw``; ``tests/comm/test_switch_costs_records.py`` recomputes them):
+    suspend 1.02 s/GiB and resume 0.55 s/GiB (14 two-rank communicators of
+    480 MiB, one after the other), destroy 0.247 s and init (the first
+    collective) 0.175 s for two ranks, destroy 0.034 s and init 0.033 s for one
+    rank (medians over the lifecycle's own walk, ``comm_raw.mesh_walk``). A
+    two-rank communicator is destroyed rather than suspended from 276 MiB.
+    (Before this record the defaults were 0.8 / 0.3 s/GiB, 0.2 s, 0.18 s,
+    0.036 s and an assumed 0.25 s: the same choice for every communicator
+    measured, a break-even at 354 MiB.)
     """
 
-    suspend_s_per_gib: float = 0.8
-    resume_s_per_gib: float = 0.3
-    destroy_s_single: float = 0.036
-    destroy_s_multi: float = 0.2
-    init_s_single: float = 0.25
-    init_s_multi: float = 0.18
+    suspend_s_per_gib: float = 1.02
+    resume_s_per_gib: float = 0.55
+    destroy_s_single: float = 0.034
+    destroy_s_multi: float = 0.247
+    init_s_single: float = 0.033
+    init_s_multi: float = 0.175
 
     def __post_init__(self) -> None:
         for name, v in vars(self).items():
