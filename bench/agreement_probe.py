@@ -32,6 +32,8 @@ import torch.distributed as dist  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
+    """The command line (``--agreements``, ``--out``, ``--note``); ``--out`` defaults to ``$OUT``, else bench/results.
+    """
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--agreements", type=int, default=400, help="agreements timed (after 20 untimed)")
     p.add_argument("--out", default=os.environ.get("OUT", str(REPO / "bench" / "results")),
@@ -59,6 +61,8 @@ def measure(agreements: int) -> list[float]:
 
 
 def main() -> int:
+    """Run the probe under torchrun; rank 0 writes the record. Returns the exit status: 0, or 2 for bad
+    ``--agreements`` or a run outside torchrun."""
     args = parse()
     if args.agreements < 1:
         print("error: --agreements must be >= 1", file=sys.stderr)

@@ -121,11 +121,14 @@ class _Clock:
         self.spans: list[tuple[int, str, float, float]] = []
 
     def sync(self) -> None:
+        """Wait for the device's queued work (a no-op on CPU)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     @contextlib.contextmanager
     def phase(self, step: int, name: str):
+        """Context manager: record ``(step, name, start, end)`` around the block, in seconds since the clock began,
+        with a device synchronisation at both ends."""
         self.sync()
         a = time.perf_counter() - self.t0
         yield

@@ -25,6 +25,8 @@ TOLERANCE = 0.10
 
 
 def main(argv: list[str]) -> int:
+    """Compare the simulator with the offload report (or print predictions when none is recorded) and write the
+    comparison. Returns 1 if the largest error is over 10% (or there are no rows), else 0."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("measured", nargs="?", type=Path, help="offload report (same as --measured)")
     ap.add_argument("--measured", dest="measured_opt", type=Path, help="offload report of bench/offload_bench.py")

@@ -37,6 +37,8 @@ from sim.scenario import parse_scenario  # noqa: E402
 
 
 def scenario(n: int, arm: str) -> dict:
+    """The raw ``scale_1024`` scenario resized to ``n`` ranks (TP8 x DP n/8 on n/8 HGX nodes, at least one node);
+    ``arm="store"`` sets ``pg_policy`` to ``none`` (the offload store alone)."""
     raw = json.loads(scenario_path("scale_1024").read_text())
     raw["name"] = f"scale_{n}_{arm}"
     raw["world_size"] = n
@@ -48,6 +50,8 @@ def scenario(n: int, arm: str) -> dict:
 
 
 def measure(n: int, arm: str) -> dict:
+    """Simulate :func:`scenario` ``(n, arm)`` in this process: wall and CPU seconds, events, simulated seconds. Exits
+    with the first violations if an invariant was violated."""
     scn = parse_scenario(scenario(n, arm))
     w0, c0 = time.perf_counter(), time.process_time()
     result, _, _ = run_scenario(scn)
@@ -126,6 +130,8 @@ def growth(sizes: list[int], fold: bool, out: str | None, repeat: int = 1, note:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the per-rank scaling table (or ``--growth``) and print it; write ``--out`` if given. Returns 0; a failed
+    run exits with its reason."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default=None, help="comma-separated sizes")
     p.add_argument("--out", help="write the measurements as JSON here")

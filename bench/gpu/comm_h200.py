@@ -38,6 +38,7 @@ def _free_port() -> int:
 
 
 def parse() -> argparse.Namespace:
+    """The command line (see the module docstring and ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nccl", help="path of a libnccl.so.2 to LD_PRELOAD (the script re-executes itself)")
     p.add_argument("--groups", type=int, default=14, help="one-rank NCCL groups to create (Relax: 14 per rank)")
@@ -50,6 +51,8 @@ def parse() -> argparse.Namespace:
 
 
 def reexec_with_preload(path: str) -> None:
+    """Re-execute this script with ``path`` first in ``LD_PRELOAD``; return (without re-executing) if it already is.
+    Exits with a message if ``path`` is not a file."""
     path = str(Path(path).resolve())
     if not Path(path).is_file():
         sys.exit(f"--nccl {path}: no such file")
@@ -67,6 +70,7 @@ class Checks:
         self.failed = 0
 
     def check(self, name: str, ok: bool, detail: str) -> bool:
+        """Print a PASS/FAIL line for ``name``, record it, count a failure; return ``ok``."""
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
         self.record["checks"].append({"name": name, "ok": bool(ok), "detail": detail})
         self.failed += not ok
@@ -74,6 +78,8 @@ class Checks:
 
 
 def library_facts(c: Checks) -> "object":
+    """Record torch's version and the built and loaded NCCL (version, path, whether it has suspend/resume and mem
+    stats) in ``c.record``, print them, and return the :class:`NcclFacts` the validation reads."""
     import torch
 
     from refimpl.torch_runtime import nccl
@@ -232,6 +238,8 @@ def switch_window(c: Checks, args, can_suspend: bool) -> None:
 
 
 def main() -> int:
+    """Run the checks and the switch-window benchmark on GPU 0 in a one-rank NCCL world; write the JSON record even
+    when a step raises. Returns 2 without a CUDA GPU, 1 if a check failed, else 0."""
     args = parse()
     if args.nccl:
         reexec_with_preload(args.nccl)

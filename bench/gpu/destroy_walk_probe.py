@@ -48,17 +48,22 @@ class TimedRuntime(TorchRuntime):
         self.events: list[tuple[str, str, float]] = []
 
     async def all_reduce(self, tensor, op=None, group="world", *, timeout_s=None):
+        """``TorchRuntime.all_reduce``, then note ``("collective", group, host time)`` when it returned."""
         kw = {} if op is None else {"op": op}
         await super().all_reduce(tensor, group=group, timeout_s=timeout_s, **kw)
         self.events.append(("collective", group, time.perf_counter()))
 
     async def destroy_group(self, name, *, abort=False):
+        """``TorchRuntime.destroy_group``, noting ``("destroy_start", name, t)`` before and ``("destroy_end", name,
+        t)`` after (host ``perf_counter`` seconds)."""
         self.events.append(("destroy_start", name, time.perf_counter()))
         await super().destroy_group(name, abort=abort)
         self.events.append(("destroy_end", name, time.perf_counter()))
 
 
 def main() -> int:
+    """Run ``--steps`` switch-window steps of ``--policy`` on every rank with a :class:`TimedRuntime`; rank 0 writes
+    every rank's events and steps and prints each rank's three longest destroys. Returns 0."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="destroy_deferred", help="a PGPolicy value (default destroy_deferred)")
     p.add_argument("--steps", type=int, default=6)

@@ -41,6 +41,7 @@ res: dict = {"total_bytes": TOTAL, "host_segment_bytes": SEG, "torch": torch.__v
 
 
 def timed(fn):
+    """Seconds ``fn()`` takes, with a device synchronize before and after."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
@@ -49,6 +50,8 @@ def timed(fn):
 
 
 def copy_all(dev, commit=None):
+    """Issue the H2D copies of every host segment into ``dev`` (not synchronized); before segment ``i`` call
+    ``commit((i + 1) * SEG)``, the bytes that must be mapped by then (a VMM buffer's ``commit``)."""
     for i, h in enumerate(segs):
         if commit is not None:
             commit((i + 1) * SEG)
@@ -56,11 +59,14 @@ def copy_all(dev, commit=None):
 
 
 def median_gbps(setup_and_run, n=3):
+    """``TOTAL`` bytes over the seconds ``setup_and_run()`` returns, in GB/s (1e9): one untimed warm-up call, then the
+    median of ``n`` calls."""
     setup_and_run()
     return statistics.median(TOTAL / setup_and_run() / 1e9 for _ in range(n))
 
 
 def record(name, value):
+    """Store ``value`` under ``name`` in the results and print it as one JSON line."""
     res[name] = value
     print(json.dumps({name: value}), flush=True)
 
@@ -72,6 +78,7 @@ del dev
 
 
 def alloc_only():
+    """Seconds of one ``torch.empty`` of ``TOTAL`` device bytes after ``empty_cache`` (the buffer is then dropped)."""
     torch.cuda.empty_cache()
     box = []
     dt = timed(lambda: box.append(torch.empty(TOTAL, dtype=torch.uint8, device="cuda")))
@@ -80,6 +87,8 @@ def alloc_only():
 
 
 def free_only():
+    """Seconds of giving a ``TOTAL``-byte device buffer back (``del`` + ``empty_cache``); its allocation is not timed.
+    """
     d = [torch.empty(TOTAL, dtype=torch.uint8, device="cuda")]
     torch.cuda.synchronize()
     def f():
@@ -95,6 +104,7 @@ record("free_only_s", statistics.median(free_only() for _ in range(3)))
 
 
 def fresh():
+    """Seconds of allocating ``TOTAL`` device bytes after ``empty_cache`` and copying every segment into them."""
     torch.cuda.empty_cache()
     box = []
     def f():
@@ -110,6 +120,8 @@ record("fresh_gbps", median_gbps(fresh))
 
 
 def torch_chunks():
+    """Seconds of 11 allocations of ``TOTAL / 11`` bytes (1 GiB), each followed by the copies into it, after
+    ``empty_cache``."""
     torch.cuda.empty_cache()
     box = []
     per = NSEG // 11

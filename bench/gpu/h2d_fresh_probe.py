@@ -24,6 +24,8 @@ segs = [rt.alloc_host(SEG, torch.uint8, pinned=True) for _ in range(TOTAL // SEG
 
 
 def once(touch):
+    """GB/s (1e9) of allocating ``TOTAL`` device bytes after ``empty_cache`` and copying every host segment into them,
+    allocation included; with ``touch``, ``zero_()`` the buffer before the copies (timed too)."""
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     t0 = time.perf_counter()

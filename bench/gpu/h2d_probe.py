@@ -23,6 +23,8 @@ streams = [torch.cuda.Stream(), torch.cuda.Stream()]
 
 
 def host_segments(seg, registered=True):
+    """``TOTAL // seg`` host buffers of ``seg`` bytes: registered with cudaHostRegister (``TorchRuntime.alloc_host``)
+    if ``registered``, else cudaHostAlloc (``pin_memory``)."""
     n = TOTAL // seg
     if registered:
         return [rt.alloc_host(seg, torch.uint8, pinned=True) for _ in range(n)]
@@ -30,6 +32,8 @@ def host_segments(seg, registered=True):
 
 
 def timed_copy(segs, fresh, nstreams):
+    """GB/s (1e9) of copying ``segs`` into one ``TOTAL``-byte device buffer, round-robin over ``nstreams`` copy
+    streams. With ``fresh`` the buffer is allocated after ``empty_cache``; the allocation is not timed."""
     if fresh:
         torch.cuda.empty_cache()
     dev = torch.empty(TOTAL, dtype=torch.uint8, device="cuda")

@@ -28,6 +28,8 @@ res = {}
 
 
 def copy_all(dev, commit=None):
+    """Issue the H2D copies of every host segment into ``dev`` (not synchronized); before segment ``i`` call
+    ``commit((i + 1) * SEG)``, the bytes that must be mapped by then (a VMM buffer's ``commit``)."""
     for i, h in enumerate(segs):
         if commit is not None:
             commit((i + 1) * SEG)
@@ -35,6 +37,9 @@ def copy_all(dev, commit=None):
 
 
 def cycle(delay, kind):
+    """GB/s (1e9) of the copy into a new buffer allocated ``delay`` seconds after a used ``TOTAL``-byte buffer was
+    given back (``del`` + ``empty_cache``); ``kind`` is ``"vmm"`` (a :class:`VmmBuffer`, mapped chunk by chunk) or
+    anything else (``torch.empty``). Allocation included; the sleep is not."""
     held = torch.empty(TOTAL, dtype=torch.uint8, device="cuda")
     copy_all(held)
     torch.cuda.synchronize()

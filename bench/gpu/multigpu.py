@@ -49,6 +49,7 @@ DTYPE = torch.bfloat16
 
 
 def parse() -> argparse.Namespace:
+    """The command line (see ``--help``); an unknown name in ``--policies`` is a usage error naming the choices."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", nargs="+", default=["switch", "comm", "dedup"], choices=["switch", "comm", "dedup"])
     p.add_argument("--steps", type=int, default=4, help="RL steps per policy")
@@ -81,6 +82,7 @@ def parse() -> argparse.Namespace:
 
 
 def log(msg: str) -> None:
+    """Print ``msg`` on rank 0 only."""
     if dist.get_rank() == 0:
         print(msg, flush=True)
 
@@ -93,6 +95,7 @@ def gathered(obj):
 
 
 def nccl_loaded() -> str | None:
+    """The version string of the NCCL library this process loaded, or ``"unknown: <why>"``."""
     try:
         from refimpl.torch_runtime import nccl
 
@@ -118,6 +121,10 @@ def can_suspend() -> str | None:
 
 
 def switch_window(args, checks: list) -> dict:
+    """The ``switch_window`` part: every row of ``--policies`` (default every policy and variant) through
+    :func:`run_steps` on a fresh TorchRuntime; rows that suspend are skipped (with why) when NCCL cannot suspend here.
+    Appends its checks to ``checks``; returns the settings, one result per row, issue 12's goals and every rank's
+    lifecycle spans."""
     from bench.switch_window import format_results, mesh_groups, plan_rules, resolve, row_names, run_steps, summarize
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
@@ -194,6 +201,10 @@ def switch_window(args, checks: list) -> dict:
 
 
 def comm_raw(args, checks: list) -> dict | None:
+    """The ``comm_raw`` part: ``--comms`` NCCL communicators over all ranks created, used, suspended and resumed one
+    by one (bytes freed and taken back), checked, destroyed, and as many aborted; then :func:`_mesh_walk`. Figures are
+    the slowest rank's. Appends its checks to ``checks``; returns ``{"skipped": why}`` when NCCL cannot suspend here.
+    """
     why = can_suspend()
     if why:
         log(f"comm_raw skipped: {why}")
@@ -414,6 +425,10 @@ def raw_all_gather(rt, numel: int, g: int, args) -> float:
 
 
 def dedup(args, checks: list) -> list[dict]:
+    """The ``dedup`` part: for every replica-group size g >= 2 dividing the world size, the ``local`` store's reload
+    against ``local_dedup``'s (pipelined and one all-gather per layout) and a bare NCCL all-gather of the slice; the
+    slowest rank per cycle, median over cycles. Appends a bitwise check per reload to ``checks``; returns one row per
+    g."""
     from refimpl.runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig
@@ -478,6 +493,8 @@ def dedup(args, checks: list) -> list[dict]:
 
 
 def main() -> int:
+    """Run the ``--parts`` on every rank; rank 0 writes the record after each part (so a later failure keeps what was
+    measured) and prints the checks. Returns 1 if a check failed, else 0."""
     args = parse()
     if args.dry_run:
         args.gib, args.tensors, args.repeats, args.gap_s = 1 / 128, 8, 2, 0.0
