@@ -78,6 +78,9 @@ def build_parser(argv: list[str] | None = None, *, lazy: bool = False) -> argpar
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run its subcommand; no subcommand runs ``sim`` with the same
+    arguments. Returns the exit status (see the module docstring): 2 for bad input found by a subcommand's checks or a
+    subcommand whose module is missing, 0 when the reader of stdout left."""
     parser = build_parser(argv, lazy=True)
     args = parser.parse_args(argv)
     logging.basicConfig(

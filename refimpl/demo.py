@@ -34,6 +34,7 @@ class _Block(torch.nn.Module):
         self.down = torch.nn.Linear(4 * h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x + down(gelu(up(norm(x))))``: a pre-norm residual MLP block, same shape out as in."""
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
@@ -50,6 +51,7 @@ class DemoLM(torch.nn.Module):
         torch.nn.init.normal_(self.emb.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(batch, seq, vocab)`` of token ids ``x`` of shape ``(batch, seq)``."""
         return self.head(self.norm(self.blocks(self.emb(x))))
 
 

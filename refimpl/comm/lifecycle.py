@@ -450,6 +450,7 @@ class BlockingPGLifecycle:
 
     @property
     def state(self) -> PGState:
+        """The lifecycle's current :class:`PGState` on this rank."""
         return self.lifecycle.state
 
     def start(self) -> None:

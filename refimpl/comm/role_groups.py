@@ -91,6 +91,7 @@ class RoleGroups:
         self.suspended_bytes: dict[str, int] = {}
 
     def member(self, name: str) -> bool:
+        """True if this rank is a member of group ``name`` (:meth:`Runtime.is_member`)."""
         return self.rt.is_member(name)
 
     def comm_memory(self) -> CommMemory:

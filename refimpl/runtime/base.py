@@ -127,6 +127,7 @@ class GroupSpec:
 
     @property
     def size(self) -> int:
+        """Number of ranks in the group."""
         return len(self.ranks)
 
     def group_rank(self, global_rank: int) -> int:
@@ -144,6 +145,7 @@ class GroupSpec:
 
     @property
     def store_prefix(self) -> str:
+        """``"<name>/gen<generation>"``: this generation's key prefix in the rendezvous store."""
         return f"{self.name}/gen{self.generation}"
 
 
@@ -156,6 +158,7 @@ class MemoryInfo:
 
     @property
     def used(self) -> int:
+        """``total - free``: bytes in use on the device as the driver counts them (other processes' included)."""
         return self.total - self.free
 
 
@@ -179,11 +182,13 @@ class CopyStats:
     bytes: dict[CopyKind, int] = field(default_factory=lambda: {k: 0 for k in CopyKind})
 
     def record(self, kind: CopyKind, nbytes: int) -> None:
+        """Count one copy of ``kind`` and its ``nbytes``."""
         self.count[kind] += 1
         self.bytes[kind] += nbytes
 
     @property
     def host_copies(self) -> int:
+        """Number of copies that crossed to or from the host (D2H plus H2D)."""
         return self.count[CopyKind.D2H] + self.count[CopyKind.H2D]
 
 
@@ -206,6 +211,7 @@ class Ready(Completion):
     """A completion that is already done (used by synchronous paths)."""
 
     def done(self) -> bool:
+        """Always True."""
         return True
 
     def __await__(self) -> Generator[Any, None, None]:
@@ -338,6 +344,8 @@ class Runtime(abc.ABC):
         raise GroupError(f"{type(self).__name__} cannot resume communicators")
 
     def group_suspended(self, name: str) -> bool:
+        """True while group ``name``'s communicator is suspended on this rank (after :meth:`suspend_group`, before
+        :meth:`resume_group`). The default, for runtimes that cannot suspend, is always False."""
         return False
 
     # ---- collectives --------------------------------------------------------
@@ -439,12 +447,17 @@ class Runtime(abc.ABC):
     # ---- helpers protocol code may use --------------------------------------
 
     def group_size(self, name: str) -> int:
+        """Number of ranks in group ``name`` (raises :class:`GroupError` for an unknown group)."""
         return self.group_spec(name).size
 
     def group_rank(self, name: str) -> int:
+        """This rank's position in group ``name``; raises :class:`GroupError` if it is not a member or the group is
+        unknown."""
         return self.group_spec(name).group_rank(self.rank)
 
     def is_member(self, name: str) -> bool:
+        """True if this rank is one of group ``name``'s ranks, whether the group is live, suspended or destroyed;
+        raises :class:`GroupError` for an unknown group."""
         return self.rank in self.group_spec(name).ranks
 
 

@@ -137,6 +137,7 @@ class HostBuffer:
 
     @template.setter
     def template(self, old: "HostBuffer | None") -> None:
+        """Set (or clear, with None) the previous buffer whose segments growth takes over."""
         self._template = old
 
     def ranges(self) -> list[tuple[int, int]]:

@@ -86,6 +86,7 @@ class PhaseClock:
         self.laps: dict[str, float] = {}
 
     def lap(self, name: str) -> None:
+        """Record the seconds since the previous lap (or the clock's start) as ``"<prefix>.<name>"``."""
         now = self.rt.now()
         self.laps[f"{self.prefix}.{name}"] = now - self.last
         self.last = now

@@ -78,6 +78,8 @@ class _InPlaceStager(AsyncStager):
         self.ptrs: list[int] = []
 
     def stage(self, state_dict: dict) -> dict:
+        """Note the data pointer of every tensor leaf (a DTensor's local tensor) in :attr:`ptrs`; return
+        ``state_dict`` itself, uncopied."""
         for v in _leaves(state_dict):
             local = getattr(v, "_local_tensor", v)
             if isinstance(local, torch.Tensor):

@@ -168,6 +168,7 @@ class NcclLibrary:
 
     @property
     def version_string(self) -> str:
+        """The loaded library's version as ``"major.minor.patch"`` (e.g. ``"2.29.7"``)."""
         return format_version(self.version)
 
     def __repr__(self) -> str:
