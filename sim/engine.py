@@ -61,19 +61,24 @@ class Event:
 
     @property
     def cancelled(self) -> bool:
+        """True once :meth:`cancel` was called (the engine will skip the event)."""
         return self.callback is None
 
 
 class Chooser(Protocol):
     """Picks which of ``n`` events ready at the same instant runs next (0 = FIFO)."""
 
-    def choose(self, n: int) -> int: ...
+    def choose(self, n: int) -> int:
+        """Return the index in ``[0, n)`` of the event to run next among ``n >= 2`` events due at the same time and
+        priority, in scheduling order (0 = the earliest scheduled). The others stay queued; an index out of range is a
+        :class:`SimUsageError`."""
 
 
 class FifoChooser:
     """Runs simultaneous events in the order they were scheduled."""
 
     def choose(self, n: int) -> int:
+        """Always 0: the earliest scheduled of the tied events."""
         return 0
 
 
@@ -84,6 +89,7 @@ class RandomChooser:
         self._rng = random.Random(seed)
 
     def choose(self, n: int) -> int:
+        """A seeded uniform draw from ``[0, n)``."""
         return self._rng.randrange(n)
 
 
@@ -104,6 +110,8 @@ class HypothesisChooser:
         self.draws = 0
 
     def choose(self, n: int) -> int:
+        """An integer in ``[0, n)`` drawn from the Hypothesis data; 0 (FIFO), with nothing drawn, once ``max_choices``
+        draws were made. Counts draws in :attr:`draws`."""
         if self._left <= 0:
             return 0
         self._left -= 1
@@ -131,6 +139,7 @@ class SimFuture(Completion):
         self.blocker = blocker
 
     def done(self) -> bool:
+        """True once resolved or failed (never blocks)."""
         return self._done
 
     def resolve(self, value: Any = None) -> None:
@@ -245,6 +254,7 @@ class Process:
 
     @property
     def alive(self) -> bool:
+        """True while the process is READY or WAITING (it has not finished, failed or crashed)."""
         return self.state in (ProcessState.READY, ProcessState.WAITING)
 
     def on_exit(self, cb: Callable[["Process"], None]) -> None:

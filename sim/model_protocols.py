@@ -71,7 +71,9 @@ class Transport(Protocol):
     memory] in :mod:`sim.flows`).
     """
 
-    def start(self, rank: int, kind: CopyKind, nbytes: int, on_done: Callable[[], None]) -> None: ...
+    def start(self, rank: int, kind: CopyKind, nbytes: int, on_done: Callable[[], None]) -> None:
+        """Begin a copy of ``nbytes`` of ``kind`` issued by ``rank``; call ``on_done()`` exactly once, from an engine
+        event, at the simulated time it finishes."""
 
 
 @runtime_checkable
@@ -84,7 +86,9 @@ class CollectiveCost(Protocol):
     tensor bytes for all_reduce and broadcast, 0 for barrier.
     """
 
-    def time(self, op: str, ranks: tuple[int, ...], nbytes: int) -> float: ...
+    def time(self, op: str, ranks: tuple[int, ...], nbytes: int) -> float:
+        """Seconds the collective ``op`` over global ``ranks`` takes after the last member arrives, for ``nbytes`` in
+        the nccl-tests size convention (see the class docstring)."""
 
 
 @runtime_checkable
@@ -96,15 +100,22 @@ class MemoryModel(Protocol):
     :class:`refimpl.runtime.PinningError` when pinning fails.
     """
 
-    def alloc_device(self, rank: int, nbytes: int, tag: str) -> None: ...
+    def alloc_device(self, rank: int, nbytes: int, tag: str) -> None:
+        """Charge ``nbytes`` of device memory to ``rank`` under ``tag``; raise :class:`sim.SimOutOfMemoryError` when
+        they do not fit (and charge nothing)."""
 
-    def free_device(self, rank: int, nbytes: int, tag: str) -> None: ...
+    def free_device(self, rank: int, nbytes: int, tag: str) -> None:
+        """Return ``nbytes`` of device memory that ``rank`` charged under ``tag``."""
 
-    def alloc_host(self, rank: int, nbytes: int, pinned: bool, tag: str) -> None: ...
+    def alloc_host(self, rank: int, nbytes: int, pinned: bool, tag: str) -> None:
+        """Charge ``nbytes`` of host memory (page-locked if ``pinned``) to ``rank``; raise
+        :class:`refimpl.runtime.PinningError` when it cannot be had (and charge nothing)."""
 
-    def free_host(self, rank: int, nbytes: int, pinned: bool, tag: str) -> None: ...
+    def free_host(self, rank: int, nbytes: int, pinned: bool, tag: str) -> None:
+        """Return ``nbytes`` of host memory that ``rank`` charged with the same ``pinned``."""
 
-    def device_info(self, rank: int) -> MemoryInfo: ...
+    def device_info(self, rank: int) -> MemoryInfo:
+        """``rank``'s device free and total bytes now, as the driver would report them."""
 
 
 class FaultKind(enum.Enum):
@@ -173,13 +184,19 @@ class FaultHooks(Protocol):
       :class:`refimpl.runtime.PinningError`.
     """
 
-    def on_point(self, rank: int, name: str) -> FaultAction | None: ...
+    def on_point(self, rank: int, name: str) -> FaultAction | None:
+        """The fault to inject when ``rank`` reaches ``await rt.point(name)``, or None."""
 
-    def on_collective(self, rank: int, group: str, op: str, seq: int) -> FaultAction | None: ...
+    def on_collective(self, rank: int, group: str, op: str, seq: int) -> FaultAction | None:
+        """The fault to inject when ``rank`` enters collective ``op`` on ``group`` (its ``seq``-th on that group
+        generation), before it arrives; or None."""
 
-    def on_group_create(self, rank: int, spec: GroupSpec) -> FaultAction | None: ...
+    def on_group_create(self, rank: int, spec: GroupSpec) -> FaultAction | None:
+        """The fault to inject when member ``rank`` enters ``new_group``/``recreate_group`` of ``spec``, or None."""
 
-    def on_pin(self, rank: int, nbytes: int) -> FaultAction | None: ...
+    def on_pin(self, rank: int, nbytes: int) -> FaultAction | None:
+        """The fault to inject when ``rank`` allocates a pinned host buffer of ``nbytes``, or None; only
+        :meth:`FaultAction.fail` is allowed here."""
 
 
 @runtime_checkable
@@ -192,15 +209,22 @@ class CommModel(Protocol):
     it on suspend (the suspendable part) and destroy (all of it).
     """
 
-    def memory(self, spec: GroupSpec, rank: int) -> CommMemory: ...
+    def memory(self, spec: GroupSpec, rank: int) -> CommMemory:
+        """Device bytes (suspendable and persistent) a live communicator of ``spec`` holds on ``rank``;
+        ``spec.backend`` is resolved."""
 
-    def create_time(self, spec: GroupSpec) -> float: ...
+    def create_time(self, spec: GroupSpec) -> float:
+        """Seconds from the last member's arrival in ``new_group``/``recreate_group`` to a usable communicator (every
+        member waits for it)."""
 
-    def destroy_time(self, spec: GroupSpec) -> float: ...
+    def destroy_time(self, spec: GroupSpec) -> float:
+        """Seconds one member spends in a graceful destroy of its communicator (an abort is not charged)."""
 
-    def suspend_time(self, spec: GroupSpec) -> float: ...
+    def suspend_time(self, spec: GroupSpec) -> float:
+        """Seconds one member spends suspending its communicator (``ncclCommSuspend``)."""
 
-    def resume_time(self, spec: GroupSpec) -> float: ...
+    def resume_time(self, spec: GroupSpec) -> float:
+        """Seconds one member spends resuming its communicator (``ncclCommResume``)."""
 
 
 # --------------------------------------------------------------------------- defaults
@@ -396,15 +420,19 @@ class NoFaults:
     """Fault hooks that never inject anything (the default)."""
 
     def on_point(self, rank: int, name: str) -> FaultAction | None:
+        """None: no fault."""
         return None
 
     def on_collective(self, rank: int, group: str, op: str, seq: int) -> FaultAction | None:
+        """None: no fault."""
         return None
 
     def on_group_create(self, rank: int, spec: GroupSpec) -> FaultAction | None:
+        """None: no fault."""
         return None
 
     def on_pin(self, rank: int, nbytes: int) -> FaultAction | None:
+        """None: no fault."""
         return None
 
 

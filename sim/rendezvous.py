@@ -121,6 +121,7 @@ class HangBlocker:
         self.where = where
 
     def missing(self) -> list[int]:
+        """Empty: a hung rank waits for no other rank."""
         return []
 
 

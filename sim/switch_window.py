@@ -108,6 +108,7 @@ class StepTimes:
 
     @property
     def total(self) -> float:
+        """The switch window: ``sleep + update_weights + wake_up`` seconds (``first_use`` is outside it)."""
         return self.sleep + self.update_weights + self.wake_up
 
 
