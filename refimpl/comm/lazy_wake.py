@@ -148,16 +148,8 @@ class LazyWake:
         destroyed = [g for g in bring if down[g] is GroupAction.DESTROY]
         log.info("rank %d: lazy wake brings up %s", rt.rank, bring)
         self._transition(PGEvent.USE)
-        if suspended:
-            await self.role.resume_all(only=suspended)
-            if not await self._check_canary(only=suspended):
-                down.clear()  # everything was aborted: rebuilt now, as at any failed wake
-                self._transition(PGEvent.RELOAD)
-                await self.role.rebuild_all()
-                self._transition(PGEvent.RELOADED)
-                return
-        if destroyed:
-            await self.role.rebuild_all(only=destroyed)
+        if not await self._bring_up_groups(suspended, destroyed):  # everything was aborted and rebuilt, as at any failed wake
+            return
         for g in bring:
             del down[g]
         self._transition(PGEvent.RELOADED_LAZY if down else PGEvent.RELOADED)

@@ -410,6 +410,20 @@ class PGLifecycle(LazyWake):
         left = {} if sync_only else {g: a for g, a in plan.actions.items()
                                      if a is not GroupAction.KEEP and g not in wanted and g not in up_already}
         self._transition(PGEvent.RELOAD)
+        if not await self._bring_up_groups(suspended, destroyed):
+            return
+        if sync_only:
+            self._transition(PGEvent.SYNC_GROUPS_UP)
+            return
+        self.planned.left_down = left
+        self._transition(PGEvent.RELOADED_LAZY if left else PGEvent.RELOADED)
+
+    async def _bring_up_groups(self, suspended: Sequence[str], destroyed: Sequence[str]) -> bool:
+        """Resume ``suspended`` (one walk, one canary pass) and rebuild ``destroyed``; False if the canary failed.
+
+        On a failed canary everything was aborted (``_check_canary``): nothing
+        is left down, every group is rebuilt and the state ends RELOADED.
+        """
         if suspended:
             await self.role.resume_all(only=suspended)
             if not await self._check_canary(only=suspended):
@@ -417,14 +431,10 @@ class PGLifecycle(LazyWake):
                 self._transition(PGEvent.RELOAD)
                 await self.role.rebuild_all()
                 self._transition(PGEvent.RELOADED)
-                return
+                return False
         if destroyed:
             await self.role.rebuild_all(only=destroyed)
-        if sync_only:
-            self._transition(PGEvent.SYNC_GROUPS_UP)
-            return
-        self.planned.left_down = left
-        self._transition(PGEvent.RELOADED_LAZY if left else PGEvent.RELOADED)
+        return True
 
     async def _check_canary(self, only: Sequence[str] | None = None) -> bool:
         """Canary on every group this rank belongs to (or those in ``only``); on an agreed failure abort and go to DESTROYED."""
