@@ -21,11 +21,11 @@ left down racing its peers' ``use()``:
 from __future__ import annotations
 
 import torch
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import sim
-from property_tests.test_planned_suspend_properties import DrawnFault, mesh
+from property_tests.test_planned_suspend_properties import DrawnFault, mesh, ranks_end_together
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.comm.group_plan import GroupPlanRules
 from refimpl.runtime.base import GroupError
@@ -120,22 +120,7 @@ def test_lazy_wake_never_deadlocks_and_ranks_end_together(n, steps, wake, sync, 
                     held=held, refused=refused, left=left, end=rt.now(), leaked=rt.memory_info().used - before)
 
     results = world.run(job, return_exceptions=True)  # a deadlock raises here and fails the property
-    event("no fault" if drawn is None else f"{drawn.kind} {'fired' if drawn.fired else 'not reached'}")
-    alive = [r for r in results if isinstance(r, dict)]
-    gone = [r for r in results if not isinstance(r, dict)]
-    assert all(isinstance(g, (sim.RankCrashedError, sim.RankHungError)) for g in gone), gone
-    assert alive
-    states = {r["state"] for r in alive}
-    assert len(states) == 1, f"ranks ended in different states: {[r['state'] for r in alive]}"
-    (state,) = states
-    if state is PGState.FAILED:
-        assert all(r["error"] is not None for r in alive), "every surviving rank raised"
-    else:
-        assert len({tuple(r["history"]) for r in alive}) == 1, "every rank took the same transitions"
-        assert all(r["error"] is None for r in alive)
-        assert len({str(r["left"]) for r in alive}) == 1, "the same groups left down on every rank"
-    if gone or (drawn is not None and drawn.fired and drawn.kind == "raise"):
-        assert state is PGState.FAILED, "a crash, hang or exception fails every surviving rank"
+    alive, state = ranks_end_together(results, drawn, "left", "the same groups left down on every rank")
     assert max(r["end"] for r in alive) <= steps * (ROLLOUT_S + 20 * (AGREE_S + CREATE_S + CANARY_S)) + 200
     for r in alive:
         for got in r["refused"]:

@@ -89,6 +89,29 @@ faults = st.one_of(
 declarations = st.one_of(st.none(), st.sets(st.sampled_from(["tp", "dp", "mp", "solo"]), max_size=3))
 
 
+
+def ranks_end_together(results: list, drawn: "DrawnFault | None", same: str, why: str) -> tuple[list[dict], PGState]:
+    """The ranks' ends agree: crashed or hung ranks only, one state for the rest; on FAILED every survivor raised,
+    otherwise one history, no error and one value of ``same`` (``why`` says what it is); a crash, hang or injected
+    exception fails every survivor. Returns the surviving ranks' results and their state."""
+    event("no fault" if drawn is None else f"{drawn.kind} {'fired' if drawn.fired else 'not reached'}")
+    alive = [r for r in results if isinstance(r, dict)]
+    gone = [r for r in results if not isinstance(r, dict)]
+    assert all(isinstance(g, (sim.RankCrashedError, sim.RankHungError)) for g in gone), gone
+    assert alive
+    states = {r["state"] for r in alive}
+    assert len(states) == 1, f"ranks ended in different states: {[r['state'] for r in alive]}"
+    (state,) = states
+    if state is PGState.FAILED:
+        assert all(r["error"] is not None for r in alive), "every surviving rank raised"
+    else:
+        assert len({tuple(r["history"]) for r in alive}) == 1, "every rank took the same transitions"
+        assert all(r["error"] is None for r in alive)
+        assert len({str(r[same]) for r in alive}) == 1, why
+    if gone or (drawn is not None and drawn.fired and drawn.kind == "raise"):
+        assert state is PGState.FAILED, "a crash, hang or exception fails every surviving rank"
+    return alive, state
+
 def _names(decl, rank, n):
     if decl is None:
         return None
@@ -173,22 +196,7 @@ def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs,
                     held=held, plans=plans, end=rt.now(), leaked=rt.memory_info().used - before)
 
     results = world.run(job, return_exceptions=True)  # a deadlock raises here and fails the property
-    event("no fault" if drawn is None else f"{drawn.kind} {'fired' if drawn.fired else 'not reached'}")
-    alive = [r for r in results if isinstance(r, dict)]
-    gone = [r for r in results if not isinstance(r, dict)]
-    assert all(isinstance(g, (sim.RankCrashedError, sim.RankHungError)) for g in gone), gone
-    assert alive
-    states = {r["state"] for r in alive}
-    assert len(states) == 1, f"ranks ended in different states: {[r['state'] for r in alive]}"
-    (state,) = states
-    if state is PGState.FAILED:
-        assert all(r["error"] is not None for r in alive), "every surviving rank raised"
-    else:
-        assert len({tuple(r["history"]) for r in alive}) == 1, "every rank took the same transitions"
-        assert all(r["error"] is None for r in alive)
-        assert len({str(r["plans"]) for r in alive}) == 1, "one plan on every rank"
-    if gone or (drawn is not None and drawn.fired and drawn.kind == "raise"):
-        assert state is PGState.FAILED, "a crash, hang or exception fails every surviving rank"
+    alive, state = ranks_end_together(results, drawn, "plans", "one plan on every rank")
     assert max(r["end"] for r in alive) <= steps * (ROLLOUT_S + 14 * (AGREE_S + CREATE_S + CANARY_S)) + 200
     for r in alive:
         assert None not in r["refused"], "a collective on a group the plan took down is refused"
