@@ -18,19 +18,9 @@ import pytest
 
 from tests._dist import run_distributed
 
+from tests.comm.test_planned_suspend_gloo import _sums
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-def _sums(rt, names):
-    import torch
-
-    out = {}
-    for name in names:
-        if rt.is_member(name):
-            t = torch.full((2,), float(rt.rank + 1))
-            rt.run(rt.all_reduce(t, group=name, timeout_s=10))
-            out[name] = t.tolist()
-    return out
 
 
 def _lazy(rank, world_size):
