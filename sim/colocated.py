@@ -153,13 +153,6 @@ def _sim_times(shape, preset: str, d2h_bps: float, h2d_bps: float, *, gap_s: flo
     return out[-1]["offload_s"], back[-1]["reload_s"]
 
 
-def _preset_topology(preset: str):
-    """The preset's topology."""
-    from sim.topology import Topology
-
-    return Topology.from_preset(preset)
-
-
 @functools.lru_cache(maxsize=64)
 def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, train_s: float = 0.0,
                        rollout_s: float = 0.0, steps: int = 3) -> dict[str, float]:
@@ -175,11 +168,12 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     from sim.flows import FlowTransport
     from sim.memory import TopologyMemory
     from sim.switch_window import _touch
+    from sim.topology import Topology
     from sim.world import SimWorld
 
     if train_s < 0 or rollout_s < 0:
         raise ValueError(f"train_s and rollout_s must be >= 0, got {train_s} and {rollout_s}")
-    topo = _preset_topology(preset)
+    topo = Topology.from_preset(preset)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
                       memory=TopologyMemory(topo, record=False), comm=NcclComm(topo, init_at_collective=True),
                       trace=False)
