@@ -60,6 +60,29 @@ class TimedRuntime(TorchRuntime):
         await super().destroy_group(name, abort=abort)
         self.events.append(("destroy_end", name, time.perf_counter()))
 
+    async def suspend_group(self, name):
+        """``TorchRuntime.suspend_group`` between ``suspend_start`` / ``suspend_end`` events."""
+        self.events.append(("suspend_start", name, time.perf_counter()))
+        await super().suspend_group(name)
+        self.events.append(("suspend_end", name, time.perf_counter()))
+
+    async def resume_group(self, name):
+        """``TorchRuntime.resume_group`` between ``resume_start`` / ``resume_end`` events."""
+        self.events.append(("resume_start", name, time.perf_counter()))
+        await super().resume_group(name)
+        self.events.append(("resume_end", name, time.perf_counter()))
+
+    def comm_memory(self, name):
+        """``TorchRuntime.comm_memory`` (the ``ncclCommMemStats`` reads), noting ``("memstats", name, t)`` after."""
+        out = super().comm_memory(name)
+        self.events.append(("memstats", name, time.perf_counter()))
+        return out
+
+    async def synchronize(self):
+        """``TorchRuntime.synchronize``, noting ``("synchronize", "", t)`` when the device drained."""
+        await super().synchronize()
+        self.events.append(("synchronize", "", time.perf_counter()))
+
 
 def main() -> int:
     """Run ``--steps`` switch-window steps of ``--policy`` on every rank with a :class:`TimedRuntime`; rank 0 writes
@@ -94,7 +117,10 @@ def main() -> int:
     steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=0.0, rollout_s=rollout,
                              sync_group=tp if args.sync == "tp" else None))
     everyone = [None] * n
-    dist.all_gather_object(everyone, {"events": rt.events, "steps": [s.__dict__ for s in steps]})
+    # perf_counter against the wall clock, so NCCL's own log lines (NCCL_DEBUG_TIMESTAMP_FORMAT="[%s.%6f] ")
+    # can be placed on the events' time line
+    clock = {"perf_counter": time.perf_counter(), "time": time.time()}
+    dist.all_gather_object(everyone, {"events": rt.events, "steps": [s.__dict__ for s in steps], "clock": clock})
     if rank == 0:
         rec = {"kind": "destroy_walk_probe", "schema": 1, "world_size": n, "policy": policy.name, "sync": args.sync,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
