@@ -36,14 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from refimpl.cli_errors import one_line_errors
 from refimpl.comm import PGPolicy
 # the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
 from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
-                               mesh_groups, plan_rules, resolve, row_names, run_steps, simulate,
-                               summarize)
+                               mesh_groups, plan_rules, poll_period, resolve, row_names, run_steps,
+                               simulate, summarize)
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +108,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
     results, first_use = [], {}
+    period = poll_period(args.topology or None)
     for policy in policies:
         per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
                             rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
-        results.append(summarize(policy, per_rank, args.warmup))
+        res = summarize(policy, per_rank, args.warmup)
+        results.append(replace(res, poll_period_s=period) if res.poll_late else res)
         first_use[policy] = first_use_after_wake(per_rank, args.warmup)
     groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
     header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header))
+    late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
+    if late:
+        print(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
+              "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late))
     print("first collective on every group after the wake (training, outside the window; lazy NCCL init of "
           "groups rebuilt at wake, and a lazy wake's bring-up, land here): "
           + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
@@ -133,5 +139,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake",
-           "format_results", "mesh_groups", "plan_rules", "resolve", "row_names",
+           "format_results", "mesh_groups", "plan_rules", "poll_period", "resolve", "row_names",
            "run", "run_steps", "simulate", "summarize"]

@@ -158,6 +158,9 @@ class NcclComm:
         #: when each initialised communicator's proxy thread last started a poll period (end of its init)
         self._poll_origin: dict[tuple[str, int], float] = {}
         self._clock = None
+        #: when each destroy started whose wait for its poll timeout is shorter than the preset's
+        #: ``poll_phase_spread``: on hardware it may find the timeout passed and wait a period more
+        self.poll_late: list[float] = []
 
     def bind(self, world) -> None:
         """Read simulated time from ``world``'s engine (the proxy poll needs it; :class:`sim.SimWorld` calls this)."""
@@ -214,8 +217,16 @@ class NcclComm:
         thread's next poll timeout (where the preset has ``proxy_poll``) and ``destroy``."""
         p = self._p(spec)
         if spec.backend == "nccl" and self.initialized(spec):
-            return self.proxy_wait(spec) + p.destroy_s
+            wait = self.proxy_wait(spec)
+            if 0.0 < wait < p.poll_phase_spread_s and self._clock is not None:
+                self.poll_late.append(self._clock())
+            return wait + p.destroy_s
         return p.destroy_uninitialized_s
+
+    def poll_late_between(self, start: float, end: float) -> bool:
+        """True if a destroy that may wait one proxy poll period more than modelled (:attr:`poll_late`) started in
+        ``[start, end)`` (simulated seconds): a phase spanning it ends when modelled or a period later."""
+        return any(start <= t < end for t in self.poll_late)
 
     def proxy_wait(self, spec: GroupSpec) -> float:
         """Seconds from now to the next poll timeout of the communicator's UDS proxy thread (0 where not modelled)."""

@@ -34,10 +34,11 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,54 @@ def probe_destroys(data: Mapping[str, Any], where: str = "record", control: str 
     return out
 
 
+def init_passes(data: Mapping[str, Any], where: str = "record", control: str = "control") -> list[list[dict[str, float]]]:
+    """Per rank of a destroy-walk probe record, its training steps' init passes: for each pass in which every group of
+    the rank ran its first collective since it was (re)built (its lazy NCCL init), ``{group: when that collective
+    returned}`` (host seconds). A pass ends at a destroy or at a group's second collective."""
+    ranks = data.get("ranks")
+    if data.get("kind") != "destroy_walk_probe" or not isinstance(ranks, list):
+        raise WalkRecordError(f"{where}: not a bench/gpu/destroy_walk_probe.py record (kind destroy_walk_probe, ranks)")
+    out = []
+    for rank, r in enumerate(ranks):
+        events = r.get("events") if isinstance(r, Mapping) else None
+        if not isinstance(events, list):
+            raise WalkRecordError(f"{where}: ranks[{rank}].events: expected [kind, group, time] rows")
+        passes: list[dict[str, float]] = []
+        cur: dict[str, float] = {}
+        for kind, group, t in events:
+            if kind == "collective" and not str(group).endswith(control):
+                if group in cur:
+                    passes.append(cur)
+                    cur = {}
+                cur[str(group)] = float(t)
+            elif kind == "destroy_start" and cur:
+                passes.append(cur)
+                cur = {}
+        if cur:
+            passes.append(cur)
+        full = max((len(p) for p in passes), default=0)
+        out.append([p for p in passes if len(p) == full and full > 1])
+    return out
+
+
+def poll_phase_spread(data: Mapping[str, Any], where: str = "record") -> tuple[float, str]:
+    """How far the proxy poll phases of a rank's communicators move against one another from step to step: the range,
+    over the record's full init passes (:func:`init_passes`), of the time from the pass's first init to its last,
+    the largest over ranks; and a sentence saying what it was computed from. [Note: one poll period more]"""
+    worst, how = -1.0, ""
+    for rank, passes in enumerate(init_passes(data, where)):
+        if len(passes) < 2:
+            continue
+        spans = [max(p.values()) - min(p.values()) for p in passes]
+        if max(spans) - min(spans) > worst:
+            worst = max(spans) - min(spans)
+            how = (f"rank {rank}: {len(passes)} init passes of {len(passes[0])} groups took "
+                   f"{min(spans):.3f}-{max(spans):.3f} s from first to last init")
+    if worst < 0:
+        raise WalkRecordError(f"{where}: no rank has two full init passes (every group's first collective) to compare")
+    return worst, how
+
+
 def probe_report(data: Mapping[str, Any], where: str = "record", poll_s: float = 0.5) -> list[str]:
     """Per rank and walk of a probe record: its destroys, duration, and the destroys that waited one poll period
     more after their init than the walk's first initialised one (the missed timeouts)."""
@@ -281,12 +330,85 @@ def probe_report(data: Mapping[str, Any], where: str = "record", poll_s: float =
     return lines
 
 
+#: one NCCL log line with ``NCCL_DEBUG_TIMESTAMP_FORMAT="[%s.%6f] "``: time, host, pid, tid, message
+_NCCL_LINE = re.compile(r"\[(\d+\.\d+)\] [^:\s]+:(\d+):(\d+) \[\d+\] NCCL INFO (.*)")
+
+
+@dataclass(frozen=True)
+class UdsThread:
+    """One communicator's UDS proxy thread in an NCCL log: when it started, served requests and exited (seconds)."""
+
+    pid: int
+    tid: int
+    started: float
+    requests: tuple[float, ...]
+    exited: float | None
+
+    def exit_after_last_activity(self) -> float | None:
+        """Seconds from the thread's start or last request, whichever is later, to its exit (None: no exit)."""
+        return None if self.exited is None else self.exited - max((self.started, *self.requests))
+
+
+def uds_threads(lines: Iterable[str]) -> list[UdsThread]:
+    """The UDS proxy threads of an NCCL log written with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,PROXY`` and
+    ``NCCL_DEBUG_TIMESTAMP_LEVELS=ALL NCCL_DEBUG_TIMESTAMP_FORMAT="[%s.%6f] "`` (``bench/gpu/run_destroy_walk.sh``):
+    a thread starts at ``[Proxy Service UDS] Device``, serves ``proxyUDSRecvReq`` requests, and logs its exit."""
+    started: dict[tuple[int, int], float] = {}
+    requests: dict[tuple[int, int], list[float]] = {}
+    exited: dict[tuple[int, int], float] = {}
+    for line in lines:
+        m = _NCCL_LINE.match(line)
+        if not m:
+            continue
+        t, key, msg = float(m[1]), (int(m[2]), int(m[3])), m[4]
+        if msg.startswith("[Proxy Service UDS] Device"):
+            started[key] = t
+        elif msg.startswith("proxyUDSRecvReq"):
+            requests.setdefault(key, []).append(t)
+        elif msg.startswith("[Proxy Service UDS] exit"):
+            exited[key] = t
+    return [UdsThread(pid, tid, t0, tuple(requests.get((pid, tid), ())), exited.get((pid, tid)))
+            for (pid, tid), t0 in sorted(started.items(), key=lambda kv: kv[1])]
+
+
+def nccl_log_lines(path: str | Path) -> list[str]:
+    """Every line of an NCCL log file, or of every ``.log`` member of a tar archive of them."""
+    import tarfile
+
+    path = Path(path)
+    try:
+        if path.name.endswith((".tgz", ".tar.gz")):
+            with tarfile.open(path) as tar:
+                return [line for m in tar.getmembers() if m.isfile() and m.name.endswith(".log")
+                        for line in tar.extractfile(m).read().decode(errors="replace").splitlines()]
+        return path.read_text(errors="replace").splitlines()
+    except (OSError, tarfile.TarError) as exc:
+        raise WalkRecordError(f"{path}: cannot read it as an NCCL log or an archive of them ({exc})") from None
+
+
+def uds_report(threads: Sequence[UdsThread], poll_s: float = 0.5) -> str:
+    """How the UDS threads' exits fall against their poll: each exit comes a whole number of poll periods after the
+    thread's last activity (start or request), plus what the kernel's timer adds. [Note: the proxy's 500 ms poll]"""
+    done = [th for th in threads if th.exited is not None]
+    if not done:
+        return "no UDS proxy thread exit in the log"
+    after = [th.exit_after_last_activity() for th in done]
+    periods = [round(a / poll_s) for a in after]
+    late = [(a - k * poll_s) * 1e3 for a, k in zip(after, periods)]
+    served = sum(1 for th in done if th.requests)
+    return (f"{len(done)} UDS proxy threads exited ({served} had served requests): each {min(periods)}-{max(periods)} "
+            f"whole {poll_s * 1e3:g} ms poll periods after its last activity, plus {min(late):.2f}-{max(late):.2f} ms")
+
+
 # --------------------------------------------------------------------------- command line
 
 
 def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
-    """The text ``python -m sim.destroy_walks RECORD`` prints: the record's walks, and its mesh walk replayed."""
+    """The text ``python -m sim.destroy_walks RECORD`` prints: the record's walks, and its mesh walk replayed; for an
+    NCCL log (``.log``, or a ``.tgz`` of them as ``bench/gpu/run_destroy_walk.sh`` writes) :func:`uds_report`."""
     path = Path(path)
+    if path.name.endswith((".log", ".tgz", ".tar.gz")):
+        return f"{path}: " + uds_report(uds_threads(nccl_log_lines(path)))
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -328,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     record."""
     p = argparse.ArgumentParser(prog="python -m sim.destroy_walks", description=__doc__.split("\n\n")[0])
     p.add_argument("records", nargs="+", metavar="RECORD", help="a multigpu record with switch_window.spans (and "
-                   "comm_raw.mesh_walk), or a bench/gpu/destroy_walk_probe.py record")
+                   "comm_raw.mesh_walk), a bench/gpu/destroy_walk_probe.py record, or an NCCL log (.log, .tgz) "
+                   "written with microsecond timestamps by bench/gpu/run_destroy_walk.sh")
     p.add_argument("--topology", default="calibrated/hgx-h200-8x", help="preset whose proxy poll and destroy costs "
                    "replay the mesh walk (default calibrated/hgx-h200-8x)")
     args = p.parse_args(argv)
@@ -345,6 +468,6 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-__all__ = ["DestroyWalk", "MeshDestroy", "ProbeDestroy", "WALK_SPANS", "WalkRecordError", "main", "mesh_walks",
-           "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
-           "walks_from_spans"]
+__all__ = ["DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "WalkRecordError", "init_passes",
+           "main", "mesh_walks", "nccl_log_lines", "poll_phase_spread", "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
+           "uds_report", "uds_threads", "walks_from_spans"]

@@ -22,7 +22,13 @@ What is fitted, and from which part of which record (each fitted constant's
 * from ``bench/gpu/h2d_scrub_probe.py`` records: ``h200_scrub``, the driver's
   scrub rate of freed device memory;
 * from ``bench/agreement_probe.py`` records: ``gloo_agreement``, one lifecycle
-  agreement on the Gloo control group.
+  agreement on the Gloo control group;
+* from ``bench/gpu/destroy_walk_probe.py`` records: ``nccl_poll_phase_spread``,
+  how far the proxy poll phases of a training step's communicators move against
+  one another between steps (:func:`sim.destroy_walks.poll_phase_spread`): a
+  destroy the model has waiting less than that for its poll timeout may wait a
+  whole period more on hardware ([Note: one poll period more] in
+  :mod:`sim.destroy_walks`).
 
 Destroying an initialised communicator waits for its NCCL proxy thread's next
 500 ms poll timeout ([Note: the proxy's 500 ms poll] in :mod:`sim.presets`;
@@ -51,7 +57,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.presets import load_preset_data
-from sim.records import AgreementRecord, MultiGpuRecord, Record, RecordError, ScrubProbeRecord
+from sim.records import AgreementRecord, DestroyWalkRecord, MultiGpuRecord, Record, RecordError, ScrubProbeRecord
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +133,16 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
                                    f"median all_reduce(MIN) on the Gloo control group, {rec.world_size} ranks, "
                                    f"host {rec.host!r}"))
             continue
+        if isinstance(rec, DestroyWalkRecord):
+            from sim.destroy_walks import WalkRecordError, poll_phase_spread
+
+            try:
+                spread, how = poll_phase_spread(rec.data, rec.name)
+            except WalkRecordError as exc:
+                raise RecordError(str(exc)) from None
+            out.append(Observation("nccl_poll_phase_spread", spread, rec.name,
+                                   f"{rec.policy}, {rec.world_size} ranks, {how}: the range"))
+            continue
         if not isinstance(rec, MultiGpuRecord) or rec.comm_raw is None:
             log.info("%s: nothing to fit (no comm_raw)", rec.name)
             continue
@@ -196,7 +212,7 @@ _UNITS = {
     "nccl_comm_persistent": ("MiB", 1 / MiB, "persistent"), "h200_scrub": ("GB/s", 1e-9, None),
     "pg_create": ("ms", 1e3, "create_group"), "nccl_destroy_uninitialized": ("ms", 1e3, "destroy_uninitialized"),
     "nccl_resume_first_collective": ("s", 1.0, "resume_first_collective"), "nccl_proxy_poll": ("ms", 1e3, "proxy_poll"),
-    "gloo_agreement": ("ms", 1e3, "agreement"),
+    "gloo_agreement": ("ms", 1e3, "agreement"), "nccl_poll_phase_spread": ("ms", 1e3, "poll_phase_spread"),
 }
 
 
@@ -221,7 +237,7 @@ def calibrated_preset(base: str, records: Iterable[Record], *,
     obs = observations(records, pg_create_s=pg_create_s)
     if not obs:
         raise RecordError("none of the records gives a constant to fit (comm_raw of a multigpu or comm_h200 "
-                          "record, an h2d_scrub_probe record or an agreement_probe record)")
+                          "record, an h2d_scrub_probe record, an agreement_probe record or a destroy_walk_probe record)")
     by_name: dict[str, list[Observation]] = {}
     for o in obs:
         by_name.setdefault(o.constant, []).append(o)

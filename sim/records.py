@@ -87,6 +87,9 @@ class SwitchWindow:
 
     settings: Mapping[str, Any]
     results: Mapping[str, Mapping[str, Any]]
+    #: per policy and phase, each step's figure (slowest rank), from the lifecycle spans where the record has them
+    #: (``switch_window.spans``: ``lifecycle.pause``, ``lifecycle.weight_sync``, ``lifecycle.resume`` per step)
+    steps: Mapping[str, Mapping[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,23 @@ class AgreementRecord:
         return _display(self.path)
 
 
-Record = MultiGpuRecord | OffloadRecord | ScrubProbeRecord | AgreementRecord
+@dataclass(frozen=True)
+class DestroyWalkRecord:
+    """``bench/gpu/destroy_walk_probe.py``'s record: every rank's collectives and destroys, host-timed
+    (read by :mod:`sim.destroy_walks`)."""
+
+    path: Path
+    world_size: int
+    policy: str
+    data: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        """The record's file, relative to the repository when it lies inside it."""
+        return _display(self.path)
+
+
+Record = MultiGpuRecord | OffloadRecord | ScrubProbeRecord | AgreementRecord | DestroyWalkRecord
 
 
 def _display(path: Path) -> str:
@@ -212,7 +231,31 @@ def _switch_window(raw: Any, where: str) -> SwitchWindow:
         if vals["total"] is None:
             raise RecordError(f"{w}.total: required")
         by_policy[r["policy"]] = {"policy": r["policy"], **vals, "states": list(r.get("states") or [])}
-    return SwitchWindow(settings=s, results=by_policy)
+    return SwitchWindow(settings=s, results=by_policy, steps=_step_phases(raw.get("spans"), s["steps"]))
+
+
+#: the lifecycle span that times each switch phase in ``bench/switch_window.py``'s ``run_steps``
+PHASE_SPANS = {"sleep": "lifecycle.pause", "update_weights": "lifecycle.weight_sync", "wake_up": "lifecycle.resume"}
+
+
+def _step_phases(spans: Any, steps: int) -> dict[str, dict[str, list[float]]]:
+    """Per policy and phase, each step's span duration, slowest rank; a phase whose span is not there once per
+    step on every rank is left out (older records have no spans at all)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    if not isinstance(spans, Mapping):
+        return out
+    for policy, per_rank in spans.items():
+        if not isinstance(per_rank, list) or not per_rank:
+            continue
+        for phase, span in PHASE_SPANS.items():
+            try:
+                durations = [[float(d) for n, _, d in sorted(rows, key=lambda r: float(r[1])) if n == span]
+                             for rows in per_rank]
+            except (TypeError, ValueError):
+                continue
+            if all(len(d) == steps for d in durations):
+                out.setdefault(str(policy), {})[phase] = [max(d[i] for d in durations) for i in range(steps)]
+    return out
 
 
 def _comm_raw(raw: Any, where: str, world_size: int) -> CommRaw:
@@ -308,6 +351,14 @@ def load_record(path: str | Path) -> Record:
         where = _display(path)
         return AgreementRecord(path=path, world_size=_num(data, "world_size", where, integer=True),
                                per_agreement_s=_num(data, "per_agreement_s", where), host=str(data.get("host", "")))
+    if data.get("kind") == "destroy_walk_probe":
+        where = _display(path)
+        if data.get("dry_run"):
+            raise RecordError(f"{where}: dry_run: a dry run (CPU, Gloo) measures nothing of NCCL")
+        if not isinstance(data.get("ranks"), list):
+            raise RecordError(f"{where}: ranks: required, a list of every rank's events")
+        return DestroyWalkRecord(path=path, world_size=_num(data, "world_size", where, integer=True),
+                                 policy=str(data.get("policy", "")), data=data)
     if "per_group" in data and "switch_window" in data:
         return _comm_h200(data, path)
     if "shapes" in data and "variants" in data:
@@ -318,9 +369,10 @@ def load_record(path: str | Path) -> Record:
     raise RecordError(
         f"{path}: not a record this code reads: expected \"kind\": \"multigpu\" (bench/gpu/multigpu.py), "
         "a bench/gpu/comm_h200.py record (per_group, switch_window), an offload report (shapes, variants), "
-        "a bench/gpu/h2d_scrub_probe.py record or \"kind\": \"agreement_probe\" (bench/agreement_probe.py)"
+        "a bench/gpu/h2d_scrub_probe.py record, \"kind\": \"agreement_probe\" (bench/agreement_probe.py) or "
+        "\"kind\": \"destroy_walk_probe\" (bench/gpu/destroy_walk_probe.py)"
     )
 
 
-__all__ = ["AgreementRecord", "COMM_RAW_OPTIONAL_TIMES", "COMM_RAW_TIMES", "CommRaw", "MultiGpuRecord", "OffloadRecord", "PHASES", "Record", "RecordError", "ScrubProbeRecord",
+__all__ = ["AgreementRecord", "COMM_RAW_OPTIONAL_TIMES", "COMM_RAW_TIMES", "CommRaw", "DestroyWalkRecord", "MultiGpuRecord", "OffloadRecord", "PHASES", "Record", "RecordError", "ScrubProbeRecord",
            "SETTINGS", "SwitchWindow", "load_record"]

@@ -18,6 +18,7 @@ import torch
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.comm.group_plan import GroupPlanRules
 from refimpl.runtime.base import GroupSpec, ReduceOp, Runtime
+from sim.records import PHASES
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,11 @@ class StepTimes:
     state_in_rollout: str
     first_use: float = 0.0
     bitwise_after_wake: bool | None = None
+    #: when this step's pause and resume began on this rank (``rt.now()``): where its phases lie in time
+    paused_at: float = 0.0
+    woken_at: float = 0.0
+    #: phases that may end one NCCL proxy poll period later than timed (the simulator's mark; empty on hardware)
+    poll_late: tuple[str, ...] = ()
 
     @property
     def total(self) -> float:
@@ -188,7 +194,7 @@ async def run_steps(
         t3 = rt.now()
         await lc.resume()
         t4 = rt.now()
-        out.append(StepTimes(t1 - t0, t2 - t1, t4 - t3, held, used, state, first_use))
+        out.append(StepTimes(t1 - t0, t2 - t1, t4 - t3, held, used, state, first_use, paused_at=t0, woken_at=t3))
     if out:  # the last wake's first collectives (not timed)
         out[-1].bitwise_after_wake = await _first_use(rt, lc)
     return out
@@ -210,6 +216,11 @@ class PolicyResult:
     first_use_after_wake: float | None = None
     #: every rank's first collectives after every wake were bitwise right (None: not checked)
     bitwise_after_wake: bool | None = None
+    #: phases that may end ``poll_period_s`` later than given in some steps: a destroy of theirs waits for an NCCL
+    #: proxy poll timeout closer than the poll phases move between steps (simulated results only)
+    poll_late: tuple[str, ...] = ()
+    #: the proxy poll period such a phase may run longer by (0 where none may)
+    poll_period_s: float = 0.0
 
 
 def summarize(policy: "PGPolicy | str", per_rank: list[list[StepTimes]], warmup: int) -> PolicyResult:
@@ -232,6 +243,7 @@ def summarize(policy: "PGPolicy | str", per_rank: list[list[StepTimes]], warmup:
         states=[s.state_in_rollout for s in per_rank[0]],
         first_use_after_wake=first_use_after_wake(per_rank, warmup) if len(per_rank[0]) > max(warmup, 1) else None,
         bitwise_after_wake=None if any(c is None for c in checks) else all(checks),
+        poll_late=tuple(ph for ph in PHASES if any(ph in s.poll_late for r in steady for s in r)),
     )
 
 
@@ -264,7 +276,26 @@ def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s:
         lc = PGLifecycle(rt, specs, config=config, plan=plan_rules(row, tp_group))
         return await run_steps(rt, lc, steps=steps, train_s=train_s, rollout_s=rollout_s, sync_group=tp_group)
 
-    return world.run(rank)
+    per_rank = world.run(rank)
+    comm = kwargs.get("comm")
+    if comm is not None:
+        for steps_of_rank in per_rank:
+            for st in steps_of_rank:
+                spans = {"sleep": (st.paused_at, st.paused_at + st.sleep),
+                         "update_weights": (st.paused_at + st.sleep, st.paused_at + st.sleep + st.update_weights),
+                         "wake_up": (st.woken_at, st.woken_at + st.wake_up)}
+                st.poll_late = tuple(ph for ph, (a, b) in spans.items() if comm.poll_late_between(a, b))
+    return per_rank
+
+
+def poll_period(topology: "str | dict[str, Any] | None") -> float:
+    """The NCCL proxy poll period of ``topology``'s multi-rank communicators (0 where not modelled)."""
+    if not topology:
+        return 0.0
+    from sim.topology import Topology
+
+    topo = Topology(topology) if isinstance(topology, dict) else Topology.from_preset(topology)
+    return topo.comm.for_size(2).proxy_poll_s
 
 
 def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
@@ -277,4 +308,4 @@ def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
 
 
 __all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
-           "plan_rules", "resolve", "row_names", "run_steps", "simulate", "summarize"]
+           "plan_rules", "poll_period", "resolve", "row_names", "run_steps", "simulate", "summarize"]

@@ -235,6 +235,17 @@ class CommParams:
     falls ``proxy_poll_s`` apart from the end of its initialisation (the
     thread's last request): ``destroy_s`` is what is left beyond that wait.
 
+    ``poll_phase_spread_s`` (optional key ``poll_phase_spread``; 0: not
+    modelled) is how far the proxy threads' poll phases move against one another
+    from one training step to the next on real hardware: the range, over steps,
+    of the time from the first to the last lazy NCCL init of the training step's
+    groups (``bench/gpu/destroy_walk_probe.py`` records, :mod:`sim.fit`). A
+    destroy whose modelled wait for its poll timeout is shorter than that can
+    find the timeout just passed and wait a whole period more, and every later
+    destroy of its walk with it ([Note: one poll period more] in
+    :mod:`sim.destroy_walks`): the simulator marks such a phase as ending either
+    when it says or ``proxy_poll_s`` later (:attr:`sim.collectives.NcclComm.poll_late`).
+
     ``agreement_s`` (optional key ``agreement``; 0: not modelled) is what one
     collective on a two-rank Gloo group takes on this host (the lifecycle's
     agreements on its control group): a collective on a Gloo group takes at least
@@ -253,6 +264,8 @@ class CommParams:
     resume_first_collective_s: float = 0.0
     #: NCCL's UDS proxy thread's poll timeout, which a destroy of an initialised communicator waits out (0: none)
     proxy_poll_s: float = 0.0
+    #: how far the poll phases of a training step's communicators move against one another between steps (0: none)
+    poll_phase_spread_s: float = 0.0
     #: one collective on a Gloo group (a lifecycle agreement) on this host (0: timed like NCCL)
     agreement_s: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
@@ -276,7 +289,7 @@ _COMM_FIELDS = {
 #: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
 _COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
                   "resume_first_collective_multi": "time", "proxy_poll": "time",
-                  "agreement": "time"}
+                  "poll_phase_spread": "time", "agreement": "time"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
@@ -286,6 +299,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
     opt = {k: table.ref(raw[k], f"{where}.{k}", d) for k, d in _COMM_OPTIONAL.items() if k in raw}
 
     poll = opt.get("proxy_poll", 0.0)
+    spread = opt.get("poll_phase_spread", 0.0)
     agreement = opt.get("agreement", 0.0)
 
     def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
@@ -300,6 +314,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
             create_group_s=values["create_group"],
             resume_first_collective_s=first_after_resume,
             proxy_poll_s=poll,
+            poll_phase_spread_s=spread,
             agreement_s=agreement,
         )
 

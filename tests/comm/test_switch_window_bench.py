@@ -120,16 +120,29 @@ def test_suspend_planned_on_2xh200_meets_the_goal_and_the_simulator_ranks_it_the
     assert sim_["SUSPEND_PLANNED"].held_in_rollout_gib == m["SUSPEND_PLANNED"]["held_in_rollout_gib"] == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="issues 11/12: the simulated SUSPEND_PLANNED window (1.516 s: the 14 groups "
-                   "destroyed after the sync in a walk paced by their proxy poll timeouts, 3 periods after the training "
-                   "step's last init) is 25% under the wave record's 2.016 s: on the GPU that walk ended 4 periods "
-                   "after it in every step of both records, the same walk in DESTROY_DEFERRED's pause 3 (sometimes 4); "
-                   "what costs the period is not in the records (python -m sim.destroy_walks; docs/calibration.md)")
-def test_simulated_suspend_planned_window_within_15_percent_of_the_wave_record():
-    rec = json.loads(WAVE.read_text())
-    st = rec["switch_window"]["settings"]
-    measured = next(r for r in rec["switch_window"]["results"] if r["policy"] == "SUSPEND_PLANNED")
-    kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
-              cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
-    got = sw.summarize("SUSPEND_PLANNED", sw.simulate("SUSPEND_PLANNED", **kw), warmup=st["warmup"])
-    assert got.total == pytest.approx(measured["total"], rel=0.15)
+RECORDS = [Path(__file__).resolve().parents[2] / "bench/results" / d / "multigpu-2026-11-30-nvidia-h200x2.json"
+           for d in ("2026-11-30-h200x2-wave", "2026-11-30-h200x2-wave2", "2026-11-30-h200x2-wave3")]
+
+
+def test_simulated_suspend_planned_window_within_15_percent_of_every_two_gpu_record():
+    """SUSPEND_PLANNED on 2 x H200 in three runs: 2.016 and 2.022 s (its destroy walk one proxy poll late in every
+    step), 1.515 s (never late). The simulator gives 1.516 s and marks the weight sync, and only it, as a phase that
+    may end one 0.5 s poll period later ([Note: a phase one poll period late] in bench.validate): the measured window
+    is within 15% of the prediction with the late steps the record's mean says, and the on-time run of the nominal."""
+    from bench.validate import late_steps
+
+    for path in RECORDS:
+        rec = json.loads(path.read_text())
+        st = rec["switch_window"]["settings"]
+        measured = next(r for r in rec["switch_window"]["results"] if r["policy"] == "SUSPEND_PLANNED")
+        kw = dict(dp=st["dp"], tp=st["tp"], steps=st["steps"], train_s=st["train_s"], rollout_s=st["rollout_s"],
+                  cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
+        got = sw.summarize("SUSPEND_PLANNED", sw.simulate("SUSPEND_PLANNED", **kw), warmup=st["warmup"])
+        assert got.poll_late == ("update_weights",)
+        n = st["steps"] - st["warmup"]
+        k = late_steps(got.update_weights, measured["update_weights"], 0.5, n)
+        assert got.total + k * 0.5 / n == pytest.approx(measured["total"], rel=0.15)
+        assert k == (0 if "wave3" in str(path) else n), path
+    wave3 = json.loads(RECORDS[-1].read_text())
+    m = {r["policy"]: r for r in wave3["switch_window"]["results"]}
+    assert got.total == pytest.approx(m["SUSPEND_PLANNED"]["total"], rel=0.01)

@@ -14,8 +14,10 @@ from sim.records import AgreementRecord, RecordError, load_record
 from sim.topology import Topology
 from sim.world import SimWorld
 
-RECORD = (Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30-cpu-agreement"
-          / "agreement-2026-11-30-vmx2.json")
+#: bench/agreement_probe.py on the 2 x H200 host (the shipped presets' agreement; the development VM's record,
+#: 2026-11-30-cpu-agreement, measured 0.43 ms)
+RECORD = (Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30-h200x2-wave3"
+          / "agreement-2026-11-30-h200x2-host.json")
 
 
 def _agreement_s(world_size: int, data) -> float:
@@ -37,7 +39,7 @@ def test_the_probe_record_is_fitted_and_charged_per_agreement():
     assert isinstance(rec, AgreementRecord) and rec.world_size == 2
     data, obs = calibrated_preset("hgx-h200-8x", [rec])
     assert [o.constant for o in obs] == ["gloo_agreement"]
-    assert data["comm"]["agreement"] == "gloo_agreement" and "agreement-2026-11-30-vmx2.json" in \
+    assert data["comm"]["agreement"] == "gloo_agreement" and "agreement-2026-11-30-h200x2-host.json" in \
         data["constants"]["gloo_agreement"]["source"]
     a = rec.per_agreement_s
     assert _agreement_s(2, data) == pytest.approx(a)

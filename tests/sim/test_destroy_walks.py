@@ -1,5 +1,6 @@
-"""The destroy walks of the 2 x H200 wave2 record: the proxy-poll rule replayed group by group on its mesh walk, and
-where SUSPEND_PLANNED's weight sync spends the poll period the simulator does not charge (issues 11 and 12).
+"""The destroy walks of the 2 x H200 records: the proxy-poll rule replayed group by group on wave2's mesh walk, the
+walks that ended one poll period late, the destroy-walk probe records of wave3 (the poll phase spread is fitted on
+them) and NCCL's own log of its UDS proxy threads (issues 11 and 12).
 
 Nothing of the wave2 record is in the calibrated presets' fit set; these tests read it, fit nothing.
 """
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.destroy_walks import (WalkRecordError, main, mesh_walks, probe_destroys, probe_report, replay_mesh_walk,
-                               replay_record, training_walks, walks_from_spans)
+from sim.destroy_walks import (WalkRecordError, init_passes, main, mesh_walks, nccl_log_lines, poll_phase_spread,
+                               probe_destroys, probe_report, replay_mesh_walk, replay_record, training_walks,
+                               uds_report, uds_threads, walks_from_spans)
 from sim.presets import load_preset_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,3 +129,59 @@ def test_command_takes_several_records(tmp_path, capsys):
         p.write_text(json.dumps(rec))
     assert main([str(p) for p in paths]) == 0
     assert capsys.readouterr().out.count("DESTROY_DEFERRED (weight sync collective: none)") == 2
+
+
+PROBES = ROOT / "bench" / "results" / "2026-11-30-h200x2-wave3" / "destroy-walk"
+
+
+def _probe(policy: str, sync: str) -> dict:
+    return json.loads((PROBES / f"destroy-walk-2026-11-30-{policy}-sync-{sync}-nvidia-h200x2.json").read_text())
+
+
+def _walk_lengths(rec: dict) -> list[float]:
+    """Each walk over the 14 groups a training step initialised, rank 0: first destroy's start to last's end."""
+    destroys = [d for d in probe_destroys(rec) if d.rank == 0]
+    out = []
+    for w in sorted({d.walk for d in destroys}):
+        mine = [d for d in destroys if d.walk == w]
+        if sum(d.since_init is not None for d in mine) == 14:
+            out.append(mine[-1].end - mine[0].start)
+    return out
+
+
+def test_wave3_probe_suspend_planned_walks_end_on_time_and_destroy_deferred_once_late():
+    """wave3 (2 x H200, 15:08 UTC): SUSPEND_PLANNED's walk over the 14 groups after the weight sync took 3 poll
+    periods in every step, with and without the sync's collective (the wave and wave2 records: 4 in every step);
+    DESTROY_DEFERRED's pause walk one period more in one of six steps. The same walk, late in some runs and steps."""
+    for sync in ("tp", "none"):
+        sp = _walk_lengths(_probe("suspend_planned", sync))
+        assert len(sp) == 6 and all(1.45 < a < 1.55 for a in sp), (sync, sp)
+    dd = _walk_lengths(_probe("destroy_deferred", "tp"))
+    assert len(dd) == 6 and sorted(round(a * 2) for a in dd) == [3, 3, 3, 3, 3, 4]
+
+
+def test_the_poll_phase_spread_is_the_range_of_the_init_passes():
+    """The training step's lazy inits of 14 groups took 1.19-1.44 s from first to last on rank 1 of the
+    DESTROY_DEFERRED / no-sync probe: their poll phases move that much against one another between steps."""
+    rec = _probe("destroy_deferred", "none")
+    passes = init_passes(rec)
+    assert [len(p) for p in passes] == [7, 7] and all(len(x) == 14 for p in passes for x in p)
+    spread, how = poll_phase_spread(rec)
+    assert spread == pytest.approx(0.2409, abs=0.001) and "rank 1: 7 init passes of 14 groups" in how
+    with pytest.raises(WalkRecordError, match="two full init passes"):
+        poll_phase_spread({"kind": "destroy_walk_probe", "ranks": [{"events": [["collective", "p.a", 0.1]]}]})
+
+
+def test_nccls_uds_threads_exit_a_whole_number_of_polls_after_their_last_request():
+    """NCCL's own log (INIT,PROXY, microsecond timestamps) of the DESTROY_DEFERRED / no-sync probe: every one of the
+    198 UDS proxy threads that exited did so a whole number of 500 ms poll periods after it started or last served
+    a request, plus under 10 ms: the mechanism [Note: the proxy's 500 ms poll] charges every destroy with."""
+    threads = uds_threads(nccl_log_lines(PROBES / "nccl-log-destroy_deferred-none.tgz"))
+    done = [t for t in threads if t.exited is not None]
+    assert len(done) == 198 and sum(1 for t in done if t.requests) == 72
+    for t in done:
+        after = t.exit_after_last_activity()
+        k = round(after / 0.5)
+        assert k >= 1 and 0 < after - 0.5 * k < 0.010, (t, after)
+    assert "198 UDS proxy threads exited (72 had served requests)" in uds_report(threads)
+    assert uds_report([]) == "no UDS proxy thread exit in the log"

@@ -59,6 +59,36 @@ def test_a_destroy_waits_for_the_next_poll_timeout_after_the_init():
     assert _destroy_after(plain, 0.0) == pytest.approx(base, abs=1e-9)
 
 
+def _late_marks(data, pause_s):
+    """The times the simulator marked a destroy as possibly one poll period late, for one destroy ``pause_s`` after
+    the group's first collective."""
+    world = _world(data, 2)
+
+    async def fn(rt):
+        await rt.new_group(GroupSpec("g", (0, 1), backend="nccl"))
+        await rt.all_reduce(torch.ones(1), ReduceOp.SUM, "g")
+        await rt.sleep(pause_s)
+        await rt.destroy_group("g")
+
+    world.run(fn)
+    return world.comm.poll_late
+
+
+def test_a_destroy_close_to_its_timeout_is_marked_as_possibly_a_period_late():
+    """The preset's poll phase spread (187 ms, fitted on the destroy-walk probe records): a destroy waiting less than
+    that for its poll timeout may find it passed on hardware; one right after the init (waiting ~0.5 s) may not."""
+    data = load_preset_data("calibrated/hgx-h200-8x")
+    spread = data["constants"]["nccl_poll_phase_spread"]["value"] / 1e3
+    assert 0.1 < spread < 0.25
+    assert _late_marks(data, 0.0) == []  # waits the whole period: never late
+    assert _late_marks(data, 0.5 - spread + 0.05) != []  # waits spread - 0.05 s
+    assert _late_marks(data, 1.5 - spread / 2) != []  # half the spread before its third timeout
+    assert _late_marks(data, 0.5 - spread - 0.05) == []
+    plain = copy.deepcopy(data)  # a preset without the spread marks nothing
+    del plain["comm"]["poll_phase_spread"]
+    assert _late_marks(plain, 0.45) == []
+
+
 def test_a_never_used_group_does_not_wait():
     world = _world(load_preset_data("calibrated/hgx-h200-8x"), 2)
 
