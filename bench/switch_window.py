@@ -21,6 +21,9 @@ deferred cooldown can hide. Policies:
   wake: nothing comes back in ``wake_up``; the training step's first use of its
   groups brings them up (``PGLifecycle.use``), outside the window, in the
   "first collective after the wake" line.
+* ``DESTROY_DEFERRED_PARALLEL``, ``SUSPEND_PLANNED_PARALLEL`` (variants): the
+  same with each walk's destroys run together (``LifecycleConfig.parallel_destroy``):
+  their proxy-poll waits overlap.
 
 On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
 Megatron group families of the Relax report over a DP x TP mesh), on the
@@ -42,8 +45,8 @@ from refimpl.cli_errors import one_line_errors
 from refimpl.comm import PGPolicy
 # the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
 from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
-                               mesh_groups, plan_rules, poll_period, resolve, row_names, run_steps,
-                               simulate, summarize)
+                               mesh_groups, plan_rules, poll_period, resolve, row_config, row_names,
+                               run_steps, simulate, summarize)
 
 log = logging.getLogger(__name__)
 
@@ -139,5 +142,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake",
-           "format_results", "mesh_groups", "plan_rules", "poll_period", "resolve", "row_names",
+           "format_results", "mesh_groups", "plan_rules", "poll_period", "resolve", "row_config", "row_names",
            "run", "run_steps", "simulate", "summarize"]

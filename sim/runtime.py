@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 import torch
 
@@ -296,6 +296,35 @@ class SimRuntime(Runtime):
                 await self.sleep(self.world.comm.destroy_time(self.world.resolve_backend(rg.spec)))
             self._uncharge_comm(rg)
         rg.state = GroupState.DESTROYED
+
+    async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
+        """Destroy the groups with their waits overlapped, as :class:`refimpl.torch_runtime.TorchRuntime` does: every
+        destroy starts now and the call returns when the slowest has ended (each waits for its own proxy poll
+        timeout, :meth:`sim.collectives.NcclComm.destroy_time`). Errors per group; already destroyed ones are
+        skipped, as :meth:`destroy_group` does."""
+        errors: dict[str, Exception] = {}
+        todo, longest = [], 0.0
+        for name in names:
+            try:
+                if name == WORLD:
+                    raise GroupError(f"rank {self.rank}: the {WORLD!r} group is never destroyed")
+                rg = self._group(name)
+            except Exception as exc:  # noqa: BLE001 - the others are destroyed all the same
+                errors[name] = exc
+                continue
+            if rg.state is GroupState.DESTROYED:
+                continue
+            self.last_op = f"destroy_group {name!r}{' (abort)' if abort else ''}"
+            self._engine.record(self._engine.now, self.rank, self.last_op)
+            if rg.member and not abort:
+                longest = max(longest, self.world.comm.destroy_time(self.world.resolve_backend(rg.spec)))
+            todo.append(rg)
+        await self.sleep(longest)
+        for rg in todo:
+            if rg.member:
+                self._uncharge_comm(rg)
+            rg.state = GroupState.DESTROYED
+        return errors
 
     async def recreate_group(self, name: str) -> GroupSpec:
         """Rebuild a destroyed group under the next generation (every attempt takes a new one)."""

@@ -35,6 +35,9 @@ VARIANTS: dict[str, PGPolicy] = {
     # SUSPEND_PLANNED with the weight sync's group declared (the others go down at the pause) and a lazy wake:
     # nothing comes back at the wake; the training step's first use of each group brings it up (PGLifecycle.use)
     "SUSPEND_PLANNED_LAZY": PGPolicy.SUSPEND_PLANNED,
+    # the same policies with each walk's destroys run together (LifecycleConfig.parallel_destroy)
+    "DESTROY_DEFERRED_PARALLEL": PGPolicy.DESTROY_DEFERRED,
+    "SUSPEND_PLANNED_PARALLEL": PGPolicy.SUSPEND_PLANNED,
 }
 
 
@@ -58,6 +61,13 @@ def resolve(row: "PGPolicy | str") -> tuple[str, PGPolicy]:
     except ValueError:
         raise ValueError(f"unknown switch-window row {row!r}; expected one of {row_names()} (any case)") from None
     return policy.name, policy
+
+
+def row_config(row: str, **settings: Any) -> LifecycleConfig:
+    """The :class:`LifecycleConfig` a row runs with: its policy, ``parallel_destroy`` for the ``*_PARALLEL`` rows,
+    and ``settings`` (cooldown, control group)."""
+    name, policy = resolve(row)
+    return LifecycleConfig(policy=policy, parallel_destroy=name.endswith("_PARALLEL"), **settings)
 
 
 def plan_rules(row: str, sync_group: str | None) -> GroupPlanRules | None:
@@ -269,7 +279,7 @@ def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s:
                       comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
     world = SimWorld(dp * tp, trace=False, **kwargs)
     specs = mesh_groups(dp, tp)
-    config = LifecycleConfig(policy=pol, cooldown_s=cooldown_s)
+    config = row_config(row, cooldown_s=cooldown_s)
 
     async def rank(rt):
         tp_group = next(s.name for s in specs if s.name.rstrip("0123456789") == "tp" and rt.rank in s.ranks)
@@ -308,4 +318,4 @@ def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
 
 
 __all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
-           "plan_rules", "poll_period", "resolve", "row_names", "run_steps", "simulate", "summarize"]
+           "plan_rules", "poll_period", "row_config", "resolve", "row_names", "run_steps", "simulate", "summarize"]

@@ -125,8 +125,9 @@ def switch_window(args, checks: list) -> dict:
     :func:`run_steps` on a fresh TorchRuntime; rows that suspend are skipped (with why) when NCCL cannot suspend here.
     Appends its checks to ``checks``; returns the settings, one result per row, issue 12's goals and every rank's
     lifecycle spans."""
-    from bench.switch_window import format_results, mesh_groups, plan_rules, resolve, row_names, run_steps, summarize
-    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from bench.switch_window import (format_results, mesh_groups, plan_rules, resolve, row_config, row_names, run_steps,
+                                     summarize)
+    from refimpl.comm import PGLifecycle, PGPolicy
     from refimpl.runtime import GroupSpec, TorchRuntime
 
     n = dist.get_world_size()
@@ -143,8 +144,7 @@ def switch_window(args, checks: list) -> dict:
         prefix = row.lower()
         specs = [GroupSpec(f"{prefix}.{s.name}", s.ranks, backend=backend) for s in mesh_groups(n, 1)]
         tp = next(s.name for s in specs if s.name.split(".")[1].rstrip("0123456789") == "tp" and rt.rank in s.ranks)
-        lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=policy, cooldown_s=args.cooldown_s,
-                                                           control_group=f"{prefix}.control"),
+        lc = PGLifecycle(rt, specs, config=row_config(row, cooldown_s=args.cooldown_s, control_group=f"{prefix}.control"),
                          plan=plan_rules(row, tp))
         steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
                                  sync_group=tp))
@@ -173,7 +173,7 @@ def switch_window(args, checks: list) -> dict:
         if r.bitwise_after_wake is not None:
             checks.append((f"{r.policy}: first collectives after every wake bitwise right", r.bitwise_after_wake, ""))
     goals = []
-    for row in ("SUSPEND_PLANNED", "SUSPEND_PLANNED_LAZY"):
+    for row in ("SUSPEND_PLANNED", "SUSPEND_PLANNED_LAZY", "SUSPEND_PLANNED_PARALLEL"):
         if row in by and "DESTROY_DEFERRED" in by and "PAUSED_LIVE" in by:
             r, dd, live = by[row], by["DESTROY_DEFERRED"], by["PAUSED_LIVE"]
             held = None if r.held_in_rollout_gib is None or not live.held_in_rollout_gib else \

@@ -362,6 +362,9 @@ class PlannedGroups:
             await role.step("plan.preflight", read)
 
         destroyed: list[str] = []
+        # with parallel_destroy the walk suspends in order and destroys its DESTROY groups all together at its end
+        together = [n for n in names if n in todo and plan.actions[n] is not GroupAction.SUSPEND
+                    and rt.group_live(n)] if role.config.parallel_destroy else []
 
         async def one(name: str) -> None:
             if name not in todo:
@@ -371,6 +374,8 @@ class PlannedGroups:
                 if role.member(name) and not rt.group_suspended(name):
                     await rt.suspend_group(name)
                     role.stats.comm_suspends += 1
+            elif name in together:
+                return
             elif rt.group_live(name):
                 await rt.destroy_group(name)
                 role.stats.destroys += 1
@@ -379,7 +384,11 @@ class PlannedGroups:
         if not todo:
             return
         with rt.span("lifecycle.plan.apply"):
-            await role.walk("plan.apply", one)
+            votes = await role.walk("plan.apply", one, destroy_after=together)
+        for name in together:
+            if votes[role.names.index(name)]:
+                role.stats.destroys += 1
+                destroyed.append(name)
         if destroyed or any(plan.actions[n] is GroupAction.DESTROY and n not in self.left_down for n in todo):
             role.cooldown.defer(rt.now())
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Awaitable, Callable, Collection, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Collection, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -141,11 +141,15 @@ class RoleGroups:
         (agreed,) = await self.outcome(point, error, [int(my_vote)])
         return result, bool(agreed)
 
-    async def walk(self, point: str, fn: Callable[[str], Awaitable[bool | None]]) -> list[bool]:
+    async def walk(self, point: str, fn: Callable[[str], Awaitable[bool | None]], *,
+                   destroy_after: Sequence[str] = ()) -> list[bool]:
         """``fn(name)`` for every role group in order on every rank; agreed per-group results.
 
         ``fn`` returning False is a soft "no" for that group (e.g. a port still in
         use); raising is a failure. Neither stops the walk (see the module note).
+        ``destroy_after``: groups destroyed all together once ``fn`` has seen every
+        group (:meth:`Runtime.destroy_groups`; ``LifecycleConfig.parallel_destroy``);
+        a group whose destroy failed votes no.
         """
         error: Exception | None = None
         try:
@@ -161,6 +165,16 @@ class RoleGroups:
                 log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
                 error = error or exc
             votes.append(int(ok))
+        if destroy_after:
+            try:
+                failed = await self.rt.destroy_groups(list(destroy_after))
+            except Exception as exc:  # noqa: BLE001 - agreed below like any failure of the walk
+                failed = {name: exc for name in destroy_after}
+            for name, exc in failed.items():
+                log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
+                error = error or exc
+                if name in self.names:
+                    votes[self.names.index(name)] = 0
         agreed = await self.outcome(point, error, votes)
         return [bool(v) for v in agreed]
 
@@ -220,13 +234,18 @@ class RoleGroups:
 
     async def destroy_all(self, *, inline_wait: bool) -> None:
         """Destroy every live role group; then wait the port cooldown now (baseline) or defer it."""
+        together = [n for n in self.names if self.rt.group_live(n)] if self.config.parallel_destroy else []
+
         async def one(name: str) -> None:
+            if together:
+                return
             if self.rt.group_live(name):
                 await self.rt.destroy_group(name)
                 self.stats.destroys += 1
 
         with self.rt.span("lifecycle.destroy"):
-            await self.walk("destroy", one)
+            votes = await self.walk("destroy", one, destroy_after=together)
+        self.stats.destroys += sum(1 for n in together if votes[self.names.index(n)])
         self.cooldown.defer(self.rt.now())
         if inline_wait:
             await self.cooldown.wait(self.rt)

@@ -38,7 +38,7 @@ import contextlib
 import enum
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Coroutine, Generator, Iterator, TypeVar
+from typing import Any, Awaitable, Coroutine, Generator, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -309,6 +309,23 @@ class Runtime(abc.ABC):
     async def destroy_group(self, name: str, *, abort: bool = False) -> None:
         """Destroy a group and free its communicator. ``abort`` skips the graceful
         shutdown (used on the failure path). The spec is kept for :meth:`recreate_group`."""
+
+    async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
+        """Destroy every group in ``names``, all of them whatever fails (walk, don't stop); returns the error each
+        failing group raised (empty: all destroyed).
+
+        The default destroys them one after the other with :meth:`destroy_group`. A runtime may overlap them: an
+        initialised NCCL communicator's destroy waits for its proxy thread's next 500 ms poll timeout, so 14 groups
+        destroyed one by one right after their inits take three periods where overlapped ones take one
+        ([Note: the proxy's 500 ms poll] in :mod:`sim.presets`; ``bench/gpu/parallel_destroy_probe.py``).
+        """
+        errors: dict[str, Exception] = {}
+        for name in names:
+            try:
+                await self.destroy_group(name, abort=abort)
+            except Exception as exc:  # noqa: BLE001 - every group is destroyed; the caller agrees on failures
+                errors[name] = exc
+        return errors
 
     @abc.abstractmethod
     async def recreate_group(self, name: str) -> GroupSpec:
