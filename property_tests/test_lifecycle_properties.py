@@ -140,14 +140,16 @@ fault = st.tuples(
     n=st.sampled_from(SIZES),
     policies=st.lists(st.sampled_from(list(PGPolicy)), min_size=1, max_size=3),
     two_phase=st.booleans(),
+    parallel=st.booleans(),
     plan=st.lists(fault, max_size=BUDGET.max_faults),
     data=st.data(),
 )
-def test_lifecycle_never_deadlocks_and_ranks_end_together(n, policies, two_phase, plan, data):
+def test_lifecycle_never_deadlocks_and_ranks_end_together(n, policies, two_phase, parallel, plan, data):
     drawn = [DrawnFault(kind, rank % n, point, nth, group) for kind, rank, point, nth, group in plan]
     world = sim.SimWorld(n, faults=FaultPlan(drawn) if drawn else None, group_timeouts=True,
                          chooser=sim.HypothesisChooser(data, max_choices=BUDGET.chooser_depth))
-    config = LifecycleConfig(agree_timeout_s=AGREE_S, canary_timeout_s=CANARY_S, cooldown_s=2.0, two_phase=two_phase)
+    config = LifecycleConfig(agree_timeout_s=AGREE_S, canary_timeout_s=CANARY_S, cooldown_s=2.0, two_phase=two_phase,
+                             parallel_destroy=parallel)
 
     async def job(rt):
         lc = PGLifecycle(rt, mesh(n), config=config)

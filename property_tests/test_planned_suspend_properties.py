@@ -130,19 +130,20 @@ def _names(decl, rank, n):
     single_rank=st.booleans(),
     keep_mp=st.booleans(),
     by_cost=st.booleans(),
+    parallel=st.booleans(),
     early=st.one_of(st.none(), st.integers(0, 3)),
     misuse=st.one_of(st.none(), st.integers(0, 3)),
     fault=faults,
     data=st.data(),
 )
 def test_planned_suspend_never_deadlocks_and_ranks_end_together(n, steps, syncs, decl, single_rank, keep_mp, by_cost,
-                                                                 early, misuse, fault, data):
+                                                                 parallel, early, misuse, fault, data):
     drawn = None if fault is None else DrawnFault(fault[0], fault[1] % n, fault[2], fault[3])
     misuse_rank = None if misuse is None else misuse % n
     early_rank = None if early is None else early % n
     world = sim.SimWorld(n, faults=drawn, group_timeouts=True, chooser=sim.HypothesisChooser(data, max_choices=50))
     config = LifecycleConfig(policy=PGPolicy.SUSPEND_PLANNED, agree_timeout_s=AGREE_S, canary_timeout_s=CANARY_S,
-                             cooldown_s=2.0, two_phase=False)
+                             cooldown_s=2.0, two_phase=False, parallel_destroy=parallel)
     specs = mesh(n)
 
     async def job(rt):
