@@ -1,6 +1,7 @@
 """Each destroy of the lifecycle's destroy walk, timed against its group's first collective (issue 11).
 
     torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py [--policy destroy_deferred] [--steps 6] [--sync tp|none]
+        [--parallel]
     torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py --dry-run     # CPU, Gloo: the script runs
 
 The simulator charges a destroy of an initialised NCCL communicator the wait for its UDS proxy thread's next
@@ -60,6 +61,16 @@ class TimedRuntime(TorchRuntime):
         await super().destroy_group(name, abort=abort)
         self.events.append(("destroy_end", name, time.perf_counter()))
 
+    async def destroy_groups(self, names, *, abort=False):
+        """``TorchRuntime.destroy_groups`` (``--parallel``): every group's ``destroy_start`` at the call and its
+        ``destroy_end`` when the call returned (they end together)."""
+        t0 = time.perf_counter()
+        self.events.extend(("destroy_start", n, t0) for n in names)
+        errors = await super().destroy_groups(names, abort=abort)
+        t1 = time.perf_counter()
+        self.events.extend(("destroy_end", n, t1) for n in names)
+        return errors
+
     async def suspend_group(self, name):
         """``TorchRuntime.suspend_group`` between ``suspend_start`` / ``suspend_end`` events."""
         self.events.append(("suspend_start", name, time.perf_counter()))
@@ -96,6 +107,8 @@ def main() -> int:
                    help="the weight sync's collective: on the rank's tp group, as the benchmark (default), or none "
                         "(SUSPEND_PLANNED's sync walk then follows the pause's agreements alone: whether the extra poll "
                         "period of that walk comes from the sync's collective)")
+    p.add_argument("--parallel", action="store_true",
+                   help="LifecycleConfig.parallel_destroy: each walk destroys its groups together")
     p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, short rollout")
     args = p.parse_args()
     from bench.switch_window import mesh_groups, run_steps
@@ -111,7 +124,7 @@ def main() -> int:
     rt = TimedRuntime()
     specs = [GroupSpec(f"p.{s.name}", s.ranks, backend="nccl" if cuda else None) for s in mesh_groups(n, 1)]
     lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=policy, cooldown_s=args.cooldown_s,
-                                                       control_group="p.control"))
+                                                       control_group="p.control", parallel_destroy=args.parallel))
     tp = next(s.name for s in specs if s.name.split(".")[1].rstrip("0123456789") == "tp" and rank in s.ranks)
     rollout = 0.2 if args.dry_run else args.rollout_s
     steps = rt.run(run_steps(rt, lc, steps=args.steps, train_s=0.0, rollout_s=rollout,
@@ -123,13 +136,14 @@ def main() -> int:
     dist.all_gather_object(everyone, {"events": rt.events, "steps": [s.__dict__ for s in steps], "clock": clock})
     if rank == 0:
         rec = {"kind": "destroy_walk_probe", "schema": 1, "world_size": n, "policy": policy.name, "sync": args.sync,
+               "parallel_destroy": args.parallel,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "device": torch.cuda.get_device_name() if cuda else "cpu", "dry_run": args.dry_run,
                "command": "torchrun --nproc-per-node=%d bench/gpu/destroy_walk_probe.py %s" % (n, " ".join(sys.argv[1:])),
                "ranks": everyone}
         out = Path(os.environ.get("OUT", REPO / "bench" / "results"))
         out.mkdir(parents=True, exist_ok=True)
-        path = out / (f"destroy-walk-{rec['date'][:10]}-{policy.value}-sync-{args.sync}-"
+        path = out / (f"destroy-walk-{rec['date'][:10]}-{policy.value}{'-parallel' if args.parallel else ''}-sync-{args.sync}-"
                       f"{rec['device'].replace(' ', '-').lower()}x{n}.json")
         path.write_text(json.dumps(rec, indent=1) + "\n")
         for r, data in enumerate(everyone):
