@@ -39,14 +39,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 from refimpl.cli_errors import one_line_errors
 from refimpl.comm import PGPolicy
 # the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
 from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
                                mesh_groups, plan_rules, poll_period, resolve, row_config, row_names,
-                               run_steps, simulate, summarize)
+                               run_steps, simulate, summarize, summarize_simulated)
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
     results, first_use = [], {}
-    period = poll_period(args.topology or None)
     for policy in policies:
         per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
                             rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
-        res = summarize(policy, per_rank, args.warmup)
-        results.append(replace(res, poll_period_s=period) if res.poll_late else res)
+        results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
         first_use[policy] = first_use_after_wake(per_rank, args.warmup)
     groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
     header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
@@ -125,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_results(results, header))
     late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
     if late:
+        period = max(r.poll_period_s for r in results)
         print(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
               "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late))
     print("first collective on every group after the wake (training, outside the window; lazy NCCL init of "
@@ -142,5 +141,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake",
-           "format_results", "mesh_groups", "plan_rules", "poll_period", "resolve", "row_config", "row_names",
+           "format_results", "mesh_groups", "plan_rules", "poll_period", "resolve", "row_config", "row_names", "summarize_simulated",
            "run", "run_steps", "simulate", "summarize"]

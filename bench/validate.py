@@ -64,7 +64,7 @@ import logging
 import re
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -129,7 +129,7 @@ def check_disjoint(preset_data: dict[str, Any], record: Record, section: str) ->
 def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iterable[str]) -> dict[str, Any]:
     """Each policy's :class:`PolicyResult` for a record's settings, simulated on ``preset`` (the
     switch-window benchmark's own simulation, :func:`bench.switch_window.simulate`)."""
-    from bench.switch_window import mesh_groups, poll_period, resolve, row_names, simulate, summarize
+    from bench.switch_window import mesh_groups, resolve, row_names, simulate, summarize_simulated
 
     dp, tp = settings["dp"], settings["tp"]
     per_rank = len([s for s in mesh_groups(dp, tp) if 0 in s.ranks])
@@ -144,8 +144,7 @@ def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iter
             raise RecordError(f"switch_window.results: unknown policy {name!r}; known: {row_names()}") from None
         per_rank_steps = simulate(policy, dp=dp, tp=tp, steps=settings["steps"], train_s=settings["train_s"],
                                   rollout_s=settings["rollout_s"], cooldown_s=settings["cooldown_s"], topology=preset)
-        res = summarize(policy, per_rank_steps, settings["warmup"])
-        out[name] = replace(res, poll_period_s=poll_period(preset)) if res.poll_late else res
+        out[name] = summarize_simulated(policy, per_rank_steps, settings["warmup"], preset)
     return out
 
 

@@ -42,6 +42,7 @@ Gloo group (the lifecycle's agreements) takes that long
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -226,7 +227,8 @@ class NcclComm:
     def poll_late_between(self, start: float, end: float) -> bool:
         """True if a destroy that may wait one proxy poll period more than modelled (:attr:`poll_late`) started in
         ``[start, end)`` (simulated seconds): a phase spanning it ends when modelled or a period later."""
-        return any(start <= t < end for t in self.poll_late)
+        i = bisect.bisect_left(self.poll_late, start)  # appended as simulated time runs: sorted
+        return i < len(self.poll_late) and self.poll_late[i] < end
 
     def proxy_wait(self, spec: GroupSpec) -> float:
         """Seconds from now to the next poll timeout of the communicator's UDS proxy thread (0 where not modelled)."""

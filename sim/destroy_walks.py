@@ -231,17 +231,25 @@ class ProbeDestroy:
         return None if self.since_init is None else math.floor(self.since_init / poll_s)
 
 
-def probe_destroys(data: Mapping[str, Any], where: str = "record", control: str = "control") -> list[ProbeDestroy]:
-    """Every destroy of a destroy-walk probe record, numbered by walk: a walk is the destroys between two of the
-    lifecycle's agreements (collectives on the group whose name ends with ``control``)."""
+def _probe_events(data: Mapping[str, Any], where: str) -> list[list]:
+    """Each rank's ``[kind, group, time]`` events of a destroy-walk probe record; WalkRecordError names what is wrong."""
     ranks = data.get("ranks")
     if data.get("kind") != "destroy_walk_probe" or not isinstance(ranks, list):
         raise WalkRecordError(f"{where}: not a bench/gpu/destroy_walk_probe.py record (kind destroy_walk_probe, ranks)")
-    out: list[ProbeDestroy] = []
+    out = []
     for rank, r in enumerate(ranks):
         events = r.get("events") if isinstance(r, Mapping) else None
         if not isinstance(events, list):
             raise WalkRecordError(f"{where}: ranks[{rank}].events: expected [kind, group, time] rows")
+        out.append(events)
+    return out
+
+
+def probe_destroys(data: Mapping[str, Any], where: str = "record", control: str = "control") -> list[ProbeDestroy]:
+    """Every destroy of a destroy-walk probe record, numbered by walk: a walk is the destroys between two of the
+    lifecycle's agreements (collectives on the group whose name ends with ``control``)."""
+    out: list[ProbeDestroy] = []
+    for rank, events in enumerate(_probe_events(data, where)):
         init: dict[str, float] = {}
         last: dict[str, float] = {}
         started: dict[str, float] = {}
@@ -267,14 +275,8 @@ def init_passes(data: Mapping[str, Any], where: str = "record", control: str = "
     """Per rank of a destroy-walk probe record, its training steps' init passes: for each pass in which every group of
     the rank ran its first collective since it was (re)built (its lazy NCCL init), ``{group: when that collective
     returned}`` (host seconds). A pass ends at a destroy or at a group's second collective."""
-    ranks = data.get("ranks")
-    if data.get("kind") != "destroy_walk_probe" or not isinstance(ranks, list):
-        raise WalkRecordError(f"{where}: not a bench/gpu/destroy_walk_probe.py record (kind destroy_walk_probe, ranks)")
     out = []
-    for rank, r in enumerate(ranks):
-        events = r.get("events") if isinstance(r, Mapping) else None
-        if not isinstance(events, list):
-            raise WalkRecordError(f"{where}: ranks[{rank}].events: expected [kind, group, time] rows")
+    for events in _probe_events(data, where):
         passes: list[dict[str, float]] = []
         cur: dict[str, float] = {}
         for kind, group, t in events:

@@ -284,18 +284,8 @@ class SimRuntime(Runtime):
 
     async def destroy_group(self, name: str, *, abort: bool = False) -> None:
         """Destroy the group's communicator (no-op if already destroyed); the spec is kept."""
-        if name == WORLD:
-            raise GroupError(f"rank {self.rank}: the {WORLD!r} group is never destroyed")
-        rg = self._group(name)
-        if rg.state is GroupState.DESTROYED:
-            return
-        self.last_op = f"destroy_group {name!r}{' (abort)' if abort else ''}"
-        self._engine.record(self._engine.now, self.rank, self.last_op)
-        if rg.member:
-            if not abort:
-                await self.sleep(self.world.comm.destroy_time(self.world.resolve_backend(rg.spec)))
-            self._uncharge_comm(rg)
-        rg.state = GroupState.DESTROYED
+        for exc in (await self.destroy_groups([name], abort=abort)).values():
+            raise exc
 
     async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
         """Destroy the groups with their waits overlapped, as :class:`refimpl.torch_runtime.TorchRuntime` does: every
@@ -303,7 +293,7 @@ class SimRuntime(Runtime):
         timeout, :meth:`sim.collectives.NcclComm.destroy_time`). Errors per group; already destroyed ones are
         skipped, as :meth:`destroy_group` does."""
         errors: dict[str, Exception] = {}
-        todo, longest = [], 0.0
+        todo, longest, timed = [], 0.0, False
         for name in names:
             try:
                 if name == WORLD:
@@ -317,9 +307,11 @@ class SimRuntime(Runtime):
             self.last_op = f"destroy_group {name!r}{' (abort)' if abort else ''}"
             self._engine.record(self._engine.now, self.rank, self.last_op)
             if rg.member and not abort:
+                timed = True
                 longest = max(longest, self.world.comm.destroy_time(self.world.resolve_backend(rg.spec)))
             todo.append(rg)
-        await self.sleep(longest)
+        if timed:
+            await self.sleep(longest)
         for rg in todo:
             if rg.member:
                 self._uncharge_comm(rg)

@@ -7,6 +7,7 @@ simulated world and on TorchRuntime for the GPU measurement; ``timeshare plan --
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import statistics
@@ -298,6 +299,14 @@ def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s:
     return per_rank
 
 
+def summarize_simulated(row: "PGPolicy | str", per_rank: list[list[StepTimes]], warmup: int,
+                        topology: "str | dict[str, Any] | None") -> PolicyResult:
+    """:func:`summarize` of :func:`simulate`'s steps, with the proxy poll period a marked phase may run longer by
+    (``PolicyResult.poll_period_s``, where a phase is marked)."""
+    res = summarize(row, per_rank, warmup)
+    return dataclasses.replace(res, poll_period_s=poll_period(topology)) if res.poll_late else res
+
+
 def poll_period(topology: "str | dict[str, Any] | None") -> float:
     """The NCCL proxy poll period of ``topology``'s multi-rank communicators (0 where not modelled)."""
     if not topology:
@@ -318,4 +327,4 @@ def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
 
 
 __all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
-           "plan_rules", "poll_period", "row_config", "resolve", "row_names", "run_steps", "simulate", "summarize"]
+           "plan_rules", "poll_period", "row_config", "summarize_simulated", "resolve", "row_names", "run_steps", "simulate", "summarize"]

@@ -384,11 +384,9 @@ class PlannedGroups:
         if not todo:
             return
         with rt.span("lifecycle.plan.apply"):
-            votes = await role.walk("plan.apply", one, destroy_after=together)
-        for name in together:
-            if votes[role.names.index(name)]:
-                role.stats.destroys += 1
-                destroyed.append(name)
+            await role.walk("plan.apply", one, destroy_after=together)
+        role.stats.destroys += len(together)  # the walk returns only if every rank destroyed them all
+        destroyed.extend(together)
         if destroyed or any(plan.actions[n] is GroupAction.DESTROY and n not in self.left_down for n in todo):
             role.cooldown.defer(rt.now())
 

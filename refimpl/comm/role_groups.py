@@ -149,7 +149,8 @@ class RoleGroups:
         use); raising is a failure. Neither stops the walk (see the module note).
         ``destroy_after``: groups destroyed all together once ``fn`` has seen every
         group (:meth:`Runtime.destroy_groups`; ``LifecycleConfig.parallel_destroy``);
-        a group whose destroy failed votes no.
+        a failed destroy is a failure like any other, so once the walk returns every
+        rank destroyed them all.
         """
         error: Exception | None = None
         try:
@@ -173,8 +174,6 @@ class RoleGroups:
             for name, exc in failed.items():
                 log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
                 error = error or exc
-                if name in self.names:
-                    votes[self.names.index(name)] = 0
         agreed = await self.outcome(point, error, votes)
         return [bool(v) for v in agreed]
 
@@ -244,8 +243,8 @@ class RoleGroups:
                 self.stats.destroys += 1
 
         with self.rt.span("lifecycle.destroy"):
-            votes = await self.walk("destroy", one, destroy_after=together)
-        self.stats.destroys += sum(1 for n in together if votes[self.names.index(n)])
+            await self.walk("destroy", one, destroy_after=together)
+        self.stats.destroys += len(together)  # the walk returns only if every rank destroyed them all
         self.cooldown.defer(self.rt.now())
         if inline_wait:
             await self.cooldown.wait(self.rt)

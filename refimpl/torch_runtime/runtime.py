@@ -279,8 +279,9 @@ class TorchRuntime(Runtime):
         """torch's name (store prefix) of the group's current process group; "" where there is none."""
         return self._entry(name).torch_name
 
-    async def destroy_group(self, name: str, *, abort: bool = False) -> None:
-        """Destroy the group's process group (``abort``: skip the graceful shutdown). ``"world"`` is refused."""
+    def _take_down(self, name: str) -> Any:
+        """Mark the group destroyed in this runtime's view and hand back its process group (None: never created);
+        raises GroupError for ``"world"`` and for a group already destroyed."""
         if name == WORLD:
             raise GroupError("the 'world' group is never destroyed; destroy subgroups only")
         g = self._entry(name)
@@ -288,15 +289,22 @@ class TorchRuntime(Runtime):
             raise GroupError(f"group {name!r} is already destroyed; recreate_group({name!r}) rebuilds it")
         pg, g.pg, g.live, g.suspended, g.handles = g.pg, None, False, False, []
         g.store = None  # closes the group's own rendezvous port, if it has one
-        if pg is None:
-            return
+        return pg
+
+    @staticmethod
+    def _guarded(what: str, name: str, fn: Callable[[Any], Any], pg: Any) -> None:
+        """``fn(pg)``; a failure is logged, not raised: the group is gone from our view either way."""
         try:
-            if abort:
-                _abort(pg)
-            else:
-                dist.destroy_process_group(pg)
-        except Exception as e:  # noqa: BLE001 - the group is gone from our view either way
-            logger.warning("destroying group %r (abort=%s) raised %s; treating it as destroyed", name, abort, e)
+            fn(pg)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("%s group %r raised %s; treating it as destroyed", what, name, e)
+
+    async def destroy_group(self, name: str, *, abort: bool = False) -> None:
+        """Destroy the group's process group (``abort``: skip the graceful shutdown). ``"world"`` is refused."""
+        pg = self._take_down(name)
+        if pg is not None:
+            self._guarded("aborting" if abort else "destroying", name, _abort if abort else dist.destroy_process_group,
+                          pg)
 
     async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
         """Destroy the groups with their NCCL shutdowns overlapped: ``ProcessGroup.shutdown()`` of every group at once
@@ -313,34 +321,18 @@ class TorchRuntime(Runtime):
         pgs: list[tuple[str, Any]] = []
         for name in names:
             try:
-                if name == WORLD:
-                    raise GroupError("the 'world' group is never destroyed; destroy subgroups only")
-                g = self._entry(name)
-                if not g.live:
-                    raise GroupError(f"group {name!r} is already destroyed; recreate_group({name!r}) rebuilds it")
+                pg = self._take_down(name)
             except Exception as exc:  # noqa: BLE001 - the others are destroyed all the same
                 errors[name] = exc
                 continue
-            pg, g.pg, g.live, g.suspended, g.handles = g.pg, None, False, False, []
-            g.store = None
             if pg is not None:
                 pgs.append((name, pg))
-
-        def shut_down(item: tuple[str, Any]) -> None:
-            name, pg = item
-            try:
-                pg.shutdown()
-            except Exception as e:  # noqa: BLE001 - destroy_process_group below still drops it
-                logger.warning("shutting down group %r raised %s; destroying it anyway", name, e)
-
         if pgs:
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(pgs), thread_name_prefix="destroy") as pool:
-                list(pool.map(shut_down, pgs))
+                list(pool.map(lambda item: self._guarded("shutting down", item[0], type(item[1]).shutdown, item[1]),
+                              pgs))
         for name, pg in pgs:
-            try:
-                dist.destroy_process_group(pg)
-            except Exception as e:  # noqa: BLE001 - the group is gone from our view either way
-                logger.warning("destroying group %r raised %s; treating it as destroyed", name, e)
+            self._guarded("destroying", name, dist.destroy_process_group, pg)
         return errors
 
     async def recreate_group(self, name: str) -> GroupSpec:

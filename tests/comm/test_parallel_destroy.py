@@ -18,21 +18,13 @@ from refimpl.comm import AgreementTimeoutError, LifecycleConfig, PGLifecycle, PG
 from refimpl.comm.group_plan import GroupPlanRules
 from refimpl.runtime.base import GroupError, GroupSpec
 from tests._dist import run_distributed
+from tests.comm.test_lazy_wake_sim import rank_sums
+from tests.comm.test_planned_suspend_sim import PointFaults
 
 
 def _config(policy: str, parallel: bool, **kw) -> LifecycleConfig:
     kw.setdefault("agree_timeout_s", 60.0)
     return LifecycleConfig(policy=PGPolicy[policy], cooldown_s=2.0, parallel_destroy=parallel, **kw)
-
-
-async def _sums(rt, names) -> dict[str, float]:
-    out = {}
-    for g in names:
-        if rt.is_member(g):
-            t = torch.full((2,), float(rt.rank + 1))
-            await rt.all_reduce(t, group=g, timeout_s=5)
-            out[g] = t[0].item()
-    return out
 
 
 def _steps(policy: str, parallel: bool, steps: int = 3):
@@ -46,14 +38,14 @@ def _steps(policy: str, parallel: bool, steps: int = 3):
         out = []
         for _ in range(steps):
             s0, a0 = dict(vars(lc.stats)), lc.control.count
-            await _sums(rt, lc.groups)  # the training step: every group initialised
+            await rank_sums(rt, lc.groups)  # the training step: every group initialised
             await lc.pause()
-            await lc.weight_sync(lambda: _sums(rt, [f"tp{rt.rank}"]))
+            await lc.weight_sync(lambda: rank_sums(rt, [f"tp{rt.rank}"]))
             live = [g for g in lc.groups if rt.group_live(g)]
             await rt.sleep(3.0)
             await lc.resume()
             out.append(dict(delta={k: v - s0[k] for k, v in vars(lc.stats).items()}, live=live,
-                            agreements=lc.control.count - a0, sums=await _sums(rt, lc.groups)))
+                            agreements=lc.control.count - a0, sums=await rank_sums(rt, lc.groups)))
         return out, [h[1:] for h in lc.history]
 
     return world.run(job)
@@ -91,32 +83,10 @@ def test_on_the_calibrated_preset_a_parallel_walk_takes_one_poll_period():
     assert res["SUSPEND_PLANNED_PARALLEL"].held_in_rollout_gib == 0.0
 
 
-class _CrashAt:
-    """Crash ``rank`` the first time it reaches ``point``."""
-
-    def __init__(self, rank: int, point: str):
-        self.rank, self.point, self.fired = rank, point, False
-
-    def on_point(self, rank, name):
-        if rank == self.rank and name == self.point and not self.fired:
-            self.fired = True
-            return sim.FaultAction.crash()
-        return None
-
-    def on_collective(self, rank, group, op, seq):
-        return None
-
-    def on_group_create(self, rank, spec):
-        return None
-
-    def on_pin(self, rank, nbytes):
-        return None
-
-
 @pytest.mark.parametrize("policy,point", [("DESTROY_DEFERRED", "lifecycle.destroy"),
                                           ("SUSPEND_PLANNED", "lifecycle.plan.apply")])
 def test_a_rank_dying_before_a_parallel_walk_fails_every_other_rank_within_the_agreement_timeout(policy, point):
-    world = sim.SimWorld(2, faults=_CrashAt(1, point))
+    world = sim.SimWorld(2, faults=PointFaults(rank=1, point=point, action=sim.FaultAction.crash()))
 
     async def job(rt):
         plan = GroupPlanRules(costs=None) if policy == "SUSPEND_PLANNED" else None
@@ -124,7 +94,7 @@ def test_a_rank_dying_before_a_parallel_walk_fails_every_other_rank_within_the_a
                          plan=plan)
         try:
             await lc.start()
-            await _sums(rt, lc.groups)
+            await rank_sums(rt, lc.groups)
             await lc.pause()
             await lc.weight_sync(lambda: None)
             await lc.resume()
