@@ -81,8 +81,8 @@ def test_reader_sees_every_import_form():
 def test_rules_catch_upward_sideways_and_circles():
     modules = ig.module_files()
     up = ig.Edge("refimpl.store.pool", "refimpl.torch_runtime.pinning", 1, "import")
-    side = ig.Edge("sim.runner", "refimpl.torch_runtime.runtime", 1, "import")
-    down = ig.Edge("sim.runner", "refimpl.store.store", 1, "import")
+    side = ig.Edge("sim.scenarios.runner", "refimpl.torch_runtime.runtime", 1, "import")
+    down = ig.Edge("sim.scenarios.runner", "refimpl.store.store", 1, "import")
     found = ig.floor_violations(modules, [up, side, down])
     assert len(found) == 2 and "upward" in found[0] and "sideways" in found[1]
     circle = [ig.Edge("a", "b", 1, "import"), ig.Edge("b", "c", 1, "import"), ig.Edge("c", "a", 1, "import"),
