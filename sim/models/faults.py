@@ -40,15 +40,21 @@ import fnmatch
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from refimpl.runtime.base import AddressInUseError, CollectiveFailedError, GroupSpec, PinningError
-from sim.models.model_protocols import FaultAction
+from sim.models.model_protocols import FaultAction, WorldBinding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.world import SimWorld
+    from sim.models.model_protocols import Transport
 
 log = logging.getLogger(__name__)
+
+
+class FaultWorld(WorldBinding, Protocol):
+    """What a fault plan reaches of the world it is bound to (:class:`sim.SimWorld` is one): its transport too."""
+
+    transport: "Transport"
 
 
 class FaultPlanError(ValueError):
@@ -173,7 +179,7 @@ class FaultPlan:
         self.fired: list[FiredFault] = []
         self._state: dict[tuple[int, int], _Armed] = {}
         self._links_slowed: set[int] = set()
-        self._world: "SimWorld | None" = None
+        self._world: "FaultWorld | None" = None
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "faults") -> "FaultPlan":
@@ -182,7 +188,7 @@ class FaultPlan:
             raise FaultPlanError(f"{where}: expected a list of faults")
         return cls([Fault.from_dict(f, f"{where}[{i}]") for i, f in enumerate(raw)])
 
-    def bind(self, world: "SimWorld") -> None:
+    def bind(self, world: "FaultWorld") -> None:
         """Reset counters and schedule time-triggered link faults (SimWorld calls this)."""
         self._world = world
         self._state.clear()
@@ -320,4 +326,4 @@ def check_link(link: str, transport: Any, where: str) -> None:
         ) from None
 
 
-__all__ = ["Fault", "FaultPlan", "FaultPlanError", "FaultType", "FiredFault", "check_link"]
+__all__ = ["Fault", "FaultPlan", "FaultPlanError", "FaultType", "FaultWorld", "FiredFault", "check_link"]

@@ -38,7 +38,7 @@ from refimpl.runtime.base import CopyKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.models.topology import Topology
-    from sim.world import SimWorld
+    from sim.models.model_protocols import WorldBinding
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class FlowTransport:
         self.scrub_bps = topology.copy.scrub_bps
         self._scrub_until: dict[int, float] = {}  # rank -> when the driver finishes zero-filling what it freed
 
-    def bind(self, world: "SimWorld") -> None:
+    def bind(self, world: "WorldBinding") -> None:
         """Attach to the world's engine (SimWorld calls this)."""
         if world.world_size > self.topology.num_gpus:
             raise FlowError(

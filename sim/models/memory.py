@@ -29,7 +29,7 @@ from sim.models.model_protocols import RankLedger
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.models.topology import Topology
-    from sim.world import SimWorld
+    from sim.models.model_protocols import WorldBinding
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class TopologyMemory:
         self._engine = None
         self._timeline: dict[int, list[tuple[float, int]]] = {}
 
-    def bind(self, world: "SimWorld") -> None:
+    def bind(self, world: "WorldBinding") -> None:
         """Attach to the world's clock (SimWorld calls this)."""
         self._engine = world.engine
 
