@@ -213,7 +213,8 @@ def wants_offload(meta_info: Mapping[str, Any] | None, default: bool = True) -> 
     return value
 
 
-def _find_meta_info(args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
+def find_meta_info(args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
+    """A call's ``meta_info``: the ``meta_info=`` keyword, else the ``meta_info`` mapping of the first argument that has one."""
     if isinstance(kwargs.get("meta_info"), Mapping):
         return kwargs["meta_info"]
     for a in (*args, *kwargs.values()):
@@ -294,7 +295,7 @@ def auto_offload(method: F | None = None, *, control: str = "state") -> Any:
         @functools.wraps(fn)
         def wrapper(self, *args: Any, **kwargs: Any) -> Any:
             ctl = _control_of(self, control, f"{type(self).__name__}.{fn.__name__}")
-            keep = wants_offload(_find_meta_info(args, kwargs))
+            keep = wants_offload(find_meta_info(args, kwargs))
             with state_offload_manager(ctl, ctl.metrics, fn.__name__, is_offload_states=keep):
                 return fn(self, *args, **kwargs)
 
@@ -308,6 +309,7 @@ __all__ = [
     "StatefulWorker",
     "WorkerStateControl",
     "auto_offload",
+    "find_meta_info",
     "log_gpu_memory_usage",
     "memory_metrics",
     "state_offload_manager",
