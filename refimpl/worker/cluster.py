@@ -48,6 +48,7 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
+from refimpl.worker.control import find_meta_info, wants_offload
 from refimpl.worker.role import RoleWorker, registration
 
 logger = logging.getLogger(__name__)
@@ -252,8 +253,11 @@ class Cluster:
         if self.failure is not None:
             raise ClusterFailedError(f"role {self.role!r} was stopped after an earlier failure ({self.failure}); "
                                      "start a new Cluster for it", role=self.role, method=method) from self.failure
+        per_rank = self._split(method, reg, args)
+        for a in per_rank:  # a bad is_offload_states fails here, at the driver, before any rank runs
+            wants_offload(find_meta_info(a, kwargs))
         t0 = time.perf_counter()
-        refs = [w.timeshare_call.remote(method, a, kwargs) for w, a in zip(self.workers, self._split(method, reg, args))]
+        refs = [w.timeshare_call.remote(method, a, kwargs) for w, a in zip(self.workers, per_rank)]
         future = ClusterFuture(self, method, refs, reg.collect, t0)
         return future.get(timeout_s) if blocking else future
 

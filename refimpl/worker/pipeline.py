@@ -134,8 +134,7 @@ class RLVRPipeline:
     def sync_weights(self) -> None:
         """actor_train's full weights into actor_infer (through Ray's object store)."""
         ref = self.clusters["actor_train"].gather_weights()
-        keep = {"is_offload_states": not self.cfg.offload}
-        self.clusters["actor_infer"].load_weights(ref, meta_info=keep)
+        self.clusters["actor_infer"].load_weights(ref, meta_info={"is_offload_states": self.cfg.offload})
 
     def step(self, step: int) -> dict[str, Any]:
         """One step: the phases in order, then the weight sync; the step's results (losses, rewards, sequences)."""
