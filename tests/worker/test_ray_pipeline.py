@@ -8,6 +8,7 @@ import pytest
 from tests.worker._ray import start_ray
 
 
+
 @pytest.fixture(scope="module")
 def clusters():
     ray = start_ray()

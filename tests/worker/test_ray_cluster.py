@@ -9,6 +9,7 @@ import torch
 from tests.worker._ray import start_ray
 
 
+
 @pytest.fixture(scope="module")
 def ray_mod():
     ray = start_ray()
