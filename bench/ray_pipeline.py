@@ -227,6 +227,14 @@ class ActorTrainWorker(_ModelWorker):
         return self.publish(full) if self.rank == 0 else None
 
 
+    @register(offload=False)
+    def lifecycle_stats(self) -> dict[str, Any]:
+        """The role's PGLifecycle: its state and counters (pauses, resumes, weight syncs, destroys, rebuilds)."""
+        import dataclasses
+
+        return {"state": self.lc.state.name, **dataclasses.asdict(self.lc.stats)}
+
+
 class ReferenceWorker(_ModelWorker):
     """The frozen initial policy, FSDP2, in its own store."""
 
@@ -338,10 +346,12 @@ def run_once(clusters: dict[str, Any], pcfg: Any, generation: int) -> dict[str, 
     t0 = time.perf_counter()
     steps = pipe.run()
     wall = time.perf_counter() - t0
+    life = clusters["actor_train"].lifecycle_stats()[0]  # before the digests' own weight sync
     return {"params_per_rank": params, "wall_s": wall, "phase_s": pipe.phase_s,
             "losses": [s["loss"] for s in steps], "rewards": [s["reward"] for s in steps],
             "sequences": [[t.tolist() for t in s["sequences"]] for s in steps],
             "digests": weight_digests(clusters["actor_train"]),
+            "lifecycle": life,
             "calls": [_call_row(r) for c in clusters.values() for r in c.records]}
 
 

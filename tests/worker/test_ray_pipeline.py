@@ -45,6 +45,11 @@ def test_pipeline_with_offload_is_bitwise_the_pipeline_without(clusters):
     assert lp and all("offload_s" not in c for c in lp)
     assert "offload_s" in calls[("actor_train", "train_step")] and "onload_s" in calls[("actor_infer", "generate")]
     assert calls[("actor_infer", "generate")]["offload_bytes"] > 0
+    # the trainer's group went down with its state and came back for training and for every weight sync
+    life = moved["lifecycle"]
+    assert life["state"] == "DESTROYED" and life["pauses"] >= 3 and life["resumes"] >= 2, life
+    assert life["weight_syncs"] == 3, "the first sync and one per step"
+    assert kept["lifecycle"]["state"] == "ACTIVE" and kept["lifecycle"]["pauses"] == 0
     # baseline: nothing moved
     for role, c in clusters.items():
         assert all(not m["offloaded"] for m in c.moves()), role

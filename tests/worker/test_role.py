@@ -43,7 +43,7 @@ class Worker(RoleWorker):
         return [self.f(), self.f()]
 
 
-def test_role_worker_hands_the_rendezvous_and_runs_registered_calls_with_metrics(monkeypatch):
+def test_role_worker_hands_the_rendezvous_and_runs_registered_calls_with_metrics(monkeypatch, caplog):
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
     w0 = Worker("ref", 0, 2)
@@ -57,7 +57,10 @@ def test_role_worker_hands_the_rendezvous_and_runs_registered_calls_with_metrics
     w1.setup()
     w1.state_control.offload_states()
     assert registration(Worker.f) == Registration() and registration(Worker.setup) is None
-    out, metrics = w1.timeshare_call("outer", (), {})
+    with caplog.at_level("INFO", logger="refimpl.worker.role"):
+        out, metrics = w1.timeshare_call("outer", (), {})
+    heads = [r.getMessage().split(":")[0] for r in caplog.records if "device memory used" in r.getMessage()]
+    assert heads == ["ref outer start", "ref outer end"], "log_gpu_memory_usage around each driver call"
     assert out == [True, True] and w1.state_control.offloaded
     assert w1.state_control.moves == {"reload": 1, "offload": 2}, "the nested calls moved nothing"
     assert {"time/onload/outer", "time/offload/outer", "bytes/onload/outer", "time/call/outer"} <= metrics.keys()
