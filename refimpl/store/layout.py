@@ -182,8 +182,61 @@ class LayoutState(enum.Enum):
     OFFLOADED = "offloaded"
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
+
+
+class LayoutKeys(dict):
+    """Layout keys interned by ``(category value, dtype, placement key)``: ``keys[raw]`` makes the key once.
+
+    A plain dict lookup per storage on a hit (Enum hashing is slow in the per-storage loops, hence the
+    category's value in the raw tuple); :meth:`__missing__` builds the :class:`LayoutKey` on a miss.
+    """
+
+    def __missing__(self, raw: tuple[str, torch.dtype, Hashable | None]) -> "LayoutKey":
+        key = self[raw] = LayoutKey(Category(raw[0]), raw[1], raw[2])
+        return key
+
+
+class SegmentCutter:
+    """The segment-cut rule, written once for the eager (:meth:`FlatLayout.build`) and the streaming
+    (:class:`refimpl.store.streaming.LayoutStream`) layouts.
+
+    Entries are placed back to back at offsets aligned to ``alignment_bytes``. A host segment closes
+    before an entry when the open segment is already ``segment_bytes`` long, or when the entry would
+    overflow it and the segment is not empty: every entry lies inside one segment, and a segment is
+    longer than ``segment_bytes`` only when a single entry is.
+    """
+
+    __slots__ = ("align", "seg_numel", "end", "seg_start", "cuts")
+
+    def __init__(self, dtype: torch.dtype, alignment_bytes: int, segment_bytes: int) -> None:
+        size = dtype.itemsize
+        self.align = max(1, alignment_bytes // size)
+        self.seg_numel = max(self.align, segment_bytes // size)
+        #: element offset just past the last entry placed
+        self.end = 0
+        #: where the open segment starts
+        self.seg_start = 0
+        #: every segment start, ascending
+        self.cuts: list[int] = [0]
+
+    def place(self, numel: int) -> tuple[int, int]:
+        """The offset of the next entry of ``numel`` elements, and the start of the segment this placement
+        closed (-1 if none: the entry joins the open segment). One call per storage: rounding is inline."""
+        a, start = self.align, self.seg_start
+        off = -(-self.end // a) * a
+        self.end = off + numel
+        if off - start >= self.seg_numel or (off > start and off + numel - start > self.seg_numel):
+            self.seg_start = off
+            self.cuts.append(off)
+            return off, start
+        return off, -1
+
+    def numel(self) -> int:
+        """The aligned size of everything placed so far."""
+        return round_up(self.end, self.align)
 
 
 @dataclass(eq=False)
@@ -255,23 +308,14 @@ class FlatLayout:
         Sets each entry's ``offset``. The caller may pad ``numel`` afterwards
         with :meth:`pad_to`.
         """
-        size = itemsize(key.dtype)
-        align = max(1, alignment_bytes // size)
-        seg_numel = max(align, segment_bytes // size)
-        offset = 0
-        cuts: list[int] = [0]
+        cutter = SegmentCutter(key.dtype, alignment_bytes, segment_bytes)
+        place = cutter.place
         for e in entries:
             if e.dtype != key.dtype or e.category != key.category:
                 raise ValueError(f"entry {e.name} ({e.category.value}, {e.dtype}) does not belong in layout {key.label()}")
-            offset = _round_up(offset, align)
-            if offset - cuts[-1] >= seg_numel or (offset > cuts[-1] and offset + e.numel - cuts[-1] > seg_numel):
-                cuts.append(offset)
-            e.offset = offset
-            offset += e.numel
-        data_numel = offset
-        numel = _round_up(offset, align)
-        layout = cls(key, list(entries), numel, data_numel, ())
-        layout.set_segments(cuts)
+            e.offset = place(e.numel)[0]
+        layout = cls(key, list(entries), cutter.numel(), cutter.end, ())
+        layout.set_segments(cutter.cuts)
         return layout
 
     def pad_to(self, numel: int) -> None:
@@ -305,9 +349,12 @@ class FlatLayout:
 __all__ = [
     "FlatLayout",
     "LayoutKey",
+    "LayoutKeys",
     "LayoutState",
+    "SegmentCutter",
     "StorageEntry",
     "TensorRef",
     "itemsize",
+    "round_up",
     "storage_id",
 ]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Iterator
 
 from refimpl.store.backend import StoreBackend
 from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry
 from refimpl.store.residency import adopt_if_unchanged
 
 
@@ -33,7 +33,7 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
     resident = {lay.flat_storage: lay for lay in resident_layouts}
     reused: dict[LayoutKey, FlatLayout] = {}
     loose: dict[LayoutKey, list[StorageEntry]] = {}
-    keys: dict[tuple[Any, ...], LayoutKey] = {}
+    keys = LayoutKeys()
     placement_key = backend.placement_key
     for g in groups:
         layout = resident.get(g.storage_id)
@@ -41,11 +41,7 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
             reused[layout.key] = layout
             continue
         entry = StorageEntry(g.category, g.kind, g.dtype, g.numel, g.refs, g.base_view(), g.source)
-        pk = placement_key(entry)
-        raw = (g.category.value, g.dtype, pk)  # Enum hashing is slow in this per-storage loop
-        key = keys.get(raw)
-        if key is None:
-            key = keys[raw] = LayoutKey(g.category, g.dtype, pk)
+        key = keys[(g.category.value, g.dtype, placement_key(entry))]
         loose.setdefault(key, []).append(entry)
     plan: dict[LayoutKey, FlatLayout] = {}
     for key in sorted(set(reused) | set(loose), key=LayoutKey.sort_key):
