@@ -15,7 +15,7 @@ plan -> copy -> restore; see :mod:`refimpl.store.plans`).
   backend fill them; :meth:`~ReloadCopies.release_flats` frees them when the reload fails.
 
 Every finisher a backend returned is awaited, also on the error path, so ranks
-running collectives inside backends agree (see :mod:`refimpl.store.backend`).
+running collectives inside backends agree (see :mod:`refimpl.store.backends`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Awaitable, Iterable, NamedTuple
 import torch
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, storage_id

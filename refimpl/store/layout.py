@@ -187,6 +187,9 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+_CATEGORY_BY_VALUE = {c.value: c for c in Category}
+
+
 class LayoutKeys(dict):
     """Layout keys interned by ``(category value, dtype, placement key)``: ``keys[raw]`` makes the key once.
 
@@ -195,7 +198,7 @@ class LayoutKeys(dict):
     """
 
     def __missing__(self, raw: tuple[str, torch.dtype, Hashable | None]) -> "LayoutKey":
-        key = self[raw] = LayoutKey(Category(raw[0]), raw[1], raw[2])
+        key = self[raw] = LayoutKey(_CATEGORY_BY_VALUE[raw[0]], raw[1], raw[2])
         return key
 
 

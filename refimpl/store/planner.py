@@ -14,7 +14,7 @@ import gc
 from dataclasses import replace
 from typing import Iterator
 
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry

@@ -44,7 +44,7 @@ from typing import Callable, ClassVar, Iterator
 import torch
 
 from refimpl.runtime.base import Runtime, gather
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.collect import Item
 from refimpl.store.grouping import CollectReport, StorageGrouper, group_by_storage
 from refimpl.store.config import Category, StoreConfig
@@ -116,7 +116,7 @@ class OffloadPlan(abc.ABC):
 class StreamedOffload(OffloadPlan):
     """The first offload of scattered state: copies start while collection goes on.
 
-    Only for a backend with ``streaming_offload`` and no layout resident in a
+    Only for a backend implementing ``StreamingBackend`` and no layout resident in a
     flat buffer; see [Note: why stream] in :mod:`refimpl.store.streaming`.
     """
 

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from refimpl.runtime.base import CopyKind, Runtime
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import storage_view
 from refimpl.store.config import Category
 from refimpl.store.layout import FlatLayout, LayoutState, StorageEntry

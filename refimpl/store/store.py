@@ -7,7 +7,7 @@ Attach what holds the state (modules, optimizers, explicit tensors). Each
 registered tensors of the requested categories and group them by storage
 (:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`), plan flat
 layouts (:mod:`refimpl.store.layout`, :mod:`refimpl.store.planner`), have the
-backend (:mod:`refimpl.store.backend`) copy each layout to host memory
+backend (:mod:`refimpl.store.backends`) copy each layout to host memory
 (:mod:`refimpl.store.copies`), then release (:mod:`refimpl.store.release`). The
 store picks the plan object of the path the state calls for (streamed first
 offload, steady, full) and runs its stages. A storage's device memory is
@@ -66,6 +66,7 @@ from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.planner import gc_paused, plan_layouts
 from refimpl.store.plans import FullOffload, OffloadPlan, RecoverPlan, ReloadPlan, SteadyOffload, StreamedOffload
 from refimpl.store.pool import PinnedHostPool
+from refimpl.store.backends.base import streams
 from refimpl.store.registry import create_backend
 from refimpl.store.release import ReleasePlan, park_kept_views, prepare_release, release_layouts
 from refimpl.store.residency import (
@@ -399,7 +400,7 @@ class OffloadStore:
         """The path of this offload: streamed (first offload, streaming backend), steady (every tensor where
         the last reload put it; see [Note: steady offload check] in refimpl.store.residency) or full."""
         rt, resident = self.rt, self._resident(cats)
-        if self.backend.streaming_offload and not copies.ahead and not resident:
+        if streams(self.backend) and not copies.ahead and not resident:
             return StreamedOffload(rt, self.backend, self.config, cats, lambda: self._items(cats),
                                    drop_grads=drop_grads, lookahead=self.pool.pin_threads)
         sig, viewers = self._signature, copies.viewers

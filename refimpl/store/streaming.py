@@ -7,9 +7,9 @@ pinned before anything can be copied into it. Done one after the other, both
 costs add to the copy time. Streaming overlaps them: layouts are built
 append-only as storages are found (offsets never move once assigned), so a
 host segment is final as soon as the next storage no longer fits in it. At
-that moment the backend starts pinning the segment (:meth:`StoreBackend.stream_reserve`),
+that moment the backend starts pinning the segment (:meth:`StreamingBackend.stream_reserve`),
 and once ``lookahead`` more segments are pinning, the oldest one's copies are
-issued (:meth:`StoreBackend.stream_copy`), while collection goes on.
+issued (:meth:`StreamingBackend.stream_copy`), while collection goes on.
 
 The layouts come out identical to :meth:`FlatLayout.build` over the same
 entries (same aligned offsets, same segment cuts), so later cycles reuse the
@@ -17,8 +17,8 @@ pinned buffers. Nothing is released until collection, validation and every
 pinning have succeeded: an error midway waits for the copies already issued,
 discards the partial host buffers and leaves the state on the device.
 
-Only backends with ``streaming_offload`` (no padding, no collectives) take
-this path; ``prepare`` is not called for it.
+Only backends implementing :class:`~refimpl.store.backends.base.StreamingBackend`
+(no padding, no collectives) take this path; ``prepare`` is not called for it.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 
 from refimpl.runtime.base import Completion, Runtime
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutKeys, SegmentCutter, StorageEntry
@@ -46,7 +46,8 @@ class _OpenLayout:
 
 
 class StreamingPlan:
-    """Builds flat layouts as storage groups arrive and streams full host segments to the backend.
+    """Builds flat layouts as storage groups arrive and streams full host segments to the backend
+    (a :class:`~refimpl.store.backends.base.StreamingBackend`).
 
     ``drop_grads``: gradient layouts are built but not copied.
     ``lookahead``: segments that may be pinning at once before the oldest one's copies are issued.
