@@ -30,7 +30,7 @@ from refimpl.store.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, storage_id
 from refimpl.store.parking import own_view
-from refimpl.store.release import EarlyRelease, release_as_copied, restore_released_early
+from refimpl.store.release import EarlyRelease, release_as_copied, copy_back_early_releases
 from refimpl.store.residency import resident_flat
 from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
 
@@ -142,7 +142,7 @@ class OffloadCopies:
         their bytes back from the host copies."""
         await drain([*self.pending, *(a.finisher for a in self.ahead.values())])
         if self.early:
-            await restore_released_early(self.rt, self.backend, self.early)
+            await copy_back_early_releases(self.rt, self.backend, self.early)
 
     def forget(self) -> None:
         """Drop every view and source this offload made (after a failure the traceback keeps the frames)."""

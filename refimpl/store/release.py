@@ -7,7 +7,7 @@
   run;
 * :func:`park_kept_views` parks views of the store's flat buffers that the user kept;
 * :func:`release_layouts` releases what is left and marks the layouts offloaded;
-* :func:`restore_released_early` is the way back when the offload fails after
+* :func:`copy_back_early_releases` is the way back when the offload fails after
   :func:`release_as_copied` released storages.
 
 Stage four of the store's pipeline (collect -> plan -> copy -> release; see
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -28,25 +28,11 @@ from refimpl.runtime.base import CopyKind, Runtime
 from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import storage_view
 from refimpl.store.config import Category
-from refimpl.store.layout import FlatLayout, LayoutState, StorageEntry
+from refimpl.store.layout import EarlyRelease, FlatLayout
 from refimpl.store.parking import park_strays
 from refimpl.store.source import DeviceLayoutSource
 
 logger = logging.getLogger(__name__)
-
-
-class EarlyRelease(NamedTuple):
-    """A storage :func:`release_as_copied` released while later copies ran, and what it held."""
-
-    layout: FlatLayout
-    entry: StorageEntry
-    #: the released storage (0 bytes now)
-    storage: Any
-    #: its size before the release
-    nbytes: int
-
-
-_new = tuple.__new__
 
 
 @dataclass
@@ -76,8 +62,7 @@ def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> ReleasePlan:
         if base is None or base.untyped_storage()._cdata != layout.flat_storage:
             continue
         plan.flat_bases[id(layout)] = base
-        for e in layout.entries:
-            e.base = None
+        layout.drop_bases()
     return plan
 
 
@@ -101,18 +86,8 @@ def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, pl
                 release(flat)
                 done.add(sid)
         else:
-            for e in layout.entries:
-                base = e.base
-                if base is None:
-                    continue  # released as soon as its copy completed
-                sid = base.untyped_storage()._cdata
-                if sid not in done:
-                    release(base)
-                    done.add(sid)
-                e.base = None
-        layout.state = LayoutState.OFFLOADED
-        layout.dropped = drop_grads and layout.category is Category.GRADS
-        layout.flat_storage = None
+            layout.release_bases(release, done)
+        layout.mark_offloaded(drop_grads and layout.category is Category.GRADS)
     return plan.moved_bytes
 
 
@@ -140,19 +115,11 @@ async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], rele
                 continue
             if not completion.done():
                 await completion
-            for e in entries:
-                left = remaining[id(e)] - 1
-                remaining[id(e)] = left
-                if left == 0 and e.owns_storage and e.base is not None:
-                    st = e.base.untyped_storage()
-                    released.append(_new(EarlyRelease, (src.layout, e, st, st.nbytes())))  # no __new__ frame
-                    release(e.base)
-                    e.base = None
-                    count += 1
+            count += src.layout.release_copied(entries, remaining, release, released)
     return count
 
 
-async def restore_released_early(rt: Runtime, backend: StoreBackend, early: list[EarlyRelease]) -> None:
+async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: list[EarlyRelease]) -> None:
     """After a failed offload: give storages released early their bytes back from the host copies."""
     for r in early:
         layout, entry = r.layout, r.entry
@@ -185,4 +152,4 @@ def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flat
 
 
 __all__ = ["EarlyRelease", "ReleasePlan", "park_kept_views", "prepare_release", "release_as_copied",
-           "release_layouts", "restore_released_early"]
+           "release_layouts", "copy_back_early_releases"]

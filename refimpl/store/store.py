@@ -69,9 +69,7 @@ from refimpl.store.pool import PinnedHostPool
 from refimpl.store.backends.base import streams
 from refimpl.store.registry import create_backend
 from refimpl.store.release import ReleasePlan, park_kept_views, prepare_release, release_layouts
-from refimpl.store.residency import (
-    ItemSignature, ParkRecord, mark_resident, park, repoint, restore_released, steady_unchanged, unadopt, unpark,
-)
+from refimpl.store.residency import ItemSignature, steady_unchanged
 from refimpl.store.stats import PhaseClock, StoreStats
 
 logger = logging.getLogger(__name__)
@@ -263,11 +261,11 @@ class OffloadStore:
         try:
             plan = plan_layouts(groups, self._resident(cats), self.backend, self.config)  # resident ones reused
         finally:
-            unadopt(self._resident(cats))
+            for lay in self._resident(cats):
+                lay.unadopt()
         for layout in sorted(plan.values(), key=sort_key):
             self.backend.reserve(layout)
-            for e in layout.entries:
-                e.base = None
+            layout.drop_bases()
         if wait:
             self.pool.wait_all()
         return sum(layout.nbytes for layout in plan.values())
@@ -326,7 +324,6 @@ class OffloadStore:
             t0, free_before = rt.now(), rt.memory_info().free
             copies = OffloadCopies(rt, self.backend, self.config, drop_grads=drop_grads)
             clock = PhaseClock(rt, "offload")
-            parked = ParkRecord()
             plan: OffloadPlan | None = None
             release_plan: ReleasePlan | None = None
             try:
@@ -346,7 +343,9 @@ class OffloadStore:
                 ordered = plan.ordered()
                 await plan.copy(copies, ordered)
                 clock.lap("issue")
-                park(ordered, plan.resident_flats(copies), parked)  # per-tensor work while the copies run
+                flats = plan.resident_flats(copies)
+                for lay in ordered:  # per-tensor work while the copies run
+                    lay.park(flats.get(lay.key))
                 release_plan = prepare_release(ordered, drop_grads)
                 self._counters["copies"] = copies.describe()  # before the wait, not after the copies
                 clock.lap("record")
@@ -358,18 +357,20 @@ class OffloadStore:
                 await rt.point("store.offload.release")  # the last point where a failure rolls back
             except BaseException:
                 await copies.unwind()
-                unpark(parked)
+                for lay in plan.ordered() if plan is not None else ():
+                    if lay.state is LayoutState.PARKED:
+                        lay.unpark()
                 if plan is not None:
                     await plan.abort()
                 await copies.close()
-                unadopt(self._resident(cats))
+                for lay in self._resident(cats):
+                    lay.unadopt()
                 # the traceback keeps this frame: drop every view of the state made here, so the next
                 # offload's count of the tensors viewing a storage sees none of ours
                 for lay in plan.touched() if plan is not None else ():
-                    for e in lay.entries:
-                        e.base = None
+                    lay.drop_bases()
                 copies.forget()
-                release_plan = parked = None  # noqa: F841
+                release_plan = flats = None  # noqa: F841
                 raise
             await copies.close()
             park_kept_views(plan.stray_views(), ordered, copies.flats, release_plan)  # nothing can fail from here on
@@ -466,7 +467,6 @@ class OffloadStore:
             await rt.point("store.reload.begin")
             t0 = rt.now()
             copies = ReloadCopies(rt, self.backend)
-            repointed = False
             clock = PhaseClock(rt, "reload")
             try:
                 await copies.issue(todo)
@@ -474,19 +474,20 @@ class OffloadStore:
                 problems = plan.check()
                 clock.lap("validate")
                 overwritten = plan.settle(problems)
-                repointed = True
-                repoint(todo, copies.flats)  # while the copies run
+                for lay, flat in zip(todo, copies.flats):  # while the copies run
+                    lay.repoint(flat)
                 clock.lap("repoint")
                 await rt.point("store.reload.wait")
                 await copies.wait()
                 clock.lap("wait")
             except BaseException:
                 await copies.drain()
-                if repointed:
-                    restore_released(todo)
+                for lay in todo:
+                    if lay.state is LayoutState.REPOINTED:
+                        lay.repark()
                 copies.release_flats()
                 raise
-            moved = mark_resident(todo, copies.storage_ids())
+            moved = sum(lay.mark_resident(sid) for lay, sid in zip(todo, copies.storage_ids()))
             self._offloaded -= cats
             c = self._counters
             c["reloads"] += 1

@@ -189,7 +189,7 @@ BREAKS: tuple[Break, ...] = (
       "            if not completion.done():\n                await completion\n", "",
       ("tests/store/test_store_sim.py",),
       "early release frees a storage without waiting for the D2H copy that reads it"),
-    B("repoint_wrong_offset", "refimpl/store/residency.py",
+    B("repoint_wrong_offset", "refimpl/store/layout.py",
       "t.set_(st, at + r.offset, r.size, r.stride)",
       "t.set_(st, at + r.offset + (1 if r.offset else 0), r.size, r.stride)",
       ("tests/store/test_store_offload.py",),
