@@ -48,8 +48,9 @@ vLLM's ``cumem`` allocator keeps one dictionary of truth (pointer -> handle)
 and two verbs (sleep, wake): tensors keep their addresses because the
 allocator unmaps and remaps the same virtual range. The store cannot rely on
 owning the allocator (torch's caching allocator, FSDP2's and DDP's buffers),
-so it re-points the tensor objects instead: ``set_`` (or ``.data =``) onto the
-placeholder when parking and into a new flat buffer on reload. The price is
+so it re-points the tensor objects instead: ``set_`` (``.data =`` for a tensor
+that requires grad, keeping its gradient accumulator: [Note: autograd identity]
+in :mod:`refimpl.store.parking`) onto the placeholder when parking and into a new flat buffer on reload. The price is
 this module's alias handling (entries, shared storages, stray views, the
 steady check); the gain is that any tensor the frameworks hold keeps working
 and a resident layout leaves in one copy. :meth:`FlatLayout.repoint` is where
@@ -68,7 +69,7 @@ from refimpl.store.entry import StorageEntry, TensorRef, itemsize, storage_id
 from refimpl.store.errors import StoreStateError
 from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS
-from refimpl.store.parking import debug_mode, guard, own_view, placeholder, unguard, zero_strides
+from refimpl.store.parking import debug_mode, guard, own_view, placeholder, repoint_tensor, unguard, zero_strides
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,10 @@ class FlatLayout:
                 for r in e.refs:
                     t, size = r.tensor, r.size
                     z = zs.get(len(size)) or zero_strides(len(size))
-                    t.set_(st, 0, size, z)
+                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                        repoint_tensor(t, st, 0, size, z)
+                    else:
+                        t.set_(st, 0, size, z)
                     if guarding:
                         guard(t, r.name)
 
@@ -351,13 +355,13 @@ class FlatLayout:
                 for e in self.entries:
                     for r in e.refs:
                         unguard(r.tensor)
-                        r.tensor.set_(st, at0 + e.offset + r.offset, r.size, r.stride)
+                        repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
                 return
             for e, (st, at0) in zip(self.entries, origins or ()):
                 for r in e.refs:
                     unguard(r.tensor)
                     if st is not None:
-                        r.tensor.set_(st, at0 + r.offset, r.size, r.stride)
+                        repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
 
     def mark_offloaded(self, dropped: bool) -> None:
         """The device memory is released: PARKED -> OFFLOADED. ``dropped``: no host copy was made."""
@@ -384,7 +388,10 @@ class FlatLayout:
                     t = r.tensor
                     if type(t) in _GUARDED:
                         unguard(t)
-                    t.set_(st, at + r.offset, r.size, r.stride)
+                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                        repoint_tensor(t, st, at + r.offset, r.size, r.stride)
+                    else:
+                        t.set_(st, at + r.offset, r.size, r.stride)
                     r.weaken()
                     views += 1
         self.resident_views = views
@@ -401,7 +408,7 @@ class FlatLayout:
                     if t is None:
                         continue
                     st, _ = placeholder(t.device, self.dtype)
-                    t.set_(st, 0, r.size, zero_strides(len(r.size)))
+                    repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
                     r.strengthen()
                     if guarding:
                         guard(t, r.name)
