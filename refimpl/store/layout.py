@@ -80,6 +80,17 @@ class LayoutKey:
     dtype: torch.dtype
     placement: Hashable | None = None
 
+    def __post_init__(self) -> None:
+        # hashed once: a key is looked up per layout in every stage, and the generated __hash__ costs
+        # three Python calls (the Enum's __hash__ among them) per lookup
+        object.__setattr__(self, "_hash", hash((self.category.value, self.dtype, self.placement)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return LayoutKey, (self.category, self.dtype, self.placement)  # the hash is made afresh
+
     def sort_key(self) -> tuple[int, str, str]:
         """A total order identical on every rank (layouts are processed in it)."""
         return CATEGORY_ORDER[self.category], str(self.dtype), repr(self.placement)
@@ -301,12 +312,13 @@ class FlatLayout:
 
     # ------------------------------------------------------------------ transitions (LAYOUT_TRANSITIONS)
 
-    def _move(self, transition: str) -> None:
-        new = LAYOUT_TRANSITIONS.get((transition, self.state))
-        if new is None:
-            raise StoreStateError(f"layout {self.key.label()}: cannot {transition} a layout that is "
-                                  f"{self.state.value}; this is a bug in the store's stage order")
-        self.state = new
+    # The moves of refs (park, unpark, repoint, repark) run under torch.no_grad(), entered once by the
+    # stage that calls them for every layout. Each transition checks its row of LAYOUT_TRANSITIONS inline (one comparison, no call: the steady
+    # path's budget is counted in Python calls); tests/store/test_store_layout.py checks they agree.
+
+    def _refuse(self, transition: str) -> None:
+        raise StoreStateError(f"layout {self.key.label()}: cannot {transition} a layout that is "
+                              f"{self.state.value}; this is a bug in the store's stage order")
 
     def park(self, flat: torch.Tensor | None) -> None:
         """Point every ref at its placeholder (see [Note: parked tensors]); ON_DEVICE -> PARKED.
@@ -317,7 +329,9 @@ class FlatLayout:
         Where the refs were is recorded before they move, so :meth:`unpark` undoes a
         park that failed midway.
         """
-        self._move("park")
+        if self.state is not LayoutState.ON_DEVICE:
+            self._refuse("park")
+        self.state = LayoutState.PARKED
         origins: list[EntryOrigin] | None = None
         if flat is None:
             origins = []
@@ -331,41 +345,43 @@ class FlatLayout:
         guarding = debug_mode()
         st, _ = placeholder(self.entries[0].refs[0].tensor.device, self.dtype)
         zs = _ZEROS
-        with torch.no_grad():
-            for e in self.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
-                for r in e.refs:
-                    t, size = r.tensor, r.size
-                    z = zs.get(len(size)) or zero_strides(len(size))
-                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
-                        repoint_tensor(t, st, 0, size, z)
-                    else:
-                        t.set_(st, 0, size, z)
-                    if guarding:
-                        guard(t, r.name)
+        for e in self.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
+            for r in e.refs:
+                t, size = r.tensor, r.size
+                z = zs.get(len(size)) or zero_strides(len(size))
+                if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                    repoint_tensor(t, st, 0, size, z)
+                else:
+                    t.set_(st, 0, size, z)
+                if guarding:
+                    guard(t, r.name)
 
     def unpark(self) -> None:
         """Undo :meth:`park`: every ref back on its original storage (which must hold its bytes again);
         PARKED -> ON_DEVICE."""
-        self._move("unpark")
+        if self.state is not LayoutState.PARKED:
+            self._refuse("unpark")
+        self.state = LayoutState.ON_DEVICE
         flat, origins = self._parked_from or (None, None)
         self._parked_from = None
-        with torch.no_grad():
-            if flat is not None:
-                st, at0 = flat.untyped_storage(), flat.storage_offset()
-                for e in self.entries:
-                    for r in e.refs:
-                        unguard(r.tensor)
-                        repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
-                return
-            for e, (st, at0) in zip(self.entries, origins or ()):
+        if flat is not None:
+            st, at0 = flat.untyped_storage(), flat.storage_offset()
+            for e in self.entries:
                 for r in e.refs:
                     unguard(r.tensor)
-                    if st is not None:
-                        repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
+                    repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
+            return
+        for e, (st, at0) in zip(self.entries, origins or ()):
+            for r in e.refs:
+                unguard(r.tensor)
+                if st is not None:
+                    repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
 
     def mark_offloaded(self, dropped: bool) -> None:
         """The device memory is released: PARKED -> OFFLOADED. ``dropped``: no host copy was made."""
-        self._move("mark_offloaded")
+        if self.state is not LayoutState.PARKED:
+            self._refuse("mark_offloaded")
+        self.state = LayoutState.OFFLOADED
         self._parked_from = None
         self.dropped = dropped
         self.flat_storage = None
@@ -377,48 +393,52 @@ class FlatLayout:
         Afterwards the store holds the refs only weakly; ``resident_views`` counts
         the tensor objects viewing the flat buffer (for the steady check).
         """
-        self._move("repoint")
+        if self.state is not LayoutState.OFFLOADED:
+            self._refuse("repoint")
+        self.state = LayoutState.REPOINTED
         st = flat.untyped_storage()
         base = flat.storage_offset()
         views = 0
-        with torch.no_grad():
-            for e in self.entries:
-                at = base + e.offset
-                for r in e.refs:
-                    t = r.tensor
-                    if type(t) in _GUARDED:
-                        unguard(t)
-                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
-                        repoint_tensor(t, st, at + r.offset, r.size, r.stride)
-                    else:
-                        t.set_(st, at + r.offset, r.size, r.stride)
-                    r.weaken()
-                    views += 1
+        for e in self.entries:
+            at = base + e.offset
+            for r in e.refs:
+                t = r.tensor
+                if type(t) in _GUARDED:
+                    unguard(t)
+                if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                    repoint_tensor(t, st, at + r.offset, r.size, r.stride)
+                else:
+                    t.set_(st, at + r.offset, r.size, r.stride)
+                r.weaken()
+                views += 1
         self.resident_views = views
 
     def repark(self) -> None:
         """Undo :meth:`repoint` after a failed reload: every ref parked again, held strongly again;
         REPOINTED -> OFFLOADED."""
-        self._move("repark")
+        if self.state is not LayoutState.REPOINTED:
+            self._refuse("repark")
+        self.state = LayoutState.OFFLOADED
         guarding = debug_mode()
-        with torch.no_grad():
-            for e in self.entries:
-                for r in e.refs:
-                    t = r.live()
-                    if t is None:
-                        continue
-                    st, _ = placeholder(t.device, self.dtype)
-                    repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
-                    r.strengthen()
-                    if guarding:
-                        guard(t, r.name)
+        for e in self.entries:
+            for r in e.refs:
+                t = r.live()
+                if t is None:
+                    continue
+                st, _ = placeholder(t.device, self.dtype)
+                repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
+                r.strengthen()
+                if guarding:
+                    guard(t, r.name)
         self.resident_views = -1
 
-    def mark_resident(self, flat_storage: int) -> int:
-        """The reload's copies completed: REPOINTED -> ON_DEVICE, resident in the flat buffer
-        ``flat_storage``. Returns the bytes brought back (a dropped layout counts nothing)."""
-        self._move("mark_resident")
-        self.flat_storage = flat_storage
+    def mark_resident(self, flat: torch.Tensor) -> int:
+        """The reload's copies completed: REPOINTED -> ON_DEVICE, resident in the flat buffer ``flat``.
+        Returns the bytes brought back (a dropped layout counts nothing)."""
+        if self.state is not LayoutState.REPOINTED:
+            self._refuse("mark_resident")
+        self.state = LayoutState.ON_DEVICE
+        self.flat_storage = flat.untyped_storage()._cdata
         moved = 0 if self.dropped else self.data_nbytes
         self.dropped = False
         return moved

@@ -10,8 +10,7 @@
 * :func:`copy_back_early_releases` is the way back when the offload fails after
   :func:`release_as_copied` released storages.
 
-Stage four of the store's pipeline (collect -> plan -> copy -> release; see
-:mod:`refimpl.store.plans`).
+The last stage of an offload (:class:`refimpl.store.offload.Offload`).
 
 Every registered tensor is parked before any of this runs (see
 :mod:`refimpl.store.parking`): a release never leaves a tensor on freed memory.
@@ -36,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ReleasePlan:
+class PreparedRelease:
     """What :func:`prepare_release` settled while the copies ran: one view per flat-resident layout
     (by ``id(layout)``) and the bytes the offload moves."""
 
@@ -44,7 +43,7 @@ class ReleasePlan:
     moved_bytes: int = 0
 
 
-def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> ReleasePlan:
+def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> PreparedRelease:
     """Per-entry work of the release, done once every copy is issued, while they run.
 
     For a layout resident as one flat buffer, keep one view of it and drop the
@@ -52,34 +51,34 @@ def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> ReleasePlan:
     milliseconds, which must not land after the last copy completes); sum the
     bytes moved. :func:`release_layouts` then does no per-entry work for them.
     """
-    plan = ReleasePlan()
+    prepared = PreparedRelease()
     for layout in layouts:
         if not (drop_grads and layout.category is Category.GRADS):
-            plan.moved_bytes += layout.data_nbytes
+            prepared.moved_bytes += layout.data_nbytes
         if layout.flat_storage is None:
             continue
         base = next((e.base for e in layout.entries if e.base is not None), None)
         if base is None or base.untyped_storage()._cdata != layout.flat_storage:
             continue
-        plan.flat_bases[id(layout)] = base
+        prepared.flat_bases[id(layout)] = base
         layout.drop_bases()
-    return plan
+    return prepared
 
 
-def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, plan: ReleasePlan | None = None) -> int:
+def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, prepared: PreparedRelease | None = None) -> int:
     """Release what is left of the offloaded layouts' device memory and mark them offloaded.
 
-    With a :class:`ReleasePlan` from :func:`prepare_release`, a layout resident
+    With a :class:`PreparedRelease` from :func:`prepare_release`, a layout resident
     as one flat buffer releases that storage once, with no per-entry work.
     Returns the bytes copied out (dropped gradients count nothing).
     """
     done: set[int] = set()
     release = rt.release
-    if plan is None:
-        plan = ReleasePlan(moved_bytes=sum(lay.data_nbytes for lay in layouts
+    if prepared is None:
+        prepared = PreparedRelease(moved_bytes=sum(lay.data_nbytes for lay in layouts
                                            if not (drop_grads and lay.category is Category.GRADS)))
     for layout in layouts:
-        flat = plan.flat_bases.get(id(layout))
+        flat = prepared.flat_bases.get(id(layout))
         if flat is not None:
             sid = flat.untyped_storage()._cdata
             if sid not in done:
@@ -88,7 +87,7 @@ def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, pl
         else:
             layout.release_bases(release, done)
         layout.mark_offloaded(drop_grads and layout.category is Category.GRADS)
-    return plan.moved_bytes
+    return prepared.moved_bytes
 
 
 async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], released: list[EarlyRelease]) -> int:
@@ -136,13 +135,13 @@ async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: li
 
 
 def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor],
-                    plan: ReleasePlan) -> None:
+                    prepared: PreparedRelease) -> None:
     """Park the views of the store's flat buffers that tensor objects it does not know kept (``strays``:
     storage id -> ids of the tensors it knows there), with a warning; the store's own views are not
     strays. Nothing can fail any more when this runs."""
     if not strays:
         return
-    ours = {id(t) for t in flats.values()} | {id(t) for t in plan.flat_bases.values()}
+    ours = {id(t) for t in flats.values()} | {id(t) for t in prepared.flat_bases.values()}
     ours |= {id(e.base) for lay in layouts for e in lay.entries if e.base is not None}
     for sid, known in strays.items():
         found = park_strays(sid, known | ours)
@@ -151,5 +150,5 @@ def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flat
                        "; ".join(found[:3]) or "none reachable from Python")
 
 
-__all__ = ["EarlyRelease", "ReleasePlan", "park_kept_views", "prepare_release", "release_as_copied",
+__all__ = ["EarlyRelease", "PreparedRelease", "park_kept_views", "prepare_release", "release_as_copied",
            "release_layouts", "copy_back_early_releases"]

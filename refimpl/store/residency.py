@@ -132,13 +132,13 @@ class ItemSignature:
 
     __slots__ = ("cats", "ids", "left_in_place", "layouts", "report")
 
-    def __init__(self, cats: frozenset, items: list[Item], plan: dict, report: Any) -> None:
-        in_layouts = {id(r.tensor) for lay in plan.values() for e in lay.entries for r in e.refs}
+    def __init__(self, cats: frozenset, items: list[Item], layouts: dict, report: Any) -> None:
+        in_layouts = {id(r.tensor) for lay in layouts.values() for e in lay.entries for r in e.refs}
         self.cats = cats
         self.ids = [id(it.tensor) for it in items]
         self.left_in_place = {id(it.tensor): it.tensor for it in items
                               if id(plain_tensor(it.tensor)) not in in_layouts}
-        self.layouts = {key: id(lay) for key, lay in plan.items()}
+        self.layouts = {key: id(lay) for key, lay in layouts.items()}
         self.report = report
 
 

@@ -45,7 +45,7 @@ class _OpenLayout:
     completions: list[Completion] = field(default_factory=list)
 
 
-class StreamingPlan:
+class LayoutStream:
     """Builds flat layouts as storage groups arrive and streams full host segments to the backend
     (a :class:`~refimpl.store.backends.base.StreamingBackend`).
 
@@ -138,4 +138,4 @@ class StreamingPlan:
         st.completions.extend(await self.backend.stream_copy(st.layout, st.source, index, start, stop))
 
 
-__all__ = ["StreamingPlan"]
+__all__ = ["LayoutStream"]

@@ -1,6 +1,6 @@
-"""Planning an offload: which flat layout every collected storage goes to.
+"""Assigning storages to layouts: which flat layout every collected storage goes to.
 
-* :func:`plan_layouts` turns the collected storage groups into flat layouts,
+* :func:`assign_layouts` turns the collected storage groups into flat layouts,
   reusing a resident layout unchanged when its flat buffer still holds exactly
   its tensors (the steady-state fast path).
 * :func:`gc_paused` keeps Python's cyclic collector out of the per-tensor loops.
@@ -21,7 +21,7 @@ from refimpl.store.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry
 from refimpl.store.residency import adopt_if_unchanged
 
 
-def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout], backend: StoreBackend,
+def assign_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout], backend: StoreBackend,
                  config: StoreConfig) -> dict[LayoutKey, FlatLayout]:
     """Flat layouts for the collected storage groups, by key.
 
@@ -43,11 +43,11 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
         entry = StorageEntry(g.category, g.kind, g.dtype, g.numel, g.refs, g.base_view(), g.source)
         key = keys[(g.category.value, g.dtype, placement_key(entry))]
         loose.setdefault(key, []).append(entry)
-    plan: dict[LayoutKey, FlatLayout] = {}
+    layouts: dict[LayoutKey, FlatLayout] = {}
     for key in sorted(set(reused) | set(loose), key=LayoutKey.sort_key):
         old, extra = reused.get(key), loose.get(key, [])
         if old is not None and not extra:
-            plan[key] = old
+            layouts[key] = old
             continue
         # copies of a reused layout's entries: building a new layout must not move the old one's offsets
         carried = [replace(e, refs=list(e.refs)) for e in old.entries] if old is not None else []
@@ -57,8 +57,8 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
         padded = backend.padded_numel(key, layout.numel)
         if padded != layout.numel:
             layout.pad_to(padded)
-        plan[key] = layout
-    return plan
+        layouts[key] = layout
+    return layouts
 
 
 @contextlib.contextmanager
@@ -73,4 +73,4 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["gc_paused", "plan_layouts"]
+__all__ = ["gc_paused", "assign_layouts"]
