@@ -234,6 +234,8 @@ class FlatLayout:
     resident_views: int = -1
     #: while PARKED: the flat buffer the refs were parked from, or each entry's origin (see :meth:`park`)
     _parked_from: tuple[torch.Tensor | None, list[EntryOrigin] | None] | None = field(default=None, repr=False)
+    #: while PARKED: the one view of the flat buffer the release frees (see :meth:`keep_one_base`)
+    _release_view: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def category(self) -> Category:
@@ -363,7 +365,7 @@ class FlatLayout:
             self._refuse("unpark")
         self.state = LayoutState.ON_DEVICE
         flat, origins = self._parked_from or (None, None)
-        self._parked_from = None
+        self._parked_from = self._release_view = None
         if flat is not None:
             st, at0 = flat.untyped_storage(), flat.storage_offset()
             for e in self.entries:
@@ -382,7 +384,7 @@ class FlatLayout:
         if self.state is not LayoutState.PARKED:
             self._refuse("mark_offloaded")
         self.state = LayoutState.OFFLOADED
-        self._parked_from = None
+        self._parked_from = self._release_view = None
         self.dropped = dropped
         self.flat_storage = None
 
@@ -477,6 +479,38 @@ class FlatLayout:
                 release(base)
                 done.add(sid)
             e.base = None
+
+    def keep_one_base(self) -> None:
+        """While the copies run: a layout resident as one flat buffer keeps one view of it for the release
+        and drops its entries' views (dropping tens of thousands of view tensors costs milliseconds,
+        which must not land after the last copy completes); :meth:`release_device` then does no
+        per-entry work."""
+        if self.flat_storage is None:
+            return
+        base = next((e.base for e in self.entries if e.base is not None), None)
+        if base is None or base.untyped_storage()._cdata != self.flat_storage:
+            return
+        self._release_view = base
+        for e in self.entries:
+            e.base = None
+
+    @property
+    def release_view(self) -> torch.Tensor | None:
+        """The view :meth:`keep_one_base` kept, or None."""
+        return self._release_view
+
+    def release_device(self, release: Callable[[torch.Tensor], None], done: set[int], dropped: bool) -> None:
+        """Release what is left of the layout's device memory (its one flat view, or each entry's
+        storage not in ``done``), then :meth:`mark_offloaded`."""
+        flat = self._release_view
+        if flat is not None:
+            sid = flat.untyped_storage()._cdata
+            if sid not in done:
+                release(flat)
+                done.add(sid)
+        else:
+            self.release_bases(release, done)
+        self.mark_offloaded(dropped)
 
     def release_copied(self, entries: list[StorageEntry], remaining: dict[int, int],
                        release: Callable[[torch.Tensor], None], released: list[EarlyRelease]) -> int:

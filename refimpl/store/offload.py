@@ -33,13 +33,12 @@ import torch
 from refimpl.runtime.base import Runtime
 from refimpl.store.backends.base import StoreBackend
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.copies import OffloadCopies, sort_key
+from refimpl.store.copies import OffloadCopies
 from refimpl.store.grouping import ViewCount
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
-from refimpl.store.release import PreparedRelease, park_kept_views, prepare_release, release_layouts
+from refimpl.store.release import park_kept_views, release_layouts
 from refimpl.store.residency import ItemSignature, steady_unchanged
-from refimpl.store.stats import PhaseClock
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +66,23 @@ class Offload:
         self.items, self.tensor_objects, self.check_phase = items, tensor_objects, check_phase
         self.resident, self.last_signature, self.lookahead, self.streams = resident, signature, lookahead, streams
         self.counters = counters
-        self.clock = PhaseClock(rt, "offload")
+        #: seconds of each phase (``offload.<phase>``), on the runtime's clock
+        self.laps: dict[str, float] = {}
+        self._last = rt.now()
         self.copies = OffloadCopies(rt, backend, config, drop_grads=drop_grads)
         self.path: OffloadPath | None = None
         #: the layouts of this offload by key (set by :meth:`lay_out`), and in processing order
         self.layouts: dict[LayoutKey, FlatLayout] = {}
         self.ordered: list[FlatLayout] = []
-        self.prepared: PreparedRelease | None = None
+        #: views of the flat buffers the user kept (parked at release), and the bytes the offload moves
+        self.strays: dict[int, set[int]] = {}
+        self.moved = 0
 
     async def run(self) -> int:
         """Stages 1-7 in order (rolled back on failure); returns the bytes moved."""
         rt = self.rt
         await rt.point("store.offload.begin")
+        self._last = rt.now()
         try:
             await self.copy_ahead()
             await self.collect()
@@ -96,59 +100,63 @@ class Offload:
     async def copy_ahead(self) -> None:
         """Stage 1: issue the copies of the resident layouts before collection."""
         await self.copies.copy_ahead(self.resident)
-        self.clock.lap("speculate")
+        self._lap("speculate")
 
     async def collect(self) -> None:
         """Stage 2: choose the path (the steady check runs here) and collect."""
         self.check_phase()
         self.path = self._choose_path()
         await self.path.collect()
-        self.clock.lap("collect")
+        self._lap("collect")
 
     async def lay_out(self) -> None:
         """Stage 3: the layouts of this offload, by key and in processing order."""
         self.layouts = await self.path.lay_out()
-        self.ordered = sorted(self.layouts.values(), key=sort_key)
+        self.ordered = self.path.ordered(self.layouts)
         if isinstance(self.path, SteadyPath):
             self.counters["steady_fast_offloads"] += 1
-        self.clock.lap("plan")
+        self._lap("plan")
 
     async def issue_copies(self) -> None:
         """Stage 4: every layout's copy issued (or taken over from the stream or the copies ahead)."""
         await self.path.issue(self.copies, self.layouts, self.ordered)
-        self.clock.lap("issue")
+        self._lap("issue")
 
     def park(self) -> None:
         """Stage 5, while the copies run: every ref parked; the release's per-entry work done."""
-        flats = self.path.park_flats(self.copies)
+        flats, self.strays = self.path.park_flats(self.copies), self.path.stray_views()
         with torch.no_grad():
             for lay in self.ordered:
                 lay.park(flats.get(lay.key))
-        self.prepared = prepare_release(self.ordered, self.drop_grads)
-        self.counters["copies"] = self.copies.describe()  # before the wait, not after the copies
-        self.clock.lap("record")
+        for lay in self.ordered:
+            lay.keep_one_base()
+        grads_dropped = self.drop_grads
+        self.moved = sum(lay.data_nbytes for lay in self.ordered
+                         if not (grads_dropped and lay.category is Category.GRADS))
+        self._lap("record")
 
     async def wait(self) -> None:
         """Stage 6: storages released as their copies complete (``early_release``), every finisher awaited."""
         rt, c = self.rt, self.counters
+        c["copies"] = self.copies.describe()  # before the wait, not after the copies
         await rt.point("store.offload.wait")
         c["last_early_releases"] = 0
         c["last_early_releases"] = await self.copies.release_early()
         await self.copies.wait()
-        self.clock.lap("wait")
+        self._lap("wait")
         await rt.point("store.offload.release")  # the last point where a failure rolls back
 
     async def release(self) -> int:
         """Stage 7 (nothing fails from here on): stray views parked, the device memory released, every
         layout marked offloaded. Returns the bytes moved."""
         await self.copies.close()
-        park_kept_views(self.path.stray_views(), self.ordered, self.copies.flats, self.prepared)
-        moved = release_layouts(self.rt, self.ordered, self.drop_grads, self.prepared)
-        self.clock.lap("release")
+        park_kept_views(self.strays, self.ordered, self.copies.flats)
+        release_layouts(self.rt, self.ordered, self.drop_grads)
+        self._lap("release")
         if self.config.empty_cache:
             self.rt.empty_cache()
-        self.clock.lap("empty_cache")
-        return moved
+        self._lap("empty_cache")
+        return self.moved
 
     # ------------------------------------------------------------------ rollback
 
@@ -169,7 +177,13 @@ class Offload:
         for lay in [*self.layouts.values(), *(self.path.building() if self.path is not None else ())]:
             lay.drop_bases()
         self.copies.forget()  # 1: the copies issued ahead
-        self.prepared = None
+
+    def _lap(self, phase: str) -> None:
+        """Record the seconds since the previous lap as ``offload.<phase>`` (the driver's own clock: the
+        walk of an offload leaves this module only for its stages)."""
+        now = self.rt.now()
+        self.laps["offload." + phase] = now - self._last
+        self._last = now
 
     # ------------------------------------------------------------------ the path
 

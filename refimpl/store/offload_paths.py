@@ -29,7 +29,7 @@ from refimpl.store.assign import assign_layouts, gc_paused
 from refimpl.store.backends.base import StoreBackend
 from refimpl.store.collect import Item
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.copies import OffloadCopies
+from refimpl.store.copies import OffloadCopies, sort_key
 from refimpl.store.grouping import CollectReport, StorageGrouper, ViewCount, group_by_storage
 from refimpl.store.layout import FlatLayout, LayoutKey
 from refimpl.store.residency import ItemSignature, adopt_resident
@@ -69,6 +69,10 @@ class OffloadPath(abc.ABC):
         """Discard copies issued ahead for changed layouts; copy every layout in ``ordered`` that has none."""
         await copies.discard_changed(layouts)
         await copies.issue(ordered)
+
+    def ordered(self, layouts: dict[LayoutKey, FlatLayout]) -> list[FlatLayout]:
+        """``layouts`` in processing order (the same on every rank)."""
+        return sorted(layouts.values(), key=sort_key)
 
     def park_flats(self, copies: OffloadCopies) -> dict[LayoutKey, torch.Tensor]:
         """The flat buffer of each layout whose refs are parked from it (default: none)."""
@@ -157,6 +161,10 @@ class SteadyPath(OffloadPath):
         for lay in self.resident:
             adopt_resident(lay, self.flats[lay.key])
         return {lay.key: lay for lay in self.resident}
+
+    def ordered(self, layouts: dict[LayoutKey, FlatLayout]) -> list[FlatLayout]:
+        """``layouts`` in processing order (the same on every rank)."""
+        return sorted(layouts.values(), key=sort_key)
 
     def park_flats(self, copies: OffloadCopies) -> dict[LayoutKey, torch.Tensor]:
         """Every layout is parked from its flat buffer."""

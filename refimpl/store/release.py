@@ -3,14 +3,14 @@
 * :func:`release_as_copied` releases storages one by one as the copies carrying
   their bytes complete, overlapping the rest of the DMA (backends with
   ``early_release``), and records each release so a later failure can restore it;
-* :func:`prepare_release` does the per-entry part of the release while the copies
-  run;
 * :func:`park_kept_views` parks views of the store's flat buffers that the user kept;
 * :func:`release_layouts` releases what is left and marks the layouts offloaded;
 * :func:`copy_back_early_releases` is the way back when the offload fails after
   :func:`release_as_copied` released storages.
 
-The last stage of an offload (:class:`refimpl.store.offload.Offload`).
+:func:`park_kept_views` and :func:`release_layouts` are the last stage of an offload
+(:meth:`refimpl.store.offload.Offload.release`); the other two run inside the
+copy stage (:class:`refimpl.store.copies.OffloadCopies`).
 
 Every registered tensor is parked before any of this runs (see
 :mod:`refimpl.store.parking`): a release never leaves a tensor on freed memory.
@@ -18,7 +18,6 @@ Every registered tensor is parked before any of this runs (see
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,60 +33,13 @@ from refimpl.store.source import DeviceLayoutSource
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PreparedRelease:
-    """What :func:`prepare_release` settled while the copies ran: one view per flat-resident layout
-    (by ``id(layout)``) and the bytes the offload moves."""
-
-    flat_bases: dict[int, torch.Tensor] = field(default_factory=dict)
-    moved_bytes: int = 0
-
-
-def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> PreparedRelease:
-    """Per-entry work of the release, done once every copy is issued, while they run.
-
-    For a layout resident as one flat buffer, keep one view of it and drop the
-    entries' views (dropping tens of thousands of view tensors costs
-    milliseconds, which must not land after the last copy completes); sum the
-    bytes moved. :func:`release_layouts` then does no per-entry work for them.
-    """
-    prepared = PreparedRelease()
-    for layout in layouts:
-        if not (drop_grads and layout.category is Category.GRADS):
-            prepared.moved_bytes += layout.data_nbytes
-        if layout.flat_storage is None:
-            continue
-        base = next((e.base for e in layout.entries if e.base is not None), None)
-        if base is None or base.untyped_storage()._cdata != layout.flat_storage:
-            continue
-        prepared.flat_bases[id(layout)] = base
-        layout.drop_bases()
-    return prepared
-
-
-def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, prepared: PreparedRelease | None = None) -> int:
-    """Release what is left of the offloaded layouts' device memory and mark them offloaded.
-
-    With a :class:`PreparedRelease` from :func:`prepare_release`, a layout resident
-    as one flat buffer releases that storage once, with no per-entry work.
-    Returns the bytes copied out (dropped gradients count nothing).
-    """
+def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool) -> None:
+    """Release what is left of the offloaded layouts' device memory and mark them offloaded
+    (:meth:`FlatLayout.release_device`; a layout resident as one flat buffer releases it once)."""
     done: set[int] = set()
     release = rt.release
-    if prepared is None:
-        prepared = PreparedRelease(moved_bytes=sum(lay.data_nbytes for lay in layouts
-                                           if not (drop_grads and lay.category is Category.GRADS)))
     for layout in layouts:
-        flat = prepared.flat_bases.get(id(layout))
-        if flat is not None:
-            sid = flat.untyped_storage()._cdata
-            if sid not in done:
-                release(flat)
-                done.add(sid)
-        else:
-            layout.release_bases(release, done)
-        layout.mark_offloaded(drop_grads and layout.category is Category.GRADS)
-    return prepared.moved_bytes
+        layout.release_device(release, done, drop_grads and layout.category is Category.GRADS)
 
 
 async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], released: list[EarlyRelease]) -> int:
@@ -134,14 +86,13 @@ async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: li
                    len(early))
 
 
-def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor],
-                    prepared: PreparedRelease) -> None:
+def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor]) -> None:
     """Park the views of the store's flat buffers that tensor objects it does not know kept (``strays``:
     storage id -> ids of the tensors it knows there), with a warning; the store's own views are not
     strays. Nothing can fail any more when this runs."""
     if not strays:
         return
-    ours = {id(t) for t in flats.values()} | {id(t) for t in prepared.flat_bases.values()}
+    ours = {id(t) for t in flats.values()} | {id(lay.release_view) for lay in layouts if lay.release_view is not None}
     ours |= {id(e.base) for lay in layouts for e in lay.entries if e.base is not None}
     for sid, known in strays.items():
         found = park_strays(sid, known | ours)
@@ -150,5 +101,4 @@ def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flat
                        "; ".join(found[:3]) or "none reachable from Python")
 
 
-__all__ = ["EarlyRelease", "PreparedRelease", "park_kept_views", "prepare_release", "release_as_copied",
-           "release_layouts", "copy_back_early_releases"]
+__all__ = ["EarlyRelease", "copy_back_early_releases", "park_kept_views", "release_as_copied", "release_layouts"]

@@ -51,6 +51,7 @@ phase and ``StoreStats.last_offload_path`` names the path the last offload took.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -318,8 +319,8 @@ class OffloadStore:
         wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers (Task F)
         rt = self.rt
         offload = Offload(rt, self.backend, self.config, cats=cats, drop_grads=drop_grads,
-                          items=lambda: self._attached.items(cats),
-                          tensor_objects=lambda: self._attached.tensor_objects(cats),
+                          items=functools.partial(self._attached.items, cats),
+                          tensor_objects=functools.partial(self._attached.tensor_objects, cats),
                           check_phase=self._attached.check_phase, resident=self._resident(cats), signature=self._signature,
                           lookahead=self.pool.pin_threads, streams=self._streams, counters=self._counters)
         with rt.span("offload"), gc_paused():  # no collector pass in the switch window
@@ -347,7 +348,7 @@ class OffloadStore:
         c["last_device_bytes_freed"] = freed
         c["last_offload_path"] = offload.path_name
         c["skipped_zero_size"], c["skipped_host_resident"] = offload.skipped()
-        c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | offload.clock.laps
+        c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | offload.laps
         if logger.isEnabledFor(logging.INFO):
             logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
                         len(offload.ordered), moved / 1e9, seconds, offload.path_name, c["copies"])

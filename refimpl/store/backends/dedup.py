@@ -187,7 +187,6 @@ class DedupBackend(StoreBackend):
     async def _check(self, grouped: Sequence[FlatLayout]) -> None:
         """Per member group: layout signatures (always) and content hashes (``verify``) agree; else raise."""
         rt = self.rt
-        meta = rt.device.type == "meta"
         by_group: dict[ReplicaGroup, list[FlatLayout]] = {}
         for lay in grouped:
             by_group.setdefault(lay.key.placement, []).append(lay)  # type: ignore[arg-type]
@@ -227,10 +226,15 @@ class DedupBackend(StoreBackend):
         if verified:
             self.verified_offloads += 1
             release_digest_weights()  # their device memory goes back with the state's
+        await self._raise_together(code, problems)
+
+    async def _raise_together(self, code: int, problems: list[str]) -> None:
+        """One ``all_reduce(MAX)`` of the failure code over ``world``: every rank raises, or none."""
+        rt = self.rt
         flag = rt.alloc_device(1, torch.int64, tag="dedup.flag")
         flag.fill_(code)
         await rt.all_reduce(flag, ReduceOp.MAX, WORLD)
-        worst = 0 if meta else int(flag.item())
+        worst = 0 if rt.device.type == "meta" else int(flag.item())
         if worst:
             err = LayoutMismatchError if worst == _LAYOUT_MISMATCH else ReplicaMismatchError
             detail = "; ".join(problems) if problems else "a replica group of other ranks failed the check"
