@@ -290,6 +290,18 @@ class FlatLayout:
         layout.set_segments(cutter.cuts)
         return layout
 
+    def append(self, entry: StorageEntry, offset: int) -> None:
+        """While a :class:`~refimpl.store.streaming.LayoutStream` builds the layout: ``entry`` goes at
+        ``offset`` (from the layout's :class:`SegmentCutter`)."""
+        entry.offset = offset
+        self.entries.append(entry)
+
+    def seal(self, cutter: SegmentCutter) -> None:
+        """The streamed layout is complete: its size and host segments from ``cutter``."""
+        self.data_numel = cutter.end
+        self.numel = cutter.numel()
+        self.set_segments(cutter.cuts)
+
     def pad_to(self, numel: int) -> None:
         """Grow the flat buffer to ``numel`` elements (the last segment absorbs the padding)."""
         if numel < self.data_numel:

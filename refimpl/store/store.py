@@ -174,6 +174,11 @@ class OffloadStore:
             self._lock.release()
 
     @property
+    def _collectors(self) -> list[Collector]:
+        # the attached collectors in attach order (tests reach FSDP2's parameters through them)
+        return self._attached.collectors
+
+    @property
     def in_progress(self) -> str | None:
         """The operation running now (``"offload"``, ``"reload"``, ...), or None."""
         return self._busy

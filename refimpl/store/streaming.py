@@ -75,17 +75,13 @@ class LayoutStream:
         off, closed = st.cutter.place(entry.numel)
         if closed >= 0:
             await self._close_segment(st, closed, off)
-        entry.offset = off
-        st.layout.entries.append(entry)
+        st.layout.append(entry, off)
 
     async def finish(self) -> dict[LayoutKey, FlatLayout]:
         """Close every layout's last segment, issue all remaining copies; return the layouts by key."""
         for st in self.open.values():
-            layout, cutter = st.layout, st.cutter
-            layout.data_numel = cutter.end
-            layout.numel = cutter.numel()
-            await self._close_segment(st, cutter.seg_start, layout.numel)
-            layout.set_segments(cutter.cuts)
+            st.layout.seal(st.cutter)
+            await self._close_segment(st, st.cutter.seg_start, st.layout.numel)
         while self._queue:
             await self._issue(*self._queue.popleft())
         for st in self.open.values():
