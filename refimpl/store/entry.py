@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -138,4 +138,22 @@ class StorageEntry:
         return self.numel * itemsize(self.dtype)
 
 
-__all__ = ["StorageEntry", "TensorRef", "itemsize", "storage_id"]
+class EntryOrigin(NamedTuple):
+    """Where a parked entry's refs pointed: its storage (None: no device data) and the entry's start in it."""
+
+    storage: Any
+    offset: int
+
+
+class EarlyRelease(NamedTuple):
+    """A storage released while later copies ran (:meth:`FlatLayout.release_copied`), and what it held."""
+
+    layout: Any  # the FlatLayout
+    entry: StorageEntry
+    #: the released storage (0 bytes now)
+    storage: Any
+    #: its size before the release
+    nbytes: int
+
+
+__all__ = ["EarlyRelease", "EntryOrigin", "StorageEntry", "TensorRef", "itemsize", "storage_id"]

@@ -60,45 +60,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from refimpl.store.config import CATEGORY_ORDER, Category
-from refimpl.store.entry import StorageEntry, TensorRef, itemsize, storage_id
+from refimpl.store.config import Category
+from refimpl.store.entry import EarlyRelease, EntryOrigin, StorageEntry, TensorRef, itemsize, storage_id
+from refimpl.store.layout_key import LayoutKey, LayoutKeys
 from refimpl.store.errors import StoreStateError
 from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS
 from refimpl.store.parking import debug_mode, guard, own_view, placeholder, repoint_tensor, unguard, zero_strides
-
-
-@dataclass(frozen=True)
-class LayoutKey:
-    """What makes entries share a flat buffer: category, dtype and the backend's placement key."""
-
-    category: Category
-    dtype: torch.dtype
-    placement: Hashable | None = None
-
-    def __post_init__(self) -> None:
-        # hashed once: a key is looked up per layout in every stage, and the generated __hash__ costs
-        # three Python calls (the Enum's __hash__ among them) per lookup
-        object.__setattr__(self, "_hash", hash((self.category.value, self.dtype, self.placement)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return LayoutKey, (self.category, self.dtype, self.placement)  # the hash is made afresh
-
-    def sort_key(self) -> tuple[int, str, str]:
-        """A total order identical on every rank (layouts are processed in it)."""
-        return CATEGORY_ORDER[self.category], str(self.dtype), repr(self.placement)
-
-    def label(self) -> str:
-        """Short human-readable name, e.g. ``params/bfloat16`` or ``params/bfloat16@<placement>``."""
-        base = f"{self.category.value}/{str(self.dtype).replace('torch.', '')}"
-        return base if self.placement is None else f"{base}@{self.placement}"
 
 
 class LayoutState(enum.Enum):
@@ -125,24 +97,6 @@ LAYOUT_TRANSITIONS: dict[tuple[str, LayoutState], LayoutState] = {
 """(transition, state before) -> state after: every move a :class:`FlatLayout` makes."""
 
 
-class EntryOrigin(NamedTuple):
-    """Where a parked entry's refs pointed: its storage (None: no device data) and the entry's start in it."""
-
-    storage: Any
-    offset: int
-
-
-class EarlyRelease(NamedTuple):
-    """A storage released while later copies ran (:meth:`FlatLayout.release_copied`), and what it held."""
-
-    layout: "FlatLayout"
-    entry: StorageEntry
-    #: the released storage (0 bytes now)
-    storage: Any
-    #: its size before the release
-    nbytes: int
-
-
 _new = tuple.__new__  # _new(EntryOrigin, ...): no generated __new__ frame per entry (25k on a MoE's first offload)
 _NO_ORIGIN = EntryOrigin(None, 0)
 
@@ -150,21 +104,6 @@ _NO_ORIGIN = EntryOrigin(None, 0)
 def round_up(n: int, multiple: int) -> int:
     """``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
-
-
-_CATEGORY_BY_VALUE = {c.value: c for c in Category}
-
-
-class LayoutKeys(dict):
-    """Layout keys interned by ``(category value, dtype, placement key)``: ``keys[raw]`` makes the key once.
-
-    A plain dict lookup per storage on a hit (Enum hashing is slow in the per-storage loops, hence the
-    category's value in the raw tuple); :meth:`__missing__` builds the :class:`LayoutKey` on a miss.
-    """
-
-    def __missing__(self, raw: tuple[str, torch.dtype, Hashable | None]) -> "LayoutKey":
-        key = self[raw] = LayoutKey(_CATEGORY_BY_VALUE[raw[0]], raw[1], raw[2])
-        return key
 
 
 class SegmentCutter:
@@ -546,18 +485,5 @@ class FlatLayout:
                 f"{self.nbytes / 2**20:.1f} MiB in {len(self.segments)} host segment(s), {self.state.value}")
 
 
-__all__ = [
-    "EarlyRelease",
-    "EntryOrigin",
-    "FlatLayout",
-    "LAYOUT_TRANSITIONS",
-    "LayoutKey",
-    "LayoutKeys",
-    "LayoutState",
-    "SegmentCutter",
-    "StorageEntry",
-    "TensorRef",
-    "itemsize",
-    "round_up",
-    "storage_id",
-]
+__all__ = ["EarlyRelease", "EntryOrigin", "FlatLayout", "LAYOUT_TRANSITIONS", "LayoutKey", "LayoutKeys",
+           "LayoutState", "SegmentCutter", "StorageEntry", "TensorRef", "itemsize", "round_up", "storage_id"]
