@@ -5,13 +5,13 @@
     store.attach_optimizer(optimizer, name="optim")   # torch.optim state
     store.offload(); ...; store.reload()
 
-See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.plans`
-for the offload/reload pipeline and its plan objects, :mod:`refimpl.store.layout`
-for the flat layouts, :mod:`refimpl.store.pool` for pinned host memory,
-:mod:`refimpl.store.backend` for the backend seam and
-:mod:`refimpl.store.registry` for backends by name.
+See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.offload`
+and :mod:`refimpl.store.reload` for one offload and one reload in flight,
+:mod:`refimpl.store.layout` for the flat layouts and the store's vocabulary,
+:mod:`refimpl.store.pool` for pinned host memory, :mod:`refimpl.store.backends`
+for the backend seam and :mod:`refimpl.store.registry` for backends by name.
 """
-from refimpl.store.backend import LayoutSource, LocalBackend, StoreBackend
+from refimpl.store.backends import LayoutSource, LocalBackend, StoreBackend, StreamingBackend
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import (
     MixedDtypeError,
@@ -53,6 +53,7 @@ __all__ = [
     "StoreError",
     "StoreStateError",
     "StoreStats",
+    "StreamingBackend",
     "TensorChangedError",
     "TensorRef",
     "UnattachedAliasError",

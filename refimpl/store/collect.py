@@ -24,7 +24,7 @@ step, gradients come and go.
 :mod:`refimpl.store.grouping` then validates every item and groups items by
 storage; tensors sharing a storage are stored once. Nothing moves in either
 module, so a validation error loses nothing. Both are the first stage of the
-store's pipeline (see :mod:`refimpl.store.plans`).
+store's offload (see :mod:`refimpl.store.offload`).
 """
 from __future__ import annotations
 
@@ -255,7 +255,36 @@ class TensorsCollector(Collector):
             yield t
 
 
+class Attached:
+    """Every collector attached to one store, in attach order: what an offload collects from."""
+
+    def __init__(self) -> None:
+        self.collectors: list[Collector] = []
+
+    def add(self, collector: Collector) -> None:
+        """Attach ``collector``; its name must be new."""
+        if any(c.name == collector.name for c in self.collectors):
+            raise ValueError(f"a source named {collector.name!r} is already attached; pick another name")
+        self.collectors.append(collector)
+
+    def check_phase(self) -> None:
+        """Every collector's check that no training phase is mid-step."""
+        for c in self.collectors:
+            c.check_phase()
+
+    def items(self, cats: frozenset[Category]) -> Iterator[Item]:
+        """The items of ``cats`` from every collector, in attach order."""
+        for c in self.collectors:
+            yield from c.items(cats)
+
+    def tensor_objects(self, cats: frozenset[Category]) -> Iterator[Any]:
+        """What :meth:`items` yields, tensors only."""
+        for c in self.collectors:
+            yield from c.tensor_objects(cats)
+
+
 __all__ = [
+    "Attached",
     "EXPLICIT_KIND",
     "HOST_RESIDENT_OK",
     "Collector",

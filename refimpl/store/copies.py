@@ -1,7 +1,7 @@
 """The copy stage: the copies of one offload or reload, issued, awaited and unwound.
 
-Stage three of the store's pipeline (collect -> plan -> copy -> release, and back:
-plan -> copy -> restore; see :mod:`refimpl.store.plans`).
+The copy stages of :class:`refimpl.store.offload.Offload` and
+:class:`refimpl.store.reload.Reload`.
 
 * :class:`OffloadCopies` holds what one offload has in flight: copies issued
   ahead of collection for layouts resident in one flat buffer
@@ -15,7 +15,7 @@ plan -> copy -> restore; see :mod:`refimpl.store.plans`).
   backend fill them; :meth:`~ReloadCopies.release_flats` frees them when the reload fails.
 
 Every finisher a backend returned is awaited, also on the error path, so ranks
-running collectives inside backends agree (see :mod:`refimpl.store.backend`).
+running collectives inside backends agree (see :mod:`refimpl.store.backends`).
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from typing import Awaitable, Iterable, NamedTuple
 import torch
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, storage_id
+from refimpl.store.layout import FlatLayout, LayoutKey
 from refimpl.store.parking import own_view
-from refimpl.store.release import EarlyRelease, release_as_copied, restore_released_early
+from refimpl.store.release import EarlyRelease, release_as_copied, copy_back_early_releases
 from refimpl.store.residency import resident_flat
 from refimpl.store.source import DeviceLayoutSource, StagingArea, describe_copies
 
@@ -52,12 +52,13 @@ class CopyAhead(NamedTuple):
 class OffloadCopies:
     """The copies of one offload: issued ahead, issued after planning, awaited, or unwound.
 
-    ``drop_grads``: gradient layouts are not copied. Attributes a plan reads:
-    ``flats`` (a 1-D view of each resident layout's flat buffer found while
-    copying ahead, by key), ``viewers`` (tensor objects viewing each of those
-    buffers before the store made its own views), ``staging`` (the ring the
-    scattered copies pack through) and ``sources`` / ``pending`` (the device
-    sources of the copies issued and the backend finishers still to await).
+    ``drop_grads``: gradient layouts are not copied. Read by the offload (only
+    this class's methods write them): ``flats`` (a 1-D view of each resident
+    layout's flat buffer found while copying ahead, by key), ``viewers`` (tensor
+    objects viewing each of those buffers before the store made its own views),
+    ``staging`` (the ring the scattered copies pack through) and ``sources`` /
+    ``pending`` (the device sources of the copies issued and the backend
+    finishers still to await).
     """
 
     def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, *, drop_grads: bool) -> None:
@@ -80,7 +81,7 @@ class OffloadCopies:
         """Issue the copy of every layout resident in one flat buffer now, before collection.
 
         Only for a backend with ``speculative_offload``; collecting tens of
-        thousands of tensors then overlaps the DMA. A layout the plan changes
+        thousands of tensors then overlaps the DMA. A layout the offload lays out anew
         has its copy discarded (:meth:`discard_changed`).
         """
         if not getattr(self.backend, "speculative_offload", False):
@@ -95,11 +96,11 @@ class OffloadCopies:
                 self.sources.append(src)
                 self.ahead[layout.key] = CopyAhead(layout, await self.backend.offload(layout, src))
 
-    async def discard_changed(self, plan: dict[LayoutKey, FlatLayout]) -> None:
-        """Await and drop the copies issued ahead for layouts the plan does not keep as they were."""
+    async def discard_changed(self, layouts: dict[LayoutKey, FlatLayout]) -> None:
+        """Await and drop the copies issued ahead for layouts this offload does not keep as they were."""
         for key in list(self.ahead):
             ahead = self.ahead[key]
-            if plan.get(key) is not ahead.layout:  # changed since the reload: discard the copy
+            if layouts.get(key) is not ahead.layout:  # changed since the reload: discard the copy
                 del self.ahead[key]
                 await ahead.finisher
 
@@ -115,6 +116,11 @@ class OffloadCopies:
             src = DeviceLayoutSource(self.rt, layout, self.config, staging=self.staging)
             self.sources.append(src)
             self.pending.append(await self.backend.offload(layout, src))
+
+    def adopt_stream(self, sources: list[DeviceLayoutSource], pending: list[Awaitable[None]]) -> None:
+        """Take over the copies a streamed offload issued while it collected (one finisher per layout)."""
+        self.sources.extend(sources)
+        self.pending = pending
 
     def describe(self) -> dict[str, int]:
         """Copies issued so far, by path (``flat``, ``direct``, ``packed``)."""
@@ -142,7 +148,7 @@ class OffloadCopies:
         their bytes back from the host copies."""
         await drain([*self.pending, *(a.finisher for a in self.ahead.values())])
         if self.early:
-            await restore_released_early(self.rt, self.backend, self.early)
+            await copy_back_early_releases(self.rt, self.backend, self.early)
 
     def forget(self) -> None:
         """Drop every view and source this offload made (after a failure the traceback keeps the frames)."""
@@ -150,11 +156,11 @@ class OffloadCopies:
 
 
 class ReloadCopies:
-    """A reload's flat device buffers, one per layout, and the backend finishers that fill them."""
+    """A reload's flat device buffers, one per layout (``flats``, by key), and the backend finishers that fill them."""
 
     def __init__(self, rt: Runtime, backend: StoreBackend) -> None:
         self.rt, self.backend = rt, backend
-        self.flats: list[torch.Tensor] = []
+        self.flats: dict[LayoutKey, torch.Tensor] = {}
         self.pending: list[Awaitable[None]] = []
 
     async def issue(self, layouts: list[FlatLayout]) -> None:
@@ -162,7 +168,7 @@ class ReloadCopies:
         rt = self.rt
         for layout in layouts:
             flat = own_view(rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
-            self.flats.append(flat)
+            self.flats[layout.key] = flat
             if layout.dropped:
                 flat.zero_()
             else:
@@ -174,17 +180,13 @@ class ReloadCopies:
         while pending:
             await pending.pop(0)
 
-    def storage_ids(self) -> list[int]:
-        """The storage of each flat buffer, in layout order."""
-        return [storage_id(flat) for flat in self.flats]
-
     async def drain(self) -> None:
         """After a failure: await every finisher still pending (errors are logged; the caller raises its own)."""
         await drain(self.pending)
 
     def release_flats(self) -> None:
         """After a failure: free the flat buffers (no tensor may point into them any more)."""
-        for flat in self.flats:
+        for flat in self.flats.values():
             self.rt.release(flat)
 
 

@@ -106,6 +106,20 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _refuse_shared(g: StorageGroup, t: torch.Tensor, name: str, category: Category) -> None:
+    """Raise for a tensor viewing a known storage with another dtype or category."""
+    other = g.refs[0].name if g.refs else "another tensor"
+    if g.dtype != t.dtype:
+        raise MixedDtypeError(
+            f"{name} ({t.dtype}) views the same storage as {other} ({g.dtype}); the store never casts. "
+            f"Register tensors of one dtype per storage"
+        )
+    raise SharedStorageError(
+        f"{name} ({category.value}) shares its storage with {other} ({g.category.value}); attach tensors that "
+        f"share storage under one category"
+    )
+
+
 class StorageGrouper:
     """Validates items and groups them by storage, incrementally (see :func:`group_by_storage`).
 
@@ -134,7 +148,7 @@ class StorageGrouper:
 
     def feed(self, items: Iterable[Item]) -> Iterator[StorageGroup]:
         """Consume ``items``; yield each storage group when it first holds a tensor with elements."""
-        groups, seen, live_ids, report, device = self._groups, self._seen, self._live_ids, self.report, self.device
+        groups, seen, live_ids, device = self._groups, self._seen, self._live_ids, self.device
         strided = torch.strided
         for category, kind, name, t, source, flags in items:
             dt = None
@@ -152,13 +166,8 @@ class StorageGrouper:
                     f"them) are supported"
                 )
             if t.device != device and not same_device(t.device, device):
-                if flags & HOST_RESIDENT_OK and t.device.type == "cpu" and device.type != "cpu":
-                    report.skipped_host_resident.append(name)
-                    continue
-                raise WrongDeviceError(
-                    f"{name} is on {t.device} but this store's runtime works on {device}; move it to "
-                    f"{device} before attaching, or use a store whose runtime device is {t.device}"
-                )
+                self._skip_host_resident(name, t, flags)  # or raise
+                continue
             try:
                 storage = t.untyped_storage()
             except Exception as e:  # noqa: BLE001 - wrapper subclasses without storage
@@ -169,46 +178,9 @@ class StorageGrouper:
             sid = storage._cdata
             g = groups.get(sid)
             if g is None:
-                g = StorageGroup(sid, storage, t.device, t.dtype, category, kind, source, storage.nbytes())
-                groups[sid] = g
-                if g.nbytes == 0 and t.numel() > 0:
-                    raise StoreStateError(
-                        f"{name} views a storage whose memory was already freed (0 bytes); is this state "
-                        f"offloaded by another store, or released by the framework?"
-                    )
-                if is_placeholder(sid):
-                    raise StoreStateError(
-                        f"{name} is offloaded by an offload store (its bytes are in host memory); reload() that "
-                        f"store first (or recover() it after a TensorChangedError)"
-                    )
-                if not storage.resizable():
-                    raise UnsupportedTensorError(
-                        f"{name}: its storage is not resizable (memory from numpy, DLPack or from_blob that the "
-                        f"store cannot release); attach a torch-allocated copy instead (t = t.clone())"
-                    )
-                known = self.known_viewers.get(sid)
-                if known is not None:
-                    g.viewers, g.mark = known
-                elif storage_use_count is not None:
-                    g.viewers = storage_use_count(sid) - 1  # minus the Python storage object held here
-                    g.mark = own_view_mark()
-                if g.nbytes % g.dtype.itemsize:
-                    raise MixedDtypeError(
-                        f"{name}: its storage is {g.nbytes} bytes, not a whole number of {g.dtype} elements; "
-                        f"it is shared with a tensor of another dtype"
-                    )
-            elif g.dtype != t.dtype:
-                raise MixedDtypeError(
-                    f"{name} ({t.dtype}) views the same storage as "
-                    f"{g.refs[0].name if g.refs else 'another tensor'} ({g.dtype}); the store never casts. "
-                    f"Register tensors of one dtype per storage"
-                )
-            elif g.category is not category:
-                raise SharedStorageError(
-                    f"{name} ({category.value}) shares its storage with "
-                    f"{g.refs[0].name if g.refs else 'another tensor'} ({g.category.value}); attach tensors that "
-                    f"share storage under one category"
-                )
+                g = groups[sid] = self._new_group(sid, storage, t, category, kind, source, name)
+            elif g.dtype != t.dtype or g.category is not category:
+                _refuse_shared(g, t, name, category)
             if flags & EXPLICIT_KIND:
                 g.kind = kind  # an explicit label (e.g. "ddp_buffer") wins over "param"/"grad"
             g.refs.append(TensorRef(name, t, t.storage_offset(), tuple(t.shape), t.stride(), dt))
@@ -216,6 +188,49 @@ class StorageGrouper:
                 live_ids.add(sid)
                 self._live.append(g)
                 yield g
+
+    def _new_group(self, sid: int, storage: Any, t: torch.Tensor, category: Category, kind: str, source: str,
+                   name: str) -> StorageGroup:
+        """The group of a storage seen for the first time, validated (once per storage)."""
+        g = StorageGroup(sid, storage, t.device, t.dtype, category, kind, source, storage.nbytes())
+        if g.nbytes == 0 and t.numel() > 0:
+            raise StoreStateError(
+                f"{name} views a storage whose memory was already freed (0 bytes); is this state "
+                f"offloaded by another store, or released by the framework?"
+            )
+        if is_placeholder(sid):
+            raise StoreStateError(
+                f"{name} is offloaded by an offload store (its bytes are in host memory); reload() that "
+                f"store first (or recover() it after a TensorChangedError)"
+            )
+        if not storage.resizable():
+            raise UnsupportedTensorError(
+                f"{name}: its storage is not resizable (memory from numpy, DLPack or from_blob that the "
+                f"store cannot release); attach a torch-allocated copy instead (t = t.clone())"
+            )
+        known = self.known_viewers.get(sid)
+        if known is not None:
+            g.viewers, g.mark = known
+        elif storage_use_count is not None:
+            g.viewers = storage_use_count(sid) - 1  # minus the Python storage object held here
+            g.mark = own_view_mark()
+        if g.nbytes % g.dtype.itemsize:
+            raise MixedDtypeError(
+                f"{name}: its storage is {g.nbytes} bytes, not a whole number of {g.dtype} elements; "
+                f"it is shared with a tensor of another dtype"
+            )
+        return g
+
+    def _skip_host_resident(self, name: str, t: torch.Tensor, flags: int) -> None:
+        """A tensor on another device: left out if it may stay in host memory, else refused."""
+        device = self.device
+        if flags & HOST_RESIDENT_OK and t.device.type == "cpu" and device.type != "cpu":
+            self.report.skipped_host_resident.append(name)
+            return
+        raise WrongDeviceError(
+            f"{name} is on {t.device} but this store's runtime works on {device}; move it to "
+            f"{device} before attaching, or use a store whose runtime device is {t.device}"
+        )
 
     def finish(self) -> tuple[list[StorageGroup], CollectReport]:
         """The groups to move, in the order :meth:`feed` yielded them, and what was left out."""

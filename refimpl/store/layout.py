@@ -1,189 +1,149 @@
 """Flat layouts: where every registered tensor's bytes sit while offloaded and after reload.
 
-Theory of operation
--------------------
-The store works at *storage* level. Every registered tensor object (a
-parameter, a DTensor's ``_local_tensor``, FSDP2's padded ``_sharded_param_data``,
-an optimizer state, a view into a DDP-style flat buffer) is recorded as a
-:class:`TensorRef`: the tensor object plus its ``(offset, size, stride)``
-inside its storage. Tensors that share a storage (tied embeddings, views,
-FSDP2's local shard inside its padded buffer) become one
-:class:`StorageEntry`, so their bytes are stored once and, after reload, they
-still share one storage.
+[Note: store vocabulary]
+One word, one meaning, across :mod:`refimpl.store`:
 
-Entries with the same :class:`LayoutKey` (category, dtype, placement key) are
-laid out back to back in a :class:`FlatLayout`, each at an offset aligned to
-``alignment_bytes``. On reload the store allocates ONE device buffer per
-layout, fills it with one copy per host segment, and re-points every
-registered tensor into it with ``tensor.set_(flat_storage, entry.offset +
-ref.offset, ref.size, ref.stride)``; non-zero storage offsets are expected.
+* **ref** (:class:`~refimpl.store.entry.TensorRef`): one registered tensor object
+  (a parameter, a DTensor's ``_local_tensor``, FSDP2's padded
+  ``_sharded_param_data``, an optimizer state, a view into a DDP-style flat
+  buffer) and its ``(offset, size, stride)`` inside its entry.
+* **entry** (:class:`~refimpl.store.entry.StorageEntry`): one contiguous range
+  of device memory to move with every ref that views it. Refs sharing a storage
+  (tied embeddings, views, FSDP2's shard inside its padded buffer) are one
+  entry: stored once, still sharing after reload.
+* **layout** (:class:`FlatLayout`): the entries of one :class:`LayoutKey`
+  (category, dtype, the backend's placement key) back to back at aligned
+  offsets; the unit a backend copies, one host buffer per layout.
+* **base**: an entry's 1-D device view of its ``numel`` elements (its own
+  storage, or its range of the flat buffer); set only while the store works on
+  the entry.
+* **flat**, **flat buffer**: the ONE device buffer a reload allocates per
+  layout; a "flat" is always a 1-D tensor over a layout's flat buffer (also in
+  ``flats``, by key). ``flat_storage`` is its storage id while resident.
+* **resident**: a layout on the device in its flat buffer after a reload.
+* **steady**: an offload that finds every ref of every resident layout where
+  the reload put it (see [Note: steady offload check] in
+  :mod:`refimpl.store.residency`): the layout leaves in one copy of its flat.
+* **placeholder**: the one-element storage per dtype and device that parked
+  tensors point at (:func:`refimpl.store.parking.placeholder`).
+* **parked**: a ref re-pointed at the placeholder with all strides 0 while its
+  bytes are (or are about to be) in host memory (see [Note: parked tensors] in
+  :mod:`refimpl.store.parking`); **unpark** undoes it, **repark** parks refs
+  again after a reload re-pointed them and failed.
+* **adopted**: a resident layout taken as it is into the next offload (its
+  refs held strongly again, its entries given bases into the flat buffer).
+* **stray view**: a tensor object the store does not know that views a flat
+  buffer (the user kept a view after reload); parked at release with a warning.
+* **host segment** (:attr:`FlatLayout.segments`): a piece of the layout's
+  host buffer, cut at entry boundaries by :class:`SegmentCutter`, so every ref
+  lies inside one pinned segment and can be viewed in host memory directly.
 
-After a reload an entry no longer owns a storage of its own: it is a range of
-the layout's flat buffer (``StorageEntry.base`` is a 1-D view of that range).
-If at the next offload every tensor is still where the reload put it, the
-layout is *unchanged* and leaves in one large copy of the flat buffer.
+A layout moves through :class:`LayoutState` only by its own methods
+(:data:`LAYOUT_TRANSITIONS`): ``park`` / ``unpark``, ``mark_offloaded``,
+``repoint`` / ``repark``, ``mark_resident``; nothing else writes a layout's or
+an entry's fields.
 
-Host segments (:attr:`FlatLayout.segments`) are cut at entry boundaries, so
-every registered tensor lies inside one pinned segment and can be viewed in
-host memory directly (a checkpoint can read it without a reload).
+[Note: re-point, not one dictionary]
+vLLM's ``cumem`` allocator keeps one dictionary of truth (pointer -> handle)
+and two verbs (sleep, wake): tensors keep their addresses because the
+allocator unmaps and remaps the same virtual range. The store cannot rely on
+owning the allocator (torch's caching allocator, FSDP2's and DDP's buffers),
+so it re-points the tensor objects instead: ``set_`` (``.data =`` for a tensor
+that requires grad, keeping its gradient accumulator: [Note: autograd identity]
+in :mod:`refimpl.store.parking`) onto the placeholder when parking and into a new flat buffer on reload. The price is
+this module's alias handling (entries, shared storages, stray views, the
+steady check); the gain is that any tensor the frameworks hold keeps working
+and a resident layout leaves in one copy. :meth:`FlatLayout.repoint` is where
+the trade is made.
 """
 from __future__ import annotations
 
 import enum
-import weakref
-from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 
-from refimpl.store.config import CATEGORY_ORDER, Category
-
-
-def itemsize(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype``."""
-    return dtype.itemsize
-
-
-def storage_id(t: torch.Tensor) -> int:
-    """Identity of ``t``'s storage (the StorageImpl address; valid for meta and 0-byte storages)."""
-    return t.untyped_storage()._cdata
-
-
-@dataclass(eq=False, slots=True)
-class TensorRef:
-    """One registered tensor object and its place inside its entry.
-
-    ``tensor`` is the plain strided tensor the store re-points (for a DTensor,
-    its ``_local_tensor``; ``dtensor`` then holds the DTensor itself, whose
-    ``device_mesh`` and ``placements`` a backend may read). ``offset`` is in
-    elements from the start of the entry.
-
-    While the state is on the device after a reload, the store holds the
-    tensor only weakly (:meth:`weaken`): if the framework drops it (gradients
-    set to ``None``), its memory goes, and the next offload sees the change.
-    """
-
-    name: str
-    tensor: torch.Tensor | None
-    offset: int
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtensor: Any = None
-    _weak_tensor: Any = None
-    _weak_dtensor: Any = None
-
-    def geometry(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        """``(offset, size, stride)``."""
-        return self.offset, self.size, self.stride
-
-    def weaken(self) -> None:
-        """Keep only weak references to the tensor (and DTensor)."""
-        if self.tensor is not None:
-            self._weak_tensor = weakref.ref(self.tensor)
-            self._weak_dtensor = weakref.ref(self.dtensor) if self.dtensor is not None else None
-            self.tensor = None
-            self.dtensor = None
-
-    def live(self) -> torch.Tensor | None:
-        """The tensor, if it is still alive (strong or weak)."""
-        if self.tensor is not None:
-            return self.tensor
-        return self._weak_tensor() if self._weak_tensor is not None else None
-
-    def live_dtensor(self) -> Any:
-        """The DTensor, if any and still alive (strong or weak)."""
-        if self.dtensor is not None:
-            return self.dtensor
-        return self._weak_dtensor() if self._weak_dtensor is not None else None
-
-    def hold(self, tensor: torch.Tensor, dtensor: Any) -> None:
-        """Hold ``tensor`` (and ``dtensor``) strongly, replacing whatever was held."""
-        self.tensor, self.dtensor = tensor, dtensor
-        self._weak_tensor = self._weak_dtensor = None
-
-    def strengthen(self) -> None:
-        """Hold the tensor (and DTensor) strongly again; the tensor must be alive."""
-        if self.tensor is None:
-            t = self.live()
-            if t is None:
-                raise ValueError(f"{self.name}: the tensor is gone")
-            self.tensor = t
-            self.dtensor = self._weak_dtensor() if self._weak_dtensor is not None else None
-            self._weak_tensor = self._weak_dtensor = None
-
-
-@dataclass(eq=False, slots=True)
-class StorageEntry:
-    """A contiguous range of device memory to move, with every registered tensor that views it.
-
-    ``base`` is a 1-D view of exactly the entry's ``numel`` elements on the
-    device (the whole storage, or the entry's range of a flat buffer after a
-    reload); it is set while the store works on the entry and ``None`` otherwise. ``kind`` is a finer label than the category for backends
-    (``"param"``, ``"grad"``, ``"optimizer"``, ``"buffer"``, or what
-    ``attach_tensors(kind=...)`` said, e.g. ``"master_weights"``, ``"ddp_buffer"``).
-    ``source`` is the attach name.
-    """
-
-    category: Category
-    kind: str
-    dtype: torch.dtype
-    numel: int
-    refs: list[TensorRef]
-    base: torch.Tensor | None
-    source: str = ""
-    #: element offset inside the layout's flat buffer (set by :meth:`FlatLayout.build`)
-    offset: int = -1
-    #: ``base`` covers a whole storage of its own (False for a range of a shared flat buffer),
-    #: so the storage may be released as soon as the entry's copies completed
-    owns_storage: bool = True
-
-    @property
-    def name(self) -> str:
-        """Name of the first registered tensor (used in messages)."""
-        return self.refs[0].name if self.refs else "<empty>"
-
-    @property
-    def dtensor(self) -> Any:
-        """The first DTensor among the refs (mesh and placements for placement keys), or None."""
-        for r in self.refs:
-            d = r.live_dtensor()
-            if d is not None:
-                return d
-        return None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the entry."""
-        return self.numel * itemsize(self.dtype)
-
-
-@dataclass(frozen=True)
-class LayoutKey:
-    """What makes entries share a flat buffer: category, dtype and the backend's placement key."""
-
-    category: Category
-    dtype: torch.dtype
-    placement: Hashable | None = None
-
-    def sort_key(self) -> tuple[int, str, str]:
-        """A total order identical on every rank (layouts are processed in it)."""
-        return CATEGORY_ORDER[self.category], str(self.dtype), repr(self.placement)
-
-    def label(self) -> str:
-        """Short human-readable name, e.g. ``params/bfloat16`` or ``params/bfloat16@<placement>``."""
-        base = f"{self.category.value}/{str(self.dtype).replace('torch.', '')}"
-        return base if self.placement is None else f"{base}@{self.placement}"
+from refimpl.store.config import Category
+from refimpl.store.entry import EarlyRelease, EntryOrigin, StorageEntry, TensorRef, itemsize, storage_id
+from refimpl.store.layout_key import LayoutKey, LayoutKeys
+from refimpl.store.errors import StoreStateError
+from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
+from refimpl.store.parking import ZERO_STRIDES as _ZEROS
+from refimpl.store.parking import debug_mode, guard, own_view, placeholder, repoint_tensor, unguard, zero_strides
 
 
 class LayoutState(enum.Enum):
-    """Where a layout's bytes are."""
+    """Where a layout's bytes are, and where its refs point."""
 
+    #: bytes on the device, refs point at them (scattered storages, or the flat buffer when resident)
     ON_DEVICE = "on_device"
+    #: an offload's copies are in flight: refs parked, bytes still on the device
+    PARKED = "parked"
+    #: bytes in host memory only, refs parked
     OFFLOADED = "offloaded"
+    #: a reload's copies are in flight: refs point into the new flat buffer being filled
+    REPOINTED = "repointed"
 
 
-def _round_up(n: int, multiple: int) -> int:
+LAYOUT_TRANSITIONS: dict[tuple[str, LayoutState], LayoutState] = {
+    ("park", LayoutState.ON_DEVICE): LayoutState.PARKED,
+    ("unpark", LayoutState.PARKED): LayoutState.ON_DEVICE,
+    ("mark_offloaded", LayoutState.PARKED): LayoutState.OFFLOADED,
+    ("repoint", LayoutState.OFFLOADED): LayoutState.REPOINTED,
+    ("repark", LayoutState.REPOINTED): LayoutState.OFFLOADED,
+    ("mark_resident", LayoutState.REPOINTED): LayoutState.ON_DEVICE,
+}
+"""(transition, state before) -> state after: every move a :class:`FlatLayout` makes."""
+
+
+_new = tuple.__new__  # _new(EntryOrigin, ...): no generated __new__ frame per entry (25k on a MoE's first offload)
+_NO_ORIGIN = EntryOrigin(None, 0)
+
+
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
+
+
+class SegmentCutter:
+    """The segment-cut rule, written once for the eager (:meth:`FlatLayout.build`) and the streaming
+    (:class:`refimpl.store.streaming.LayoutStream`) layouts.
+
+    Entries are placed back to back at offsets aligned to ``alignment_bytes``. A host segment closes
+    before an entry when the open segment is already ``segment_bytes`` long, or when the entry would
+    overflow it and the segment is not empty: every entry lies inside one segment, and a segment is
+    longer than ``segment_bytes`` only when a single entry is.
+    """
+
+    __slots__ = ("align", "seg_numel", "end", "seg_start", "cuts")
+
+    def __init__(self, dtype: torch.dtype, alignment_bytes: int, segment_bytes: int) -> None:
+        size = dtype.itemsize
+        self.align = max(1, alignment_bytes // size)
+        self.seg_numel = max(self.align, segment_bytes // size)
+        #: element offset just past the last entry placed
+        self.end = 0
+        #: where the open segment starts
+        self.seg_start = 0
+        #: every segment start, ascending
+        self.cuts: list[int] = [0]
+
+    def place(self, numel: int) -> tuple[int, int]:
+        """The offset of the next entry of ``numel`` elements, and the start of the segment this placement
+        closed (-1 if none: the entry joins the open segment). One call per storage: rounding is inline."""
+        a, start = self.align, self.seg_start
+        off = -(-self.end // a) * a
+        self.end = off + numel
+        if off - start >= self.seg_numel or (off > start and off + numel - start > self.seg_numel):
+            self.seg_start = off
+            self.cuts.append(off)
+            return off, start
+        return off, -1
+
+    def numel(self) -> int:
+        """The aligned size of everything placed so far."""
+        return round_up(self.end, self.align)
 
 
 @dataclass(eq=False)
@@ -211,6 +171,10 @@ class FlatLayout:
     flat_storage: int | None = None
     #: registered tensor objects the reload pointed into the flat buffer (-1: not resident)
     resident_views: int = -1
+    #: while PARKED: the flat buffer the refs were parked from, or each entry's origin (see :meth:`park`)
+    _parked_from: tuple[torch.Tensor | None, list[EntryOrigin] | None] | None = field(default=None, repr=False)
+    #: while PARKED: the one view of the flat buffer the release frees (see :meth:`keep_one_base`)
+    _release_view: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def category(self) -> Category:
@@ -255,24 +219,27 @@ class FlatLayout:
         Sets each entry's ``offset``. The caller may pad ``numel`` afterwards
         with :meth:`pad_to`.
         """
-        size = itemsize(key.dtype)
-        align = max(1, alignment_bytes // size)
-        seg_numel = max(align, segment_bytes // size)
-        offset = 0
-        cuts: list[int] = [0]
+        cutter = SegmentCutter(key.dtype, alignment_bytes, segment_bytes)
+        place = cutter.place
         for e in entries:
             if e.dtype != key.dtype or e.category != key.category:
                 raise ValueError(f"entry {e.name} ({e.category.value}, {e.dtype}) does not belong in layout {key.label()}")
-            offset = _round_up(offset, align)
-            if offset - cuts[-1] >= seg_numel or (offset > cuts[-1] and offset + e.numel - cuts[-1] > seg_numel):
-                cuts.append(offset)
-            e.offset = offset
-            offset += e.numel
-        data_numel = offset
-        numel = _round_up(offset, align)
-        layout = cls(key, list(entries), numel, data_numel, ())
-        layout.set_segments(cuts)
+            e.offset = place(e.numel)[0]
+        layout = cls(key, list(entries), cutter.numel(), cutter.end, ())
+        layout.set_segments(cutter.cuts)
         return layout
+
+    def append(self, entry: StorageEntry, offset: int) -> None:
+        """While a :class:`~refimpl.store.streaming.LayoutStream` builds the layout: ``entry`` goes at
+        ``offset`` (from the layout's :class:`SegmentCutter`)."""
+        entry.offset = offset
+        self.entries.append(entry)
+
+    def seal(self, cutter: SegmentCutter) -> None:
+        """The streamed layout is complete: its size and host segments from ``cutter``."""
+        self.data_numel = cutter.end
+        self.numel = cutter.numel()
+        self.set_segments(cutter.cuts)
 
     def pad_to(self, numel: int) -> None:
         """Grow the flat buffer to ``numel`` elements (the last segment absorbs the padding)."""
@@ -296,18 +263,227 @@ class FlatLayout:
                 return i
         raise ValueError(f"range [{start}, {stop}) of layout {self.key.label()} spans host segments {self.segments}")
 
+    # ------------------------------------------------------------------ transitions (LAYOUT_TRANSITIONS)
+
+    # The moves of refs (park, unpark, repoint, repark) run under torch.no_grad(), entered once by the
+    # stage that calls them for every layout. Each transition checks its row of LAYOUT_TRANSITIONS inline (one comparison, no call: the steady
+    # path's budget is counted in Python calls); tests/store/test_store_layout.py checks they agree.
+
+    def _refuse(self, transition: str) -> None:
+        raise StoreStateError(f"layout {self.key.label()}: cannot {transition} a layout that is "
+                              f"{self.state.value}; this is a bug in the store's stage order")
+
+    def park(self, flat: torch.Tensor | None) -> None:
+        """Point every ref at its placeholder (see [Note: parked tensors]); ON_DEVICE -> PARKED.
+
+        Runs once every copy is issued, while they run: the copies read the store's
+        own views. ``flat``: the flat buffer the refs point into when the layout is
+        resident in one (fast path), else None (each entry's origin is recorded).
+        Where the refs were is recorded before they move, so :meth:`unpark` undoes a
+        park that failed midway.
+        """
+        if self.state is not LayoutState.ON_DEVICE:
+            self._refuse("park")
+        self.state = LayoutState.PARKED
+        origins: list[EntryOrigin] | None = None
+        if flat is None:
+            origins = []
+            for e in self.entries:
+                base = e.base
+                origins.append(_new(EntryOrigin, (base.untyped_storage(), base.storage_offset()))
+                               if base is not None else _NO_ORIGIN)
+        self._parked_from = (flat, origins)
+        if not self.entries:
+            return
+        guarding = debug_mode()
+        st, _ = placeholder(self.entries[0].refs[0].tensor.device, self.dtype)
+        zs = _ZEROS
+        for e in self.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
+            for r in e.refs:
+                t, size = r.tensor, r.size
+                z = zs.get(len(size)) or zero_strides(len(size))
+                if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                    repoint_tensor(t, st, 0, size, z)
+                else:
+                    t.set_(st, 0, size, z)
+                if guarding:
+                    guard(t, r.name)
+
+    def unpark(self) -> None:
+        """Undo :meth:`park`: every ref back on its original storage (which must hold its bytes again);
+        PARKED -> ON_DEVICE."""
+        if self.state is not LayoutState.PARKED:
+            self._refuse("unpark")
+        self.state = LayoutState.ON_DEVICE
+        flat, origins = self._parked_from or (None, None)
+        self._parked_from = self._release_view = None
+        if flat is not None:
+            st, at0 = flat.untyped_storage(), flat.storage_offset()
+            for e in self.entries:
+                for r in e.refs:
+                    unguard(r.tensor)
+                    repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
+            return
+        for e, (st, at0) in zip(self.entries, origins or ()):
+            for r in e.refs:
+                unguard(r.tensor)
+                if st is not None:
+                    repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
+
+    def mark_offloaded(self, dropped: bool) -> None:
+        """The device memory is released: PARKED -> OFFLOADED. ``dropped``: no host copy was made."""
+        if self.state is not LayoutState.PARKED:
+            self._refuse("mark_offloaded")
+        self.state = LayoutState.OFFLOADED
+        self._parked_from = self._release_view = None
+        self.dropped = dropped
+        self.flat_storage = None
+
+    def repoint(self, flat: torch.Tensor) -> None:
+        """Point every ref into ``flat``, the layout's new flat buffer (views and sharing survive);
+        OFFLOADED -> REPOINTED. See [Note: re-point, not one dictionary].
+
+        Afterwards the store holds the refs only weakly; ``resident_views`` counts
+        the tensor objects viewing the flat buffer (for the steady check).
+        """
+        if self.state is not LayoutState.OFFLOADED:
+            self._refuse("repoint")
+        self.state = LayoutState.REPOINTED
+        st = flat.untyped_storage()
+        base = flat.storage_offset()
+        views = 0
+        for e in self.entries:
+            at = base + e.offset
+            for r in e.refs:
+                t = r.tensor
+                if type(t) in _GUARDED:
+                    unguard(t)
+                if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                    repoint_tensor(t, st, at + r.offset, r.size, r.stride)
+                else:
+                    t.set_(st, at + r.offset, r.size, r.stride)
+                r.weaken()
+                views += 1
+        self.resident_views = views
+
+    def repark(self) -> None:
+        """Undo :meth:`repoint` after a failed reload: every ref parked again, held strongly again;
+        REPOINTED -> OFFLOADED."""
+        if self.state is not LayoutState.REPOINTED:
+            self._refuse("repark")
+        self.state = LayoutState.OFFLOADED
+        guarding = debug_mode()
+        for e in self.entries:
+            for r in e.refs:
+                t = r.live()
+                if t is None:
+                    continue
+                st, _ = placeholder(t.device, self.dtype)
+                repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
+                r.strengthen()
+                if guarding:
+                    guard(t, r.name)
+        self.resident_views = -1
+
+    def mark_resident(self, flat: torch.Tensor) -> int:
+        """The reload's copies completed: REPOINTED -> ON_DEVICE, resident in the flat buffer ``flat``.
+        Returns the bytes brought back (a dropped layout counts nothing)."""
+        if self.state is not LayoutState.REPOINTED:
+            self._refuse("mark_resident")
+        self.state = LayoutState.ON_DEVICE
+        self.flat_storage = flat.untyped_storage()._cdata
+        moved = 0 if self.dropped else self.data_nbytes
+        self.dropped = False
+        return moved
+
+    # ------------------------------------------------------------------ entry bases
+
+    def adopt(self, flat: torch.Tensor, every_entry: bool) -> None:
+        """Take the resident layout into this offload: bases into ``flat`` (for every entry, or only
+        the first: one view is all the release needs), no entry owns a storage."""
+        first = True
+        for e in self.entries:
+            e.owns_storage = False
+            e.base = own_view(flat[e.offset:e.offset + e.numel]) if first or every_entry else None
+            first = False
+
+    def drop_bases(self) -> None:
+        """Forget every entry's device view (the store keeps no view of the state it does not need)."""
+        for e in self.entries:
+            e.base = None
+
+    def unadopt(self) -> None:
+        """After a failed offload (nothing released): back to weak refs, no bases."""
+        for e in self.entries:
+            e.base = None
+            for r in e.refs:
+                r.weaken()
+
+    def release_bases(self, release: Callable[[torch.Tensor], None], done: set[int]) -> None:
+        """Release each entry's storage not released yet (``done``: storage ids released) and drop the bases."""
+        for e in self.entries:
+            base = e.base
+            if base is None:
+                continue  # released as soon as its copy completed
+            sid = base.untyped_storage()._cdata
+            if sid not in done:
+                release(base)
+                done.add(sid)
+            e.base = None
+
+    def keep_one_base(self) -> None:
+        """While the copies run: a layout resident as one flat buffer keeps one view of it for the release
+        and drops its entries' views (dropping tens of thousands of view tensors costs milliseconds,
+        which must not land after the last copy completes); :meth:`release_device` then does no
+        per-entry work."""
+        if self.flat_storage is None:
+            return
+        base = next((e.base for e in self.entries if e.base is not None), None)
+        if base is None or base.untyped_storage()._cdata != self.flat_storage:
+            return
+        self._release_view = base
+        for e in self.entries:
+            e.base = None
+
+    @property
+    def release_view(self) -> torch.Tensor | None:
+        """The view :meth:`keep_one_base` kept, or None."""
+        return self._release_view
+
+    def release_device(self, release: Callable[[torch.Tensor], None], done: set[int], dropped: bool) -> None:
+        """Release what is left of the layout's device memory (its one flat view, or each entry's
+        storage not in ``done``), then :meth:`mark_offloaded`."""
+        flat = self._release_view
+        if flat is not None:
+            sid = flat.untyped_storage()._cdata
+            if sid not in done:
+                release(flat)
+                done.add(sid)
+        else:
+            self.release_bases(release, done)
+        self.mark_offloaded(dropped)
+
+    def release_copied(self, entries: list[StorageEntry], remaining: dict[int, int],
+                       release: Callable[[torch.Tensor], None], released: list[EarlyRelease]) -> int:
+        """One copy carrying ``entries`` completed: release each entry of its own storage whose last copy
+        it was (``remaining``: copies left per ``id(entry)``), recording it in ``released``. Returns how many."""
+        count = 0
+        for e in entries:
+            left = remaining[id(e)] - 1
+            remaining[id(e)] = left
+            if left == 0 and e.owns_storage and e.base is not None:
+                st = e.base.untyped_storage()
+                released.append(_new(EarlyRelease, (self, e, st, st.nbytes())))  # no __new__ frame
+                release(e.base)
+                e.base = None
+                count += 1
+        return count
+
     def describe(self) -> str:
         """One line for logs."""
         return (f"{self.key.label()}: {len(self.entries)} storages, {len(self.refs)} tensors, "
                 f"{self.nbytes / 2**20:.1f} MiB in {len(self.segments)} host segment(s), {self.state.value}")
 
 
-__all__ = [
-    "FlatLayout",
-    "LayoutKey",
-    "LayoutState",
-    "StorageEntry",
-    "TensorRef",
-    "itemsize",
-    "storage_id",
-]
+__all__ = ["EarlyRelease", "EntryOrigin", "FlatLayout", "LAYOUT_TRANSITIONS", "LayoutKey", "LayoutKeys",
+           "LayoutState", "SegmentCutter", "StorageEntry", "TensorRef", "itemsize", "round_up", "storage_id"]

@@ -2,10 +2,10 @@
 
 :func:`register_backend` ``(name, factory)`` with ``factory(runtime, pool, config,
 **options) -> StoreBackend`` makes a backend known; ``local``
-(:class:`~refimpl.store.backend.LocalBackend`) is always there, and
-``local_dedup`` (:class:`~refimpl.store.dedup.DedupBackend`) is imported on
+(:class:`~refimpl.store.backends.local.LocalBackend`) is always there, and
+``local_dedup`` (:class:`~refimpl.store.backends.dedup.DedupBackend`) is imported on
 first use. The registry lives apart from the backend seam
-(:mod:`refimpl.store.backend`) so that the backends' modules import the seam
+(:mod:`refimpl.store.backends`) so that the backends' modules import the seam
 and the registry imports them, never the other way round.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import importlib
 from typing import Any, Callable
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.backend import LocalBackend, StoreBackend
+from refimpl.store.backends import LocalBackend, StoreBackend
 from refimpl.store.config import StoreConfig
 from refimpl.store.errors import UnknownBackendError
 from refimpl.store.pool import PinnedHostPool
@@ -25,7 +25,7 @@ BackendFactory = Callable[..., StoreBackend]
 _REGISTRY: dict[str, BackendFactory] = {}
 
 #: backends in modules of their own, imported on first use: name -> (module, factory attribute)
-_LAZY: dict[str, tuple[str, str]] = {"local_dedup": ("refimpl.store.dedup", "DedupBackend")}
+_LAZY: dict[str, tuple[str, str]] = {"local_dedup": ("refimpl.store.backends.dedup", "DedupBackend")}
 
 
 def register_backend(name: str, factory: BackendFactory) -> None:

@@ -3,15 +3,14 @@
 * :func:`release_as_copied` releases storages one by one as the copies carrying
   their bytes complete, overlapping the rest of the DMA (backends with
   ``early_release``), and records each release so a later failure can restore it;
-* :func:`prepare_release` does the per-entry part of the release while the copies
-  run;
 * :func:`park_kept_views` parks views of the store's flat buffers that the user kept;
 * :func:`release_layouts` releases what is left and marks the layouts offloaded;
-* :func:`restore_released_early` is the way back when the offload fails after
+* :func:`copy_back_early_releases` is the way back when the offload fails after
   :func:`release_as_copied` released storages.
 
-Stage four of the store's pipeline (collect -> plan -> copy -> release; see
-:mod:`refimpl.store.plans`).
+:func:`park_kept_views` and :func:`release_layouts` are the last stage of an offload
+(:meth:`refimpl.store.offload.Offload.release`); the other two run inside the
+copy stage (:class:`refimpl.store.copies.OffloadCopies`).
 
 Every registered tensor is parked before any of this runs (see
 :mod:`refimpl.store.parking`): a release never leaves a tensor on freed memory.
@@ -19,101 +18,28 @@ Every registered tensor is parked before any of this runs (see
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from refimpl.runtime.base import CopyKind, Runtime
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import storage_view
 from refimpl.store.config import Category
-from refimpl.store.layout import FlatLayout, LayoutState, StorageEntry
+from refimpl.store.layout import EarlyRelease, FlatLayout
 from refimpl.store.parking import park_strays
 from refimpl.store.source import DeviceLayoutSource
 
 logger = logging.getLogger(__name__)
 
 
-class EarlyRelease(NamedTuple):
-    """A storage :func:`release_as_copied` released while later copies ran, and what it held."""
-
-    layout: FlatLayout
-    entry: StorageEntry
-    #: the released storage (0 bytes now)
-    storage: Any
-    #: its size before the release
-    nbytes: int
-
-
-_new = tuple.__new__
-
-
-@dataclass
-class ReleasePlan:
-    """What :func:`prepare_release` settled while the copies ran: one view per flat-resident layout
-    (by ``id(layout)``) and the bytes the offload moves."""
-
-    flat_bases: dict[int, torch.Tensor] = field(default_factory=dict)
-    moved_bytes: int = 0
-
-
-def prepare_release(layouts: list[FlatLayout], drop_grads: bool) -> ReleasePlan:
-    """Per-entry work of the release, done once every copy is issued, while they run.
-
-    For a layout resident as one flat buffer, keep one view of it and drop the
-    entries' views (dropping tens of thousands of view tensors costs
-    milliseconds, which must not land after the last copy completes); sum the
-    bytes moved. :func:`release_layouts` then does no per-entry work for them.
-    """
-    plan = ReleasePlan()
-    for layout in layouts:
-        if not (drop_grads and layout.category is Category.GRADS):
-            plan.moved_bytes += layout.data_nbytes
-        if layout.flat_storage is None:
-            continue
-        base = next((e.base for e in layout.entries if e.base is not None), None)
-        if base is None or base.untyped_storage()._cdata != layout.flat_storage:
-            continue
-        plan.flat_bases[id(layout)] = base
-        for e in layout.entries:
-            e.base = None
-    return plan
-
-
-def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool, plan: ReleasePlan | None = None) -> int:
-    """Release what is left of the offloaded layouts' device memory and mark them offloaded.
-
-    With a :class:`ReleasePlan` from :func:`prepare_release`, a layout resident
-    as one flat buffer releases that storage once, with no per-entry work.
-    Returns the bytes copied out (dropped gradients count nothing).
-    """
+def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool) -> None:
+    """Release what is left of the offloaded layouts' device memory and mark them offloaded
+    (:meth:`FlatLayout.release_device`; a layout resident as one flat buffer releases it once)."""
     done: set[int] = set()
     release = rt.release
-    if plan is None:
-        plan = ReleasePlan(moved_bytes=sum(lay.data_nbytes for lay in layouts
-                                           if not (drop_grads and lay.category is Category.GRADS)))
     for layout in layouts:
-        flat = plan.flat_bases.get(id(layout))
-        if flat is not None:
-            sid = flat.untyped_storage()._cdata
-            if sid not in done:
-                release(flat)
-                done.add(sid)
-        else:
-            for e in layout.entries:
-                base = e.base
-                if base is None:
-                    continue  # released as soon as its copy completed
-                sid = base.untyped_storage()._cdata
-                if sid not in done:
-                    release(base)
-                    done.add(sid)
-                e.base = None
-        layout.state = LayoutState.OFFLOADED
-        layout.dropped = drop_grads and layout.category is Category.GRADS
-        layout.flat_storage = None
-    return plan.moved_bytes
+        layout.release_device(release, done, drop_grads and layout.category is Category.GRADS)
 
 
 async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], released: list[EarlyRelease]) -> int:
@@ -140,19 +66,11 @@ async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], rele
                 continue
             if not completion.done():
                 await completion
-            for e in entries:
-                left = remaining[id(e)] - 1
-                remaining[id(e)] = left
-                if left == 0 and e.owns_storage and e.base is not None:
-                    st = e.base.untyped_storage()
-                    released.append(_new(EarlyRelease, (src.layout, e, st, st.nbytes())))  # no __new__ frame
-                    release(e.base)
-                    e.base = None
-                    count += 1
+            count += src.layout.release_copied(entries, remaining, release, released)
     return count
 
 
-async def restore_released_early(rt: Runtime, backend: StoreBackend, early: list[EarlyRelease]) -> None:
+async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: list[EarlyRelease]) -> None:
     """After a failed offload: give storages released early their bytes back from the host copies."""
     for r in early:
         layout, entry = r.layout, r.entry
@@ -168,14 +86,13 @@ async def restore_released_early(rt: Runtime, backend: StoreBackend, early: list
                    len(early))
 
 
-def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor],
-                    plan: ReleasePlan) -> None:
+def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor]) -> None:
     """Park the views of the store's flat buffers that tensor objects it does not know kept (``strays``:
     storage id -> ids of the tensors it knows there), with a warning; the store's own views are not
     strays. Nothing can fail any more when this runs."""
     if not strays:
         return
-    ours = {id(t) for t in flats.values()} | {id(t) for t in plan.flat_bases.values()}
+    ours = {id(t) for t in flats.values()} | {id(lay.release_view) for lay in layouts if lay.release_view is not None}
     ours |= {id(e.base) for lay in layouts for e in lay.entries if e.base is not None}
     for sid, known in strays.items():
         found = park_strays(sid, known | ours)
@@ -184,5 +101,4 @@ def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flat
                        "; ".join(found[:3]) or "none reachable from Python")
 
 
-__all__ = ["EarlyRelease", "ReleasePlan", "park_kept_views", "prepare_release", "release_as_copied",
-           "release_layouts", "restore_released_early"]
+__all__ = ["EarlyRelease", "copy_back_early_releases", "park_kept_views", "release_as_copied", "release_layouts"]

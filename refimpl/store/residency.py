@@ -1,35 +1,27 @@
-"""Where registered tensors live: re-pointing them into flat buffers, and noticing when they moved.
+"""Checks that registered tensors are still where the store left them.
 
-After a reload every registered tensor is a view into its layout's flat buffer
-(:func:`repoint`). :func:`adopt_if_unchanged` decides at the next offload
-whether the tensors are all still exactly there (then the layout leaves in one
-copy). :func:`park` points every registered tensor at a placeholder while its
-bytes are in host memory (see [Note: parked tensors] in
-:mod:`refimpl.store.parking`), :func:`unpark` undoes that when an offload fails;
-:func:`changed_tensors` checks before a reload that each tensor is still parked
-as the offload left it. :func:`restore_released` parks the tensors again when a
-reload fails after re-pointing them.
+* :func:`resident_flat`, :func:`steady_unchanged` (see [Note: steady offload
+  check] below) and :func:`adopt_resident`: the steady offload's check that every
+  ref of a resident layout is still the view the reload made, and its adoption
+  of the layout (:meth:`FlatLayout.adopt`).
+* :func:`adopt_if_unchanged`: the full offload's per-storage version of that check.
+* :func:`changed_tensors`: before a reload, whether each ref is still parked as
+  the offload left it; :func:`force_repoint_prepare` makes every ref
+  re-pointable for :meth:`OffloadStore.recover`.
 
-The reload's last stage (restore, after :mod:`refimpl.store.copies`) is
-:func:`repoint` and :func:`mark_resident`; the offload's steady path reads
-:func:`resident_flat` and :func:`steady_unchanged` (see [Note: steady offload
-check] below) and :func:`adopt_resident`; :func:`unadopt` is its way back.
+The moves themselves (park, unpark, repoint, repark) are the layout's own
+transitions, in :mod:`refimpl.store.layout`.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import torch
 
 from refimpl.store.collect import Item, plain_tensor
 from refimpl.store.grouping import StorageGroup, ViewCount, storage_view
-from refimpl.store.layout import FlatLayout, LayoutState
-from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
-from refimpl.store.parking import ZERO_STRIDES as _ZEROS
-from refimpl.store.parking import (
-    debug_mode, guard, own_view, own_view_mark, placeholder, repoint_tensor, storage_use_count, unguard,
-    zero_strides,
-)
+from refimpl.store.layout import FlatLayout
+from refimpl.store.parking import own_view_mark, placeholder, storage_use_count, unguard, zero_strides
 
 
 def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
@@ -48,10 +40,8 @@ def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
             count += 1
     if count != len(group.refs):
         return False
-    flat = group.base_view()
+    layout.adopt(group.base_view(), every_entry=True)
     for e in layout.entries:
-        e.base = own_view(flat[e.offset:e.offset + e.numel])
-        e.owns_storage = False
         for r in e.refs:
             c = collected[id(r.live())]
             r.hold(c.tensor, c.dtensor)
@@ -82,140 +72,6 @@ def changed_tensors(layouts: list[FlatLayout]) -> list[str]:
                     problems.append(f"{r.name} was resized/restrided from {r.size} to "
                                     f"{tuple(t.shape)}/{tuple(t.stride())}@{t.storage_offset()}")
     return problems
-
-
-class EntryOrigin(NamedTuple):
-    """Where a parked entry's tensors pointed: its storage (None: no device data) and the entry's start in it."""
-
-    storage: Any
-    offset: int
-
-
-_new = tuple.__new__
-_NO_ORIGIN = EntryOrigin(None, 0)
-
-
-class ParkedLayout(NamedTuple):
-    """Where the tensors of one parked layout came from."""
-
-    layout: FlatLayout
-    #: a 1-D view of the layout's flat buffer when it was resident in one, else None
-    flat: torch.Tensor | None
-    #: otherwise, each entry's origin, in entry order
-    origins: list[EntryOrigin] | None
-
-
-class ParkRecord:
-    """Where each parked tensor came from, to put it back if the offload fails before its release.
-
-    ``origins``: one :class:`ParkedLayout` per layout, in the order :func:`park` visited them.
-    """
-
-    __slots__ = ("origins",)
-
-    def __init__(self) -> None:
-        self.origins: list[ParkedLayout] = []
-
-
-def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: ParkRecord) -> None:
-    """Point every registered tensor of ``layouts`` at its placeholder (see [Note: parked tensors]).
-
-    Runs once every copy is issued, while they run: the copies read the store's own
-    views. Records where each tensor was in ``record`` (filled before the
-    layout's tensors move, so :func:`unpark` undoes a park that failed midway).
-    ``flats``: the flat buffer of each layout resident in one (fast path), by key.
-    """
-    guarding = debug_mode()
-    with torch.no_grad():
-        for layout in layouts:
-            flat = flats.get(layout.key)
-            origins: list[EntryOrigin] | None = None
-            if flat is None:
-                origins = []
-                for e in layout.entries:
-                    base = e.base
-                    # _new(EntryOrigin, ...): no generated __new__ frame per entry (25k on a MoE's first offload)
-                    origins.append(_new(EntryOrigin, (base.untyped_storage(), base.storage_offset()))
-                                   if base is not None else _NO_ORIGIN)
-            record.origins.append(ParkedLayout(layout, flat, origins))
-            if not layout.entries:
-                continue
-            st, _ = placeholder(layout.entries[0].refs[0].tensor.device, layout.dtype)
-            zs = _ZEROS
-            for e in layout.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
-                for r in e.refs:
-                    t, size = r.tensor, r.size
-                    z = zs.get(len(size)) or zero_strides(len(size))
-                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
-                        repoint_tensor(t, st, 0, size, z)
-                    else:
-                        t.set_(st, 0, size, z)
-                    if guarding:
-                        guard(t, r.name)
-
-
-def unpark(record: ParkRecord) -> None:
-    """Undo :func:`park`: every tensor back on its original storage (which must hold its bytes again)."""
-    with torch.no_grad():
-        for layout, flat, origins in record.origins:
-            if flat is not None:
-                st, at0 = flat.untyped_storage(), flat.storage_offset()
-                for e in layout.entries:
-                    for r in e.refs:
-                        unguard(r.tensor)
-                        repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
-                continue
-            for e, (st, at0) in zip(layout.entries, origins or ()):
-                for r in e.refs:
-                    unguard(r.tensor)
-                    if st is not None:
-                        repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
-
-
-def repoint(layouts: list[FlatLayout], flats: list[torch.Tensor]) -> None:
-    """Point every registered tensor into its layout's flat buffer (views and sharing survive).
-
-    Afterwards the store holds the tensors only weakly; ``layout.resident_views``
-    counts the tensor objects viewing the flat buffer (for the steady-state check).
-    """
-    with torch.no_grad():
-        for layout, flat in zip(layouts, flats):
-            st = flat.untyped_storage()
-            base = flat.storage_offset()
-            views = 0
-            for e in layout.entries:
-                at = base + e.offset
-                for r in e.refs:
-                    t = r.tensor
-                    if type(t) in _GUARDED:
-                        unguard(t)
-                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
-                        repoint_tensor(t, st, at + r.offset, r.size, r.stride)
-                    else:
-                        t.set_(st, at + r.offset, r.size, r.stride)
-                    r.weaken()
-                    views += 1
-            layout.resident_views = views
-
-
-def restore_released(layouts: list[FlatLayout]) -> None:
-    """Undo :func:`repoint`: every tensor parked again, held strongly again."""
-    guarding = debug_mode()
-    with torch.no_grad():
-        for layout in layouts:
-            if not layout.entries:
-                continue
-            for e in layout.entries:
-                for r in e.refs:
-                    t = r.live()
-                    if t is None:
-                        continue
-                    st, _ = placeholder(t.device, layout.dtype)
-                    repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
-                    r.strengthen()
-                    if guarding:
-                        guard(t, r.name)
-            layout.resident_views = -1
 
 
 def force_repoint_prepare(layouts: list[FlatLayout]) -> list[str]:
@@ -254,30 +110,8 @@ def resident_flat(layout: FlatLayout, viewers: dict[int, ViewCount]) -> torch.Te
     return None
 
 
-def unadopt(layouts: Iterable[FlatLayout]) -> None:
-    """After a failed offload (nothing released): resident layouts go back to weak references."""
-    for layout in layouts:
-        for e in layout.entries:
-            e.base = None
-            for r in e.refs:
-                r.weaken()
-
-
-def mark_resident(layouts: list[FlatLayout], flat_storages: list[int]) -> int:
-    """After a reload: each layout is on the device in its flat buffer (storage ids in layout order).
-    Returns the bytes brought back (dropped layouts count nothing)."""
-    moved = 0
-    for layout, sid in zip(layouts, flat_storages):
-        layout.state = LayoutState.ON_DEVICE
-        layout.flat_storage = sid
-        moved += 0 if layout.dropped else layout.data_nbytes
-        layout.dropped = False
-    return moved
-
-
-__all__ = ["EntryOrigin", "ItemSignature", "ParkRecord", "ParkedLayout", "adopt_if_unchanged", "adopt_resident",
-           "changed_tensors", "force_repoint_prepare", "mark_resident", "park", "repoint", "resident_flat",
-           "restore_released", "steady_unchanged", "unadopt", "unpark"]
+__all__ = ["ItemSignature", "adopt_if_unchanged", "adopt_resident", "changed_tensors", "force_repoint_prepare",
+           "resident_flat", "steady_unchanged"]
 
 
 # --------------------------------------------------------------------------- steady-state fast path
@@ -298,13 +132,13 @@ class ItemSignature:
 
     __slots__ = ("cats", "ids", "left_in_place", "layouts", "report")
 
-    def __init__(self, cats: frozenset, items: list[Item], plan: dict, report: Any) -> None:
-        in_layouts = {id(r.tensor) for lay in plan.values() for e in lay.entries for r in e.refs}
+    def __init__(self, cats: frozenset, items: list[Item], layouts: dict, report: Any) -> None:
+        in_layouts = {id(r.tensor) for lay in layouts.values() for e in lay.entries for r in e.refs}
         self.cats = cats
         self.ids = [id(it.tensor) for it in items]
         self.left_in_place = {id(it.tensor): it.tensor for it in items
                               if id(plain_tensor(it.tensor)) not in in_layouts}
-        self.layouts = {key: id(lay) for key, lay in plan.items()}
+        self.layouts = {key: id(lay) for key, lay in layouts.items()}
         self.report = report
 
 
@@ -341,10 +175,7 @@ def steady_unchanged(tensors: Iterator[Any], sig: ItemSignature, resident: list[
 def adopt_resident(layout: FlatLayout, flat: torch.Tensor) -> None:
     """The fast path's :func:`adopt_if_unchanged`: hold the tensors strongly and give the release one
     view of the flat buffer."""
-    first = True
+    layout.adopt(flat, every_entry=False)  # one view: the release frees the storage
     for e in layout.entries:
-        e.owns_storage = False
-        e.base = own_view(flat[e.offset:e.offset + e.numel]) if first else None  # one view: the release frees the storage
-        first = False
         for r in e.refs:
             r.strengthen()

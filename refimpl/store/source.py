@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime
-from refimpl.store.backend import LayoutSource
+from refimpl.store.backends.base import LayoutSource
 from refimpl.store.config import StoreConfig
 from refimpl.store.layout import FlatLayout, StorageEntry
 from refimpl.store.parking import own_view

@@ -51,7 +51,7 @@ class StoreStats:
     copies: dict[str, int] = field(default_factory=dict)
     #: seconds per phase of the last offload (``offload.collect`` ...) and reload (``reload.wait`` ...)
     phases: dict[str, float] = field(default_factory=dict)
-    #: the path the last offload took (its plan's name, :mod:`refimpl.store.plans`): ``streamed`` (first
+    #: the path the last offload took (its path's name, :mod:`refimpl.store.offload_paths`): ``streamed`` (first
     #: offload, streaming backend), ``steady`` (unchanged since the reload), ``full``; "" before any
     last_offload_path: str = ""
 

@@ -3,21 +3,23 @@
 Theory of operation
 -------------------
 Attach what holds the state (modules, optimizers, explicit tensors). Each
-``offload`` runs the pipeline of :mod:`refimpl.store.plans`: collect the
-registered tensors of the requested categories and group them by storage
-(:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`), plan flat
-layouts (:mod:`refimpl.store.layout`, :mod:`refimpl.store.planner`), have the
-backend (:mod:`refimpl.store.backend`) copy each layout to host memory
-(:mod:`refimpl.store.copies`), then release (:mod:`refimpl.store.release`). The
-store picks the plan object of the path the state calls for (streamed first
-offload, steady, full) and runs its stages. A storage's device memory is
-released only after the copies carrying its bytes have completed and all host
-memory of the offload is allocated (for a backend with ``early_release``,
-storage by storage while later copies run; otherwise once every finisher
-completed): ``Runtime.release`` shrinks the storage to 0 bytes and the tensor
-objects stay. ``reload`` allocates one flat device buffer per layout, has the
-backend fill it, and re-points every registered tensor into it with ``set_``
-(:mod:`refimpl.store.residency`).
+``offload`` builds one :class:`~refimpl.store.offload.Offload` and runs it; its
+stages, in order, each in its own module: copy ahead of collection
+(:mod:`refimpl.store.copies`), collect and group by storage
+(:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`) along the path the
+state calls for (:mod:`refimpl.store.offload_paths`: streamed first offload,
+steady, full), assign storages to flat layouts (:mod:`refimpl.store.assign`,
+:mod:`refimpl.store.layout`), have the backend (:mod:`refimpl.store.backends`)
+copy each layout to host memory, park every registered tensor
+(:meth:`FlatLayout.park`), wait, release (:mod:`refimpl.store.release`). A
+storage's device memory is released only after the copies carrying its bytes
+have completed and all host memory of the offload is allocated (for a backend
+with ``early_release``, storage by storage while later copies run; otherwise
+once every finisher completed): ``Runtime.release`` shrinks the storage to 0
+bytes and the tensor objects stay. ``reload`` runs one
+:class:`~refimpl.store.reload.Reload`: one flat device buffer per layout, filled
+by the backend, every registered tensor re-pointed into it
+(:meth:`FlatLayout.repoint`). docs/store.md walks both, file by file.
 
 Invariants:
 
@@ -49,6 +51,7 @@ phase and ``StoreStats.last_offload_path`` names the path the last offload took.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -57,26 +60,22 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.collect import Collector, Item, ModuleCollector, OptimizerCollector, TensorsCollector
-from refimpl.store.grouping import ViewCount, group_by_storage
+from refimpl.store.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.grouping import group_by_storage
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.copies import OffloadCopies, ReloadCopies, sort_key
+from refimpl.store.copies import sort_key
 from refimpl.store.errors import StoreError, StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
-from refimpl.store.planner import gc_paused, plan_layouts
-from refimpl.store.plans import FullOffload, OffloadPlan, RecoverPlan, ReloadPlan, SteadyOffload, StreamedOffload
+from refimpl.store.assign import assign_layouts, gc_paused
+from refimpl.store.offload import Offload
 from refimpl.store.pool import PinnedHostPool
+from refimpl.store.backends.base import streams
 from refimpl.store.registry import create_backend
-from refimpl.store.release import ReleasePlan, park_kept_views, prepare_release, release_layouts
-from refimpl.store.residency import (
-    ItemSignature, ParkRecord, mark_resident, park, repoint, restore_released, steady_unchanged, unadopt, unpark,
-)
-from refimpl.store.stats import PhaseClock, StoreStats
+from refimpl.store.reload import Recover, Reload
+from refimpl.store.residency import ItemSignature
+from refimpl.store.stats import StoreStats
 
 logger = logging.getLogger(__name__)
-
-_UNCOUNTED = ViewCount(-1, 0)  # a resident flat buffer whose viewers were not counted
-
 
 class OffloadStore:
     """Offload/reload of training state through a backend; see the module docstring.
@@ -100,7 +99,8 @@ class OffloadStore:
             threads = min(8, max(1, (os.cpu_count() or 2) // 2)) if runtime.device.type == "cuda" else 1
         self.pool = PinnedHostPool(runtime, fallback=self.config.pin_fallback, pin_threads=threads)
         self.backend = create_backend(backend, runtime, self.pool, self.config, **backend_options)
-        self._collectors: list[Collector] = []
+        self._streams = streams(self.backend)  # the first offload may be streamed (StreamingBackend)
+        self._attached = Attached()
         self._layouts: dict[LayoutKey, FlatLayout] = {}
         self._offloaded: set[Category] = set()
         self._signature: ItemSignature | None = None  # what the last full collection saw
@@ -148,9 +148,7 @@ class OffloadStore:
                 f"cannot attach {collector.name!r} while {sorted(c.value for c in self._offloaded)} are offloaded; "
                 f"reload() first"
             )
-        if any(c.name == collector.name for c in self._collectors):
-            raise ValueError(f"a source named {collector.name!r} is already attached; pick another name")
-        self._collectors.append(collector)
+        self._attached.add(collector)
         if self.config.pin_ahead_mode(self.rt.device.type) == "background":  # see StoreConfig.pin_ahead
             try:
                 self._pin_ahead(None, False)
@@ -174,6 +172,11 @@ class OffloadStore:
         finally:
             self._owner = self._busy = None
             self._lock.release()
+
+    @property
+    def _collectors(self) -> list[Collector]:
+        # the attached collectors in attach order (tests reach FSDP2's parameters through them)
+        return self._attached.collectors
 
     @property
     def in_progress(self) -> str | None:
@@ -258,18 +261,18 @@ class OffloadStore:
 
     def _pin_ahead(self, include: Iterable[Category | str] | Category | str | None, wait: bool) -> int:
         cats = Category.select(include) - self._offloaded
-        groups, _ = group_by_storage(self._items(cats), self.rt.device)
+        groups, _ = group_by_storage(self._attached.items(cats), self.rt.device)
         try:
-            plan = plan_layouts(groups, self._resident(cats), self.backend, self.config)  # resident ones reused
+            layouts = assign_layouts(groups, self._resident(cats), self.backend, self.config)  # resident ones reused
         finally:
-            unadopt(self._resident(cats))
-        for layout in sorted(plan.values(), key=sort_key):
+            for lay in self._resident(cats):
+                lay.unadopt()
+        for layout in sorted(layouts.values(), key=sort_key):
             self.backend.reserve(layout)
-            for e in layout.entries:
-                e.base = None
+            layout.drop_bases()
         if wait:
             self.pool.wait_all()
-        return sum(layout.nbytes for layout in plan.values())
+        return sum(layout.nbytes for layout in layouts.values())
 
     def consolidate(self) -> None:
         """Lay the attached state out in the store's flat device buffers now: one offload and reload.
@@ -320,102 +323,40 @@ class OffloadStore:
 
         wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers (Task F)
         rt = self.rt
+        offload = Offload(rt, self.backend, self.config, cats=cats, drop_grads=drop_grads,
+                          items=functools.partial(self._attached.items, cats),
+                          tensor_objects=functools.partial(self._attached.tensor_objects, cats),
+                          check_phase=self._attached.check_phase, resident=self._resident(cats), signature=self._signature,
+                          lookahead=self.pool.pin_threads, streams=self._streams, counters=self._counters)
         with rt.span("offload"), gc_paused():  # no collector pass in the switch window
-            await rt.point("store.offload.begin")
             t0, free_before = rt.now(), rt.memory_info().free
-            copies = OffloadCopies(rt, self.backend, self.config, drop_grads=drop_grads)
-            clock = PhaseClock(rt, "offload")
-            parked = ParkRecord()
-            plan: OffloadPlan | None = None
-            release_plan: ReleasePlan | None = None
             try:
-                await copies.copy_ahead(self._resident(cats))
-                clock.lap("speculate")
-                for c in self._collectors:
-                    c.check_phase()
-                plan = self._offload_plan(cats, drop_grads, copies)  # the steady check runs here
-                await plan.collect(copies)
-                clock.lap("collect")
-                await plan.plan(copies)
-                if isinstance(plan, SteadyOffload):
-                    self._counters["steady_fast_offloads"] += 1
-                if plan.signature is not None:
-                    self._signature = plan.signature
-                clock.lap("plan")
-                ordered = plan.ordered()
-                await plan.copy(copies, ordered)
-                clock.lap("issue")
-                park(ordered, plan.resident_flats(copies), parked)  # per-tensor work while the copies run
-                release_plan = prepare_release(ordered, drop_grads)
-                self._counters["copies"] = copies.describe()  # before the wait, not after the copies
-                clock.lap("record")
-                await rt.point("store.offload.wait")
-                self._counters["last_early_releases"] = 0
-                self._counters["last_early_releases"] = await copies.release_early()
-                await copies.wait()
-                clock.lap("wait")
-                await rt.point("store.offload.release")  # the last point where a failure rolls back
-            except BaseException:
-                await copies.unwind()
-                unpark(parked)
-                if plan is not None:
-                    await plan.abort()
-                await copies.close()
-                unadopt(self._resident(cats))
-                # the traceback keeps this frame: drop every view of the state made here, so the next
-                # offload's count of the tensors viewing a storage sees none of ours
-                for lay in plan.touched() if plan is not None else ():
-                    for e in lay.entries:
-                        e.base = None
-                copies.forget()
-                release_plan = parked = None  # noqa: F841
-                raise
-            await copies.close()
-            park_kept_views(plan.stray_views(), ordered, copies.flats, release_plan)  # nothing can fail from here on
-            moved = release_layouts(self.rt, ordered, drop_grads, release_plan)
-            for key in [k for k in self._layouts if k.category in cats]:
-                del self._layouts[key]
-            self._layouts.update(plan.layouts)
-            self._offloaded |= cats
-            clock.lap("release")
-            if self.config.empty_cache:
-                rt.empty_cache()
-            clock.lap("empty_cache")
-            c = self._counters
-            c["offloads"] += 1
-            c["last_offload_s"] = rt.now() - t0
-            c["last_offload_bytes"] = moved
-            c["last_device_bytes_freed"] = rt.memory_info().free - free_before
-            c["last_offload_path"] = plan.name
-            report = plan.report
-            c["skipped_zero_size"] = len(report.skipped_zero_size)
-            c["skipped_host_resident"] = len(report.skipped_host_resident)
-            c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | clock.laps
-            if logger.isEnabledFor(logging.INFO):
-                logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
-                            len(ordered), moved / 1e9, c["last_offload_s"], plan.name, c["copies"])
+                moved = await offload.run()
+            finally:
+                self._signature = offload.signature or self._signature
+            self._install(cats, offload.layouts)
+            self._count_offload(offload, cats, moved, rt.now() - t0, rt.memory_info().free - free_before)
 
-    def _offload_plan(self, cats: frozenset[Category], drop_grads: bool, copies: OffloadCopies) -> OffloadPlan:
-        """The path of this offload: streamed (first offload, streaming backend), steady (every tensor where
-        the last reload put it; see [Note: steady offload check] in refimpl.store.residency) or full."""
-        rt, resident = self.rt, self._resident(cats)
-        if self.backend.streaming_offload and not copies.ahead and not resident:
-            return StreamedOffload(rt, self.backend, self.config, cats, lambda: self._items(cats),
-                                   drop_grads=drop_grads, lookahead=self.pool.pin_threads)
-        sig, viewers = self._signature, copies.viewers
-        if (sig is not None and sig.cats == cats and not drop_grads
-                and all(viewers.get(lay.flat_storage, _UNCOUNTED).viewers == lay.resident_views for lay in resident)
-                and steady_unchanged(self._tensor_objects(cats), sig, resident, copies.flats, rt.device)):
-            return SteadyOffload(resident, sig)
-        return FullOffload(rt, self.backend, self.config, cats, lambda: self._items(cats), resident)
+    def _install(self, cats: frozenset[Category], layouts: dict[LayoutKey, FlatLayout]) -> None:
+        """The offloaded layouts of ``cats`` replace the ones the store had."""
+        for key in [k for k in self._layouts if k.category in cats]:
+            del self._layouts[key]
+        self._layouts.update(layouts)
+        self._offloaded |= cats
 
-    def _items(self, cats: frozenset[Category]) -> Iterator[Item]:
-        for c in self._collectors:
-            yield from c.items(cats)
-
-    def _tensor_objects(self, cats: frozenset[Category]) -> Iterator[Any]:
-        for c in self._collectors:
-            yield from c.tensor_objects(cats)
+    def _count_offload(self, offload: Offload, cats: frozenset[Category], moved: int, seconds: float,
+                       freed: int) -> None:
+        c = self._counters
+        c["offloads"] += 1
+        c["last_offload_s"] = seconds
+        c["last_offload_bytes"] = moved
+        c["last_device_bytes_freed"] = freed
+        c["last_offload_path"] = offload.path_name
+        c["skipped_zero_size"], c["skipped_host_resident"] = offload.skipped()
+        c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | offload.laps
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
+                        len(offload.ordered), moved / 1e9, seconds, offload.path_name, c["copies"])
 
     def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
         return [lay for lay in self._layouts.values()
@@ -458,43 +399,20 @@ class OffloadStore:
         if not offloaded:
             self._offloaded -= cats
             return []
-        plan = RecoverPlan(offloaded) if force else ReloadPlan(offloaded)
-        todo = plan.layouts
         rt = self.rt
+        reload = (Recover if force else Reload)(rt, self.backend, offloaded)
         with rt.span("reload"), gc_paused():
-            await rt.point("store.reload.begin")
             t0 = rt.now()
-            copies = ReloadCopies(rt, self.backend)
-            repointed = False
-            clock = PhaseClock(rt, "reload")
-            try:
-                await copies.issue(todo)
-                clock.lap("issue")
-                problems = plan.check()
-                clock.lap("validate")
-                overwritten = plan.settle(problems)
-                repointed = True
-                repoint(todo, copies.flats)  # while the copies run
-                clock.lap("repoint")
-                await rt.point("store.reload.wait")
-                await copies.wait()
-                clock.lap("wait")
-            except BaseException:
-                await copies.drain()
-                if repointed:
-                    restore_released(todo)
-                copies.release_flats()
-                raise
-            moved = mark_resident(todo, copies.storage_ids())
+            moved = await reload.run()
             self._offloaded -= cats
             c = self._counters
             c["reloads"] += 1
             c["last_reload_s"] = rt.now() - t0
             c["last_reload_bytes"] = moved
-            c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("reload.")} | clock.laps
-            logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats), len(todo),
-                        moved / 1e9, c["last_reload_s"])
-            return overwritten
+            c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("reload.")} | reload.clock.laps
+            logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats),
+                        len(reload.layouts), moved / 1e9, c["last_reload_s"])
+            return reload.overwritten
 
 
 __all__ = ["OffloadStore", "StoreStats"]

@@ -7,9 +7,9 @@ pinned before anything can be copied into it. Done one after the other, both
 costs add to the copy time. Streaming overlaps them: layouts are built
 append-only as storages are found (offsets never move once assigned), so a
 host segment is final as soon as the next storage no longer fits in it. At
-that moment the backend starts pinning the segment (:meth:`StoreBackend.stream_reserve`),
+that moment the backend starts pinning the segment (:meth:`StreamingBackend.stream_reserve`),
 and once ``lookahead`` more segments are pinning, the oldest one's copies are
-issued (:meth:`StoreBackend.stream_copy`), while collection goes on.
+issued (:meth:`StreamingBackend.stream_copy`), while collection goes on.
 
 The layouts come out identical to :meth:`FlatLayout.build` over the same
 entries (same aligned offsets, same segment cuts), so later cycles reuse the
@@ -17,25 +17,21 @@ pinned buffers. Nothing is released until collection, validation and every
 pinning have succeeded: an error midway waits for the copies already issued,
 discards the partial host buffers and leaves the state on the device.
 
-Only backends with ``streaming_offload`` (no padding, no collectives) take
-this path; ``prepare`` is not called for it.
+Only backends implementing :class:`~refimpl.store.backends.base.StreamingBackend`
+(no padding, no collectives) take this path; ``prepare`` is not called for it.
 """
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+
 
 from refimpl.runtime.base import Completion, Runtime
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutKeys, SegmentCutter, StorageEntry
 from refimpl.store.source import DeviceLayoutSource, StagingArea
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 @dataclass
@@ -44,17 +40,14 @@ class _OpenLayout:
 
     layout: FlatLayout
     source: DeviceLayoutSource
-    align: int
-    seg_numel: int
+    cutter: SegmentCutter
     copy: bool
-    offset: int = 0
-    seg_start: int = 0
-    cuts: list[int] = field(default_factory=lambda: [0])
     completions: list[Completion] = field(default_factory=list)
 
 
-class StreamingPlan:
-    """Builds flat layouts as storage groups arrive and streams full host segments to the backend.
+class LayoutStream:
+    """Builds flat layouts as storage groups arrive and streams full host segments to the backend
+    (a :class:`~refimpl.store.backends.base.StreamingBackend`).
 
     ``drop_grads``: gradient layouts are built but not copied.
     ``lookahead``: segments that may be pinning at once before the oldest one's copies are issued.
@@ -67,7 +60,7 @@ class StreamingPlan:
         self.lookahead = max(1, lookahead)
         self.open: dict[LayoutKey, _OpenLayout] = {}
         self.sources: list[DeviceLayoutSource] = []
-        self._keys: dict[tuple[Any, ...], LayoutKey] = {}
+        self._keys = LayoutKeys()
         self._queue: collections.deque[tuple[_OpenLayout, int, int, int]] = collections.deque()
         self._pairs: list[tuple[StorageEntry, StorageGroup]] = []
 
@@ -75,31 +68,20 @@ class StreamingPlan:
         """Place a newly found storage; close (and maybe start copying) the segment it does not fit in."""
         entry = StorageEntry(g.category, g.kind, g.dtype, g.numel, g.refs, g.base_view(), g.source)
         self._pairs.append((entry, g))
-        pk = self.backend.placement_key(entry)
-        raw = (g.category.value, g.dtype, pk)
-        key = self._keys.get(raw)
-        if key is None:
-            key = self._keys[raw] = LayoutKey(g.category, g.dtype, pk)
+        key = self._keys[(g.category.value, g.dtype, self.backend.placement_key(entry))]
         st = self.open.get(key)
         if st is None:
             st = self._begin(key)
-        off = _round_up(st.offset, st.align)
-        if off - st.seg_start >= st.seg_numel or (off > st.seg_start and off + entry.numel - st.seg_start > st.seg_numel):
-            await self._close_segment(st, off)
-            st.seg_start = off
-            st.cuts.append(off)
-        entry.offset = off
-        st.layout.entries.append(entry)
-        st.offset = off + entry.numel
+        off, closed = st.cutter.place(entry.numel)
+        if closed >= 0:
+            await self._close_segment(st, closed, off)
+        st.layout.append(entry, off)
 
     async def finish(self) -> dict[LayoutKey, FlatLayout]:
         """Close every layout's last segment, issue all remaining copies; return the layouts by key."""
         for st in self.open.values():
-            layout = st.layout
-            layout.data_numel = st.offset
-            layout.numel = _round_up(st.offset, st.align)
-            await self._close_segment(st, layout.numel)
-            layout.set_segments(st.cuts)
+            st.layout.seal(st.cutter)
+            await self._close_segment(st, st.cutter.seg_start, st.layout.numel)
         while self._queue:
             await self._issue(*self._queue.popleft())
         for st in self.open.values():
@@ -129,20 +111,18 @@ class StreamingPlan:
     # ------------------------------------------------------------------ internals
 
     def _begin(self, key: LayoutKey) -> _OpenLayout:
-        size = key.dtype.itemsize
-        align = max(1, self.config.alignment_bytes // size)
         layout = FlatLayout(key, [], 0, 0, ())
         source = DeviceLayoutSource(self.rt, layout, self.config, staging=self.staging)
         copy = not (self.drop_grads and key.category is Category.GRADS)
-        st = _OpenLayout(layout, source, align, max(align, self.config.segment_bytes // size), copy)
+        cutter = SegmentCutter(key.dtype, self.config.alignment_bytes, self.config.segment_bytes)
+        st = _OpenLayout(layout, source, cutter, copy)
         self.open[key] = st
         if copy:
             self.sources.append(source)
             self.backend.stream_begin(layout)
         return st
 
-    async def _close_segment(self, st: _OpenLayout, stop: int) -> None:
-        start = st.seg_start
+    async def _close_segment(self, st: _OpenLayout, start: int, stop: int) -> None:
         if not st.copy or stop <= start:
             return
         index = self.backend.stream_reserve(st.layout, stop - start)
@@ -154,4 +134,4 @@ class StreamingPlan:
         st.completions.extend(await self.backend.stream_copy(st.layout, st.source, index, start, stop))
 
 
-__all__ = ["StreamingPlan"]
+__all__ = ["LayoutStream"]

@@ -85,3 +85,24 @@ def test_category_parsing_and_selection():
 def test_bad_config_is_refused_with_the_field_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         StoreConfig(**kwargs)
+
+
+def test_every_layout_transition_follows_its_row_of_the_table_and_refuses_any_other_state():
+    from refimpl.store.errors import StoreStateError
+    from refimpl.store.layout import LAYOUT_TRANSITIONS, FlatLayout, LayoutKey, LayoutState
+
+    flat = torch.zeros(0)
+    calls = {"park": lambda lay: lay.park(None), "unpark": FlatLayout.unpark,
+             "mark_offloaded": lambda lay: lay.mark_offloaded(False), "repoint": lambda lay: lay.repoint(flat),
+             "repark": FlatLayout.repark, "mark_resident": lambda lay: lay.mark_resident(flat)}
+    assert {op for op, _ in LAYOUT_TRANSITIONS} == set(calls)
+    for (op, before), after in LAYOUT_TRANSITIONS.items():
+        for state in LayoutState:
+            lay = FlatLayout(LayoutKey(Category.PARAMS, torch.float32), [], 0, 0, ((0, 0),), state=state)
+            if state is before:
+                calls[op](lay)
+                assert lay.state is after, (op, state)
+            else:
+                with pytest.raises(StoreStateError, match=f"cannot {op}"):
+                    calls[op](lay)
+                assert lay.state is state

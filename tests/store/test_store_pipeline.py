@@ -1,4 +1,4 @@
-"""The offload pipeline's plans (refimpl/store/plans.py): which path each offload takes, and the
+"""The offload paths (refimpl/store/offload_paths.py): which path each offload takes, and the
 collectors' two views of the state (items and bare tensor objects) agreeing, which the steady path
 relies on. Every case also checks the bytes that come back."""
 import itertools

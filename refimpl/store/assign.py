@@ -1,6 +1,6 @@
-"""Planning an offload: which flat layout every collected storage goes to.
+"""Assigning storages to layouts: which flat layout every collected storage goes to.
 
-* :func:`plan_layouts` turns the collected storage groups into flat layouts,
+* :func:`assign_layouts` turns the collected storage groups into flat layouts,
   reusing a resident layout unchanged when its flat buffer still holds exactly
   its tensors (the steady-state fast path).
 * :func:`gc_paused` keeps Python's cyclic collector out of the per-tensor loops.
@@ -12,16 +12,16 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Iterator
 
-from refimpl.store.backend import StoreBackend
+from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import StorageGroup
 from refimpl.store.config import StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry
 from refimpl.store.residency import adopt_if_unchanged
 
 
-def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout], backend: StoreBackend,
+def assign_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout], backend: StoreBackend,
                  config: StoreConfig) -> dict[LayoutKey, FlatLayout]:
     """Flat layouts for the collected storage groups, by key.
 
@@ -33,7 +33,7 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
     resident = {lay.flat_storage: lay for lay in resident_layouts}
     reused: dict[LayoutKey, FlatLayout] = {}
     loose: dict[LayoutKey, list[StorageEntry]] = {}
-    keys: dict[tuple[Any, ...], LayoutKey] = {}
+    keys = LayoutKeys()
     placement_key = backend.placement_key
     for g in groups:
         layout = resident.get(g.storage_id)
@@ -41,17 +41,13 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
             reused[layout.key] = layout
             continue
         entry = StorageEntry(g.category, g.kind, g.dtype, g.numel, g.refs, g.base_view(), g.source)
-        pk = placement_key(entry)
-        raw = (g.category.value, g.dtype, pk)  # Enum hashing is slow in this per-storage loop
-        key = keys.get(raw)
-        if key is None:
-            key = keys[raw] = LayoutKey(g.category, g.dtype, pk)
+        key = keys[(g.category.value, g.dtype, placement_key(entry))]
         loose.setdefault(key, []).append(entry)
-    plan: dict[LayoutKey, FlatLayout] = {}
+    layouts: dict[LayoutKey, FlatLayout] = {}
     for key in sorted(set(reused) | set(loose), key=LayoutKey.sort_key):
         old, extra = reused.get(key), loose.get(key, [])
         if old is not None and not extra:
-            plan[key] = old
+            layouts[key] = old
             continue
         # copies of a reused layout's entries: building a new layout must not move the old one's offsets
         carried = [replace(e, refs=list(e.refs)) for e in old.entries] if old is not None else []
@@ -61,8 +57,8 @@ def plan_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout],
         padded = backend.padded_numel(key, layout.numel)
         if padded != layout.numel:
             layout.pad_to(padded)
-        plan[key] = layout
-    return plan
+        layouts[key] = layout
+    return layouts
 
 
 @contextlib.contextmanager
@@ -77,4 +73,4 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["gc_paused", "plan_layouts"]
+__all__ = ["gc_paused", "assign_layouts"]

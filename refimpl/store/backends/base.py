@@ -1,0 +1,226 @@
+"""The backend seam of the offload store: what a backend must implement, and what it may.
+
+Theory of operation
+-------------------
+The store (:mod:`refimpl.store.store`) decides *what* moves: it collects the
+registered tensors, groups them by storage into :class:`StorageEntry` objects,
+asks the backend for each entry's :meth:`StoreBackend.placement_key`, and lays
+out entries with equal (category, dtype, placement key) in one
+:class:`FlatLayout`. A backend decides *where the host copy lives*:
+
+* ``offload(layout, source)`` copies the layout's bytes (or the part this rank
+  keeps) from the device to host memory. ``source`` (a :class:`LayoutSource`)
+  knows where the bytes are on the device right now: scattered over the
+  original storages on the first offload, or one flat buffer after a reload.
+* ``reload(layout, device_flat)`` fills ``device_flat``, a freshly allocated
+  1-D device buffer of ``layout.numel`` elements, with the layout's bytes.
+
+Both are coroutines that *issue* their work and return an awaitable that
+*finishes* it (waits for the copies, runs any collective). The store issues
+every layout, does its per-tensor bookkeeping while the copies run, then awaits
+the finishers in layout order. Collectives inside finishers therefore run in
+the same (sorted layout key) order on every rank. A finisher must always be
+awaited, also when the store is about to raise, so ranks never diverge.
+
+The store releases device memory only after every finisher of an offload
+has completed, and re-points tensors only after validation, so a backend error
+loses nothing. The one exception is opt-in: a backend that sets
+``early_release`` promises that nothing but the copies it issued through
+``source.copy_to_host`` reads the device data, and that by the time its
+``offload`` returns all its host memory is allocated; the store may then
+release each storage as soon as the copies carrying its bytes completed, while
+later copies still run (the ``local`` backend does).
+
+``prepare(layouts)`` runs once per offload after collection, with all layouts
+to copy (sorted), before any of them is issued, for backends that need
+collective setup. A backend that sets ``speculative_offload`` (no collectives
+in ``offload``) may see ``offload`` of an unchanged layout issued before
+collection and ``prepare``; the store awaits and discards it if the layout
+turns out to have changed.
+
+The required interface is two coroutines, :meth:`StoreBackend.offload` and
+:meth:`StoreBackend.reload`; every other method has a working default for a
+rank-local backend. Streaming the first offload (:mod:`refimpl.store.streaming`)
+is an optional protocol, :class:`StreamingBackend`: a backend that implements
+its four methods is streamed, any other is not, and nothing of it is part of
+the required contract.
+
+Backends are found by name in :mod:`refimpl.store.registry`
+(:func:`~refimpl.store.registry.register_backend` ``(name, factory)`` with
+``factory(runtime, pool, config, **options) -> StoreBackend``);
+``OffloadStore(backend="local_dedup")`` imports :mod:`refimpl.store.backends.dedup` on
+first use.
+"""
+from __future__ import annotations
+
+import abc
+import bisect
+import logging
+from typing import Awaitable, ClassVar, Hashable, Iterator, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from refimpl.runtime.base import Completion, Runtime
+from refimpl.store.config import StoreConfig
+from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.parking import own_view
+from refimpl.store.pool import HostBuffer, PinnedHostPool
+
+logger = logging.getLogger(__name__)
+
+
+class LayoutSource(abc.ABC):
+    """Read access to a layout's bytes where they are on the device now (given to ``offload``).
+
+    Layout element ``j`` is element ``j - entry.offset`` of the entry whose
+    range holds ``j``; elements between entries (alignment padding) hold no
+    data. Backends must not write through a source.
+    """
+
+    layout: FlatLayout
+
+    @property
+    @abc.abstractmethod
+    def flat(self) -> torch.Tensor | None:
+        """The layout's flat device buffer when the layout lives in one (after a reload), else None."""
+
+    def pieces(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(layout offset, 1-D device view)`` of every entry's data inside ``[start, stop)``, in order."""
+        for off, view, _ in self.entry_pieces(start, stop):
+            yield off, view
+
+    def entry_pieces(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, torch.Tensor, StorageEntry]]:
+        """Like :meth:`pieces`, with the entry each piece belongs to."""
+        stop = self.layout.numel if stop is None else stop
+        entries = self.layout.entries
+        first = bisect.bisect_right(entries, start, key=_entry_end)  # entries are sorted by offset
+        for j in range(first, len(entries)):
+            e = entries[j]
+            off, end = e.offset, e.offset + e.numel
+            if off >= stop:
+                break
+            assert e.base is not None, f"entry {e.name} has no device data"
+            if start <= off and end <= stop:
+                yield off, e.base, e
+            else:
+                lo, hi = max(start, off), min(stop, end)
+                yield lo, own_view(e.base[lo - off:hi - off]), e
+
+    @abc.abstractmethod
+    async def copy_range(self, dst: torch.Tensor, start: int, stop: int) -> list[Completion]:
+        """Issue copies of layout elements ``[start, stop)`` into the host tensor ``dst`` (``dst[0]`` is
+        element ``start``); returns the completions. Padding elements are not written."""
+
+    @abc.abstractmethod
+    async def copy_to_host(self, host: HostBuffer, start: int = 0, stop: int | None = None) -> list[Completion]:
+        """Issue copies of layout elements ``[start, stop)`` into ``host`` (host element 0 = ``start``).
+
+        ``host.numel`` must be ``stop - start``. Waits for each host segment's
+        pinning before copying into it. Returns the completions; await them
+        before reading ``host``. Padding elements are not written.
+        """
+
+
+def _entry_end(e: StorageEntry) -> int:
+    return e.offset + e.numel
+
+
+class StoreBackend(abc.ABC):
+    """Where an offloaded layout's bytes live in host memory. See the module docstring.
+
+    Required: :attr:`name`, :meth:`offload` and :meth:`reload`. Optional, with
+    defaults for a rank-local backend: the layout hooks (:meth:`placement_key`,
+    :meth:`padded_numel`, :meth:`prepare`), host memory (:meth:`reserve`,
+    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`) and two
+    capability flags the store may use to overlap work (``speculative_offload``,
+    ``early_release``; both off by default). Streaming is :class:`StreamingBackend`.
+    """
+
+    #: the name ``OffloadStore(backend=...)`` uses
+    name: ClassVar[str] = ""
+    #: True if :meth:`offload` of an unchanged resident layout may be issued before collection (and
+    #: possibly discarded); only for backends whose offload runs no collective. See the store's note.
+    speculative_offload: ClassVar[bool] = False
+    #: True if :meth:`offload` reads device data only through ``source.copy_to_host`` and nothing in its
+    #: finisher reads it again: the store may then release each storage as soon as its copies completed
+    early_release: ClassVar[bool] = False
+
+    def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:
+        self.rt = runtime
+        self.pool = pool
+        self.config = config
+
+    def placement_key(self, entry: StorageEntry) -> Hashable | None:
+        """Which layout ``entry`` joins besides its category and dtype (``None``: the plain one).
+
+        Must be deterministic and equal on every rank that shares the layout;
+        keys of one store must be mutually ``repr``-orderable (layouts are
+        processed in ``LayoutKey.sort_key`` order).
+        """
+        return None
+
+    def padded_numel(self, key: LayoutKey, numel: int) -> int:
+        """Size of the flat buffer for a layout whose data ends at ``numel`` (default: no padding)."""
+        return numel
+
+    async def prepare(self, layouts: Sequence[FlatLayout]) -> None:
+        """Called once per offload, before any layout is issued, with all of them (sorted)."""
+
+    def reserve(self, layout: FlatLayout) -> None:
+        """Start allocating (pinning) the host memory ``layout`` will need, without copying anything.
+
+        Called by :meth:`OffloadStore.pin_ahead`; the default does nothing.
+        """
+
+    @abc.abstractmethod
+    async def offload(self, layout: FlatLayout, source: LayoutSource) -> Awaitable[None]:
+        """Issue the copy of ``layout`` to host; return an awaitable that completes it."""
+
+    @abc.abstractmethod
+    async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
+        """Issue the fill of ``device_flat`` (``layout.numel`` elements); return an awaitable that completes it."""
+
+    def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
+        """Host memory holding layout elements ``[start, stop)`` while offloaded, or None if not held whole here."""
+        return None
+
+    def host_bytes(self) -> int:
+        """Host bytes this backend holds now (pinned and pageable)."""
+        return 0
+
+    def discard(self, layout: FlatLayout) -> None:
+        """Forget ``layout``'s host copy (the layout no longer exists or changed shape)."""
+
+    def close(self) -> None:
+        """Free everything the backend holds."""
+
+
+@runtime_checkable
+class StreamingBackend(Protocol):
+    """Optional: a backend that can take the first offload streamed while collection goes on.
+
+    A backend implementing these four methods (no padding, no collectives in
+    ``offload``) gets its first offload of scattered state streamed (see [Note:
+    why stream] in :mod:`refimpl.store.streaming`); ``prepare`` is not called then.
+    """
+
+    def stream_begin(self, layout: FlatLayout) -> None:
+        """``layout`` (still growing) is about to send its host segments."""
+
+    def stream_reserve(self, layout: FlatLayout, numel: int) -> int:
+        """The next host segment has ``numel`` elements; start allocating it, return its index."""
+
+    async def stream_copy(self, layout: FlatLayout, source: LayoutSource, index: int, start: int,
+                          stop: int) -> list[Completion]:
+        """Issue the copies of layout range ``[start, stop)`` into segment ``index``."""
+
+    def stream_end(self, layout: FlatLayout) -> None:
+        """``layout`` is complete (all its segments reserved)."""
+
+
+def streams(backend: StoreBackend) -> bool:
+    """Whether ``backend`` implements :class:`StreamingBackend`."""
+    return isinstance(backend, StreamingBackend)
+
+
+__all__ = ["LayoutSource", "StoreBackend", "StreamingBackend", "streams"]

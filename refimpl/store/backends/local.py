@@ -1,0 +1,104 @@
+"""The ``local`` backend: each rank keeps a full copy of its layouts in its own pinned host buffers."""
+from __future__ import annotations
+
+from typing import Awaitable
+
+import torch
+
+from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
+from refimpl.store.backends.base import LayoutSource, StoreBackend
+from refimpl.store.config import StoreConfig
+from refimpl.store.errors import StoreStateError
+from refimpl.store.layout import FlatLayout, LayoutKey
+from refimpl.store.parking import own_view
+from refimpl.store.pool import HostBuffer, PinnedHostPool
+
+
+class LocalBackend(StoreBackend):
+    """``local``: each rank keeps a full copy of its layouts in its own pinned host buffers.
+
+    One :class:`HostBuffer` per layout key, pinned at exactly the layout's
+    size in segments cut at storage boundaries, reused every cycle. Implements
+    :class:`~refimpl.store.backends.base.StreamingBackend`.
+    """
+
+    name = "local"
+    speculative_offload = True
+    early_release = True
+
+    def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:
+        super().__init__(runtime, pool, config)
+        self._held: dict[LayoutKey, HostBuffer] = {}
+
+    def reserve(self, layout: FlatLayout) -> None:
+        """Pin the layout's buffer now (in the pool's background threads when it has them)."""
+        self._held[layout.key] = self.pool.acquire(layout.key, layout.dtype, layout.segment_numels())
+
+    def stream_begin(self, layout: FlatLayout) -> None:
+        """Start an empty, growing pinned buffer for the layout's key."""
+        self._held[layout.key] = self.pool.acquire_growing(layout.key, layout.dtype)
+
+    def stream_reserve(self, layout: FlatLayout, numel: int) -> int:
+        """Append a segment and start pinning it (on the pool's threads when it has them)."""
+        return self.pool.grow(self._held[layout.key], numel)
+
+    async def stream_copy(self, layout: FlatLayout, source: LayoutSource, index: int, start: int,
+                          stop: int) -> list[Completion]:
+        """Wait for segment ``index`` to be pinned, then copy the layout range into it."""
+        return await source.copy_range(self._held[layout.key].segment(index), start, stop)
+
+    def stream_end(self, layout: FlatLayout) -> None:
+        """Free whatever the key's previous buffer had that the grown one did not take over."""
+        self.pool.finish_growing(self._held[layout.key])
+
+    async def offload(self, layout: FlatLayout, source: LayoutSource) -> Awaitable[None]:
+        """Copy the whole layout into the key's pinned buffer (pinned on first use)."""
+        host = self.pool.acquire(layout.key, layout.dtype, layout.segment_numels())
+        self._held[layout.key] = host
+        try:
+            completions = await source.copy_to_host(host, 0, layout.numel)
+        except BaseException:
+            # copy_to_host waited for what it issued; a buffer that failed to pin is dropped
+            if host.failed:
+                self._held.pop(layout.key, None)
+                self.pool.free(layout.key)
+            raise
+        return gather(*completions)
+
+    async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
+        """One host-to-device copy per host segment into ``device_flat``."""
+        host = self._held.get(layout.key)
+        if host is None or host.numel != layout.numel:
+            raise StoreStateError(
+                f"local backend holds no host copy of layout {layout.key.label()}; it was never offloaded "
+                f"through this backend or was discarded"
+            )
+        completions = [
+            self.rt.copy_async(own_view(device_flat[a:b]), host.segment(i), CopyKind.H2D)
+            for i, (a, b) in enumerate(host.ranges())
+            if b > a
+        ]
+        return gather(*completions)
+
+    def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
+        """A view of the pinned buffer (no copy)."""
+        host = self._held.get(layout.key)
+        return None if host is None else host.view(start, stop)
+
+    def host_bytes(self) -> int:
+        """Bytes of the buffers this backend holds."""
+        return sum(h.nbytes for h in self._held.values())
+
+    def discard(self, layout: FlatLayout) -> None:
+        """Unpin and drop the layout's buffer."""
+        if self._held.pop(layout.key, None) is not None:
+            self.pool.free(layout.key)
+
+    def close(self) -> None:
+        """Drop every buffer."""
+        for key in list(self._held):
+            self._held.pop(key)
+            self.pool.free(key)
+
+
+__all__ = ["LocalBackend"]

@@ -1,0 +1,122 @@
+"""One reload in flight: :class:`Reload` (and :class:`Recover`, which overwrites changes).
+
+Read :meth:`Reload.run` top to bottom:
+
+1. :meth:`~Reload.issue_copies` (phase ``issue``): one flat device buffer per
+   offloaded layout, filled by the backend (:class:`~refimpl.store.copies.ReloadCopies`).
+2. :meth:`~Reload.check` (phase ``validate``): every ref still parked as the
+   offload left it (:func:`~refimpl.store.residency.changed_tensors`); a changed
+   one raises :class:`TensorChangedError` with the state still offloaded
+   (:class:`Recover` makes every ref re-pointable instead and warns).
+3. :meth:`~Reload.repoint` (phase ``repoint``), while the copies run: every ref
+   into its layout's flat buffer (:meth:`FlatLayout.repoint`).
+4. :meth:`~Reload.wait` (phase ``wait``): every finisher awaited.
+5. :meth:`~Reload.mark_resident`: every layout resident in its flat buffer.
+
+A failure in 1-4 runs :meth:`~Reload.roll_back` (refs parked again, flat
+buffers freed): the state stays offloaded, the host copy kept.
+"""
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+import torch
+
+from refimpl.runtime.base import Runtime
+from refimpl.store.backends.base import StoreBackend
+from refimpl.store.copies import ReloadCopies, sort_key
+from refimpl.store.errors import TensorChangedError
+from refimpl.store.layout import FlatLayout, LayoutState
+from refimpl.store.residency import changed_tensors, force_repoint_prepare
+from refimpl.store.stats import PhaseClock
+
+logger = logging.getLogger(__name__)
+
+
+class Reload:
+    """One reload of the offloaded ``layouts`` in flight; :meth:`run` once."""
+
+    #: ``reload`` or ``recover``, for logs
+    name: ClassVar[str] = "reload"
+
+    def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout]) -> None:
+        self.rt = rt
+        self.layouts = sorted(layouts, key=sort_key)
+        self.copies = ReloadCopies(rt, backend)
+        self.clock = PhaseClock(rt, "reload")
+        #: names of the refs whose change the reload overwrote (only :class:`Recover` overwrites)
+        self.overwritten: list[str] = []
+
+    async def run(self) -> int:
+        """Stages 1-5 in order (rolled back on failure); returns the bytes brought back."""
+        await self.rt.point("store.reload.begin")
+        try:
+            await self.issue_copies()
+            self.check()
+            self.repoint()
+            await self.wait()
+        except BaseException:
+            await self.roll_back()
+            raise
+        return self.mark_resident()
+
+    async def issue_copies(self) -> None:
+        """Stage 1: allocate each layout's flat buffer and have the backend fill it."""
+        await self.copies.issue(self.layouts)
+        self.clock.lap("issue")
+
+    def check(self) -> None:
+        """Stage 2: raise :class:`TensorChangedError` if a registered tensor changed while offloaded."""
+        problems = changed_tensors(self.layouts)
+        self.clock.lap("validate")
+        if problems:
+            raise TensorChangedError(
+                f"{len(problems)} registered tensor(s) changed while offloaded: " + "; ".join(problems[:5])
+                + ". The offloaded copy is kept (store.host_tensors() reads it); store.recover() reloads "
+                "it into every registered tensor, overwriting the change"
+            )
+
+    def repoint(self) -> None:
+        """Stage 3, while the copies run: every ref into its layout's flat buffer."""
+        with torch.no_grad():
+            for lay, flat in zip(self.layouts, self.copies.flats.values()):  # flats in layout order
+                lay.repoint(flat)
+        self.clock.lap("repoint")
+
+    async def wait(self) -> None:
+        """Stage 4: every backend finisher awaited, in layout order."""
+        await self.rt.point("store.reload.wait")
+        await self.copies.wait()
+        self.clock.lap("wait")
+
+    def mark_resident(self) -> int:
+        """Stage 5: every layout resident in its flat buffer; returns the bytes brought back."""
+        return sum([lay.mark_resident(flat) for lay, flat in zip(self.layouts, self.copies.flats.values())])
+
+    async def roll_back(self) -> None:
+        """Undo stages 4 to 1: finishers drained, refs parked again, flat buffers freed."""
+        await self.copies.drain()
+        with torch.no_grad():
+            for lay in self.layouts:
+                if lay.state is LayoutState.REPOINTED:
+                    lay.repark()
+        self.copies.release_flats()
+
+
+class Recover(Reload):
+    """A reload that overwrites changes: every registered tensor gets its offloaded bytes back."""
+
+    name: ClassVar[str] = "recover"
+
+    def check(self) -> None:
+        """Stage 2: make every ref re-pointable (see :func:`force_repoint_prepare`); warn about the changes."""
+        problems = force_repoint_prepare(self.layouts)
+        self.clock.lap("validate")
+        if problems:
+            logger.warning("recover(): %d registered tensor(s) changed while offloaded get their offloaded "
+                           "bytes back, overwriting the change: %s", len(problems), "; ".join(problems[:5]))
+        self.overwritten = problems
+
+
+__all__ = ["Recover", "Reload"]
