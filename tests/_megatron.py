@@ -189,7 +189,10 @@ def build(dist_opt, experts=0, seed=123):
 
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
+    from megatron.core import parallel_state
+
     moe = dict(num_moe_experts=experts, moe_router_topk=2, moe_token_dispatcher_type="alltoall",
+               expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
                moe_aux_loss_coeff=0.01, add_bias_linear=False) if experts else {}
     cfg = TransformerConfig(num_layers=2, hidden_size=16, ffn_hidden_size=32, num_attention_heads=4,
                             use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
@@ -204,19 +207,19 @@ def build(dist_opt, experts=0, seed=123):
     return model, opt
 
 
-def step(model, opt, gen):
-    """One training step (tokens from ``gen``); returns the loss."""
+def step(model, opt, gen, device="cpu"):
+    """One training step (tokens from the CPU generator ``gen``, moved to ``device``); returns the loss."""
     model.zero_grad_buffer()
     opt.zero_grad()
-    tok = torch.randint(0, VOCAB, (2, SEQ), generator=gen)
-    pos = torch.arange(SEQ).unsqueeze(0).expand(2, SEQ)
-    mask = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).logical_not().view(1, 1, SEQ, SEQ)
+    tok = torch.randint(0, VOCAB, (2, SEQ), generator=gen).to(device)
+    pos = torch.arange(SEQ, device=device).unsqueeze(0).expand(2, SEQ)
+    mask = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool, device=device)).logical_not().view(1, 1, SEQ, SEQ)
     loss = model(tok, pos, mask, labels=tok).float().mean()
     loss.backward()
     model.finish_grad_sync()
     ok = opt.step()
     assert (ok[0] if isinstance(ok, tuple) else ok), "the optimizer skipped a step"
-    return loss.detach()
+    return loss.detach().cpu()
 
 
 def state_bytes(model, opt):
@@ -234,4 +237,4 @@ def state_bytes(model, opt):
                 for key, v in o.optimizer.state.get(m, {}).items():
                     out[f"o{j}.state.{k}.{key}"] = torch.as_tensor(v).detach().float()
                 k += 1
-    return {k: v.contiguous().numpy().tobytes() for k, v in out.items()}
+    return {k: v.contiguous().cpu().numpy().tobytes() for k, v in out.items()}

@@ -111,6 +111,15 @@ class DDPClient:
         """How many reducer bucket storages are released in place now (``gradient_as_bucket_view=True``)."""
         return len(self._buckets)
 
+    @property
+    def rt(self) -> Any:
+        """The store's runtime (so a :class:`~refimpl.worker.WorkerStateControl` can drive this client)."""
+        return self.store.rt
+
+    def is_offloaded(self, category: Category | str) -> bool:
+        """:meth:`OffloadStore.is_offloaded`."""
+        return self.store.is_offloaded(category)
+
     def offload(self, include: Iterable[Category | str] | Category | str | None = None,
                 drop_grads: bool = False) -> None:
         """:meth:`OffloadStore.offload`, then (bucket-view mode) the reducer's buckets; see the module doc."""

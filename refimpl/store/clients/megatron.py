@@ -241,6 +241,15 @@ class MegatronClient:
 
     # ------------------------------------------------------------------ offload / reload
 
+    @property
+    def rt(self) -> Any:
+        """The store's runtime (so a :class:`~refimpl.worker.WorkerStateControl` can drive this client)."""
+        return self.store.rt
+
+    def is_offloaded(self, category: Category | str) -> bool:
+        """:meth:`OffloadStore.is_offloaded`."""
+        return self.store.is_offloaded(category)
+
     def offload(self, include: Iterable[Category | str] | Category | str | None = None,
                 drop_grads: bool = False) -> None:
         """Park the client's views, then :meth:`OffloadStore.offload`; see the module docstring."""
