@@ -199,6 +199,7 @@ def build(dist_opt, experts=0, seed=123):
                             pipeline_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0, **moe)
     spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ)
+    model.cuda(torch.cuda.current_device())  # as Megatron's get_model does (a no-op under cpu_shim)
     ddp_cfg = DistributedDataParallelConfig(use_distributed_optimizer=dist_opt, grad_reduce_in_fp32=True,
                                             bucket_size=4096)
     model = DistributedDataParallel(cfg, ddp_cfg, Float16Module(cfg, model))
