@@ -264,7 +264,8 @@ class MegatronClient:
         """Async :meth:`offload`. If the store's offload fails (nothing moved), the views are put back."""
         cats = Category.select(include)
         self._plan = plan = self.state.plan()
-        views = [v for v in plan.views if v.category in cats and not any(v is w for w in self._parked)]
+        parked = {id(v.tensor) for v in self._parked}
+        views = [v for v in plan.views if v.category in cats and id(v.tensor) not in parked]
         _park(views)
         try:
             await self.store.offload_async(include, drop_grads=drop_grads)
