@@ -333,6 +333,13 @@ class Runtime(abc.ABC):
         options, under the next generation's store prefix. Returns the new spec.
         May raise :class:`AddressInUseError`."""
 
+    def foreign_group_ranks(self, handle: Any) -> tuple[int, ...]:
+        """The global ranks of a process-group object this runtime did not create (a training
+        framework's own group, e.g. one of Megatron's ``parallel_state`` groups), sorted.
+
+        Raises :class:`NotImplementedError` on runtimes without such objects (the simulator)."""
+        raise NotImplementedError(f"{type(self).__name__} has no foreign process groups")
+
     @abc.abstractmethod
     def group_spec(self, name: str) -> GroupSpec:
         """The spec of a known group (live, suspended or destroyed)."""

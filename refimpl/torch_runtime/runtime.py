@@ -348,6 +348,10 @@ class TorchRuntime(Runtime):
         self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
         return spec
 
+    def foreign_group_ranks(self, handle: Any) -> tuple[int, ...]:
+        """The global ranks of a ``torch.distributed`` process group made outside this runtime, sorted."""
+        return tuple(sorted(dist.get_process_group_ranks(handle)))
+
     def group_spec(self, name: str) -> GroupSpec:
         """The spec of a known group, live or destroyed."""
         return self._entry(name).spec

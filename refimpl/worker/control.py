@@ -67,7 +67,8 @@ class WorkerStateControl:
     """Offload and reload of one worker's state through its store.
 
     ``store`` is an :class:`~refimpl.store.OffloadStore` with the worker's model
-    and optimizer attached. ``include`` limits the categories moved (default:
+    and optimizer attached, or a client of one (:mod:`refimpl.store.clients`: torch
+    DDP, Megatron-core), which has the same ``offload_async``/``reload_async``. ``include`` limits the categories moved (default:
     all); ``drop_grads`` releases gradients without copying (zeros on reload).
     ``lifecycle``: the role's :class:`~refimpl.comm.PGLifecycle`, if its
     communicators move with its state: an offload is then ``lifecycle.pause``
