@@ -98,12 +98,17 @@ def run(args: argparse.Namespace) -> int:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
         from sim.presets import PresetError, list_presets, load_preset_data
+        from sim.topology import Topology
 
         try:
-            load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
+            data = load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
         except PresetError:
             raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
                                 "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
+        gpus = Topology(data, where="--topology").num_gpus
+        if args.dp * args.tp > gpus:
+            raise CliInputError(f"--dp {args.dp} x --tp {args.tp} = {args.dp * args.tp} ranks, but --topology "
+                                f"{args.topology} has {gpus} GPUs; lower --dp or --tp, or pick a larger preset")
     if args.json:
         check_output_path(args.json, "--json")
     try:
