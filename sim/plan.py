@@ -592,8 +592,10 @@ def plan_size(inputs: PlanInputs) -> int:
         planner = Planner(replace(inputs, layouts=None))
     except PlanInputError:
         return 0
+    from sim.plan_layouts import SHORTLIST
+
     n = len(planner.offload_candidates())
-    return planner.staged_size() + n * len(inputs.layouts or [])
+    return planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()
 
 
 def default_inputs() -> PlanInputs:

@@ -226,6 +226,32 @@ def inputs_from_args(args: argparse.Namespace):
     return inputs, fc
 
 
+#: the multi-node preset of each single-node one, for the "fits on N nodes" hint
+MULTI_NODE = {"hgx-h200-8x": "hgx-h200-8x-ib", "calibrated/hgx-h200-8x": "hgx-h200-8x-ib"}
+
+
+def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8)) -> dict | None:
+    """When nothing fits: the fewest nodes (of ``tries`` x the plan's) on which something does, with its step time
+    and candidate (the same layout with dp scaled; no layout search), or None."""
+    from sim.plan import make_plan
+
+    cluster = inputs.cluster if inputs.nodes > 1 else MULTI_NODE.get(inputs.cluster)
+    if cluster is None:
+        return None
+    for k in tries:
+        nodes = inputs.nodes * k
+        lay = inputs.layout
+        lay = replace(lay, dp=lay.dp * k, fsdp=0 if lay.fsdp in (0, lay.dp) else lay.fsdp, eddp=0)
+        try:
+            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None))
+        except PlanInputError:
+            continue
+        rec = plan["recommendation"]
+        if rec is not None:
+            return {"nodes": nodes, "cluster": cluster, "step_s": rec["step_s"], "candidate": rec["candidate"]["label"]}
+    return None
+
+
 def stderr_progress(msg: str) -> None:
     """Progress lines go to stderr so that ``--json`` output stays clean."""
     print(msg, file=sys.stderr, flush=True)
@@ -257,6 +283,12 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar(plan_size(inputs), "plan", enabled=not args.quiet) as tick:
         plan = make_plan(inputs, None if args.quiet else (lambda m: None) if sys.stderr.isatty() else stderr_progress,
                          tick)
+    if plan["recommendation"] is None and not args.quiet:
+        plan["more_nodes"] = more_nodes(inputs)
+        if plan["more_nodes"] and fc is not None:
+            n = plan["more_nodes"]["nodes"]
+            plan["more_nodes"]["keys"] = ({"trainer.nnodes": n} if fc.framework == "verl" else
+                                          {"actor_train.device_mapping": f"list(range(0,{n * fc.gpus_per_node}))"})
     if fc is not None:
         plan["answer"] = answer_for(fc, plan)
     if args.json:
@@ -269,4 +301,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan["recommendation"] else 1
 
 
-__all__ = ["MAX_NODES", "WORKLOAD_DEFAULTS", "add_arguments", "inputs_from_args", "run", "stderr_progress"]
+__all__ = ["MAX_NODES", "MULTI_NODE", "more_nodes", "WORKLOAD_DEFAULTS", "add_arguments", "inputs_from_args", "run", "stderr_progress"]

@@ -44,6 +44,8 @@ class FrameworkConfig:
     current: dict[str, Any]  # the offload and NCCL settings the config has now (its own keys)
     gpu_memory_utilization: float | None = None
     notes: list[str] = field(default_factory=list)  # defaults taken for keys the config does not set
+    data: dict[str, Any] = field(default_factory=dict)  # the whole config, overrides applied and resolved
+    strategy: str = ""  # the training strategy as the config names it (verl: fsdp, fsdp2, megatron)
 
 
 def _load(path: str, overrides: list[str]) -> dict[str, Any]:
@@ -189,7 +191,8 @@ def _verl(r: _Reader) -> FrameworkConfig:
         raise PlanInputError(f"{r.path}: the parallel sizes do not divide the {gpus} GPUs (trainer.nnodes x "
                              "trainer.n_gpus_per_node)")
     util = r.get(f"{a}.rollout.gpu_memory_utilization", 0.5, float)
-    return FrameworkConfig("verl", family, r.path, model, nodes, per_node, layout, w, current, util, r.notes)
+    return FrameworkConfig("verl", family, r.path, model, nodes, per_node, layout, w, current, util, r.notes, r.data,
+                           strategy)
 
 
 def _roll(r: _Reader) -> FrameworkConfig:
@@ -229,7 +232,7 @@ def _roll(r: _Reader) -> FrameworkConfig:
     if w.reference:
         current["reference.offload_nccl"] = r.get("reference.offload_nccl", False, bool, note=False)
     util = r.get("actor_infer.strategy_args.strategy_config.gpu_memory_utilization", 0.8, float)
-    return FrameworkConfig("roll", family, r.path, model, nodes, per_node, layout, w, current, util, r.notes)
+    return FrameworkConfig("roll", family, r.path, model, nodes, per_node, layout, w, current, util, r.notes, r.data)
 
 
 def read_config(path: str, overrides: list[str] | None = None) -> FrameworkConfig:
@@ -252,8 +255,16 @@ def expressible(fc: FrameworkConfig, offload: tuple[str, ...], backend: str, sco
     if backend != "local" or pg_policy != "none":
         return False
     if fc.family == "fsdp":
-        return offload in ((), ("params", "grads"), ("optimizer",), ("params", "grads", "optimizer"), ("fsdp_cpu",))
+        # offload_policy (FSDP2's CPUOffloadPolicy) exists for verl's fsdp2 strategy only
+        return offload in ((), ("params", "grads"), ("optimizer",), ("params", "grads", "optimizer")) or (
+            offload == ("fsdp_cpu",) and fc.strategy == "fsdp2")
     return offload != ("fsdp_cpu",)
+
+
+def _megatron_sizes(layout: Layout) -> list[tuple[str, int]]:
+    """Megatron-core's names of the parallel sizes (as verl's ``megatron`` and ROLL's ``strategy_config`` use them)."""
+    return [("tensor_model_parallel_size", layout.tp), ("pipeline_model_parallel_size", layout.pp),
+            ("context_parallel_size", layout.cp), ("expert_model_parallel_size", layout.ep)]
 
 
 def answer(fc: FrameworkConfig, cand: dict[str, Any], layout: Layout, kv_gib: float, engine_gib: float,
@@ -268,7 +279,8 @@ def answer(fc: FrameworkConfig, cand: dict[str, Any], layout: Layout, kv_gib: fl
             f = f"{a}.actor.fsdp_config"
             out[f"{f}.param_offload"] = "params" in off
             out[f"{f}.optimizer_offload"] = "optimizer" in off
-            out[f"{f}.offload_policy"] = off == ("fsdp_cpu",)
+            if fc.strategy == "fsdp2":
+                out[f"{f}.offload_policy"] = off == ("fsdp_cpu",)
             if fc.workload.reference:
                 out[f"{a}.ref.fsdp_config.param_offload"] = so
             out[f"{a}.actor.fsdp_config.fsdp_size"] = -1 if layout.fsdp == layout.dp else layout.fsdp
@@ -279,8 +291,8 @@ def answer(fc: FrameworkConfig, cand: dict[str, Any], layout: Layout, kv_gib: fl
             out[f"{g}.optimizer_offload"] = "optimizer" in off
             if fc.workload.reference:
                 out[f"{a}.ref.megatron.param_offload"] = so
-            for k, v in (("tensor", layout.tp), ("pipeline", layout.pp), ("context", layout.cp), ("expert", layout.ep)):
-                out[f"{g}.{k}_model_parallel_size"] = v
+            for k, v in _megatron_sizes(layout):
+                out[f"{g}.{k}"] = v
         out[f"{a}.rollout.tensor_model_parallel_size"] = layout.rollout_tp
         out[f"{a}.rollout.gpu_memory_utilization"] = util
         return out
@@ -291,8 +303,8 @@ def answer(fc: FrameworkConfig, cand: dict[str, Any], layout: Layout, kv_gib: fl
         out["reference.offload_nccl"] = cand["pg_policy"] == "suspend"
     sc = "actor_train.strategy_args.strategy_config"
     if fc.family == "megatron":
-        for k, v in (("tensor", layout.tp), ("pipeline", layout.pp), ("context", layout.cp), ("expert", layout.ep)):
-            out[f"{sc}.{k}_model_parallel_size"] = v
+        for k, v in _megatron_sizes(layout):
+            out[f"{sc}.{k}"] = v
     out["actor_infer.strategy_args.strategy_config.tensor_parallel_size"] = layout.rollout_tp
     out["actor_infer.strategy_args.strategy_config.gpu_memory_utilization"] = util
     return out
@@ -308,9 +320,27 @@ def snippet(keys: dict[str, Any]) -> str:
     return OmegaConf.to_yaml(OmegaConf.from_dotlist([f"{k}={text(v)}" for k, v in keys.items()])).rstrip()
 
 
-def changed(fc: FrameworkConfig, keys: dict[str, Any]) -> dict[str, Any]:
-    """The keys whose answer differs from what the config has now (keys it does not set count as changed)."""
-    return {k: v for k, v in keys.items() if fc.current.get(k, object()) != v}
+_UNSET = object()
+
+
+def current_value(fc: FrameworkConfig, key: str) -> Any:
+    """What the config sets ``key`` to (after overrides), else the framework default the reader assumed, else unset."""
+    node: Any = fc.data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return fc.current.get(key, _UNSET)
+        node = node[part]
+    return node
+
+
+def changed(fc: FrameworkConfig, keys: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``key -> (now, answer)`` for the keys whose answer differs from the config (``now`` None when it is not set)."""
+    out = {}
+    for k, v in keys.items():
+        now = current_value(fc, k)
+        if now is _UNSET or now != v:
+            out[k] = (None if now is _UNSET else now, v)
+    return out
 
 
 def with_layout(fc: FrameworkConfig, layout: Layout) -> FrameworkConfig:
@@ -318,5 +348,5 @@ def with_layout(fc: FrameworkConfig, layout: Layout) -> FrameworkConfig:
     return replace(fc, layout=replace(layout, rollout_tp=fc.layout.rollout_tp))
 
 
-__all__ = ["FrameworkConfig", "MODEL_ALIASES", "answer", "changed", "expressible", "read_config", "resolve_model",
+__all__ = ["FrameworkConfig", "MODEL_ALIASES", "answer", "changed", "current_value", "expressible", "read_config", "resolve_model",
            "snippet", "with_layout"]

@@ -132,7 +132,7 @@ def layout_choices(model: ModelShape, gpus: int, per_node: int, family: str, *, 
     layers = max(1, model.layers)
     heads = heads or 1 << 30
     if family == "fsdp":
-        cps = [c for c in (1, 2, 4) if c == 1 or (seq_len >= 4096 * c // 2 and heads % c == 0)]
+        cps = [c for c in (1, 2, 4) if c == 1 or (seq_len >= 1024 * c and heads % c == 0)]
         for cp in cps:
             if gpus % cp:
                 continue
@@ -162,13 +162,13 @@ def layout_choices(model: ModelShape, gpus: int, per_node: int, family: str, *, 
 
 
 def describe(lay: Any) -> str:
-    """A layout in a few words, e.g. ``tp 2 pp 1 cp 1 dp 4 (distributed optimizer)``."""
+    """A layout in a few words, e.g. ``tp 2 dp 4 dist-opt`` (Megatron's distributed optimizer) or ``dp 8 fsdp 8``."""
     parts = [f"{k} {getattr(lay, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(lay, k) > 1]
     parts.append(f"dp {lay.dp}")
     if lay.shard == "all":
         parts.append(f"fsdp {lay.fsdp}" if lay.fsdp == lay.dp else f"hsdp {lay.fsdp}x{lay.dp // lay.fsdp}")
     else:
-        parts.append("distributed optimizer")
+        parts.append("dist-opt")
     return " ".join(parts)
 
 

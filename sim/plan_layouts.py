@@ -18,6 +18,19 @@ from sim.plan_model import Layout, PlanInputError
 from sim.plan_rank import rank, recommend, ties
 
 
+#: layouts besides the user's that get the simulated offload stage (the rest are ranked by compute and communication)
+SHORTLIST = 4
+
+
+def _analytic_s(planner: Any) -> float:
+    """Compute and layout communication of every role's turn (no switches, no rollout), plus a large penalty when
+    even the role's state alone does not fit the GPU."""
+    roles = [r for r in planner.states]
+    worst = max(st.total for st in planner.states.values())
+    penalty = 1e9 if worst > 4 * planner.m.gpu_bytes else 0.0
+    return sum(planner._compute_s(r) for r in roles) + penalty
+
+
 def _size(lay: Layout) -> int:
     return lay.tp * lay.pp * lay.cp * lay.ep
 
@@ -28,7 +41,7 @@ def compare_layouts(inputs: Any, progress: Callable[[str], None] | None,
     from sim.plan import Planner
 
     own = inputs.layout
-    seen, rows, best_of = [], [], []
+    seen, rows, best_of, planners = [], [], [], []
     for lay in [own, *(inputs.layouts or [])]:
         key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.fsdp, lay.shard)
         if key in seen:
@@ -39,6 +52,10 @@ def compare_layouts(inputs: Any, progress: Callable[[str], None] | None,
         except PlanInputError as exc:
             rows.append({"layout": describe(lay), "mine": lay is own, "fits": False, "reason": str(exc)})
             continue
+        planners.append((lay, planner))
+    # the simulations only for the user's layout and the SHORTLIST layouts whose compute and communication are least
+    shortlist = sorted(planners[1:], key=lambda lp: _analytic_s(lp[1]))[:SHORTLIST]
+    for lay, planner in planners[:1] + shortlist:
         planner.tick = tick
         ranked = rank(planner._run(planner.offload_candidates(), f"layout {describe(lay)}"))
         best, _why = recommend(ranked)
@@ -59,4 +76,4 @@ def compare_layouts(inputs: Any, progress: Callable[[str], None] | None,
     return chosen, rows
 
 
-__all__ = ["compare_layouts"]
+__all__ = ["SHORTLIST", "compare_layouts"]

@@ -71,8 +71,7 @@ def answer_for(fc: Any, plan: dict[str, Any]) -> dict[str, Any] | None:
     lay = Layout(**plan["inputs"]["layout"])
     keys = answer(fc, rec["candidate"], lay, rec["rollout_gib"], plan["inputs"]["engine_gib"], plan["inputs"]["gpu_gib"])
     diff = changed(fc, keys)
-    return {"framework": fc.framework, "keys": keys, "changed": {k: {"now": fc.current.get(k), "set": v}
-                                                                 for k, v in diff.items()},
+    return {"framework": fc.framework, "keys": keys, "changed": {k: {"now": now, "set": v} for k, (now, v) in diff.items()},
             "snippet": snippet(keys), "config_gpu_memory_utilization": fc.gpu_memory_utilization}
 
 
@@ -104,6 +103,12 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
     ans = plan.get("answer")
     if rec is None:
         lines.append(f"answer: {plan['reason']}")
+        more = plan.get("more_nodes")
+        if more:
+            lines.append(f"it fits on {more['nodes']} nodes ({more['cluster']}): {more['candidate']}, step "
+                         f"{more['step_s']:.2f} s" + "".join(f"; set {k}={v}" for k, v in more.get("keys", {}).items()))
+        elif "more_nodes" in plan:
+            lines.append("it does not fit on 2, 4 or 8 times the nodes either")
     elif ans:
         lines.append(f"answer ({ans['framework']} keys; paste into the config, or pass each as KEY=VALUE):")
         lines += ["  " + x for x in ans["snippet"].splitlines()]
