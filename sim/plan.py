@@ -85,6 +85,12 @@ RESERVE_GIB = 2.0
 DECODE_HBM_EFF = 0.6
 
 
+#: simulated scenarios kept across planners in one process (the layout stage, the "fits on N nodes" hint, tests):
+#: the simulator is deterministic, so the same scenario gives the same result
+SCENARIO_CACHE_SIZE = 512
+_SCENARIO_CACHE: dict[str, dict[str, float]] = {}
+
+
 @dataclass
 class PlanInputs:
     """Everything a plan is made from (see :func:`make_plan`)."""
@@ -248,6 +254,12 @@ class Planner:
         raw = {"name": f"plan-{role}", "topology": topology, "world_size": n, "mesh": mesh,
                "model": {"tensors": tensors}, "offload": offload, "pg_policy": pg_policy, "steps": 2,
                "workload": {"rollout_s": self.rollout_full, "touch_groups": True}, "payload": "meta"}
+        import json
+
+        scenario_key = json.dumps(raw, sort_keys=True, default=str)
+        if scenario_key in _SCENARIO_CACHE:  # the same scenario simulated before in this process (a deterministic run)
+            self.sims[key] = _SCENARIO_CACHE[scenario_key]
+            return self.sims[key]
         t0 = time.perf_counter()
         result, world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
         self.sim_wall_s += time.perf_counter() - t0
@@ -257,7 +269,7 @@ class Planner:
             out = {"failed": _sim_failure(result.violations, role, include, pg_policy), "offload_s": 0.0,
                    "reload_s": 0.0, "sync_s": 0.0, "train_overhead_s": 0.0, "pinned": 0.0, "comm_train": 0.0,
                    "rollout_resident": 0.0}
-            self.sims[key] = out
+            self.sims[key] = _SCENARIO_CACHE[scenario_key] = out
             return out
         ph = {p: v["max"] for p, v in result.data["phases"].items()}
         ranks = result.data["ranks"]
@@ -275,6 +287,9 @@ class Planner:
             "rollout_resident": _rollout_resident(world),
         }
         self.sims[key] = out
+        if len(_SCENARIO_CACHE) >= SCENARIO_CACHE_SIZE:
+            _SCENARIO_CACHE.pop(next(iter(_SCENARIO_CACHE)))
+        _SCENARIO_CACHE[scenario_key] = out
         return out
 
     # ------------------------------------------------------------------ one candidate
