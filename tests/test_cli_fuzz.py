@@ -119,12 +119,12 @@ def test_sim_run_never_crashes_on_scenario_fields(sets, tmp_path_factory):
 
 def test_a_bug_is_exit_4_with_one_line_and_a_report_file(monkeypatch, tmp_path):
     # a planted bug in a subcommand (the handler under test is the real entry point's): one line, the report file
-    import sim.plan_cli
+    import sim.commands.plan
 
     def broken(args):
         return 1 / 0
 
-    monkeypatch.setattr(sim.plan_cli, "inputs_from_args", broken)
+    monkeypatch.setattr(sim.commands.plan, "inputs_from_args", broken)
     monkeypatch.setenv("TIMESHARE_BUG_DIR", str(tmp_path))
     rc, out, err = _run(["plan", "--quiet"])
     assert rc == EXIT_BUG and "Traceback" not in out + err

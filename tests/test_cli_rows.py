@@ -100,7 +100,7 @@ def test_calibrated_preset_needs_no_gpu_tflops():
 
 
 def test_differences_inside_the_models_error_are_ties_not_a_ranking():
-    from sim.plan_rank import Candidate, Outcome, recommend, tie_margin, ties
+    from sim.planner.plan_rank import Candidate, Outcome, recommend, tie_margin, ties
 
     def out(off, pg, step, switch):
         return Outcome(Candidate(off, "local", False, pg, ()), True, "", step, switch, {}, 300.0, 50.0, 80.0, 1, 8)
