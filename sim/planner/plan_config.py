@@ -84,6 +84,7 @@ class _Reader:
         self.data, self.path, self.notes = data, path, []
 
     def get(self, key: str, default: Any = None, kind: type | None = None, *, note: bool = True) -> Any:
+        """The value at dotted ``key`` (``default`` when absent or null), checked to be of ``kind``."""
         node: Any = self.data
         for part in key.split("."):
             if not isinstance(node, dict) or part not in node or node[part] is None:
@@ -106,6 +107,7 @@ class _Reader:
         return node
 
     def positive(self, key: str, default: int) -> int:
+        """An integer >= 1 at ``key`` (``default`` when absent)."""
         v = self.get(key, default, int)
         if v < 1:
             raise PlanInputError(f"{self.path}: {key}: expected an integer >= 1, got {v}")
