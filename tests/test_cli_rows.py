@@ -166,3 +166,27 @@ def test_bad_config_input_is_one_line(tmp_path):
     assert rc == EXIT_BAD_INPUT and err.strip() == f"error: {bad}: trainer.n_gpus_per_node: expected an integer, got 'eight'"
     rc, _out, err = run(["plan", "--quiet", str(CONFIGS / "verl_fsdp2_qwen2.5-7b_grpo.yaml"), "novalue"])
     assert rc == EXIT_BAD_INPUT and "KEY=VALUE" in err
+
+
+def test_bench_offload_dry_run_writes_to_the_current_directory_and_checks_no_gpu_targets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, _err = run(["bench", "offload", "--dry-run", "--shapes", "dense", "--cycles", "1", "--no-check",
+                         "--methods", "store"])
+    assert rc == 0
+    assert [p.name for p in tmp_path.glob("*-offload.json")] and not (tmp_path / "bench").exists()
+    assert "MISSED" not in out and "targets not checked" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_demo_on_cpu_reports_no_negative_memory_returned():
+    rc, out, _err = run(["demo", "--device", "cpu", "--layers", "1", "--hidden", "32", "--vocab", "64"])
+    assert rc == 0 and "returned per the driver: -" not in out and "no device memory to return" in out
+
+
+def test_worker_memory_figures_are_named_by_their_unit():
+    import inspect
+
+    from refimpl.worker import control
+
+    src = inspect.getsource(control)
+    assert "used_gib" in src and "used_gb" not in src
