@@ -1,9 +1,9 @@
 """What ``timeshare plan`` shows a person: the tables, the answer in the user's own keys, the timeline picture.
 
 Tables go through :func:`refimpl.output.table` (one library, units in every header, at most 100
-columns unless ``--wide``). The picture (:func:`write_timeline_png`) has two panels over the same
-step: the turns and switches (one fixed colour per kind of segment, the same in every run) and the GPU
-memory in use in each turn against the GPU's capacity.
+columns unless ``--wide``). The picture (:func:`write_timeline_png`) has three panels: the step's turns
+and switches (one fixed colour per kind of segment, the same in every run), the switches on their own
+scale, and the GPU memory in use in each turn against the GPU's capacity.
 """
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
 
 
 def write_timeline_png(plan: dict[str, Any], path: str) -> None:
-    """Two panels of the recommended step: its turns and switches (fixed colours), and the GPU memory per turn."""
+    """Three panels of the recommended step: its turns and switches (fixed colours), the switches on their own scale,
+    and the GPU memory in use in each turn against the GPU's capacity."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +145,7 @@ def write_timeline_png(plan: dict[str, Any], path: str) -> None:
     from matplotlib.patches import Patch
 
     rec = plan["recommendation"]
-    fig, (ax, mem) = plt.subplots(2, 1, figsize=(12, 4.6), gridspec_kw={"height_ratios": [1, 1.6]})
+    fig, (ax, sw, mem) = plt.subplots(3, 1, figsize=(12, 6.4), gridspec_kw={"height_ratios": [1, 1.2, 1.6]})
     t, spans = 0.0, {}
     for seg in rec["timeline"]:
         ax.barh(0, max(seg["s"], rec["step_s"] * 0.002), left=t, color=SEGMENT_COLOURS.get(seg["kind"], "#999999"),
@@ -160,6 +161,16 @@ def write_timeline_png(plan: dict[str, Any], path: str) -> None:
                  f" (switches {rec['switch_s']:.2f} s of {rec['step_s']:.2f} s)", fontsize=9)
     ax.legend(handles=[Patch(color=c, label=k) for k, c in SEGMENT_COLOURS.items()], loc="upper right", fontsize=7,
               ncol=4)
+    # the switches on their own scale: in a long step they are too short to see in the timeline above
+    moves = [seg for seg in rec["timeline"] if seg["kind"] != "compute"]
+    for i, seg in enumerate(moves):
+        sw.barh(i, seg["s"], color=SEGMENT_COLOURS.get(seg["kind"], "#999999"))
+        sw.text(seg["s"], i, f" {seg['s']:.3f} s", va="center", fontsize=7)
+    sw.set_yticks(range(len(moves)))
+    sw.set_yticklabels([f"{seg['kind']}: {seg['role']}" for seg in moves], fontsize=7)
+    sw.invert_yaxis()
+    sw.set_xlim(0, max([seg["s"] for seg in moves] + [1e-3]) * 1.3)
+    sw.set_xlabel("switch time (s), in step order")
     gpu = plan["inputs"]["gpu_gib"]
     for role, (start, width) in spans.items():
         used = rec["memory_gib"].get(role)
