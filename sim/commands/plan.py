@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar(plan_size(inputs), "plan", enabled=not args.quiet) as tick:
         plan = make_plan(inputs, None if args.quiet else (lambda m: None) if sys.stderr.isatty() else stderr_progress,
                          tick)
-    if plan["recommendation"] is None and not args.quiet:
+    if plan["recommendation"] is None:
         plan["more_nodes"] = more_nodes(inputs)
         if plan["more_nodes"] and fc is not None:
             n = plan["more_nodes"]["nodes"]

@@ -94,7 +94,14 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
     """Everything ``timeshare plan`` prints: inputs, layouts, candidates, the answer, the reason and margin."""
     lines = _header(plan) + [""]
     if plan.get("layouts"):
-        lines += [layout_table(plan, wide), ""]
+        lines.append(layout_table(plan, wide))
+        search = plan.get("layout_search") or {}
+        if search.get("ranked_without_simulation"):
+            lines.append(f"  ({search['ranked_without_simulation']} more layouts ranked lower by compute and "
+                         "communication alone)")
+        if search.get("why"):
+            lines.append(f"layout: {search['why']}")
+        lines.append("")
     lines.append(candidate_table(plan, rows, wide))
     if len(plan["outcomes"]) > rows:
         lines.append(f"... {len(plan['outcomes']) - rows} more (--rows N, or --json for all)")

@@ -443,10 +443,12 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
 
     t0 = time.perf_counter()
     layouts: list[dict[str, Any]] = []
+    layout_stats: dict[str, Any] = {}
     if inputs.layouts:
         from sim.planner.plan_layouts import compare_layouts
 
         chosen, layouts = compare_layouts(inputs, Planner, progress, tick)
+        layout_stats = layouts.pop()["stats"]
         inputs = replace(inputs, layout=chosen, layouts=None)
     planner = Planner(inputs, progress)
     planner.tick = tick
@@ -473,6 +475,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
             "engine_gib": planner.engine_bytes / GiB,
         },
         "layouts": layouts,
+        "layout_search": layout_stats,  # simulations of the layout stage, layouts ranked without one, why the layout
         "outcomes": [o.to_dict() for o in ranked],
         "ties": [o.candidate.label() for o in ties(ranked)],
         "recommendation": best.to_dict() if best else None,
@@ -480,8 +483,8 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
         # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
         # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
         "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
-        "simulations": len(planner.sims) + len(planner.pg_windows),
-        "simulation_wall_s": planner.sim_wall_s,
+        "simulations": len(planner.sims) + len(planner.pg_windows) + layout_stats.get("simulations", 0),
+        "simulation_wall_s": planner.sim_wall_s + layout_stats.get("simulation_wall_s", 0.0),
         "wall_s": time.perf_counter() - t0,
     }
 

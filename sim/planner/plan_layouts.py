@@ -68,13 +68,36 @@ def compare_layouts(inputs: Any, planner_class: Any, progress: Callable[[str], N
                        peak_gpu_gib=best.peak_gpu_gib, rollout_gib=best.rollout_gib, candidate=best.candidate.label())
             best_of.append((best, lay, row))
         rows.append(row)
+    stats = {"simulations": sum(len(p.sims) for _lay, p in planners[:1] + shortlist),
+             "simulation_wall_s": sum(p.sim_wall_s for _lay, p in planners[:1] + shortlist),
+             "ranked_without_simulation": max(0, len(planners) - 1 - len(shortlist))}
+    rows.append({"stats": stats})
     if not best_of:
         return own, rows
     fastest = min(best_of, key=lambda b: b[0].step_s)[0]
     tied = [b for b in best_of if b[0] in ties([fastest, b[0]]) or b[0] is fastest]
-    _o, chosen, row = min(tied, key=lambda b: (b[1] is not own, _size(b[1]), b[0].step_s))
+    best, chosen, row = min(tied, key=lambda b: (b[1] is not own, _size(b[1]), b[0].step_s))
     row["chosen"] = True
+    mine = next((b for b in best_of if b[1] is own), None)
+    stats["why"] = _layout_reason(best, chosen, row, mine, own)
     return chosen, rows
+
+
+def _layout_reason(best: Any, chosen: Layout, row: dict[str, Any], mine: Any, own: Layout) -> str:
+    """One sentence: why the chosen layout, against the user's."""
+    if chosen is own:
+        return "your layout: no other layout compared is faster by more than the model's error"
+    if mine is None:
+        return f"{row['layout']}: your layout does not fit"
+    m, mrow = mine[0], mine[2]
+    parts = [f"{row['layout']} is {m.step_s - best.step_s:.2f} s a step ({(m.step_s - best.step_s) / m.step_s:.1%}) "
+             f"faster than yours ({mrow['layout']})"]
+    if row["layout_s"] < mrow["layout_s"]:
+        parts.append(f"less communication ({row['layout_s']:.1f} vs {mrow['layout_s']:.1f} s: TP all-reduces, "
+                     "FSDP gathers, EP all-to-alls, the PP bubble)")
+    if row["rollout_gib"] > mrow["rollout_gib"] + 0.5:
+        parts.append(f"more KV cache for the rollout ({row['rollout_gib']:.0f} vs {mrow['rollout_gib']:.0f} GiB per GPU)")
+    return "; ".join(parts)
 
 
 __all__ = ["SHORTLIST", "compare_layouts"]
