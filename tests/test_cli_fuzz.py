@@ -83,14 +83,14 @@ def _check(argv: list[str]) -> None:
 
 
 @given(opts=plan_options, config=st.sampled_from([None, None, *CONFIGS]), sets=overrides)
-@BUDGET.settings(40)
+@BUDGET.settings(25)
 def test_plan_never_crashes(opts, config, sets):
     _check(_argv_plan(opts, config, sets))
 
 
 @given(dp=numbers, tp=numbers, topology=st.sampled_from(["hgx-h200-8x", "h200-1x", "nosuch", "", "calibrated/hgx-h200-8x"]),
        policy=st.sampled_from([None, "suspend", "nosuch", "PAUSED_LIVE"]))
-@BUDGET.settings(20)
+@BUDGET.settings(12)
 def test_bench_switch_window_never_crashes(dp, tp, topology, policy):
     argv = ["bench", "switch-window", "--steps", "3", "--warmup", "1", "--dp", dp, "--tp", tp, "--topology", topology]
     argv += ["--policy", policy] if policy else ["--policy", "destroy"]
@@ -107,7 +107,7 @@ fields = st.sampled_from(["world_size", "steps", "topology", "pg_policy", "paylo
 
 
 @given(sets=st.lists(st.tuples(fields, field_values), max_size=3))
-@BUDGET.settings(25)
+@BUDGET.settings(15)
 def test_sim_run_never_crashes_on_scenario_fields(sets, tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "s.json"
     path.write_text(json.dumps(SCENARIO))
