@@ -41,3 +41,26 @@ def pytest_runtest_makereport(item, call):
            f"{shlex.quote(item.nodeid)}")
     report.sections.append(("hypothesis replay", f"replay this failure with:\n    {cmd}\n"
                             "(or paste the @reproduce_failure(...) decorator printed above onto the test)"))
+
+
+
+#: test modules named ``test_ray_*.py`` start a local Ray cluster each (``tests/worker``); under ``-n N``
+#: they run on one worker, one module after the other, instead of one cluster per module per worker
+RAY_MODULE_PREFIX = "test_ray_"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load`` (what ``-n N`` gives), except that the ``test_ray_*`` modules form one unit of work."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayModulesTogether(LoadScopeScheduling):
+        """Every test its own unit (as ``load``), the Ray modules' tests one unit together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray-modules" if path.rsplit("/", 1)[-1].startswith(RAY_MODULE_PREFIX) else nodeid
+
+    return RayModulesTogether(config, log)

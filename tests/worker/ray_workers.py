@@ -1,0 +1,85 @@
+"""Workers for the Ray cluster tests: each rank a real Gloo process group and a model in an OffloadStore.
+
+Imported by the actors by name (the tests put the repository on the actors' PYTHONPATH)."""
+from __future__ import annotations
+
+import os
+import threading
+import types
+
+import torch
+import torch.distributed as dist
+
+from refimpl.store import OffloadStore
+from refimpl.torch_runtime import TorchRuntime
+from refimpl.worker import RoleWorker, WorkerStateControl, register
+
+
+def batch(x: torch.Tensor, **meta) -> types.SimpleNamespace:
+    """A batch with ROLL's ``meta_info`` dict."""
+    return types.SimpleNamespace(x=x, meta_info=dict(meta))
+
+
+class ToyWorker(RoleWorker):
+    """A linear model per rank, its process group formed from the address the cluster handed in."""
+
+    @register
+    def setup(self, seed: int) -> tuple[int, int]:
+        """Form the role's Gloo group (``env://``: the cluster's MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
+        torch.set_num_threads(1)
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method="env://")
+        torch.manual_seed(seed)
+        self.model = torch.nn.Linear(16, 4)
+        store = OffloadStore(TorchRuntime("cpu"))
+        store.attach_module(self.model)
+        self.state_control = WorkerStateControl(store)
+        self.gates: dict[str, threading.Event] = {}
+        return dist.get_rank(), dist.get_world_size()
+
+    @register
+    def forward(self, b) -> tuple[bool, torch.Tensor]:
+        """(state resident during the call, the output summed over the role's ranks)."""
+        out = self.model(b.x).detach()
+        dist.all_reduce(out)
+        return not self.state_control.offloaded, out
+
+    @register
+    def nested(self, b) -> list[tuple[bool, torch.Tensor]]:
+        """Calls ``forward`` twice from inside a registered call: one reload, one offload in all."""
+        return [self.forward(b), self.forward(b)]
+
+    @register
+    def hold(self, key: str) -> bool:
+        """Stay inside a managed call until ``release(key)``; True if the state stayed resident throughout."""
+        gate = self.gates.setdefault(key, threading.Event())
+        ok = gate.wait(30)
+        return ok and not self.state_control.offloaded
+
+    @register(offload=False)
+    def release(self, key: str) -> None:
+        """Let ``hold(key)`` return."""
+        self.gates.setdefault(key, threading.Event()).set()
+
+    @register(offload=False)
+    def weights(self) -> torch.Tensor:
+        """The weight's values (reloaded for the read and put back where they were)."""
+        ctl = self.state_control
+        was = ctl.offloaded
+        ctl.reload_states()
+        w = self.model.weight.detach().clone()
+        if was:
+            ctl.offload_states()
+        return w
+
+    @register
+    def fail(self, rank: int, how: str) -> torch.Tensor:
+        """On ``rank``: raise (``"raise"``) or exit the process (``"exit"``) mid-call; the others run a collective."""
+        if self.rank == rank:
+            if how == "exit":
+                os._exit(3)
+            raise ValueError(f"planted failure on rank {rank}")
+        t = torch.ones(1)
+        if how != "raise_alone":
+            dist.all_reduce(t)  # waits for the failed rank: never completes
+        return t
