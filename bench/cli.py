@@ -46,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     off.add_argument("--other-role-gb", type=float, default=0.0,
                      help="device memory the other role takes in each gap and frees right before the reload "
                           "(default 0)")
-    off.add_argument("--line-max-gb", type=float, default=8.0, help="cap on the line-rate copy size")
-    off.add_argument("--out", default="bench/results", help="directory for the JSON report")
+    off.add_argument("--line-max-gib", "--line-max-gb", dest="line_max_gib", type=float, default=8.0,
+                     help="cap on the line-rate copy size, GiB (default 8)")
+    off.add_argument("--out", default=".", help="directory for the JSON report (default: the current directory)")
+    off.add_argument("--wide", action="store_true", help="the table up to 220 columns instead of 100")
     off.add_argument("--json", action="store_true", help="print the report as JSON (common envelope) instead of the table")
     for name, (module, help_text) in _OTHER.items():
         p = sub.add_parser(name, help=help_text)
@@ -89,7 +91,7 @@ def run_offload(args: argparse.Namespace) -> int:
         raise CliInputError(f"--shapes {args.shapes!r}: expected a comma-separated list of {sorted(SHAPES)}")
     for opt, v in (("--cycles", args.cycles), ("--baseline-cycles", args.baseline_cycles), ("--moe-layers", args.moe_layers)):
         check_number(opt, v, lo=1, integer=True)
-    check_number("--line-max-gb", args.line_max_gb, lo=0, strict=True)
+    check_number("--line-max-gib", args.line_max_gib, lo=0, strict=True)
     check_number("--phase-gap-s", args.phase_gap_s, lo=0)
     check_number("--other-role-gb", args.other_role_gb, lo=0)
     check_output_path(args.out, "--out", is_dir=True)
@@ -109,7 +111,7 @@ def run_offload(args: argparse.Namespace) -> int:
     print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes), file=info)
     report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
                        baseline_cycles=args.baseline_cycles,
-                       check=not args.no_check, line_max_bytes=int(args.line_max_gb * 2**30),
+                       check=not args.no_check, line_max_bytes=int(args.line_max_gib * 2**30),
                        no_consolidate=frozenset(no_consolidate), phase_gap_s=gap,
                        other_role_bytes=int(args.other_role_gb * 1e9))
     report["dry_run"] = bool(args.dry_run)
@@ -118,7 +120,7 @@ def run_offload(args: argparse.Namespace) -> int:
 
         print(json.dumps(envelope("bench offload", report), indent=1, default=str))
     else:
-        print(format_report(report))
+        print(format_report(report, wide=args.wide))
     path = write_report(report, args.out)
     print(f"wrote {path}", file=info)
     return 0

@@ -29,7 +29,7 @@ Ratios printed: steady offload/reload GB/s against the line rate measured in
 the same run, cold cycle against a steady cycle, pinned bytes and returned
 device memory against the state's bytes, and each baseline's steady cycle
 time against the store's. The targets of the issue are checked for every store
-variant. Results go to ``bench/results/<date>-<device>-offload.json``.
+variant. The report goes to ``<--out>/<date>-<device>-offload.json`` (default: the current directory).
 """
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], vari
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_report(report: dict[str, Any], wide: bool = False) -> str:
     """The final table: per shape, one row per method, ratios against line rate, state and the store.
 
     Units as in every ``timeshare`` table: memory in GiB, bandwidth in GB/s (10^9 bytes/s), time in s.
@@ -313,41 +313,61 @@ def format_report(report: dict[str, Any]) -> str:
         if report.get("other_role_bytes"):
             lines.append(f"  (the other role takes {report['other_role_bytes'] / 2**30:.1f} GiB in each gap and frees it "
                          f"right before the reload)")
-        head = (f"{'method':<22}{'cold off/rel s':>16}{'off GB/s':>10}{'x line':>8}{'rel GB/s':>10}{'x line':>8}"
-                f"{'b2b x':>8}{'cold/std':>9}{'pin setup s':>12}{'consol. s':>10}{'pinned x':>9}{'RSS GiB':>8}{'freed x':>8}{'exact':>6}{'cycle x store':>14}")
-        lines.append(head)
-        lines.append("-" * len(head))
         rows = sh["results"]
-        store = next((r for r in rows if r["method"] in report["variants"] and not r["skipped"]), None)
-        store_cycle = (store["steady_offload_s"] + store["steady_reload_s"]) if store else None
-        for r in rows:
-            if r["skipped"]:
-                lines.append(f"{r['method']:<22} skipped: {r['skipped']}")
-                continue
-            cycle = r["steady_offload_s"] + r["steady_reload_s"]
-            vs = f"{cycle / store_cycle:.2f}" if store_cycle else "-"
-            pinned = f"{r['pinned_vs_state']:.3f}" if r["pinned_vs_state"] is not None else "-"
-            setup = f"{r['pin_setup_s']:.3f}" if r.get("pin_setup_s") is not None else "-"
-            consol = (r.get("details") or {}).get("consolidate_s")
-            consol = f"{consol:.3f}" if consol is not None else "-"
-            lines.append(
-                f"{r['method']:<22}{r['cold_offload_s']:>7.3f}/{r['cold_reload_s']:<8.3f}{r['offload_gbps']:>10.1f}"
-                f"{r['offload_vs_line']:>8.3f}{r['reload_gbps']:>10.1f}{r['reload_vs_line']:>8.3f}"
-                f"{r.get('reload_b2b_vs_line', 0.0):>8.3f}{r['cold_vs_steady']:>9.2f}{setup:>12}{consol:>10}{pinned:>9}{r['rss_offloaded_bytes'] / 2**30:>8.2f}"
-                f"{r['returned_vs_state']:>8.3f}{str(r['bit_exact'])[0] if r['bit_exact'] is not None else '-':>6}"
-                f"{vs:>14}")
+        lines.append(_method_table(report, rows, wide))
+        checked = not report.get("dry_run") and str(report.get("device", "")).startswith("cuda")
+        if not checked:
+            lines.append("  targets not checked: they are for full-size shapes on a GPU (this is a dry run or a "
+                         "CPU run)")
         for r in rows:
             if r["targets_met"]:
                 missed = [k for k, v in r["targets_met"].items() if not v]
-                verdict = "all targets met" if not missed else "MISSED: " + ", ".join(missed)
-                lines.append(f"  {r['method']}: {verdict}")
+                if checked:
+                    verdict = "all targets met" if not missed else "MISSED: " + ", ".join(missed)
+                    lines.append(f"  {r['method']}: {verdict}")
                 for label, det in (("cold", r["details"].get("cold", {})), ("steady", r["details"])):
                     phases = det.get("phases") or {}
                     if phases:
                         lines.append(f"    {label} phases s: " + ", ".join(
                             f"{k.replace('offload.', 'off.').replace('reload.', 'rel.')} {v:.3f}"
                             for k, v in phases.items()))
-    return "\n".join(lines)
+    from refimpl.output import COLUMNS, WIDE_COLUMNS, wrap
+
+    width = WIDE_COLUMNS if wide else COLUMNS
+    return "\n".join(x if len(x) <= width else wrap(x, wide=wide, indent=" " * (len(x) - len(x.lstrip())))
+                     for x in "\n".join(lines).splitlines())
+
+
+def _method_table(report: dict[str, Any], rows: list[dict[str, Any]], wide: bool) -> str:
+    """One shape's methods: times, rates against the line, memory against the state (``wide``: every column)."""
+    from refimpl.output import table
+
+    store = next((r for r in rows if r["method"] in report["variants"] and not r["skipped"]), None)
+    store_cycle = (store["steady_offload_s"] + store["steady_reload_s"]) if store else None
+    head = ["method", "cold\noff/rel (s)", "off\n(GB/s)", "off\n(x line)", "rel\n(GB/s)", "rel\n(x line)",
+            "pinned\n(x state)", "freed\n(x state)", "exact", "cycle\n(x store)"]
+    if wide:
+        head += ["b2b rel\n(x line)", "cold/steady\n(x)", "pin setup\n(s)", "consolidate\n(s)", "RSS\n(GiB)"]
+    body, skipped = [], []
+    on_gpu = str(report.get("device", "")).startswith("cuda")
+    for r in rows:
+        if r["skipped"]:
+            skipped.append(f"  {r['method']} skipped: {r['skipped']}")
+            continue
+        cycle = r["steady_offload_s"] + r["steady_reload_s"]
+        row = [r["method"], f"{r['cold_offload_s']:.3f}/{r['cold_reload_s']:.3f}", f"{r['offload_gbps']:.1f}",
+               f"{r['offload_vs_line']:.3f}", f"{r['reload_gbps']:.1f}", f"{r['reload_vs_line']:.3f}",
+               "-" if r["pinned_vs_state"] is None else f"{r['pinned_vs_state']:.3f}",
+               f"{r['returned_vs_state']:.3f}" if on_gpu else "-",  # on CPU the host's free memory is no measure
+               "-" if r["bit_exact"] is None else ("yes" if r["bit_exact"] else "NO"),
+               f"{cycle / store_cycle:.2f}" if store_cycle else "-"]
+        if wide:
+            consol = (r.get("details") or {}).get("consolidate_s")
+            row += [f"{r.get('reload_b2b_vs_line', 0.0):.3f}", f"{r['cold_vs_steady']:.2f}",
+                    "-" if r.get("pin_setup_s") is None else f"{r['pin_setup_s']:.3f}",
+                    "-" if consol is None else f"{consol:.3f}", f"{r['rss_offloaded_bytes'] / 2**30:.2f}"]
+        body.append(row)
+    return "\n".join([table(head, body, wide=wide, right=tuple(range(1, len(head)))), *skipped])
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:

@@ -41,14 +41,32 @@ import json
 import logging
 from dataclasses import asdict
 
+from typing import TYPE_CHECKING, Any
+
 from refimpl.cli_errors import one_line_errors
-from refimpl.comm import PGPolicy
-# the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
-from sim.calibrate.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
-                               mesh_groups, plan_rules, poll_period, resolve, row_config, row_names,
-                               run_steps, simulate, summarize, summarize_simulated)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.calibrate.switch_window import PolicyResult
 
 log = logging.getLogger(__name__)
+
+#: the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here,
+#: loaded on first use (the driver imports torch; ``timeshare bench --help`` does not need it)
+_DRIVER = ("RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
+           "plan_rules", "poll_period", "resolve", "row_config", "row_names", "run_steps", "simulate", "summarize",
+           "summarize_simulated")
+#: the rows ``--policy`` takes (the driver's ``row_names()``, lower case; tests/test_cli_lazy.py holds them equal)
+POLICY_ROWS = ("destroy", "destroy_deferred", "paused_live", "suspend", "suspend_planned", "suspend_planned_lazy",
+               "destroy_deferred_parallel", "suspend_planned_parallel")
+
+
+def __getattr__(name: str) -> Any:
+    """The driver's names (:data:`_DRIVER`) from :mod:`sim.calibrate.switch_window`, on first use."""
+    if name in _DRIVER:
+        import sim.calibrate.switch_window as driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 def format_results(results: list[PolicyResult], header: str) -> str:
     """A table with each policy's phases and total, and the ratio to DESTROY."""
@@ -79,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models (default: hgx-h200-8x with the constants timeshare sim calibrate fitted on the "
                              "recorded fit set; '' for the simulator's defaults)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
-                        help=f"policies (or variants) to run, any case: {', '.join(n.lower() for n in row_names())} "
+                        help=f"policies (or variants) to run, any case: {', '.join(POLICY_ROWS)} "
                              "(repeatable; default all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
@@ -88,6 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Simulate every policy and print the switch window of each, with ratios against DESTROY."""
     from refimpl.cli_errors import CliInputError, check_number, check_output_path
+    from sim.calibrate.switch_window import (first_use_after_wake, mesh_groups, resolve, row_names, simulate,
+                                             summarize_simulated)
 
     for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--steps", args.steps)):
         check_number(opt, v, lo=1, integer=True)
@@ -98,12 +118,17 @@ def run(args: argparse.Namespace) -> int:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
         from sim.presets import PresetError, list_presets, load_preset_data
+        from sim.models.topology import Topology
 
         try:
-            load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
+            data = load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
         except PresetError:
             raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
                                 "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
+        gpus = Topology(data, where="--topology").num_gpus
+        if args.dp * args.tp > gpus:
+            raise CliInputError(f"--dp {args.dp} x --tp {args.tp} = {args.dp * args.tp} ranks, but --topology "
+                                f"{args.topology} has {gpus} GPUs; lower --dp or --tp, or pick a larger preset")
     if args.json:
         check_output_path(args.json, "--json")
     try:
@@ -140,6 +165,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake",
+__all__ = ["POLICY_ROWS", "RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "add_arguments", "first_use_after_wake",
            "format_results", "mesh_groups", "plan_rules", "poll_period", "resolve", "row_config", "row_names", "summarize_simulated",
            "run", "run_steps", "simulate", "summarize"]

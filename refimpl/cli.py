@@ -8,7 +8,8 @@ Subcommands:
 * ``plan``   rank offload settings, PG policies and role orders for a model on a cluster
 
 Exit codes (:mod:`refimpl.cli_errors`): 0 done, 1 a negative answer (``plan``: nothing
-fits), 2 bad input (one line on stderr, nothing run), 3 an invariant violated.
+fits), 2 bad input (one line on stderr, nothing run), 3 an invariant violated, 4 a bug in
+``timeshare`` (one line on stderr names the file the full report went to).
 
 Each subcommand lives in its own module; this file only wires them up.
 """
@@ -79,8 +80,31 @@ def build_parser(argv: list[str] | None = None, *, lazy: bool = False) -> argpar
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``) and run its subcommand; no subcommand runs ``sim`` with the same
-    arguments. Returns the exit status (see the module docstring): 2 for bad input found by a subcommand's checks or a
-    subcommand whose module is missing, 0 when the reader of stdout left."""
+    arguments. Returns the exit status (see the module docstring). Nothing reaches the terminal as a traceback: bad
+    input (a :class:`~refimpl.cli_errors.CliInputError`, which the simulator's and planner's input errors are) is one
+    ``error:`` line and 2, an unexpected exception is one line naming the report file and
+    :data:`~refimpl.cli_errors.EXIT_BUG`, an interrupt 130, a reader of stdout that left 0."""
+    from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_BUG, CliInputError, report_bug
+
+    try:
+        return _main(argv)
+    except CliInputError as exc:  # bad input found by a subcommand's checks: one line, nothing run
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `timeshare plan | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug: one line and a report file, never a traceback
+        print(report_bug(exc, argv), file=sys.stderr)
+        return EXIT_BUG
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser(argv, lazy=True)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -93,18 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", None):
         print(args._missing, file=sys.stderr)
         return 2
-    from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError
-
-    try:
-        return int(args._run(args) or 0)
-    except CliInputError as exc:  # bad input found by a subcommand's checks: one line, nothing run
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:  # `timeshare plan | head`: the reader left; no traceback
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    return int(args._run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Exit codes (docs/guide.md lists them):
   invalid scenario, an output path that cannot be written); one line on stderr says which
   and what to do, and nothing was run;
 * :data:`EXIT_INVARIANT` (3): a simulated run violated an invariant (deadlock, a
-  collective mismatch, a tensor not bitwise equal, ranks disagreeing on a state).
+  collective mismatch, a tensor not bitwise equal, ranks disagreeing on a state);
+* :data:`EXIT_BUG` (4): a bug in ``timeshare`` itself: one line on stderr names the
+  error and the file the full report (traceback, command line, versions) went to
+  (:func:`report_bug`); never a traceback on the terminal.
 
 :func:`check_output_path` is run before any work so that a run is never lost to a path
 that cannot be written.
@@ -27,6 +30,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INVARIANT = 3
+EXIT_BUG = 4
+#: where :func:`report_bug` writes (default: the system's temporary directory)
+BUG_DIR_ENV = "TIMESHARE_BUG_DIR"
 
 #: refuse to start writing when the target's file system has less free space than this
 MIN_FREE_BYTES = 1 << 20
@@ -96,6 +102,36 @@ def one_line_errors(fn: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
+def report_bug(exc: BaseException, argv: list[str] | None) -> str:
+    """Write the full report of an unexpected exception to a file; return the one line the CLI prints.
+
+    The file (in ``$TIMESHARE_BUG_DIR`` or the temporary directory) holds the command line, the
+    versions and the traceback; the line names the exception and that file, so a script sees exit
+    :data:`EXIT_BUG` and a person sees where to look.
+    """
+    import tempfile
+    import time
+    import traceback
+
+    from refimpl import __version__
+
+    text = (f"timeshare {__version__}, python {sys.version.split()[0]}\n"
+            f"command: timeshare {' '.join(sys.argv[1:] if argv is None else argv)}\n\n"
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    where = os.environ.get(BUG_DIR_ENV) or tempfile.gettempdir()
+    first = (str(exc).splitlines() or [""])[0][:200]
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"timeshare-bug-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt",
+                                    dir=where)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        told = f"the full report is in {path}"
+    except OSError as err:
+        told = f"the full report could not be written to {where} ({err.strerror or err}); set TIMESHARE_BUG_DIR to a writable directory"
+    return (f"internal error (a bug in timeshare, not in your input): {type(exc).__name__}: {first}; {told}; "
+            "please report it with that file")
+
+
 def describe_os_error(exc: OSError, what: str) -> str:
     """One line for an OSError met while writing ``what`` (e.g. ENOSPC after the checks passed)."""
     if exc.errno == errno.ENOSPC:
@@ -103,5 +139,5 @@ def describe_os_error(exc: OSError, what: str) -> str:
     return f"{what}: {exc.strerror or exc}"
 
 
-__all__ = ["CliInputError", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INVARIANT", "EXIT_OK", "MIN_FREE_BYTES",
-           "check_number", "check_output_path", "describe_os_error", "one_line_errors"]
+__all__ = ["BUG_DIR_ENV", "CliInputError", "EXIT_BAD_INPUT", "EXIT_BUG", "EXIT_FAILED", "EXIT_INVARIANT", "EXIT_OK", "MIN_FREE_BYTES",
+           "check_number", "check_output_path", "describe_os_error", "one_line_errors", "report_bug"]

@@ -35,7 +35,9 @@ on ``sys.meta_path``, and ``sim.flows`` as an attribute works the same way. No
 file stands at an old path; new code imports the new names.
 
 [Note: imports without the cyclic GC]
-Importing the simulator imports torch: about 1 s of a ``timeshare sim run``,
+The package's face (:class:`SimWorld`, :class:`SimRuntime`, the engine, the errors, the model
+protocols) loads on first use, so that a module of a room (a CLI's argument parser, ``--help``)
+can be imported without torch. Loading the face imports torch: about 1 s of a ``timeshare sim run``,
 of which the cyclic garbage collector, walking the tens of thousands of
 objects the imports create again and again, took about a tenth (issue 18).
 Imports make almost no cyclic garbage, so the collector is paused while the
@@ -114,32 +116,37 @@ if not any(isinstance(f, _MovedFinder) for f in _sys.meta_path):
     _sys.meta_path.insert(0, _MovedFinder())
 
 
+#: the names of the package's face -> the module that defines each (loaded on first use, see the note below)
+_FACE: dict[str, str] = {
+    **dict.fromkeys(("Chooser", "Engine", "FifoChooser", "HypothesisChooser", "Process", "ProcessState",
+                     "RandomChooser", "SimFuture"), "sim.kernel.engine"),
+    **dict.fromkeys(("CollectiveMismatchError", "DeadlockError", "RankCrashedError", "RankFailedError", "RankHungError",
+                     "SimError", "SimOutOfMemoryError", "SimUsageError"), "sim.kernel.errors"),
+    **dict.fromkeys(("CollectiveCost", "CommModel", "FaultAction", "FaultHooks", "FaultKind", "FixedBandwidthTransport",
+                     "LedgerMemory", "MemoryModel", "NcclCommModel", "NoFaults", "RingCollectiveCost", "Transport"),
+                    "sim.models.model_protocols"),
+    "SimRuntime": "sim.runtime",
+    **dict.fromkeys(("RankReport", "SimWorld", "WorldReport", "run_ranks"), "sim.world"),
+}
+
+
 def __getattr__(name: str):
-    """``sim.flows`` and the like: an old module name as an attribute of the package."""
+    """``sim.SimWorld`` and the rest of the face, loaded on first use (with the cyclic GC paused, see the note), and
+    ``sim.flows`` and the like: an old module name as an attribute of the package."""
+    if name in _FACE:
+        was = _gc.isenabled()
+        _gc.disable()
+        try:
+            value = getattr(_importlib.import_module(_FACE[name]), name)
+        finally:
+            if was:
+                _gc.enable()
+        globals()[name] = value
+        return value
     if f"sim.{name}" in MOVED:
         return _importlib.import_module(f"sim.{name}")
     raise AttributeError(f"module 'sim' has no attribute {name!r}")
 
-
-_gc_was_enabled = _gc.isenabled()
-_gc.disable()
-try:
-    from sim.kernel.engine import (
-        Chooser, Engine, FifoChooser, HypothesisChooser, Process, ProcessState, RandomChooser, SimFuture,
-    )
-    from sim.kernel.errors import (
-        CollectiveMismatchError, DeadlockError, RankCrashedError, RankFailedError, RankHungError, SimError,
-        SimOutOfMemoryError, SimUsageError,
-    )
-    from sim.models.model_protocols import (
-        CollectiveCost, CommModel, FaultAction, FaultHooks, FaultKind, FixedBandwidthTransport, LedgerMemory,
-        MemoryModel, NcclCommModel, NoFaults, RingCollectiveCost, Transport,
-    )
-    from sim.runtime import SimRuntime
-    from sim.world import RankReport, SimWorld, WorldReport, run_ranks
-finally:
-    if _gc_was_enabled:
-        _gc.enable()
 
 __all__ = [
     "Chooser", "CollectiveCost", "CollectiveMismatchError", "CommModel", "DeadlockError", "Engine",

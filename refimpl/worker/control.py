@@ -32,9 +32,9 @@ GiB = float(1 << 30)
 
 
 def memory_metrics(rt: Runtime, prefix: str) -> dict[str, float]:
-    """``{prefix}/used_gb`` and ``{prefix}/free_gb`` from the driver (``cudaMemGetInfo``), not the allocator."""
+    """``{prefix}/used_gib`` and ``{prefix}/free_gib`` from the driver (``cudaMemGetInfo``), not the allocator."""
     info = rt.memory_info()
-    return {f"{prefix}/used_gb": info.used / GiB, f"{prefix}/free_gb": info.free / GiB}
+    return {f"{prefix}/used_gib": info.used / GiB, f"{prefix}/free_gib": info.free / GiB}
 
 
 def log_gpu_memory_usage(head: str, rt: Runtime, logger: logging.Logger | None = None,
@@ -48,7 +48,7 @@ def log_gpu_memory_usage(head: str, rt: Runtime, logger: logging.Logger | None =
     if rank is None or rt.rank == rank:
         (logger or globals()["logger"]).log(
             level, "%s: device memory used %.2f GiB, free %.2f GiB (rank %d)",
-            head, figures[f"{head}/used_gb"], figures[f"{head}/free_gb"], rt.rank,
+            head, figures[f"{head}/used_gib"], figures[f"{head}/free_gib"], rt.rank,
         )
     return figures
 

@@ -81,8 +81,8 @@ def _spans(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     sw = data.get("switch_window")
     spans = sw.get("spans") if isinstance(sw, Mapping) else None
     if not isinstance(spans, Mapping) or not spans:
-        raise WalkRecordError(f"{where}: no switch_window.spans (bench/gpu/multigpu.py records them since the wave2 "
-                              "run of 2026-11-30); use a record that has them")
+        raise WalkRecordError(f"{where}: no switch_window.spans (bench/gpu/multigpu.py records them since its "
+                              "second 2 x H200 run of 2026-11-30); use a record that has them")
     return spans
 
 
@@ -187,8 +187,8 @@ def mesh_walks(data: Mapping[str, Any], where: str = "record") -> list[list[Mapp
     raw = data.get("comm_raw")
     mesh = raw.get("mesh_walk") if isinstance(raw, Mapping) else None
     if not isinstance(mesh, list) or not mesh or any(not isinstance(m, Mapping) or "groups" not in m for m in mesh):
-        raise WalkRecordError(f"{where}: no comm_raw.mesh_walk (bench/gpu/multigpu.py records it since the wave2 "
-                              "run of 2026-11-30); use a record that has it")
+        raise WalkRecordError(f"{where}: no comm_raw.mesh_walk (bench/gpu/multigpu.py records it since its "
+                              "second 2 x H200 run of 2026-11-30); use a record that has it")
     return [list(m["groups"]) for m in mesh]
 
 

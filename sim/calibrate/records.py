@@ -29,6 +29,8 @@ A value a record does not have is ``None``; nothing is guessed.
 """
 from __future__ import annotations
 
+from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it with one line and exit 2
+
 import json
 import logging
 import re
@@ -49,7 +51,7 @@ COMM_RAW_OPTIONAL_TIMES = ("create_s", "first_collective_s", "first_collective_a
                            "destroy_uninitialized_s", "steady_collective_s")
 
 
-class RecordError(ValueError):
+class RecordError(CliInputError):
     """A measurement record is missing a field or has a wrong one; the message names it."""
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sim.planner.plan_model import MODEL_PRESETS, GpuSpec, Layout, PlanInputError, Workload
@@ -20,6 +21,11 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Wire ``timeshare plan``'s options into ``parser``."""
+    parser.add_argument("config", nargs="?", metavar="CONFIG.yaml",
+                        help="a verl or ROLL config: the model, GPUs, layout, batch and rollout are read from it and "
+                             "the answer is given in its keys (the options below then override it)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="Hydra-style dotted overrides of CONFIG, e.g. data.train_batch_size=512")
     g = parser.add_argument_group("model")
     g.add_argument("--model", metavar="NAME|config.json",
                    help=f"a preset ({', '.join(MODEL_PRESETS)}) or a transformers config.json (default Qwen2.5-7B)")
@@ -27,24 +33,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--active-params-b", type=float, help="with --params-b: billions active per token (MoE)")
     g.add_argument("--expert-params-b", type=float, default=0.0, help="with --params-b: billions in routed experts")
     c = parser.add_argument_group("cluster and parallelism")
-    c.add_argument("--cluster", default="hgx-h200-8x", help="topology preset (timeshare sim list); default hgx-h200-8x")
-    c.add_argument("--nodes", type=int, default=1, help="nodes of a multi-node preset (default 1)")
+    c.add_argument("--cluster", default=None, help="topology preset (timeshare sim list); default hgx-h200-8x, or "
+                   "hgx-h200-8x-ib when CONFIG has more than one node")
+    c.add_argument("--nodes", type=int, default=None, help="nodes of a multi-node preset (default 1, or CONFIG's)")
     c.add_argument("--gpus-per-node", type=int,
                    help="use only the first N GPUs of each node of the preset (default: all), e.g. 2 for a 2 x H200 host")
-    for name, default, text in (("tp", 1, "tensor parallel"), ("pp", 1, "pipeline parallel"),
-                                ("dp", None, "data parallel (default: GPUs / (tp x pp))"), ("ep", 1, "expert parallel"),
-                                ("eddp", 0, "expert data parallel (default dp x tp / ep)"),
-                                ("fsdp", 0, "ranks of each dp group that shard the state (default all of dp; 1 = DDP)"),
-                                ("rollout-tp", 0, "rollout engine tensor parallel (default: fits half a GPU)")):
-        c.add_argument(f"--{name}", type=int, default=default, help=text)
+    for name, text in (("tp", "tensor parallel (default 1)"), ("pp", "pipeline parallel (default 1)"),
+                       ("cp", "context parallel: Megatron CP, verl's Ulysses sequence parallel (default 1)"),
+                       ("dp", "data parallel (default: GPUs / (tp x pp x cp))"), ("ep", "expert parallel (default 1)"),
+                       ("eddp", "expert data parallel (default dp x cp x tp / ep)"),
+                       ("fsdp", "ranks of each dp group that shard the state (default all of dp; 1 = DDP)"),
+                       ("rollout-tp", "rollout engine tensor parallel (default: fits half a GPU)")):
+        c.add_argument(f"--{name}", type=int, default=None, help=text)
     c.add_argument("--gpu-tflops", type=float, help="peak dense bf16 TFLOP/s per GPU (default from the cluster preset)")
     c.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation of training passes (default 0.35)")
     w = parser.add_argument_group("RL step")
-    w.add_argument("--prompts", type=int, default=256, help="prompts per step (default 256)")
-    w.add_argument("--samples", type=int, default=8, help="responses per prompt (default 8)")
-    w.add_argument("--prompt-len", type=int, default=512, help="tokens per prompt (default 512)")
-    w.add_argument("--response-len", type=int, default=1024, help="tokens per response (default 1024)")
-    w.add_argument("--micro-batch-tokens", type=int, default=16384, help="tokens per rank per forward/backward")
+    w.add_argument("--prompts", type=int, default=None, help="prompts per step (default 256, or CONFIG's)")
+    w.add_argument("--samples", type=int, default=None, help="responses per prompt (default 8, or CONFIG's)")
+    w.add_argument("--prompt-len", type=int, default=None, help="tokens per prompt (default 512, or CONFIG's)")
+    w.add_argument("--response-len", type=int, default=None, help="tokens per response (default 1024, or CONFIG's)")
+    w.add_argument("--micro-batch-tokens", type=int, default=None,
+                   help="tokens per rank per forward/backward (default 16384, or CONFIG's)")
     w.add_argument("--no-reference", action="store_true", help="no reference model (no KL term)")
     w.add_argument("--critic", action="store_true", help="a critic of the actor's size (PPO)")
     w.add_argument("--reward-model", metavar="NAME|config.json", help="a reward model sharing the GPUs")
@@ -61,7 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "lifecycle driver of `timeshare bench switch-window`")
     s.add_argument("--cooldown-s", type=float, default=2.0,
                    help="with --pg-groups megatron: port-release cooldown of the destroying policies (default 2)")
+    s.add_argument("--layouts", choices=("given", "search"), default=None,
+                   help="search: compare the layouts the training backend allows (TP, PP, CP, EP, FSDP) before the "
+                        "offload settings; given: plan only the layout given (default: search with CONFIG, else given)")
     s.add_argument("--rows", type=int, default=15, help="rows of the ranked table (default 15)")
+    s.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout (the table is not printed)")
     s.add_argument("--png", metavar="TIMELINE.png", help="write a timeline of the recommended step (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -84,16 +97,23 @@ def _model(text: str | None, args: argparse.Namespace, flag: str = "--model"):
         raise PlanInputError(str(exc).replace("--model", flag)) from None
 
 
-def inputs_from_args(args: argparse.Namespace):
-    """:class:`sim.planner.plan.PlanInputs` from parsed options (raises :class:`PlanInputError` naming the bad one)."""
-    from sim.planner.plan import PlanInputs
-    from sim.planner.plan_model import GPU_FLOPS
+#: the RL step without a CONFIG and without its option (``--prompts`` ...)
+WORKLOAD_DEFAULTS = {"prompts": 256, "samples": 8, "prompt_len": 512, "response_len": 1024, "micro_batch_tokens": 16384}
+#: the most nodes a plan takes: the simulator's scale work is checked up to 2,048 nodes of 8 GPUs
+MAX_NODES = 2048
 
-    for name in ("prompts", "samples", "prompt_len", "response_len", "micro_batch_tokens", "nodes", "rows"):
-        if getattr(args, name) < 1:
-            raise PlanInputError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise PlanInputError(f"--gpus-per-node: expected an integer >= 1, got {args.gpus_per_node}")
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    names = ("prompts", "samples", "prompt_len", "response_len", "micro_batch_tokens", "nodes", "rows", "gpus_per_node",
+             "tp", "pp", "cp", "dp", "ep")
+    for name in names:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise PlanInputError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {v}")
+    for name in ("eddp", "fsdp", "rollout_tp"):
+        v = getattr(args, name)
+        if v is not None and v < 0:
+            raise PlanInputError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {v}")
     if not args.cooldown_s >= 0:
         raise PlanInputError(f"--cooldown-s: expected a number >= 0, got {args.cooldown_s}")
     for name in ("kv_gib", "tokens_per_s_per_gib", "rollout_s", "gpu_tflops"):
@@ -102,100 +122,134 @@ def inputs_from_args(args: argparse.Namespace):
             raise PlanInputError(f"--{name.replace('_', '-')}: expected a number > 0, got {v}")
     if not 0 < args.mfu <= 1:
         raise PlanInputError(f"--mfu: expected a fraction in (0, 1], got {args.mfu}")
-    model = _model(args.model, args)
-    reward = _model(args.reward_model, args, "--reward-model") if args.reward_model else None
-    gpus_hint = None
-    if args.dp is None:
-        from sim.planner.plan_model import Machine
+    if args.nodes is not None and args.nodes > MAX_NODES:
+        raise PlanInputError(f"--nodes {args.nodes}: at most {MAX_NODES} nodes")
 
-        gpus_hint = (args.gpus_per_node * args.nodes if args.gpus_per_node is not None
-                     else Machine(args.cluster, args.nodes).gpus)
-        dp = max(1, gpus_hint // (args.tp * args.pp)) if args.tp >= 1 and args.pp >= 1 else 0
-    else:
-        dp = args.dp
-    layout = Layout(tp=args.tp, pp=args.pp, dp=dp, ep=args.ep, eddp=args.eddp, fsdp=args.fsdp, rollout_tp=args.rollout_tp)
+
+def _cluster(args: argparse.Namespace, fc) -> tuple[str, int, int | None, int]:
+    """(preset, nodes, GPUs per node used or None for all, GPUs in all) from the options and the config."""
+    from sim.planner.plan_model import Machine
+    from sim.presets import load_preset_data
+
+    nodes = args.nodes or (fc.nodes if fc else 1)
+    if nodes > MAX_NODES:
+        raise PlanInputError(f"{fc.path if fc else '--nodes'}: {nodes} nodes; at most {MAX_NODES}")
+    cluster = args.cluster or ("hgx-h200-8x-ib" if nodes > 1 else "hgx-h200-8x")
+    try:
+        data = load_preset_data(cluster)
+    except Exception as exc:  # noqa: BLE001 - PresetError and the file errors of a preset path: bad input
+        raise PlanInputError(f"--cluster: {exc}") from None
+    if nodes > 1 and not data.get("fabric"):
+        raise PlanInputError(f"--nodes {nodes}: preset {cluster!r} is one node with no network between nodes; pick a "
+                             "multi-node preset such as hgx-h200-8x-ib (timeshare sim list)")
+    per_node = Machine(cluster, 1).per_node
+    gpn = args.gpus_per_node
+    if gpn is None and fc is not None and fc.gpus_per_node != per_node:
+        gpn = fc.gpus_per_node
+    if gpn is not None and gpn > per_node:
+        raise PlanInputError(f"{'--gpus-per-node' if args.gpus_per_node else fc.path + ': GPUs per node'} {gpn}: preset "
+                             f"{cluster!r} has {per_node} GPUs per node")
+    return cluster, nodes, gpn, (gpn or per_node) * nodes
+
+
+def _layout(args: argparse.Namespace, fc, gpus: int) -> Layout:
+    base = fc.layout if fc else Layout(dp=0)
+    given = {k: getattr(args, k) for k in ("tp", "pp", "cp", "ep", "eddp", "fsdp", "rollout_tp") if getattr(args, k) is not None}
+    lay = replace(base, **given)
+    if args.dp is not None:
+        return replace(lay, dp=args.dp)
+    if fc is None or any(k in given for k in ("tp", "pp", "cp")):
+        per = lay.tp * lay.pp * lay.cp
+        return replace(lay, dp=max(1, gpus // per) if gpus % per == 0 else 0, fsdp=lay.fsdp if "fsdp" in given else 0)
+    return lay
+
+
+def _workload(args: argparse.Namespace, fc) -> Workload:
+    base = fc.workload if fc else Workload(**{("samples_per_prompt" if k == "samples" else k): v
+                                              for k, v in WORKLOAD_DEFAULTS.items()})
+    given = {("samples_per_prompt" if k == "samples" else k): getattr(args, k) for k in WORKLOAD_DEFAULTS
+             if getattr(args, k) is not None}
+    for k in ("kv_gib", "tokens_per_s_per_gib", "rollout_s"):
+        if getattr(args, k) is not None:
+            given[k] = getattr(args, k)
+    if args.no_reference:
+        given["reference"] = False
+    if args.critic:
+        given["critic"] = True
+    if args.reward_model:
+        given["reward_model"] = _model(args.reward_model, args, "--reward-model")
+    return replace(base, **given)
+
+
+def inputs_from_args(args: argparse.Namespace):
+    """(:class:`sim.planner.plan.PlanInputs`, the :class:`sim.planner.plan_config.FrameworkConfig` read or None) from parsed options
+    (raises :class:`PlanInputError` naming the bad option or config key)."""
+    from sim.planner.plan import PlanInputs
+    from sim.planner.plan_layout import layout_choices
+    from sim.planner.plan_model import gpu_flops
+
+    _check_numbers(args)
+    fc = None
+    if getattr(args, "config", None):
+        from sim.planner.plan_config import read_config
+
+        fc = read_config(args.config, args.overrides)
+    elif getattr(args, "overrides", None):
+        raise PlanInputError(f"{args.overrides[0]!r}: KEY=VALUE overrides need a CONFIG.yaml before them")
+    model = (_model(args.model, args) if (args.model or args.params_b is not None or fc is None) else fc.model)
+    if fc is not None:
+        fc.model = model
+    cluster, nodes, gpn, gpus = _cluster(args, fc)
+    layout = _layout(args, fc, gpus)
+    workload = _workload(args, fc)
     gpu = None
     if args.gpu_tflops is not None:
         gpu = GpuSpec(args.gpu_tflops * 1e12, "--gpu-tflops", mfu=args.mfu)
-    elif args.mfu != 0.35:
-        flops, src = GPU_FLOPS.get(args.cluster, (None, None))
-        if flops is None:
-            raise PlanInputError(f"--gpu-tflops: no peak FLOP/s known for cluster {args.cluster!r}; give --gpu-tflops")
+    else:
+        flops, src = gpu_flops(cluster)
         gpu = GpuSpec(flops, src, mfu=args.mfu)
-    workload = Workload(prompts=args.prompts, samples_per_prompt=args.samples, prompt_len=args.prompt_len,
-                        response_len=args.response_len, micro_batch_tokens=args.micro_batch_tokens,
-                        reference=not args.no_reference, critic=args.critic, reward_model=reward, kv_gib=args.kv_gib,
-                        tokens_per_s_per_gib=args.tokens_per_s_per_gib, rollout_s=args.rollout_s)
-    return PlanInputs(model=model, cluster=args.cluster, nodes=args.nodes, layout=layout, workload=workload, gpu=gpu,
-                      overlap=args.overlap, exhaustive=args.exhaustive, pg_groups=args.pg_groups,
-                      cooldown_s=args.cooldown_s, gpus_per_node=args.gpus_per_node)
+    allow = None
+    if fc is not None:
+        from sim.planner.plan_config import expressible
+
+        allow = (lambda off, backend, so, pg: expressible(fc, off, backend, so, pg))
+    layouts = None
+    if (args.layouts or ("search" if fc else "given")) == "search":
+        family = fc.family if fc else ("fsdp" if layout.shard == "all" and layout.tp == layout.pp == 1 else "megatron")
+        per_node = gpus // nodes
+        layouts = [replace(x, rollout_tp=layout.rollout_tp) for x in
+                   layout_choices(model, gpus, per_node, family, seq_len=workload.prompt_len + workload.response_len,
+                                  heads=model.heads)]
+    inputs = PlanInputs(model=model, cluster=cluster, nodes=nodes, layout=layout, workload=workload, gpu=gpu,
+                        overlap=args.overlap, exhaustive=args.exhaustive, pg_groups=args.pg_groups,
+                        cooldown_s=args.cooldown_s, gpus_per_node=gpn, allow=allow, layouts=layouts)
+    return inputs, fc
 
 
-def format_plan(plan: dict, rows: int = 15) -> str:
-    """The ranked table, the Pareto front and the recommendation (GiB, s)."""
-    inp = plan["inputs"]
-    m = inp["model"]
-    lines = [
-        f"model {m['name']} ({m['params'] / 1e9:.2f}B params, {m['active_params'] / 1e9:.2f}B active; {m['source']})",
-        f"cluster {inp['cluster']}: {inp['gpus']} GPUs of {inp['gpu_gib']:.1f} GiB; layout "
-        + ", ".join(f"{k} {v}" for k, v in inp["layout"].items()),
-        f"step: {inp['workload']['prompts']} prompts x {inp['workload']['samples_per_prompt']} samples, "
-        f"{inp['workload']['tokens'] / 1e6:.2f}M tokens; rollout needs {inp['kv_need_gib']:.1f} GiB KV per GPU "
-        f"for its batch, {inp['rollout_full_s']:.2f} s with it",
-        "",
-    ]
-    head = (f"{'#':>3} {'candidate':<62}{'step s':>9}{'switch s':>10}{'peak GPU':>10}{'rollout':>9}"
-            f"{'pinned/rank':>12}{'pinned/node':>12}  fits")
-    lines += [head + "   (memory in GiB)", "-" * len(head)]
-    for i, o in enumerate(plan["outcomes"][:rows], 1):
-        lines.append(f"{i:>3} {o['candidate']['label']:<62}{o['step_s']:>9.2f}{o['switch_s']:>10.2f}"
-                     f"{o['peak_gpu_gib']:>10.1f}{o['rollout_gib']:>9.1f}{o['pinned_rank_gib']:>12.1f}"
-                     f"{o['pinned_node_gib']:>12.1f}  {'yes' if o['feasible'] else 'no: ' + o['reason']}")
-    if len(plan["outcomes"]) > rows:
-        lines.append(f"... {len(plan['outcomes']) - rows} more (--rows N, or --json for all)")
-    lines += ["", "Pareto front (step time, rollout memory, pinned host per node):"]
-    lines += [f"  {label}" for label in plan["pareto"]] or ["  (nothing fits)"]
-    rec = plan["recommendation"]
-    lines.append("")
-    if rec:
-        order = " -> ".join(rec["candidate"]["order"])
-        lines.append(f"recommendation: {rec['candidate']['label']}; order {order}")
-    lines.append(f"reason: {plan['reason']}")
-    if plan.get("pg_switch_windows"):
-        lines.append("PG-policy switch windows over the Megatron families (sleep + update_weights + wake_up, s): "
-                     + ", ".join(f"{p} {w['sleep']:.2f} + {w['update_weights']:.2f} + {w['wake_up']:.2f} = "
-                                 f"{w['total']:.2f}" for p, w in plan["pg_switch_windows"].items() if p != "none"))
-    lines.append(f"{len(plan['outcomes'])} candidates, {plan['simulations']} simulations "
-                 f"({plan['simulation_wall_s']:.1f} s of {plan['wall_s']:.1f} s wall)")
-    return "\n".join(lines)
+#: the multi-node preset of each single-node one, for the "fits on N nodes" hint
+MULTI_NODE = {"hgx-h200-8x": "hgx-h200-8x-ib", "calibrated/hgx-h200-8x": "hgx-h200-8x-ib"}
 
 
-def write_timeline_png(plan: dict, path: str) -> None:
-    """A one-row timeline of the recommended step: compute, switches and the weight sync per role."""
-    import matplotlib
+def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8)) -> dict | None:
+    """When nothing fits: the fewest nodes (of ``tries`` x the plan's) on which something does, with its step time
+    and candidate (the same layout with dp scaled; no layout search), or None."""
+    from sim.planner.plan import make_plan
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rec = plan["recommendation"]
-    colors = {"compute": "#4c72b0", "switch": "#dd8452", "switch out": "#dd8452", "weight sync": "#55a868"}
-    fig, ax = plt.subplots(figsize=(12, 2.2))
-    t = 0.0
-    for seg in rec["timeline"]:
-        ax.barh(0, seg["s"], left=t, color=colors.get(seg["kind"], "#999999"), edgecolor="white")
-        if seg["s"] > 0.04 * rec["step_s"]:
-            ax.text(t + seg["s"] / 2, 0, seg["role"], ha="center", va="center", fontsize=8, color="white")
-        t += seg["s"]
-    ax.set_yticks([])
-    ax.set_xlabel("s")
-    ax.set_title(f"{plan['inputs']['model']['name']} on {plan['inputs']['cluster']}: {rec['candidate']['label']}", fontsize=9)
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items() if k != "switch out"], loc="upper right",
-              fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    cluster = inputs.cluster if inputs.nodes > 1 else MULTI_NODE.get(inputs.cluster)
+    if cluster is None:
+        return None
+    for k in tries:
+        nodes = inputs.nodes * k
+        lay = inputs.layout
+        lay = replace(lay, dp=lay.dp * k, fsdp=0 if lay.fsdp in (0, lay.dp) else lay.fsdp, eddp=0)
+        try:
+            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None))
+        except PlanInputError:
+            continue
+        rec = plan["recommendation"]
+        if rec is not None:
+            return {"nodes": nodes, "cluster": cluster, "step_s": rec["step_s"], "candidate": rec["candidate"]["label"]}
+    return None
 
 
 def stderr_progress(msg: str) -> None:
@@ -203,41 +257,48 @@ def stderr_progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``timeshare plan``; returns the exit status."""
-    from refimpl.cli_errors import CliInputError, check_output_path
-    from refimpl.output import envelope
-    from sim.planner.plan import make_plan
-
+def _is_default(args: argparse.Namespace) -> bool:
     fresh = argparse.ArgumentParser()
     add_arguments(fresh)
-    output_only = {"json", "png", "rows", "quiet"}
-    defaults = all(getattr(args, k, v) == v for k, v in vars(fresh.parse_args([])).items() if k not in output_only)
-    try:
-        if args.png:
-            check_output_path(args.png, "--png", suffix=".png")
-        inputs = inputs_from_args(args)
-    except (PlanInputError, CliInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if defaults:
+    output_only = {"json", "png", "rows", "quiet", "wide"}
+    return all(getattr(args, k, v) == v for k, v in vars(fresh.parse_args([])).items() if k not in output_only)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``timeshare plan``; returns the exit status (0 an answer, 1 nothing fits, 2 bad input)."""
+    from refimpl.cli_errors import check_output_path
+    from refimpl.output import envelope, progress_bar
+    from sim.planner.plan import make_plan, plan_size
+    from sim.commands.plan_report import answer_for, format_plan, write_timeline_png
+
+    if args.png:
+        check_output_path(args.png, "--png", suffix=".png")
+    inputs, fc = inputs_from_args(args)
+    info = sys.stderr if args.json else sys.stdout
+    if _is_default(args):
         print("no arguments: planning the built-in default (GRPO, Qwen2.5-7B with a reference model, FSDP on one "
-              "8xH200 node); see timeshare plan --help", file=sys.stderr if args.json else sys.stdout)
-    elif args.model is None and args.params_b is None:
-        print("no --model given: planning Qwen2.5-7B", file=sys.stderr if args.json else sys.stdout)
-    try:
-        plan = make_plan(inputs, None if args.quiet else stderr_progress)
-    except PlanInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+              "8xH200 node); see timeshare plan --help", file=info)
+    elif args.model is None and args.params_b is None and fc is None:
+        print("no --model given: planning Qwen2.5-7B", file=info)
+    with progress_bar(plan_size(inputs), "plan", enabled=not args.quiet) as tick:
+        plan = make_plan(inputs, None if args.quiet else (lambda m: None) if sys.stderr.isatty() else stderr_progress,
+                         tick)
+    if plan["recommendation"] is None:
+        plan["more_nodes"] = more_nodes(inputs)
+        if plan["more_nodes"] and fc is not None:
+            n = plan["more_nodes"]["nodes"]
+            plan["more_nodes"]["keys"] = ({"trainer.nnodes": n} if fc.framework == "verl" else
+                                          {"actor_train.device_mapping": f"list(range(0,{n * fc.gpus_per_node}))"})
+    if fc is not None:
+        plan["answer"] = answer_for(fc, plan)
     if args.json:
         print(json.dumps(envelope("plan", plan, ok=plan["recommendation"] is not None), indent=1))
     else:
-        print(format_plan(plan, args.rows))
+        print(format_plan(plan, args.rows, wide=args.wide))
     if args.png and plan["recommendation"]:
         write_timeline_png(plan, args.png)
-        print(f"timeline written to {args.png}", file=sys.stderr if args.json else sys.stdout)
+        print(f"timeline written to {args.png}", file=info)
     return 0 if plan["recommendation"] else 1
 
 
-__all__ = ["add_arguments", "format_plan", "inputs_from_args", "run", "stderr_progress", "write_timeline_png"]
+__all__ = ["MAX_NODES", "MULTI_NODE", "more_nodes", "WORKLOAD_DEFAULTS", "add_arguments", "inputs_from_args", "run", "stderr_progress"]

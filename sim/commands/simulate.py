@@ -68,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
                      help="simulate every rank even where symmetric ranks could be simulated once (docs/sim.md)")
     run.add_argument("--progress-every", type=float, default=5.0, metavar="S",
                      help="report simulated time and events to stderr every S seconds of wall time (default 5)")
-    sub.add_parser("list", help="list topology presets and example scenarios")
+    lst = sub.add_parser("list", help="list every preset (topologies, scenarios, models) and what it was measured on")
+    lst.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     cmp_ = sub.add_parser("compare", help="two runs' phases side by side (results, or scenarios to run)")
     cmp_.add_argument("a", help="a result JSON (sim run --out) or a scenario file/name")
     cmp_.add_argument("b", help="a result JSON or a scenario file/name")
@@ -200,16 +201,33 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list() -> int:
-    from sim.presets import list_presets, list_scenarios, load_preset_data, scenario_path
+def _list(wide: bool = False) -> int:
+    """Every preset a command accepts, with what it is and what its figures were measured or fitted on."""
+    from refimpl.output import table
+    from sim.presets import PRESET_DIR, list_presets, list_scenarios, load_preset_data, scenario_path
+    from sim.presets.wording import basis, in_user_words
 
-    print("topology presets:")
-    for name in list_presets():
-        print(f"  {name:<18} {load_preset_data(name).get('description', '')}")
-    print("example scenarios (timeshare sim run NAME):")
+    rows = []
+    names = list_presets() + [f"calibrated/{p.stem}" for p in sorted((PRESET_DIR / "calibrated").glob("*.json"))]
+    for name in names:
+        data = load_preset_data(name)
+        nodes = data.get("nodes", 1)
+        gpus = sum(1 for e in data.get("node", {}).get("elements", []) if e.get("kind") == "gpu")
+        desc = in_user_words(str(data.get("description", "")))
+        rows.append([name, f"{gpus}" + (f" x {nodes} nodes" if nodes > 1 else ""), desc, basis(data)])
+    print(table(["preset (--topology, --cluster)", "GPUs", "what it is", "constants: where from"], rows, wide=wide,
+                title="topology presets (every constant's source: timeshare sim run --json, topology.constants)"))
+    print()
+    rows = []
     for name in list_scenarios():
-        desc = json.loads(scenario_path(name).read_text()).get("description", "")
-        print(f"  {name:<28} {desc[:100]}{'...' if len(desc) > 100 else ''}")
+        desc = in_user_words(json.loads(scenario_path(name).read_text()).get("description", ""))
+        rows.append([name, desc if wide or len(desc) <= 150 else desc[:147] + "..."])
+    print(table(["scenario (timeshare sim run NAME)", "what it runs"], rows, wide=wide, title="example scenarios"))
+    print()
+    from sim.planner.plan_model import MODEL_PRESETS
+
+    rows = [[name, source] for name, (_arch, source, _k) in MODEL_PRESETS.items()]
+    print(table(["model (timeshare plan --model)", "shapes read from"], rows, wide=wide, title="model presets"))
     return 0
 
 
@@ -237,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim``; returns the exit status."""
     command = getattr(args, "sim_command", None)
     if command == "list":
-        return _list()
+        return _list(getattr(args, "wide", False))
     if command == "calibrate":
         return _calibrate(args)
     if command == "run":

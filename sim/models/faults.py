@@ -35,6 +35,8 @@ Every firing is recorded in :attr:`FaultPlan.fired` for the scenario result.
 """
 from __future__ import annotations
 
+from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it with one line and exit 2
+
 import enum
 import fnmatch
 import logging
@@ -57,7 +59,7 @@ class FaultWorld(WorldBinding, Protocol):
     transport: "Transport"
 
 
-class FaultPlanError(ValueError):
+class FaultPlanError(CliInputError):
     """A fault plan is invalid; the message names the field."""
 
 

@@ -57,14 +57,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from refimpl.comm import PGPolicy
-from sim.planner.plan_model import (GPU_FLOPS, GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
-                            Workload, model_preset, role_state)
-from sim.planner.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend  # noqa: F401 (re-exported)
+from sim.planner.plan_model import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
+                            Workload, gpu_flops, model_preset, role_state)
+from sim.planner.plan_layout import LayoutCost, layout_cost, micro_batches
+from sim.planner.plan_sim import SIM_TENSORS, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)
+from sim.planner.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend, ties  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-#: at most this many tensors per category in a simulated role (same bytes; the steady-state copies do not depend on it)
-SIM_TENSORS = 16
 #: the offload settings of trained roles, besides every non-empty subset of the store categories
 OFFLOAD_SETS: tuple[tuple[str, ...], ...] = (
     (), ("params",), ("grads",), ("optimizer",), ("params", "grads"), ("params", "optimizer"),
@@ -84,6 +84,7 @@ RESERVE_GIB = 2.0
 DECODE_HBM_EFF = 0.6
 
 
+
 @dataclass
 class PlanInputs:
     """Everything a plan is made from (see :func:`make_plan`)."""
@@ -101,6 +102,9 @@ class PlanInputs:
     pg_groups: str = "layout"  # see PG_GROUPS
     cooldown_s: float = 2.0  # port-release cooldown of the destroying policies (pg_groups "megatron")
     gpus_per_node: int | None = None  # use only the first N GPUs of each node of the preset (None: all)
+    # (offload, backend, score_offload, pg_policy) -> whether the user's framework can express it (None: all can)
+    allow: Callable[[tuple[str, ...], str, bool, str], bool] | None = None
+    layouts: list[Layout] | None = None  # other layouts to compare (sim.planner.plan_layouts); None: only ``layout``
 
 
 class Planner:
@@ -119,13 +123,12 @@ class Planner:
         self.m = Machine(self.cluster_ref, inputs.nodes)
         self.lay = inputs.layout.resolved(inputs.model, self.m.gpus, self.m.gpu_bytes)
         if inputs.gpu is None:
-            flops, src = GPU_FLOPS.get(inputs.cluster, (None, None))
-            if flops is None:
-                raise PlanInputError(f"--gpu-tflops: no peak FLOP/s known for cluster {inputs.cluster!r}; give --gpu-tflops")
+            flops, src = gpu_flops(inputs.cluster)
             inputs.gpu = GpuSpec(flops, src)
         self.gpu = inputs.gpu
         self.w = inputs.workload
         self.progress = progress or log.info
+        self.tick: Callable[[str], None] | None = None  # called once per candidate evaluated (a progress bar)
         if inputs.pg_groups not in PG_GROUPS:
             raise PlanInputError(f"--pg-groups: expected one of {', '.join(PG_GROUPS)}, got {inputs.pg_groups!r}")
         if not inputs.cooldown_s >= 0:
@@ -207,81 +210,34 @@ class Planner:
 
     def _simulate_node(self, role: str, include: tuple[str, ...], pg_policy: str) -> dict[str, float]:
         """Offload/reload and lifecycle (of the layout's groups) costs of ``role`` from one simulated node (cached)."""
-        st = self.states[role]
-        key = (tuple(sorted(st.bytes.items())), include, pg_policy)
-        if key in self.sims:
-            return self.sims[key]
-        from sim.scenarios.runner import run_scenario
-        from sim.scenarios.scenario import parse_scenario
-
-        dp, tp = self._mesh()
-        n = dp * tp
-        mesh = {"dp": dp, "tp": tp} if tp > 1 else {"dp": n}
-        k = min(SIM_TENSORS, st.tensors)
-        tensors = []
-        for cat, b in sorted(st.bytes.items()):
-            itemsize = 4 if cat == "optimizer" else 2
-            numel = max(1, math.ceil(b / k / itemsize))
-            tensors += [{"name": f"{cat}{i}", "shape": [numel], "dtype": "float32" if itemsize == 4 else "bfloat16",
-                         "category": cat} for i in range(k)]
-        offload = ({"backend": "local", "include": list(include)} if include
-                   else {"backend": "tms", "include": ["buffers"]})
-        topology: Any = self.cluster_ref
-        if st.total > 0.8 * self.m.gpu_bytes:
-            # the state does not fit the GPU: simulate the copies on a GPU with room for it (copy and lifecycle
-            # costs do not depend on the capacity); the analytic memory check marks the candidate infeasible
-            import copy as _copy
-
-            from sim.presets import load_preset_data
-
-            topology = _copy.deepcopy(dict(self.cluster_ref if isinstance(self.cluster_ref, dict)
-                                           else load_preset_data(self.cluster_ref)))
-            grow = math.ceil(st.total / self.m.gpu_bytes) + 1
-            for e in topology["node"]["elements"]:
-                if e.get("kind") == "gpu":
-                    const = topology["constants"][e["hbm"]]
-                    const["value"] = const["value"] * grow
-                    const["source"] = f"plan: {grow} x the preset's GPU memory, to simulate copies of a state that does not fit"
-        raw = {"name": f"plan-{role}", "topology": topology, "world_size": n, "mesh": mesh,
-               "model": {"tensors": tensors}, "offload": offload, "pg_policy": pg_policy, "steps": 2,
-               "workload": {"rollout_s": self.rollout_full, "touch_groups": True}, "payload": "meta"}
-        t0 = time.perf_counter()
-        result, world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
-        self.sim_wall_s += time.perf_counter() - t0
-        if not result.ok:
-            raise RuntimeError(f"simulated {role} with {include} / {pg_policy} violated an invariant: {result.violations}")
-        ph = {p: v["max"] for p, v in result.data["phases"].items()}
-        ranks = result.data["ranks"]
-        # no per-tensor correction: after the first cycle the store copies each dtype's flat buffer per pinned
-        # host segment (docs/calibration.md), so the copy count does not follow the tensor count (checked
-        # against the full tensor list in tests/sim/test_plan.py)
-        extra = 0.0
-        out = {
-            "offload_s": ph["sleep"] + extra,
-            "reload_s": ph["wake_up"] + extra,
-            "sync_s": ph["update_weights"],
-            "train_overhead_s": ph["train"],
-            "pinned": max(r["peak_host_pinned_bytes"] or 0 for r in ranks),
-            "comm_train": max(r["phase_peak_device_bytes"]["train"] for r in ranks) - st.total,
-            "rollout_resident": _rollout_resident(world),
-        }
-        self.sims[key] = out
-        return out
+        return simulate_node(self, role, include, pg_policy)
 
     # ------------------------------------------------------------------ one candidate
 
-    def _compute_s(self, role: str) -> float:
+    def _ideal_compute_s(self, role: str) -> float:
+        """A role's FLOPs per step divided over every GPU at the GPU's MFU (no layout costs)."""
         flops_per_token = {"actor_train": 8, "critic": 8, "reference": 2, "reward": 2}[role]
         model = self.w.reward_model if role == "reward" else self.inp.model
         return flops_per_token * model.active_params * self.w.tokens / (self.m.gpus * self.gpu.flops * self.gpu.mfu)
 
+    def layout_cost(self, role: str) -> LayoutCost:
+        """What the layout adds to ``role``'s turn: TP all-reduces, FSDP gathers, PP bubble, CP and EP all-to-alls."""
+        model = self.w.reward_model if role == "reward" else self.inp.model
+        return layout_cost(model, self.lay, self.w, self.m, self._ideal_compute_s(role),
+                           trained=role in ("actor_train", "critic"))
+
+    def _compute_s(self, role: str) -> float:
+        return self._ideal_compute_s(role) + self.layout_cost(role).total
+
     def _activations(self, role: str) -> float:
         model = self.w.reward_model if role == "reward" else self.inp.model
-        t, tp = self.w.micro_batch_tokens, self.lay.tp
+        t, tp = self.w.micro_batch_tokens / self.lay.cp, self.lay.tp
         per_layer = t * model.hidden * 34 / tp  # one layer's activations, recomputed under checkpointing
         logits = t * model.vocab * 8 / tp  # fp32 logits and their gradient
         if role in ("actor_train", "critic"):
-            return per_layer + logits + t * model.hidden * 2 * model.layers / self.lay.pp / tp
+            # 1F1B: the first stage holds the checkpointed inputs of up to pp micro-batches in flight
+            in_flight = min(self.lay.pp, micro_batches(self.w, self.lay))
+            return per_layer + logits + in_flight * t * model.hidden * 2 * model.layers / self.lay.pp / tp
         return per_layer + logits
 
     def _fsdp_cpu_train(self, role: str, compute: float) -> tuple[float, float]:
@@ -350,7 +306,7 @@ class Planner:
         comm_rollout = max(0.0, actor_rollout - (st_a.total - sum(st_a.bytes[x] for x in include)))
         fixed = reserve + comm_rollout + sum(resident.values()) + self.engine_bytes
         kv = self.m.gpu_bytes - fixed
-        reasons = []
+        reasons = [costs[r]["failed"] for r in costs if costs[r].get("failed")]
         worst = max(turns, key=turns.get)
         if turns[worst] > self.m.gpu_bytes:
             reasons.append(f"{worst} needs {turns[worst] / GiB:.1f} GiB of a {self.m.gpu_bytes / GiB:.1f} GiB GPU")
@@ -402,8 +358,11 @@ class Planner:
             switch += costs[first]["reload_s"]
         step = rollout_s + sum(compute.values()) + switch
         peak = max([*turns.values(), fixed + min(max(kv, 0.0), self.kv_need)])
+        memory = {r: v / GiB for r, v in turns.items()}
+        memory["rollout"] = (fixed + min(max(kv, 0.0), self.kv_need)) / GiB
         return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
-                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline)
+                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline,
+                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory)
 
     # ------------------------------------------------------------------ search
 
@@ -424,7 +383,21 @@ class Planner:
             for b in backends:
                 for so in score_opts:
                     out.append(Candidate(off, b, so, "none", self.orders()[0]))
+        if self.inp.allow is not None:
+            out = [c for c in out if self.inp.allow(c.offload, c.backend, c.score_offload, c.pg_policy)]
         return out
+
+    def pg_candidates(self, c: Candidate) -> list[Candidate]:
+        """Stage 2: ``c`` under every PG policy other than ``none`` that the user's framework can express."""
+        out = [Candidate(c.offload, c.backend, c.score_offload, p, c.order) for p in PG_POLICIES if p != "none"]
+        if self.inp.allow is not None:
+            out = [x for x in out if self.inp.allow(x.offload, x.backend, x.score_offload, x.pg_policy)]
+        return out
+
+    def staged_size(self) -> int:
+        """How many candidates the staged search evaluates (at most; for a progress bar)."""
+        n_pg = len(self.pg_candidates(Candidate(("params",), "local", True, "none", self.orders()[0])))
+        return len(self.offload_candidates()) + self.inp.top * n_pg + len(self.orders()) - 1
 
     def search(self) -> list[Outcome]:
         """Evaluate the candidates (staged unless ``exhaustive``) and return them ranked."""
@@ -438,11 +411,14 @@ class Planner:
         self.progress(f"plan: staged search of about {n_off + self.inp.top * (len(PG_POLICIES) - 1) + n_ord - 1} candidates "
                       f"(--exhaustive: {n_off * len(PG_POLICIES) * n_ord})")
         stage1 = rank(self._run(self.offload_candidates(), "offload settings"))
-        best = [o.candidate for o in stage1 if o.feasible][: self.inp.top] or [o.candidate for o in stage1[: self.inp.top]]
-        stage2 = self._run([Candidate(c.offload, c.backend, c.score_offload, p, c.order)
-                            for c in best for p in PG_POLICIES if p != "none"], "process-group policies")
+        rec1, _why = recommend(stage1)  # the tie-aware pick goes on whatever the faster ones get
+        best = [o.candidate for o in stage1 if o.feasible and (rec1 is None or o.candidate != rec1.candidate)]
+        best = ([rec1.candidate] if rec1 else []) + best[: self.inp.top - (1 if rec1 else 0)]
+        best = best or [o.candidate for o in stage1[: self.inp.top]]
+        stage2 = self._run([x for c in best for x in self.pg_candidates(c)], "process-group policies")
         ranked = rank(stage1 + stage2)
-        lead = ranked[0].candidate
+        pick, _why = recommend(ranked)
+        lead = (pick or ranked[0]).candidate
         stage3 = self._run([Candidate(lead.offload, lead.backend, lead.score_offload, lead.pg_policy, o)
                             for o in self.orders()[1:]], "role orders")
         return rank(ranked + stage3)
@@ -451,36 +427,33 @@ class Planner:
         out = []
         step = max(1, len(cands) // 4)
         for i, c in enumerate(cands):
-            if i % step == 0 and cands:
+            if i % step == 0 and cands and self.tick is None:
                 self.progress(f"plan: {what}: {i}/{len(cands)} evaluated, {len(self.sims)} simulations so far")
             out.append(self.evaluate(c))
+            if self.tick is not None:
+                self.tick(what)
         return out
 
 
-def _rollout_resident(world) -> float:
-    """Device bytes a rank holds while the rollout runs (last step), the largest over ranks.
+def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
+              tick: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the search; returns a JSON-ready plan: inputs, the layouts compared, ranked outcomes, the ties and the
+    recommendation. ``tick`` is called once per candidate evaluated (a progress bar over :func:`plan_size`)."""
+    from dataclasses import replace
 
-    The result's per-phase peak counts everything recorded at the phase's first and last
-    instants, which includes the release that ends ``sleep`` and the reload that starts
-    ``wake_up``; this reads the ledger strictly inside the rollout span instead.
-    """
-    eps = 1e-9
-    best = 0
-    for rt in world.runtimes:
-        spans = [(s, e) for name, s, e in rt.spans if name == "rollout"]
-        if spans:
-            s, e = spans[-1]
-            best = max(best, world.memory.peak_between(rt.rank, s + eps, max(s + eps, e - eps)))
-    return best
-
-
-def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the search; returns a JSON-ready plan: inputs, ranked outcomes, Pareto front, recommendation."""
     t0 = time.perf_counter()
+    layouts: list[dict[str, Any]] = []
+    layout_stats: dict[str, Any] = {}
+    if inputs.layouts:
+        from sim.planner.plan_layouts import compare_layouts
+
+        chosen, layouts = compare_layouts(inputs, Planner, progress, tick)
+        layout_stats = layouts.pop()["stats"]
+        inputs = replace(inputs, layout=chosen, layouts=None)
     planner = Planner(inputs, progress)
+    planner.tick = tick
     ranked = planner.search()
     best, why = recommend(ranked)
-    front = pareto(ranked)
     return {
         "inputs": {
             "model": asdict(inputs.model),
@@ -499,18 +472,35 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None)
             "cooldown_s": inputs.cooldown_s,
             "kv_need_gib": planner.kv_need / GiB,
             "rollout_full_s": planner.rollout_full,
+            "engine_gib": planner.engine_bytes / GiB,
         },
+        "layouts": layouts,
+        "layout_search": layout_stats,  # simulations of the layout stage, layouts ranked without one, why the layout
         "outcomes": [o.to_dict() for o in ranked],
-        "pareto": [o.candidate.label() for o in front],
+        "ties": [o.candidate.label() for o in ties(ranked)],
         "recommendation": best.to_dict() if best else None,
         "reason": why,
         # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
         # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
         "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
-        "simulations": len(planner.sims) + len(planner.pg_windows),
-        "simulation_wall_s": planner.sim_wall_s,
+        "simulations": len(planner.sims) + len(planner.pg_windows) + layout_stats.get("simulations", 0),
+        "simulation_wall_s": planner.sim_wall_s + layout_stats.get("simulation_wall_s", 0.0),
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def plan_size(inputs: PlanInputs) -> int:
+    """About how many candidates :func:`make_plan` evaluates (the total of a progress bar); 0 if unknown."""
+    from dataclasses import replace
+
+    try:
+        planner = Planner(replace(inputs, layouts=None))
+    except PlanInputError:
+        return 0
+    from sim.planner.plan_layouts import SHORTLIST
+
+    n = len(planner.offload_candidates())
+    return planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()
 
 
 def default_inputs() -> PlanInputs:
@@ -519,5 +509,5 @@ def default_inputs() -> PlanInputs:
 
 
 __all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
-           "make_plan", "pareto", "rank", "recommend"]
+           "make_plan", "pareto", "plan_size", "rank", "recommend", "ties"]
 

@@ -19,6 +19,8 @@ command line.
 """
 from __future__ import annotations
 
+from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it with one line and exit 2
+
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -30,7 +32,7 @@ from sim.presets.models import ARCHITECTURES, Architecture
 GiB = 2**30
 
 
-class PlanInputError(ValueError):
+class PlanInputError(CliInputError):
     """A plan input is invalid; the message names the option or field and says what to give instead."""
 
 
@@ -51,6 +53,8 @@ class ModelShape:
     layers: int = 0
     hidden: int = 4096
     vocab: int = 32000
+    experts_per_token: int = 0  # routed experts one token visits (MoE top-k; 0 for dense models)
+    heads: int = 0  # attention heads (0: unknown); CP / Ulysses sizes must divide them
 
     @property
     def dense_params(self) -> int:
@@ -87,7 +91,8 @@ def shape_from_architecture(name: str, a: Architecture, source: str, top_k: int 
     """A :class:`ModelShape` from :class:`sim.presets.models.Architecture` shapes (biases are left out)."""
     params, expert, active, tensors = _count(a, top_k)
     kv = 2 * a.layers * a.kv_heads * a.head_dim * 2
-    return ModelShape(name, source, params, expert, active, tensors, kv, a.layers, a.hidden, a.vocab)
+    return ModelShape(name, source, params, expert, active, tensors, kv, a.layers, a.hidden, a.vocab,
+                      top_k if a.experts else 0, a.heads)
 
 
 _EXTRA = {
@@ -190,6 +195,23 @@ GPU_FLOPS: dict[str, tuple[float, str]] = {
 }
 
 
+def gpu_flops(cluster: str) -> tuple[float, str]:
+    """(peak dense bf16 FLOP/s, source) of a topology preset's GPU: by name, a calibrated preset by its base
+    preset's name, a preset file by the name inside it; :class:`PlanInputError` when none is known."""
+    names = [cluster, cluster.split("/", 1)[-1]]
+    try:
+        from sim.presets import load_preset_data
+
+        inner = str(load_preset_data(cluster).get("name", ""))
+        names += [inner, inner.removesuffix("-calibrated")]
+    except Exception:  # noqa: BLE001 - an unknown preset: the caller's Machine says so with the preset's own error
+        pass
+    for name in names:
+        if name in GPU_FLOPS:
+            return GPU_FLOPS[name]
+    raise PlanInputError(f"--gpu-tflops: no peak FLOP/s known for cluster {cluster!r}; give --gpu-tflops")
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """Compute figures of one GPU that the topology preset does not hold."""
@@ -232,6 +254,11 @@ class Machine:
         self.nvlink = t.p2p(0, 1)[0] if self.per_node > 1 else math.inf
         eff = t.collective.efficiency.get(t.p2p(0, 1)[1].value, 1.0) if self.per_node > 1 else 1.0
         self.nvlink_eff = self.nvlink * eff
+        # per GPU across nodes: the node's NICs shared by its GPUs, at the network's NCCL efficiency
+        self.net_per_gpu = math.inf
+        if t.nodes > 1:
+            bw, kind = t.p2p(0, self.per_node)
+            self.net_per_gpu = bw / self.per_node * t.collective.efficiency.get(kind.value, 1.0)
         self.hbm_bw = 2 * t.element(t.gpu(0))["copy_bandwidth"]
         self.copy_latency = t.copy.latency_s
         numas = {t.numa_of(r) for r in range(self.per_node)}
@@ -243,41 +270,53 @@ class Machine:
 
 @dataclass(frozen=True)
 class Layout:
-    """Parallelism of the training roles: world = tp x pp x dp; experts over ep x eddp = dp x tp.
+    """Parallelism of the training roles: world = tp x pp x cp x dp; experts over ep x eddp = dp x cp x tp.
 
-    ``fsdp`` ranks of each dp group shard the dense state (FSDP2 / ZeRO-3; 1 =
-    replicated like DDP; default: all of dp). Experts are split over ``ep`` and,
-    when ``fsdp`` > 1, sharded over ``eddp`` as well; otherwise replicated over it.
+    ``shard="all"`` (FSDP2 / ZeRO-3): ``fsdp`` ranks of each dp group (times the
+    cp ranks) shard the dense state (1 = replicated like DDP; default: all of
+    dp). ``shard="optimizer"`` (Megatron's distributed optimizer): parameters and
+    gradients are whole on every dp rank, the fp32 master weights and Adam
+    moments are sharded over dp x cp. Experts are split over ``ep`` and, when the
+    state is sharded, over ``eddp`` as well; otherwise replicated over it.
+    ``cp`` is context parallelism (Megatron CP, verl's Ulysses sequence parallel).
     """
 
     tp: int = 1
     pp: int = 1
     dp: int = 8
     ep: int = 1
-    eddp: int = 0  # 0: dp * tp // ep
+    eddp: int = 0  # 0: dp * cp * tp // ep
     fsdp: int = 0  # 0: dp
     rollout_tp: int = 0  # 0: the smallest power of two whose share of the weights fits half a GPU
+    cp: int = 1
+    shard: str = "all"  # "all" (FSDP / ZeRO-3) or "optimizer" (Megatron's distributed optimizer)
 
     @property
     def world(self) -> int:
         """Ranks of the training job (every GPU, colocated roles)."""
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
 
     def resolved(self, model: ModelShape, gpus: int, gpu_bytes: float) -> "Layout":
         """Defaults filled in and checked against the model and the cluster."""
-        for name in ("tp", "pp", "dp", "ep"):
+        for name in ("tp", "pp", "dp", "ep", "cp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise PlanInputError(f"--{name}: expected an integer >= 1, got {v!r}")
+        if self.shard not in ("all", "optimizer"):
+            raise PlanInputError(f"layout shard: expected 'all' or 'optimizer', got {self.shard!r}")
         if self.world != gpus:
-            raise PlanInputError(f"--tp {self.tp} x --pp {self.pp} x --dp {self.dp} = {self.world} ranks, but the cluster "
-                                 f"has {gpus} GPUs; change --dp (or --nodes / --cluster)")
+            raise PlanInputError(f"--tp {self.tp} x --pp {self.pp} x --cp {self.cp} x --dp {self.dp} = {self.world} ranks, "
+                                 f"but the cluster has {gpus} GPUs; change --dp (or --nodes / --cluster)")
+        if model.layers and model.layers % self.pp:
+            raise PlanInputError(f"--pp {self.pp}: the model's {model.layers} layers do not split into {self.pp} stages")
+        if model.heads and (model.heads % self.tp or model.heads % self.cp):
+            raise PlanInputError(f"--tp {self.tp} / --cp {self.cp}: must divide the model's {model.heads} attention heads")
         fsdp = self.fsdp or self.dp
         if fsdp < 1 or self.dp % fsdp:
             raise PlanInputError(f"--fsdp: expected a divisor of --dp {self.dp}, got {fsdp}")
-        eddp = self.eddp or (self.dp * self.tp) // self.ep
-        if model.expert_params and self.ep * eddp != self.dp * self.tp:
-            raise PlanInputError(f"--ep {self.ep} x --eddp {eddp} must equal dp x tp = {self.dp * self.tp}")
+        eddp = self.eddp or (self.dp * self.cp * self.tp) // self.ep
+        if model.expert_params and self.ep * eddp != self.dp * self.cp * self.tp:
+            raise PlanInputError(f"--ep {self.ep} x --eddp {eddp} must equal dp x cp x tp = {self.dp * self.cp * self.tp}")
         rtp = self.rollout_tp
         if not rtp:
             rtp = 1
@@ -289,7 +328,8 @@ class Layout:
 
     def describe(self) -> str:
         """One line, e.g. ``tp 1, pp 1, dp 8 (fsdp 8), ep 1, rollout tp 1``."""
-        return (f"tp {self.tp}, pp {self.pp}, dp {self.dp} (fsdp {self.fsdp}), ep {self.ep}, eddp {self.eddp}, "
+        shard = f"fsdp {self.fsdp}" if self.shard == "all" else "distributed optimizer"
+        return (f"tp {self.tp}, pp {self.pp}, cp {self.cp}, dp {self.dp} ({shard}), ep {self.ep}, eddp {self.eddp}, "
                 f"rollout tp {self.rollout_tp}")
 
 
@@ -314,17 +354,22 @@ class RoleState:
 
 def role_state(model: ModelShape, lay: Layout, *, trained: bool) -> RoleState:
     """Per-rank state of a role: trained roles hold params, grads and optimizer; scoring roles only params."""
-    dense = model.dense_params / (lay.tp * lay.pp * lay.fsdp)
-    expert_shard = lay.ep * lay.pp * (lay.eddp if lay.fsdp > 1 else 1)
-    expert = model.expert_params / expert_shard
     cats = TRAIN_BYTES if trained else {"params": 2}
-    rep_dense = lay.dp // lay.fsdp
-    rep_expert = 1 if lay.fsdp > 1 else lay.eddp
     out, rep = {}, {}
+    reps = []
     for cat, b in cats.items():
+        # Megatron's distributed optimizer shards only the fp32 master weights and moments (over dp x cp)
+        sharded = lay.shard == "all" or cat == "optimizer"
+        f = (lay.fsdp * lay.cp if lay.shard == "all" else lay.dp * lay.cp) if sharded else 1
+        dense = model.dense_params / (lay.tp * lay.pp * f)
+        eddp_shard = lay.eddp if sharded and f > 1 else 1
+        expert = model.expert_params / (lay.ep * lay.pp * eddp_shard)
+        rep_dense = lay.dp * lay.cp // f
+        rep_expert = 1 if eddp_shard > 1 else lay.eddp
         out[cat] = int((dense + expert) * b)
         rep[cat] = int((dense * b if rep_dense > 1 else 0) + (expert * b if rep_expert > 1 else 0))
-    replicas = max(rep_dense, rep_expert if model.expert_params else 1)
+        reps.append(max(rep_dense, rep_expert if model.expert_params else 1))
+    replicas = max(reps)
     tensors = max(1, math.ceil(model.tensors / lay.pp / (lay.ep if model.expert_params else 1)))
     return RoleState(out, rep, replicas, tensors)
 
@@ -388,6 +433,7 @@ __all__ = [
     "RoleState",
     "TRAIN_BYTES",
     "Workload",
+    "gpu_flops",
     "model_preset",
     "role_state",
     "shape_from_architecture",

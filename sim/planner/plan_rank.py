@@ -46,12 +46,16 @@ class Outcome:
     pinned_rank_gib: float
     pinned_node_gib: float
     timeline: list[tuple[str, str, float]] = field(default_factory=list)  # (role, kind, seconds) in step order
+    layout_s: dict[str, dict[str, float]] = field(default_factory=dict)  # per role: what the layout adds (plan_layout)
+    memory_gib: dict[str, float] = field(default_factory=dict)  # GPU memory in use in each role's turn
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the candidate's fields inline)."""
         d = asdict(self)
         d["candidate"] = {**asdict(self.candidate), "label": self.candidate.label()}
         d["timeline"] = [{"role": r, "kind": k, "s": s} for r, k, s in self.timeline]
+        if not self.feasible:  # a step that cannot run has no step time (the waves of a starved rollout are not one)
+            d["step_s"] = d["rollout_s"] = None
         return d
 
 
@@ -74,25 +78,78 @@ def pareto(outcomes: list[Outcome]) -> list[Outcome]:
     return rank(front)
 
 
+#: the model's stated error on a step-time difference between two candidates (docs/plan.md, "Ties"):
+#: the simulated switch windows are within 15% of the 2 x H200 measurement (docs/calibration.md) ...
+SWITCH_REL_ERROR = 0.15
+#: ... the layout's communication formulas are not measured here (assumption: 25%) ...
+LAYOUT_REL_ERROR = 0.25
+#: ... and the rest of the step (rollout waves, FSDP2 CPU offload's copies and CPU optimizer) is computed, not
+#: measured (assumption: 25% of how much it differs between the two; what both share cancels in the difference)
+STEP_REL_ERROR = 0.25
+
+
+def _layout_total(o: Outcome) -> float:
+    return sum(v.get("total", 0.0) for v in o.layout_s.values())
+
+
+def tie_margin(a: Outcome, b: Outcome) -> float:
+    """Seconds within which the step times of ``a`` and ``b`` are a tie: inside the model's stated error."""
+    la, lb = _layout_total(a), _layout_total(b)
+    rest = abs((a.step_s - a.switch_s - la) - (b.step_s - b.switch_s - lb))
+    return SWITCH_REL_ERROR * max(a.switch_s, b.switch_s) + LAYOUT_REL_ERROR * max(la, lb) + STEP_REL_ERROR * rest
+
+
+def moving_parts(c: Candidate) -> tuple[int, int, int]:
+    """How much a candidate asks of the user and the machine: state moved, a PG lifecycle, scoring offload."""
+    moved = 3 if c.offload == ("fsdp_cpu",) else len(c.offload)
+    return moved + (c.backend != "local"), int(c.pg_policy != "none"), int(c.score_offload)
+
+
+def ties(ranked: list[Outcome]) -> list[Outcome]:
+    """The feasible outcomes whose step time is within :func:`tie_margin` of the fastest one (the fastest first)."""
+    ok = [o for o in ranked if o.feasible]
+    if not ok:
+        return []
+    return [o for o in ok if o.step_s - ok[0].step_s <= tie_margin(ok[0], o)]
+
+
 def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
-    """The fastest feasible candidate and a sentence saying why."""
+    """The recommended candidate and a sentence saying why.
+
+    Among the candidates tied with the fastest (inside the model's error, :func:`ties`) the one with the
+    fewest moving parts (:func:`moving_parts`) is recommended: a difference the model cannot resolve is
+    no reason to offload more or to run a PG lifecycle. The sentence gives the margin to the fastest
+    candidate that is not a tie, and what offloading nothing would cost.
+    """
     ok = [o for o in ranked if o.feasible]
     if not ok:
         why = ranked[0].reason if ranked else "no candidates"
-        return None, f"no candidate fits: the best one fails because {why}"
-    best = ok[0]
-    base = next((o for o in ranked if o.candidate.offload == () and o.candidate.pg_policy == best.candidate.pg_policy
+        return None, f"does not fit: {why}"
+    tied = ties(ranked)
+    best = min(tied, key=lambda o: (moving_parts(o.candidate), o.step_s))
+    parts = [f"step {best.step_s:.2f} s, of which {best.switch_s:.2f} s switching"]
+    if len(tied) > 1:
+        parts.append(f"{len(tied) - 1} other candidate(s) within the model's error of the fastest "
+                     f"({tie_margin(tied[0], tied[-1]):.2f} s): a tie, so the one with the fewest moving parts")
+    rest = [o for o in ok if o not in tied]
+    if rest:
+        nxt = rest[0]
+        parts.append(f"margin {nxt.step_s - best.step_s:.2f} s a step ({(nxt.step_s - best.step_s) / nxt.step_s:.1%}) "
+                     f"over the next that is not a tie ({nxt.candidate.label()})")
+    base = next((o for o in ranked if o.candidate.offload == () and o.candidate.pg_policy == "none"
                  and not o.candidate.score_offload), None)
-    parts = [f"fastest step that fits ({best.step_s:.2f} s, of which {best.switch_s:.2f} s switching)"]
     if base is not None and base is not best:
-        if base.feasible:
-            parts.append(f"{base.step_s - best.step_s:.2f} s faster than offloading nothing "
-                         f"(rollout memory {best.rollout_gib:.1f} vs {base.rollout_gib:.1f} GiB)")
-        else:
+        if not base.feasible:
             parts.append(f"offloading nothing does not fit ({base.reason})")
+        elif base in tied:
+            parts.append("offloading nothing is a tie")
+        else:
+            parts.append(f"{base.step_s - best.step_s:.2f} s faster than offloading nothing "
+                         f"(KV cache {best.rollout_gib:.1f} vs {base.rollout_gib:.1f} GiB per GPU)")
     elif base is best:
         parts.append("offloading would only add switch time: the rollout already has the KV cache it needs")
     return best, "; ".join(parts)
 
 
-__all__ = ["Candidate", "Outcome", "ROLE_ABBREV", "pareto", "rank", "recommend"]
+__all__ = ["Candidate", "LAYOUT_REL_ERROR", "Outcome", "ROLE_ABBREV", "STEP_REL_ERROR", "SWITCH_REL_ERROR",
+           "moving_parts", "pareto", "rank", "recommend", "tie_margin", "ties"]

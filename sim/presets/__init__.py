@@ -12,6 +12,8 @@ This module reads those tables and the three parameter sections of a preset
 """
 from __future__ import annotations
 
+from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it with one line and exit 2
+
 import dataclasses
 import enum
 import json
@@ -24,7 +26,7 @@ PRESET_DIR = Path(__file__).parent
 SCENARIO_DIR = PRESET_DIR / "scenarios"
 
 
-class PresetError(ValueError):
+class PresetError(CliInputError):
     """A preset (or a topology given inline) is invalid; the message names the field."""
 
 

@@ -22,18 +22,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import torch
+if TYPE_CHECKING:  # pragma: no cover - torch is imported when a dtype is first needed (``--help`` stays torch-free)
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-}
+#: the dtype names of scenario files (``DTYPES``, built on first use: it imports torch)
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "int64", "int32", "uint8")
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES``: dtype name -> ``torch.dtype``, built on first use."""
+    if name == "DTYPES":
+        import torch
+
+        value = {n: getattr(torch, n) for n in DTYPE_NAMES}
+        globals()["DTYPES"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
@@ -151,6 +157,8 @@ def build_state(cfg: ModelConfig) -> list[TensorSpec]:
     """The tensors one rank holds (see the module docstring)."""
     if cfg.preset is None:
         return [TensorSpec(t.name, _shrink(t.shape, cfg.scale), t.dtype, t.category) for t in cfg.tensors]
+    import torch
+
     arch, _ = ARCHITECTURES[cfg.preset]
     out: list[TensorSpec] = []
     for name, shape in _weights(arch, cfg.tp, cfg.ep):

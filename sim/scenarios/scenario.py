@@ -16,6 +16,8 @@ a :class:`ScenarioError` whose message starts with the field's path, e.g.
 """
 from __future__ import annotations
 
+from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it with one line and exit 2
+
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,7 @@ _TOP = {"name", "description", "topology", "world_size", "mesh", "groups", "mode
         "lifecycle", "workload", "steps", "faults", "seed", "payload", "transport", "comm"}
 
 
-class ScenarioError(ValueError):
+class ScenarioError(CliInputError):
     """A scenario is invalid; the message starts with the path of the offending field."""
 
 

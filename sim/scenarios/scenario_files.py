@@ -13,6 +13,8 @@ report it as a :class:`sim.scenarios.scenario.ScenarioError`.
 """
 from __future__ import annotations
 
+from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it with one line and exit 2
+
 import copy
 import json
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any, Iterable
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
-class ScenarioFileError(ValueError):
+class ScenarioFileError(CliInputError):
     """A scenario file cannot be read or parsed, or an override is malformed; the message is one line."""
 
 

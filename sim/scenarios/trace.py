@@ -70,6 +70,34 @@ class Timeline:
         return cls(ranks, events, world.engine.now)
 
 
+#: the RL phases' colours, the same in every picture (colour-blind-safe palette); other spans get a colour of their own
+#: name (:func:`phase_colour`), so a phase has one colour in every run whatever else the run has
+PHASE_COLOURS = {"train": "#0072B2", "sleep": "#E69F00", "update_weights": "#009E73", "rollout": "#56B4E9",
+                 "wake_up": "#D55E00", "offload": "#CC79A7", "reload": "#F0E442"}
+_OTHER_COLOURS = ("#8C564B", "#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#AEC7E8", "#FFBB78", "#98DF8A", "#FF9896",
+                  "#C5B0D5", "#C49C94", "#F7B6D2", "#DBDB8D", "#9EDAE5")
+
+
+def phase_colour(name: str) -> str:
+    """The colour of a span name in every picture: fixed for the RL phases, from the name itself for the others."""
+    import zlib
+
+    return PHASE_COLOURS.get(name) or _OTHER_COLOURS[zlib.crc32(name.encode()) % len(_OTHER_COLOURS)]
+
+
+def memory_changes(samples: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The samples where the value changes (the last one at each instant): a counter track holds each value once."""
+    out: list[tuple[float, int]] = []
+    for t, used in samples:
+        if out and out[-1][0] == t:
+            out.pop()
+        if not out or out[-1][1] != used:
+            out.append((t, used))
+    if samples and out and out[-1][0] != samples[-1][0]:
+        out.append(samples[-1])  # the track ends where the run's samples end
+    return out
+
+
 def chrome_trace(tl: Timeline) -> dict[str, Any]:
     """The Trace Event Format dict of a timeline (microsecond timestamps)."""
     us = 1e6
@@ -89,7 +117,7 @@ def chrome_trace(tl: Timeline) -> dict[str, Any]:
         for t, kind, where in r.faults:
             ev.append({"ph": "i", "s": "p", "cat": "fault", "name": kind, "pid": pid, "tid": 0, "ts": t * us,
                        "args": {"where": where}})
-        for t, used in r.memory:
+        for t, used in memory_changes(r.memory):
             ev.append({"ph": "C", "name": "device memory", "pid": pid, "ts": t * us, "args": {"GiB": used / 2**30}})
     for t, kind, where in tl.events:
         ev.append({"ph": "i", "s": "g", "cat": "fault", "name": kind, "pid": 0, "tid": 0, "ts": t * us,
@@ -134,9 +162,9 @@ def write_png(tl: Timeline, path: str | Path, *, max_ranks: int = 64, title: str
             "or use the Chrome trace JSON (--trace) instead"
         ) from exc
     ranks = tl.ranks[:max_ranks]
-    names = sorted({s[0] for r in ranks for s in r.spans})
-    cmap = plt.get_cmap("tab20")
-    color = {n: cmap(i % 20) for i, n in enumerate(names)}
+    names = sorted({s[0] for r in ranks for s in r.spans}, key=lambda n: (n not in PHASE_ORDER, PHASE_ORDER.index(n)
+                                                                         if n in PHASE_ORDER else 0, n))
+    color = {n: phase_colour(n) for n in names}
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.55 * len(ranks)))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
@@ -153,9 +181,18 @@ def write_png(tl: Timeline, path: str | Path, *, max_ranks: int = 64, title: str
     ax.set_xlabel("simulated time (s)")
     extra = f" (first {len(ranks)} of {len(tl.ranks)} ranks)" if len(tl.ranks) > len(ranks) else ""
     ax.set_title((title or "simulated timeline") + extra)
+    from matplotlib.lines import Line2D
+
     handles = [plt.Rectangle((0, 0), 1, 1, color=color[n]) for n in names]
+    labels = list(names)
+    if any(r.copies for r in ranks):  # every mark drawn is in the legend
+        handles.append(plt.Rectangle((0, 0), 1, 1, color="black"))
+        labels.append("host/device copy")
+    if any(r.faults for r in ranks):
+        handles.append(Line2D([], [], marker="x", color="red", linestyle="", markersize=9))
+        labels.append("fault injected")
     if handles:
-        ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     path = Path(path)
     try:
@@ -167,4 +204,5 @@ def write_png(tl: Timeline, path: str | Path, *, max_ranks: int = 64, title: str
     return path
 
 
-__all__ = ["RankTimeline", "Timeline", "TraceError", "chrome_trace", "write_chrome_trace", "write_png"]
+__all__ = ["PHASE_COLOURS", "RankTimeline", "Timeline", "TraceError", "chrome_trace", "memory_changes", "phase_colour",
+           "write_chrome_trace", "write_png"]

@@ -61,7 +61,7 @@ def test_call_reloads_before_offloads_after_unless_meta_info_keeps(roles):
     assert rec.method == "forward" and len(rec.per_rank) == 2
     for m in rec.per_rank:
         assert {"time/onload/forward", "time/execute/forward", "time/offload/forward", "time/call/forward",
-                "bytes/onload/forward", "bytes/offload/forward", "memory/after_offload/forward/used_gb"} <= m.keys()
+                "bytes/onload/forward", "bytes/offload/forward", "memory/after_offload/forward/used_gib"} <= m.keys()
         assert m["bytes/offload/forward"] >= 16 * 4 * 4, "the weight's bytes moved"
     assert rec.rpc_s >= rec.worst()["time/call/forward"] and rec.overhead_s() >= 0
     assert "time/offload/forward" not in a.records[-1].worst()

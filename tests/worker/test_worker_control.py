@@ -89,11 +89,11 @@ def test_log_gpu_memory_usage_reports_the_driver_figures_on_the_chosen_rank(capl
     with caplog.at_level("INFO", logger="refimpl.worker.control"):
         results = world.run(job)
     for info, figures in results:
-        assert figures == {"model_loading/used_gb": info.used / 2**30, "model_loading/free_gb": info.free / 2**30}
+        assert figures == {"model_loading/used_gib": info.used / 2**30, "model_loading/free_gib": info.free / 2**30}
         assert info.used >= 3 << 20
     lines = [r.getMessage() for r in caplog.records if "model_loading" in r.getMessage()]
-    assert lines == [f"model_loading: device memory used {results[1][1]['model_loading/used_gb']:.2f} GiB, "
-                     f"free {results[1][1]['model_loading/free_gb']:.2f} GiB (rank 1)"]
+    assert lines == [f"model_loading: device memory used {results[1][1]['model_loading/used_gib']:.2f} GiB, "
+                     f"free {results[1][1]['model_loading/free_gib']:.2f} GiB (rank 1)"]
 
 
 def test_metrics_time_each_phase_and_record_memory_after_it(monkeypatch):
@@ -112,8 +112,8 @@ def test_metrics_time_each_phase_and_record_memory_after_it(monkeypatch):
     assert 1000.0 <= metrics["time/execute/gen"] < 1010.0
     assert 0 < metrics["time/onload/gen"] < 1000.0 and 0 < metrics["time/offload/gen"] < 1000.0
     assert set(metrics) == {"time/onload/gen", "time/execute/gen", "time/offload/gen",
-                            "memory/after_onload/gen/used_gb", "memory/after_onload/gen/free_gb",
-                            "memory/after_offload/gen/used_gb", "memory/after_offload/gen/free_gb"}
+                            "memory/after_onload/gen/used_gib", "memory/after_onload/gen/free_gib",
+                            "memory/after_offload/gen/used_gib", "memory/after_offload/gen/free_gib"}
 
 
 def test_worker_state_on_simulated_ranks_returns_exactly_the_state_bytes():

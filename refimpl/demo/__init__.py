@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from refimpl.cli_errors import one_line_errors
-from refimpl.torch_runtime import TorchRuntime
-from refimpl.store import OffloadStore, StoreConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,49 +22,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, default=8192, help="vocabulary (tied embeddings)")
 
 
-class _Block(torch.nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(h)
-        self.up = torch.nn.Linear(h, 4 * h)
-        self.down = torch.nn.Linear(4 * h, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x + down(gelu(up(norm(x))))``: a pre-norm residual MLP block, same shape out as in."""
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-
-class DemoLM(torch.nn.Module):
-    """Tied embedding, ``layers`` MLP blocks, a final norm."""
-
-    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, hidden)
-        self.blocks = torch.nn.Sequential(*[_Block(hidden) for _ in range(layers)])
-        self.norm = torch.nn.LayerNorm(hidden)
-        self.head = torch.nn.Linear(hidden, vocab, bias=False)
-        self.head.weight = self.emb.weight
-        torch.nn.init.normal_(self.emb.weight, std=0.02)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``(batch, seq, vocab)`` of token ids ``x`` of shape ``(batch, seq)``."""
-        return self.head(self.norm(self.blocks(self.emb(x))))
-
-
-def _step(model: DemoLM, opt: torch.optim.Optimizer, vocab: int, device: torch.device, seed: int) -> float:
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randint(0, vocab, (4, 65), device=device, generator=g)
-    loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-    loss.backward()
-    opt.step()
-    return float(loss.detach())
-
-
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
     """Build, step, offload, reload, verify, step; print what happened."""
     from refimpl.cli_errors import check_number
     from refimpl.torch_runtime.device_check import check_device
+
+    import torch
+
+    from refimpl.demo.model import DemoLM
+    from refimpl.demo.model import step as _step
+    from refimpl.store import OffloadStore, StoreConfig
+    from refimpl.torch_runtime import TorchRuntime
 
     check_device(args.device)  # bad input: one line, exit 2 (refimpl.cli_errors)
     for opt, v in (("--hidden", args.hidden), ("--layers", args.layers), ("--vocab", args.vocab)):
@@ -95,9 +60,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {layout.describe()}")
     print(f"offload: {s.last_offload_bytes / 2**30:.4f} GiB in {s.last_offload_s:.4f} s "
           f"({s.last_offload_bytes / max(s.last_offload_s, 1e-9) / 1e9:.2f} GB/s); copies {s.copies}")
-    what = "device" if rt.device.type == "cuda" else "host (CPU run: device = host)"
-    print(f"{what} memory returned per the driver: {(free1 - free0) / 2**30:.4f} GiB "
-          f"of {s.state_bytes / 2**30:.4f} GiB state")
+    if rt.device.type == "cuda":
+        returned = max(0, free1 - free0)  # the driver's free memory moves with other processes too
+        print(f"device memory returned per the driver: {returned / 2**30:.4f} GiB of {s.state_bytes / 2**30:.4f} GiB "
+              "state")
+    else:  # the host's free memory moves with everything else on the machine: no figure to report
+        print(f"CPU run: the state ({s.state_bytes / 2**30:.4f} GiB) was host memory already; no device memory to "
+              "return (run on a GPU to see it)")
     print(f"host pinned: {s.host_pinned_gb * 1e9 / 2**30:.4f} GiB in {s.registrations} registration(s); "
           f"{s.skipped_host_resident} host-resident optimizer step counter(s) left in place")
     store.reload()
@@ -121,4 +90,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if same and tied else 1
 
 
-__all__ = ["DemoLM", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
