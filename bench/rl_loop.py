@@ -273,7 +273,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     def check_weights() -> dict[str, Any]:
         """Bitwise: the rollout's weights against a fresh gather of the trainer's; digests compared over ranks.
 
-        Runs outside the timed phases (it is verification, not part of a step) with the groups active.
+        Runs outside the timed phases (it is verification, not part of a step), between the weight sync and the
+        reload, the digests compared over the world group.
         """
         mismatched: list[str] = []
         digest = 0
@@ -286,8 +287,9 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
             n += 1
         lo = torch.tensor([digest, len(mismatched)], dtype=torch.int64, device=device)
         hi = lo.clone()
-        rt.run(rt.all_reduce(lo, ReduceOp.MIN, group="trainer.dp", timeout_s=120))
-        rt.run(rt.all_reduce(hi, ReduceOp.MAX, group="trainer.dp", timeout_s=120))
+        # over the world group: the lifecycle's trainer.dp may be down between the weight sync and the reload
+        rt.run(rt.all_reduce(lo, ReduceOp.MIN, group="world", timeout_s=120))
+        rt.run(rt.all_reduce(hi, ReduceOp.MAX, group="world", timeout_s=120))
         return {"tensors": n, "mismatched": mismatched, "digest": digest,
                 "ranks_agree": bool(lo[0].item() == hi[0].item()), "max_mismatched_any_rank": int(hi[1].item()),
                 "bitwise_equal": not mismatched and int(hi[1].item()) == 0 and bool(lo[0].item() == hi[0].item())}
@@ -342,13 +344,14 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy
         with clock.phase(step, "weight_sync"):
             driver.weight_sync(s, sync_weights)
+        # verification, untimed, between the phases (nothing runs in the background here to hide under it)
+        t = time.perf_counter()
+        s["weight_check"] = check_weights()
+        clock.sync()
+        s["weight_check_s"] = time.perf_counter() - t
         # ---- reload the rest; the trainer's groups come back
         with clock.phase(step, "reload"):
             driver.resume(s)
-        t = time.perf_counter()
-        s["weight_check"] = check_weights()  # untimed by the phases: verification
-        clock.sync()
-        s["weight_check_s"] = time.perf_counter() - t
         st = store.stats()
         s["reload_bytes_last"] = st.last_reload_bytes
         s["params_bytes"] = st.bytes_by_category.get("params", 0)

@@ -83,7 +83,7 @@ def write_png(rec: dict[str, Any], path: str) -> str | None:
         logger.warning("matplotlib missing: no PNG timeline")
         return None
     colors = {"train": "tab:blue", "offload": "tab:orange", "rollout": "tab:green", "weight_sync": "tab:red",
-              "reload": "tab:purple"}
+              "reload": "tab:purple", "train_plain": "tab:cyan"}
     fig, ax = plt.subplots(figsize=(10, 1.8 + 0.5 * len(rec["steps"])))
     for s in rec["spans"]:
         ax.barh(s["step"], s["end_s"] - s["start_s"], left=s["start_s"], color=colors[s["phase"]], edgecolor="k")

@@ -7,10 +7,11 @@ Modes (``--mode``):
                 rebuild, then the reload of the rest. One after the other.
 ``overlapped``  the same work with the memory moves on a worker thread
                 (:class:`refimpl.comm.overlap.OverlappedSwitch`): the offload
-                runs beside the pause's walk; the reload of the rest starts as
-                soon as the params are back, beside the gather, the post-sync
-                walk and the resume's cooldown and rebuild; joined (and agreed)
-                at the end of the reload phase.
+                runs beside the pause's walk; the reload of the rest runs
+                beside the resume's cooldown and rebuild; joined (and agreed)
+                at the end of the reload phase. (It starts with the reload
+                phase, not earlier, so that the untimed weight check between
+                the phases hides none of its copies.)
 ``streamed``    as ``overlapped``, but the reload of the rest (the optimizer
                 state) is not waited for in the switch: it streams under the
                 next training step's forward and backward, and the optimizer's
@@ -80,8 +81,6 @@ class SwitchDriver:
             self.store.reload("params")
             self.sync()
             s["reload_params_store_s"] = time.perf_counter() - t
-            if self.switch is not None:
-                self._start_rest(s)
             t = time.perf_counter()
             sync_weights()
             self.sync()
@@ -98,6 +97,7 @@ class SwitchDriver:
             self.sync()
             s["reload_rest_store_s"] = time.perf_counter() - t
             return
+        self._start_rest(s)
         self.switch.resume(join=self.mode == "overlapped")
 
     def finish(self) -> None:

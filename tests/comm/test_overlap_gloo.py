@@ -18,10 +18,10 @@ import pytest
 
 from tests._dist import run_distributed
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def _setup(rank, seed=0):
+def _setup(rank, prefix="t", seed=0):
     import torch
 
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
@@ -33,9 +33,9 @@ def _setup(rank, seed=0):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     rt = TorchRuntime("cpu")
-    rt.run(rt.new_group(GroupSpec("t.dp", tuple(range(rt.world_size)))))
-    lc = PGLifecycle(rt, ["t.dp"], config=LifecycleConfig(policy=PGPolicy.DESTROY_DEFERRED, cooldown_s=0.05,
-                                                          agree_timeout_s=30, control_group="t.control"))
+    rt.run(rt.new_group(GroupSpec(f"{prefix}.dp", tuple(range(rt.world_size)))))
+    lc = PGLifecycle(rt, [f"{prefix}.dp"], config=LifecycleConfig(
+        policy=PGPolicy.DESTROY_DEFERRED, cooldown_s=0.05, agree_timeout_s=30, control_group=f"{prefix}.control"))
     lc.sync.start()
     store = OffloadStore(rt)
     store.attach_module(model)
@@ -58,10 +58,10 @@ def _state(torch, model, opt):
             else [float(t)] for t in ts]
 
 
-def _cycles(rank, world_size, overlapped):
+def _cycles(rank, overlapped):
     from refimpl.comm.overlap import OverlappedSwitch
 
-    torch, rt, lc, store, model, opt = _setup(rank)
+    torch, rt, lc, store, model, opt = _setup(rank, "ovl" if overlapped else "seq")
     sw = OverlappedSwitch(lc) if overlapped else None
     seen = []
     for step in range(3):
@@ -81,9 +81,20 @@ def _cycles(rank, world_size, overlapped):
     return _state(torch, model, opt), seen, lc.stats.destroys, lc.stats.rebuilds
 
 
-def test_overlapped_switch_is_bitwise_the_sequential_one_on_every_rank():
-    seq = run_distributed(_cycles, 2, args=(False,), timeout=120)
-    ovl = run_distributed(_cycles, 2, args=(True,), timeout=120)
+def _scenarios(rank, world_size):
+    """Every scenario on one pair of processes (one spawn: spawning costs more than the scenarios)."""
+    return {"seq": _cycles(rank, False), "ovl": _cycles(rank, True), "fail": _offload_fails_beside_walk(rank),
+            "stream": _streamed(rank, False), "sfail": _streamed(rank, True), "early": _early_forward(rank)}
+
+
+@pytest.fixture(scope="module")
+def scenarios():
+    res = run_distributed(_scenarios, 2, timeout=240)
+    return {k: [r[k] for r in res] for k in res[0]}
+
+
+def test_overlapped_switch_is_bitwise_the_sequential_one_on_every_rank(scenarios):
+    seq, ovl = scenarios["seq"], scenarios["ovl"]
     for (s_state, _, s_d, s_r), (o_state, seen, o_d, o_r) in zip(seq, ovl):
         assert o_state == s_state  # same final bits as the sequential switch
         assert all(ok and st == "ACTIVE" and not off for ok, st, off in seen)
@@ -91,11 +102,11 @@ def test_overlapped_switch_is_bitwise_the_sequential_one_on_every_rank():
     assert ovl[0][0] == ovl[1][0]  # same seeds, so every rank holds the same state
 
 
-def _offload_fails_beside_walk(rank, world_size):
+def _offload_fails_beside_walk(rank):
     from refimpl.comm import PeerFailedError
     from refimpl.comm.overlap import OverlappedSwitch
 
-    torch, rt, lc, store, model, opt = _setup(rank)
+    torch, rt, lc, store, model, opt = _setup(rank, "fail")
     _train(torch, model, opt, 0)
     before = _state(torch, model, opt)
     if rank == 1:
@@ -114,8 +125,8 @@ def _offload_fails_beside_walk(rank, world_size):
         before == _state(torch, model, opt) if not store.is_offloaded("params") else None)
 
 
-def test_a_failed_offload_beside_the_walk_is_the_agreed_fallback_on_every_rank():
-    res = run_distributed(_offload_fails_beside_walk, 2, timeout=120)
+def test_a_failed_offload_beside_the_walk_is_the_agreed_fallback_on_every_rank(scenarios):
+    res = scenarios["fail"]
     assert res[1][0] == "own: injected copy failure" and res[0][0] == "peer failed"
     for outcome, state, offloaded, pending, same in res:
         assert state == "FAILED" and pending == []
@@ -123,10 +134,10 @@ def test_a_failed_offload_beside_the_walk_is_the_agreed_fallback_on_every_rank()
     assert res[1][2] is False and res[1][4] is True
 
 
-def _streamed(rank, world_size, fail_mid_stream):
+def _streamed(rank, fail_mid_stream):
     from refimpl.comm.overlap import BackgroundMoveError, OverlappedSwitch
 
-    torch, rt, lc, store, model, opt = _setup(rank)
+    torch, rt, lc, store, model, opt = _setup(rank, "sfail" if fail_mid_stream else "stream")
     _train(torch, model, opt, 0)
     # the reference: the same next step with everything reloaded first
     ref_model, ref_opt = _clone(torch, model, opt)
@@ -174,24 +185,24 @@ def _clone(torch, model, opt):
     return m, o
 
 
-def test_a_streamed_reload_is_waited_for_by_the_optimizer_step_and_is_bitwise():
-    for r in run_distributed(_streamed, 2, args=(False,), timeout=120):
+def test_a_streamed_reload_is_waited_for_by_the_optimizer_step_and_is_bitwise(scenarios):
+    for r in scenarios["stream"]:
         assert r["error"] is None and r["waited"] >= 0.25  # the step waited for the held stream
         assert r["same_as_reference"]
 
 
-def test_a_failure_mid_stream_fails_every_rank_and_a_second_reload_recovers_every_byte():
-    res = run_distributed(_streamed, 2, args=(True,), timeout=120)
+def test_a_failure_mid_stream_fails_every_rank_and_a_second_reload_recovers_every_byte(scenarios):
+    res = scenarios["sfail"]
     assert "injected failure mid-stream" in res[0]["error"] and "another rank" in res[1]["error"]
     for r in res:
         assert r["recovered"]
     assert res[0]["offloaded_after_failure"] is True
 
 
-def _early_forward(rank, world_size):
+def _early_forward(rank):
     from refimpl.comm.overlap import OverlappedSwitch
 
-    torch, rt, lc, store, model, opt = _setup(rank)
+    torch, rt, lc, store, model, opt = _setup(rank, "early")
     _train(torch, model, opt, 0)
     before = _state(torch, model, opt)
     sw = OverlappedSwitch(lc)
@@ -210,6 +221,6 @@ def _early_forward(rank, world_size):
     return waited, before == _state(torch, model, opt), bool(torch.isfinite(y).all())
 
 
-def test_a_forward_that_touches_streamed_parameters_early_waits_for_them():
-    for waited, same, finite in run_distributed(_early_forward, 2, timeout=120):
+def test_a_forward_that_touches_streamed_parameters_early_waits_for_them(scenarios):
+    for waited, same, finite in scenarios["early"]:
         assert waited >= 0.25 and same and finite
