@@ -104,8 +104,17 @@ class OverlappedSwitch:
 
     def start(self, name: str, fn: Callable[[], Any]) -> Background:
         """Run ``fn`` (a local memory move: no collective on the control group) on a worker thread now."""
+        device = getattr(self.lifecycle.rt, "device", None)
+
+        def on_device() -> Any:
+            if getattr(device, "type", None) == "cuda":  # a new thread starts on device 0; the rank's is another
+                import torch
+
+                torch.cuda.set_device(device)
+            return fn()
+
         with self._lock:
-            bg = Background(name, fn)
+            bg = Background(name, on_device)
             self._pending.append(bg)
             return bg
 
