@@ -211,13 +211,14 @@ def cache_modes(a, rt, store, train, opt, timed, line, model, dev) -> dict:
             off = timed(lambda: store.offload())
             st = store.stats()
             free_after_off = torch.cuda.mem_get_info(dev)[0]
+            reserved_after_off = torch.cuda.memory_reserved(dev)
             rel = timed(lambda: store.reload())
             st2 = store.stats()
             row = {"i": i, "offload_s": off, "reload_s": rel, "bytes": st.last_offload_bytes,
                    "offload_x_line": st.last_offload_bytes / (line["d2h_gbps"] * 1e9) / off,
                    "reload_x_line": st2.last_reload_bytes / (line["h2d_gbps"] * 1e9) / rel,
                    "empty_cache_s": st.phases.get("offload.empty_cache"), "free_after_offload": free_after_off,
-                   "reserved_after_offload": torch.cuda.memory_reserved(dev), "bitwise": before == _digest(model, opt),
+                   "reserved_after_offload": reserved_after_off, "bitwise": before == _digest(model, opt),
                    "pools_released": rt.device_cache.pools_released}
             print(json.dumps({"cache_mode": mode, **row}), flush=True)
             rows.append(row)
