@@ -16,6 +16,11 @@ Modes (``--mode``):
                 state) is not waited for in the switch: it streams under the
                 next training step's forward and backward, and the optimizer's
                 step waits for it (a step pre-hook joins it and agrees on it).
+                Where the groups come back by a rebuild (no canary: DESTROY,
+                DESTROY_DEFERRED) or on one rank, the resume (its cooldown and
+                rebuild) runs under that forward and backward too, joined at
+                the same hook, before the step's first collective on the
+                trainer's group.
 
 [Note: switch cost]
 ``switch_cost_s``: everything the pause, the weight sync and the wake add to a
@@ -57,9 +62,9 @@ class SwitchDriver:
             self._hook = optimizer.register_step_pre_hook(self._before_step)
 
     def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
-        if self.switch is not None and REST in self.switch.pending:
+        if self.switch is not None and self.switch.pending:
             t = time.perf_counter()
-            self.switch.join((REST,))
+            self.switch.join()
             self.current["stream_wait_s"] = self.current.get("stream_wait_s", 0.0) + time.perf_counter() - t
 
     def pause(self, s: dict[str, Any]) -> str:
@@ -98,7 +103,11 @@ class SwitchDriver:
             s["reload_rest_store_s"] = time.perf_counter() - t
             return
         self._start_rest(s)
-        self.switch.resume(join=self.mode == "overlapped")
+        if self.mode == "overlapped":
+            self.switch.resume()
+            return
+        quiet = self.lc.rt.world_size == 1 or self.lc.state.name == "DESTROYED"  # no canary can interleave
+        self.switch.resume(join=False, background=quiet)
 
     def finish(self) -> None:
         """Join a move still streaming (after the last step, outside the timed phases); remove the hook."""

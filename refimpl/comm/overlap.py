@@ -24,7 +24,9 @@ the memory moves on a worker thread while the lifecycle walks on the caller's:
   :meth:`OverlappedSwitch.resume` with ``join=False`` leaves them running into
   the next training step (the *streamed* mode): :meth:`join` (or the hook
   :meth:`guard_optimizer` installs) waits for them where the state is first
-  needed, and agrees there.
+  needed, and agrees there; with ``background=True`` the resume itself (its
+  cooldown and rebuild) runs beside the next step too, joined before anything
+  else is agreed.
 
 What keeps it correct: the background moves never run a collective on the
 control group (they are the store's local copies), so the order of agreements
@@ -43,6 +45,10 @@ from refimpl.comm.errors import LifecycleError, LifecycleStateError
 from refimpl.comm.states import PGPolicy, PGState
 
 log = logging.getLogger(__name__)
+
+
+#: the name of a resume running in the background (:meth:`OverlappedSwitch.resume` with ``background=True``)
+RESUME = "lifecycle.resume"
 
 
 class BackgroundMoveError(LifecycleError):
@@ -137,8 +143,20 @@ class OverlappedSwitch:
         """The lifecycle's weight sync (``fn`` may :meth:`start` a background move once what it needs is back)."""
         return self._life.weight_sync(fn)
 
-    def resume(self, *, join: bool = True) -> PGState:
-        """The lifecycle's resume beside the background moves; then (``join``) wait for them and agree on them."""
+    def resume(self, *, join: bool = True, background: bool = False) -> PGState:
+        """The lifecycle's resume beside the background moves; then (``join``) wait for them and agree on them.
+
+        ``background``: the resume itself (cooldown, rebuild or resume walk) runs on a worker thread too and is
+        joined with the moves, first, before any agreement of :meth:`join` (so the control group never sees two
+        threads' collectives). Use it only where the resume's own collectives cannot interleave with the
+        caller's in a way that deadlocks: one rank, or groups that come back by a rebuild (no canary runs);
+        ``join=False`` is then required (the resume is waited for where :meth:`join` is called).
+        """
+        if background:
+            if join:
+                raise ValueError("resume(background=True) needs join=False: the background resume is joined by join()")
+            self.start(RESUME, self._life.resume)
+            return self.state
         try:
             state = self._life.resume()
         except BaseException:
@@ -153,8 +171,9 @@ class OverlappedSwitch:
         """Wait for every background move (or those ``names`` names) and agree on their success;
         :class:`BackgroundMoveError` everywhere if any failed on any rank (the failed rank names its error; the
         state stays where the move left it). Every rank must join the same names at the same point."""
-        with self._lock:
-            todo = [b for b in self._pending if names is None or b.name in names]
+        with self._lock:  # a background resume is always joined too, first: its agreements must end before ours
+            todo = [b for b in self._pending if names is None or b.name in names or b.name == RESUME]
+            todo.sort(key=lambda b: b.name != RESUME)
             self._pending = [b for b in self._pending if b not in todo]
         errors = []
         for bg in todo:
@@ -210,4 +229,4 @@ class OverlappedSwitch:
             log.error("rank %d: %s failed while the switch was failing too: %r", self.lifecycle.rt.rank, bg.name, exc)
 
 
-__all__ = ["Background", "BackgroundMoveError", "OverlappedSwitch"]
+__all__ = ["Background", "BackgroundMoveError", "OverlappedSwitch", "RESUME"]

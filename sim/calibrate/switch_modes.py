@@ -17,6 +17,9 @@ resume). This module keeps those parts and composes them the way each mode of
   next training step's forward and backward (``fwd_bwd_share`` of the measured
   training step, an input): reload = resume; the step's wait at the optimizer
   = what is left of the rest's reload after the resume and the forward/backward.
+  Where the benchmark runs the resume in the background too (one rank, or a
+  destroying policy: no canary), reload = 0 and the wait = what is left of
+  max(resume, reload of the rest) after the forward/backward.
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -121,6 +124,9 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
                 off, rel = lc["offload"] + off_store, lc["reload"] + rest
             elif mode == "overlapped":
                 off, rel = max(lc["offload"], off_store), max(lc["reload"], rest)
+            elif world == 1 or policy in ("DESTROY", "DESTROY_DEFERRED"):  # the resume goes under the next step too
+                off, rel = max(lc["offload"], off_store), 0.0
+                wait = max(0.0, max(lc["reload"], rest) - fwd_bwd_share * train)
             else:
                 off, rel = max(lc["offload"], off_store), lc["reload"]
                 wait = max(0.0, rest - lc["reload"] - fwd_bwd_share * train)
