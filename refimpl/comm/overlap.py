@@ -110,13 +110,11 @@ class OverlappedSwitch:
 
     def start(self, name: str, fn: Callable[[], Any]) -> Background:
         """Run ``fn`` (a local memory move: no collective on the control group) on a worker thread now."""
-        device = getattr(self.lifecycle.rt, "device", None)
+        bind = getattr(self.lifecycle.rt, "bind_thread", None)  # TorchRuntime: the rank's CUDA device
 
         def on_device() -> Any:
-            if getattr(device, "type", None) == "cuda":  # a new thread starts on device 0; the rank's is another
-                import torch
-
-                torch.cuda.set_device(device)
+            if bind is not None:  # a new thread starts on device 0; the rank's may be another
+                bind()
             return fn()
 
         with self._lock:

@@ -149,6 +149,11 @@ class TorchRuntime(Runtime):
 
         return remove
 
+    def bind_thread(self) -> None:
+        """Make :attr:`device` the calling thread's current CUDA device (a new thread starts on device 0)."""
+        if self._cuda:
+            torch.cuda.set_device(self.device)
+
     async def point(self, name: str) -> None:
         """Run the hooks :meth:`on_point` registered for ``name`` (nothing else happens at a point here)."""
         for fn in tuple(self._point_hooks.get(name, ())):
