@@ -77,7 +77,7 @@ class SwitchDriver:
 
         if self.switch is None:
             return self.life.pause(release_memory=release).name
-        return self.switch.pause(release).name
+        return self.switch.pause(release, issued_point="store.offload.wait").name
 
     def weight_sync(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
         """The weight-sync phase: params back, then the gather into the rollout copy (the rest's reload beside it)."""

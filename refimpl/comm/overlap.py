@@ -122,8 +122,14 @@ class OverlappedSwitch:
             self._pending.append(bg)
             return bg
 
-    def pause(self, release_memory: Callable[[], Any], *, policy: PGPolicy | None = None) -> PGState:
-        """The lifecycle's pause with ``release_memory`` running beside its walk; its outcome agreed as before."""
+    def pause(self, release_memory: Callable[[], Any], *, policy: PGPolicy | None = None,
+              issued_point: str | None = None) -> PGState:
+        """The lifecycle's pause with ``release_memory`` running beside its walk; its outcome agreed as before.
+
+        ``issued_point``: a runtime point ``release_memory`` reaches once its copies are issued (the store's
+        ``"store.offload.wait"``); the walk starts only then (or when it ended), so the copies are in flight
+        whatever the walk holds. Needs a runtime with ``on_point`` (TorchRuntime).
+        """
         if self.state not in (PGState.ACTIVE, PGState.ACTIVE_LAZY):
             raise LifecycleStateError(
                 f"rank {self.lifecycle.rt.rank}: pause() needs state ACTIVE or ACTIVE_LAZY, lifecycle is "
@@ -131,7 +137,14 @@ class OverlappedSwitch:
         if self._pending:
             raise LifecycleStateError(f"pause() while background moves {self.pending} still run; resume() or join() "
                                       "them first")
+        issued = threading.Event()
+        hook = getattr(self.lifecycle.rt, "on_point", None)
+        remove = hook(issued_point, issued.set) if (issued_point and hook is not None) else None
         bg = self.start("release_memory", release_memory)
+        while remove is not None and not issued.wait(0.0005) and not bg.done():
+            pass
+        if remove is not None:
+            remove()
         try:
             return self._life.pause(release_memory=lambda: self._take(bg).join(), policy=policy)
         finally:

@@ -73,7 +73,7 @@ def _cycles(rank, overlapped):
             lc.sync.resume()
             store.reload()
         else:
-            sw.pause(store.offload)
+            sw.pause(store.offload, issued_point="store.offload.wait")
             sw.weight_sync(lambda: (store.reload("params"), sw.start("rest", store.reload)))
             sw.resume()
             assert sw.pending == []
