@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     off.add_argument("--out", default=".", help="directory for the JSON report (default: the current directory)")
     off.add_argument("--wide", action="store_true", help="the table up to 220 columns instead of 100")
     off.add_argument("--json", action="store_true", help="print the report as JSON (common envelope) instead of the table")
+    off.add_argument("--model", default=None, metavar="NAME",
+                     help="a real transformers model under FSDP2 instead of the shapes (qwen2-0.85b, tiny): the store "
+                          "against verl's way of offloading it and verl's own functions where verl is installed")
+    off.add_argument("--model-methods", default="store,verl_like,verl", help="with --model: which methods run")
     for name, (module, help_text) in _OTHER.items():
         p = sub.add_parser(name, help=help_text)
         try:
@@ -86,6 +90,8 @@ def run_offload(args: argparse.Namespace) -> int:
 
     # bad input is one line and exit 2 before anything runs (refimpl.cli_errors)
     check_device(args.device)
+    if args.model is not None:
+        return _run_model(args)
     names = [s for s in args.shapes.split(",") if s]
     if not names or any(n not in SHAPES for n in names):
         raise CliInputError(f"--shapes {args.shapes!r}: expected a comma-separated list of {sorted(SHAPES)}")
@@ -124,6 +130,28 @@ def run_offload(args: argparse.Namespace) -> int:
     path = write_report(report, args.out)
     print(f"wrote {path}", file=info)
     return 0
+
+
+def _run_model(args: argparse.Namespace) -> int:
+    """``timeshare bench offload --model NAME`` (:mod:`bench.model_offload`)."""
+    from bench.model_offload import METHODS, MODELS, format_report, run_model_bench
+    from refimpl.cli_errors import CliInputError, check_number, check_output_path
+
+    if args.model not in MODELS:
+        raise CliInputError(f"--model {args.model!r}: expected one of {sorted(MODELS)}")
+    methods = [m for m in args.model_methods.split(",") if m]
+    if not methods or any(m not in METHODS for m in methods):
+        raise CliInputError(f"--model-methods {args.model_methods!r}: expected a comma-separated list of {list(METHODS)}")
+    check_number("--cycles", args.cycles, lo=1, integer=True)
+    check_output_path(args.out, "--out", is_dir=True)
+    report = run_model_bench(args.model, device=args.device, cycles=args.cycles or 3, methods=methods, out=args.out)
+    if args.json:
+        from refimpl.output import envelope
+
+        print(json.dumps(envelope("bench offload", report), indent=1, default=str))
+    else:
+        print(format_report(report))
+    return 0 if all(m.get("bitwise_every_cycle", True) for m in report["methods"]) else 1
 
 
 __all__ = ["add_arguments", "run", "run_offload"]

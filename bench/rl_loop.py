@@ -65,6 +65,7 @@ import torch
 import torch.distributed as dist
 
 from bench.rl_record import runtime_spans, summarize, write_outputs
+from bench.switch_modes import MODES, SwitchDriver
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class StepConfig:
     shard: int = 2
     out: str = "."
     seed: int = 0
-    lifecycle_policy: str = "DESTROY_DEFERRED"
+    lifecycle_policy: str = "auto"  # auto: refimpl.torch_runtime.switch_policy.default_switch_policy
+    mode: str = "sequential"  # bench.switch_modes.MODES
     cooldown_s: float = 0.2
     line_mib: int = 1024
     mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
@@ -94,6 +96,8 @@ class StepConfig:
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
             raise ValueError(f"free must be 'driver' or 'allocator', got {self.free!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -211,9 +215,17 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
 
     # ---- the trainer's role group, under the lifecycle
     rt.run(rt.new_group(GroupSpec("trainer.dp", tuple(range(world_size)))))
+    policy, parallel = cfg.lifecycle_policy, False
+    if policy == "auto":
+        from refimpl.torch_runtime.switch_policy import default_switch_policy
+
+        chosen = default_switch_policy(device)
+        policy, parallel = chosen.policy.name, chosen.parallel_destroy
+        rec["policy_choice"] = {"policy": policy, "parallel_destroy": parallel, "reason": chosen.reason}
+    rec["policy"] = policy
     lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
-        policy=PGPolicy[cfg.lifecycle_policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
-        canary_timeout_s=60, control_group="trainer.control"))
+        policy=PGPolicy[policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
+        canary_timeout_s=60, control_group="trainer.control", parallel_destroy=parallel))
     life = lc.sync
     life.start()
 
@@ -261,7 +273,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     def check_weights() -> dict[str, Any]:
         """Bitwise: the rollout's weights against a fresh gather of the trainer's; digests compared over ranks.
 
-        Runs outside the timed phases (it is verification, not part of a step) with the groups active.
+        Runs outside the timed phases (it is verification, not part of a step), between the weight sync and the
+        reload, the digests compared over the world group.
         """
         mismatched: list[str] = []
         digest = 0
@@ -274,8 +287,9 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
             n += 1
         lo = torch.tensor([digest, len(mismatched)], dtype=torch.int64, device=device)
         hi = lo.clone()
-        rt.run(rt.all_reduce(lo, ReduceOp.MIN, group="trainer.dp", timeout_s=120))
-        rt.run(rt.all_reduce(hi, ReduceOp.MAX, group="trainer.dp", timeout_s=120))
+        # over the world group: the lifecycle's trainer.dp may be down between the weight sync and the reload
+        rt.run(rt.all_reduce(lo, ReduceOp.MIN, group="world", timeout_s=120))
+        rt.run(rt.all_reduce(hi, ReduceOp.MAX, group="world", timeout_s=120))
         return {"tensors": n, "mismatched": mismatched, "digest": digest,
                 "ranks_agree": bool(lo[0].item() == hi[0].item()), "max_mismatched_any_rank": int(hi[1].item()),
                 "bitwise_equal": not mismatched and int(hi[1].item()) == 0 and bool(lo[0].item() == hi[0].item())}
@@ -286,28 +300,33 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own prompts and batch
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
     steps: list[dict[str, Any]] = []
-    for step in range(cfg.steps):
-        s: dict[str, Any] = {"step": step}
-        # ---- train
-        with clock.phase(step, "train"):
+    driver = SwitchDriver(cfg.mode, lc, store, optim, clock.sync)
+
+    def train(step: int, s: dict[str, Any], phase: str = "train") -> None:
+        """One training step (a streamed reload of the optimizer state is waited for at its optimizer step)."""
+        driver.current = s
+        with clock.phase(step, phase):
             x = data.to(device)
             out = trainer(input_ids=x, labels=x)
             out.loss.backward()
             optim.step()
             optim.zero_grad(set_to_none=True)
             loss = out.loss.detach().float().reshape(1).clone()
+            t = time.perf_counter()
             rt.run(rt.all_reduce(loss, ReduceOp.SUM, group="trainer.dp", timeout_s=120))
+            clock.sync()
+            s["first_collective_s"] = time.perf_counter() - t  # lazy init of a rebuilt group lands here
             s["loss"] = float(loss.item()) / world_size
             del out, x
+
+    for step in range(cfg.steps):
+        s: dict[str, Any] = {"step": step}
+        # ---- train
+        train(step, s)
         before = torch.cuda.memory_allocated(device) if cuda else 0
         # ---- offload (the lifecycle pauses the trainer's groups; the release moves the state)
         with clock.phase(step, "offload"):
-            def _release() -> None:
-                t = time.perf_counter()
-                store.offload()
-                clock.sync()
-                s["offload_store_s"] = time.perf_counter() - t
-            s["lifecycle_after_pause"] = life.pause(release_memory=_release).name
+            s["lifecycle_after_pause"] = driver.pause(s)
         st = store.stats()
         s["offload_bytes"] = st.last_offload_bytes
         s["device_bytes_freed"] = st.last_device_bytes_freed
@@ -324,27 +343,15 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 torch.cuda.empty_cache()
         # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy
         with clock.phase(step, "weight_sync"):
-            def _sync() -> None:
-                t = time.perf_counter()
-                store.reload("params")
-                clock.sync()
-                s["reload_params_store_s"] = time.perf_counter() - t
-                t = time.perf_counter()
-                sync_weights()
-                clock.sync()
-                s["gather_copy_s"] = time.perf_counter() - t
-            life.weight_sync(_sync)
-        # ---- reload the rest; the trainer's groups come back
-        with clock.phase(step, "reload"):
-            life.resume()
-            t = time.perf_counter()
-            store.reload()
-            clock.sync()
-            s["reload_rest_store_s"] = time.perf_counter() - t
+            driver.weight_sync(s, sync_weights)
+        # verification, untimed, between the phases (nothing runs in the background here to hide under it)
         t = time.perf_counter()
-        s["weight_check"] = check_weights()  # untimed by the phases: verification
+        s["weight_check"] = check_weights()
         clock.sync()
         s["weight_check_s"] = time.perf_counter() - t
+        # ---- reload the rest; the trainer's groups come back
+        with clock.phase(step, "reload"):
+            driver.resume(s)
         st = store.stats()
         s["reload_bytes_last"] = st.last_reload_bytes
         s["params_bytes"] = st.bytes_by_category.get("params", 0)
@@ -357,6 +364,15 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                               cfg.out)
             except OSError as e:
                 logger.warning("partial record not written: %s", e)
+    # the training step after the last switch (its cost belongs to that switch), then steps after no switch
+    tail = [{"step": cfg.steps}]
+    train(cfg.steps, tail[0])
+    for i in (1, 2):
+        tail.append({"step": cfg.steps + i})
+        train(cfg.steps + i, tail[-1], phase="train_plain")
+    driver.finish()
+    rec["after_steps"] = tail
+    rec["mode"] = cfg.mode
     spans = clock.spans
     rec["spans"] = [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
     rec["steps"] = steps
@@ -443,7 +459,10 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--free", choices=("driver", "allocator"), default="allocator",
                     help="how the roles hand memory over: the shared caching allocator (default) or the driver")
     ap.add_argument("--shard", type=int, default=2, help="HSDP shard-group size (mesh = (world/shard, shard))")
-    ap.add_argument("--policy", default="DESTROY_DEFERRED", help="the lifecycle's PGPolicy name")
+    ap.add_argument("--policy", default="auto", help="the lifecycle's PGPolicy name, or auto: the cheapest that holds "
+                    "no NCCL memory in the rollout that the loaded NCCL allows")
+    ap.add_argument("--mode", choices=MODES, default="sequential",
+                    help="how the switch runs its memory moves beside the lifecycle (bench/switch_modes.py)")
     ap.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto",
                     help="FSDP2 bf16 params and a bf16 rollout copy (auto: on CUDA only)")
     ap.add_argument("--out", default=".")
@@ -452,7 +471,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     kw = {k: getattr(a, k) for k in ("batch", "seq", "rollout_batch", "prompt_len", "new_tokens")
           if getattr(a, k) is not None}
     return StepConfig(device=a.device, tiny=a.tiny, steps=a.steps, kv_gb=a.kv_gb, free=a.free, shard=a.shard,
-                      out=a.out, lifecycle_policy=a.policy, line_mib=(4 if a.tiny else 1024),
+                      out=a.out, lifecycle_policy=a.policy, mode=a.mode, line_mib=(4 if a.tiny else 1024),
                       mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision], **{**small, **kw})
 
 
@@ -488,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         sm = rec.get("summary")
         if sm:
             ph = " ".join(f"{k}={v:.3f}s" for k, v in sm["phase_s"].items())
-            print(f"rl_step world={world}: {ph} switch_overhead={sm['switch_overhead_s']:.3f}s "
+            print(f"rl_step world={world} policy={rec.get('policy')} mode={rec.get('mode')}: {ph} "
+                  f"switch_cost={sm.get('switch_cost_s') or 0:.3f}s switch_overhead={sm['switch_overhead_s']:.3f}s "
                   f"copies_at_line={sm['copy_time_at_line_s']:.3f}s bitwise={sm['weights_bitwise_equal_every_sync']}",
                   flush=True)
         print(f"rl_step wrote {jpath} {png}", flush=True)

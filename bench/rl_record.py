@@ -3,7 +3,8 @@
 ``summarize`` turns the phase spans into per-phase seconds (the mean over the
 steps after the first, which pinned its host memory), the switch overhead
 (offload + weight_sync + reload) and the time the copies alone need at the
-line rates measured in the same run.
+line rates measured in the same run; ``switch_cost_s`` is the switch's whole cost to the step
+(:mod:`bench.switch_modes`, [Note: switch cost]) against the same copy time and the step.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import json
 import logging
 import os
 from typing import Any
+
+from bench.switch_modes import switch_costs
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,13 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     line = rec.get("line", {})
     copy_line = (off_b / (line["d2h_gbps"] * 1e9) + rel_b / (line["h2d_gbps"] * 1e9)) if line else None
     overhead = per["offload"] + per["weight_sync"] + per["reload"]
+    costs = switch_costs(rec) if any(sp["phase"] == "train_plain" for sp in spans) else {}
+    cost = costs.get("switch_cost_s")
+    step_s = (costs["train_plain_s"] + per["rollout"] + cost) if cost is not None else None
     return {
+        "switch_cost_s": cost, "switch_costs": costs,
+        "switch_cost_x_copy_time": (cost / copy_line) if (cost is not None and copy_line) else None,
+        "step_s": step_s, "switch_cost_share_of_step": (cost / step_s) if step_s else None,
         "steps_used": use, "phase_s": per, "switch_overhead_s": overhead, "offload_bytes": off_b,
         "runtime_spans_by_phase": span_breakdown(rec, use),
         "copy_time_at_line_s": copy_line,
@@ -74,7 +83,7 @@ def write_png(rec: dict[str, Any], path: str) -> str | None:
         logger.warning("matplotlib missing: no PNG timeline")
         return None
     colors = {"train": "tab:blue", "offload": "tab:orange", "rollout": "tab:green", "weight_sync": "tab:red",
-              "reload": "tab:purple"}
+              "reload": "tab:purple", "train_plain": "tab:cyan"}
     fig, ax = plt.subplots(figsize=(10, 1.8 + 0.5 * len(rec["steps"])))
     for s in rec["spans"]:
         ax.barh(s["step"], s["end_s"] - s["start_s"], left=s["start_s"], color=colors[s["phase"]], edgecolor="k")

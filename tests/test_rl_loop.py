@@ -20,10 +20,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarnin
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def _rank(rank, world_size, out_dir):
+def _rank(rank, world_size, out_dir, mode="sequential"):
     from bench.rl_loop import parse_args, run_step, write_outputs
 
-    cfg = parse_args(["--device", "cpu", "--tiny", "--steps", "2", "--out", out_dir, "--policy", "DESTROY_DEFERRED"])
+    cfg = parse_args(["--device", "cpu", "--tiny", "--steps", "2", "--out", out_dir, "--policy", "DESTROY_DEFERRED",
+                      "--mode", mode])
     rec = run_step(rank, world_size, cfg)
     if rank == 0:
         write_outputs(rec, out_dir)
@@ -51,11 +52,13 @@ def test_rl_step_two_gloo_ranks(tmp_path):
         assert rec["lifecycle_stats"]["pauses"] == 2 and rec["lifecycle_stats"]["weight_syncs"] == 2
         assert rec["lifecycle_stats"]["resumes"] == 2
         phases = {(sp["step"], sp["phase"]) for sp in rec["spans"]}
-        assert phases == {(i, p) for i in range(2) for p in ("train", "offload", "rollout", "weight_sync", "reload")}
+        assert phases == {(i, p) for i in range(2) for p in ("train", "offload", "rollout", "weight_sync", "reload")} | {
+            (2, "train"), (3, "train_plain"), (4, "train_plain")}  # the step after the last switch, then plain ones
         for sp in rec["spans"]:
             assert sp["end_s"] >= sp["start_s"] >= 0
         sm = rec["summary"]
         assert sm["weights_bitwise_equal_every_sync"] is True
+        assert sm["switch_cost_s"] >= sm["switch_overhead_s"] - 1e-9  # the window plus the first step's extra
         assert sm["switch_overhead_s"] == pytest.approx(
             sm["phase_s"]["offload"] + sm["phase_s"]["weight_sync"] + sm["phase_s"]["reload"])
         assert sm["copy_time_at_line_s"] > 0 and sm["overhead_x_copy_time"] > 0
@@ -103,3 +106,18 @@ def test_step_config_refuses_bad_values():
         StepConfig(free="pool")
     with pytest.raises(ValueError, match="steps must be >= 1"):
         StepConfig(steps=0)
+
+
+def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
+    """The streamed mode: the optimizer state's reload runs under the next step; every sync still bitwise,
+    the training continues from the same state on both ranks, and the switch cost counts the step after."""
+    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed"), timeout=240)
+    for rec in recs:
+        assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
+        sm = rec["summary"]
+        assert sm["weights_bitwise_equal_every_sync"] is True
+        rows = sm["switch_costs"]["rows"]
+        assert rows and all(r["train_after_s"] is not None and r["switch_cost_s"] >= r["window_s"] for r in rows)
+        assert sm["switch_cost_x_copy_time"] > 0 and 0 < sm["switch_cost_share_of_step"] < 1
+        assert all(s["reload_rest_store_s"] >= 0 for s in rec["steps"])
+    assert recs[0]["after_steps"][-1]["loss"] == recs[1]["after_steps"][-1]["loss"]  # same state on every rank

@@ -9,7 +9,15 @@ timed between device synchronisations, against the line rate measured in the sam
 run. The store's own phase laps (``stats().phases``) say which stage the time goes
 to; one steady offload runs under cProfile and one under ``torch.profiler``.
 
-    python bench/gpu/steady_profile.py [--layers 16] [--cycles 3] [--out DIR]
+Then the same cycles under each of the runtime's device-cache modes (``--cache-modes``,
+:mod:`refimpl.torch_runtime.device_cache`): ``shared`` (``empty_cache`` returns the whole
+allocator cache: the record's baseline), ``keep`` (nothing returned: the reload reuses
+the cached blocks), ``private`` (the store's flat buffers in a private ``MemPool``
+released alone). Every cycle checks the state bitwise (a digest of every parameter and
+optimizer tensor before the offload against after the reload); each mode gets its own
+profiler table of one steady offload and reload.
+
+    python bench/gpu/steady_profile.py [--layers 16] [--cycles 3] [--cache-modes shared,keep,private] [--out DIR]
 
 Writes ``steady_profile.json`` (and the profiler tables as text) to ``--out``.
 """
@@ -35,6 +43,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cache-modes", default="shared,keep,private")
+    ap.add_argument("--skip-baseline", action="store_true", help="only the device-cache modes")
     a = ap.parse_args()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -81,6 +91,7 @@ def main() -> int:
     # line rate of this run: 1 GiB between registered host memory and device memory, best of 4
     n = 1 << 30
     host = rt.alloc_host(n, torch.uint8, pinned=True, tag="line")
+    host.fill_(1)  # touched before it is timed
     d = torch.empty(n, dtype=torch.uint8, device=dev)
     line = {}
     for name, (dst, src) in (("h2d_gbps", (d, host)), ("d2h_gbps", (host, d))):
@@ -103,7 +114,7 @@ def main() -> int:
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    for mode in ("set_to_none", "drop_grads"):
+    for mode in (() if a.skip_baseline else ("set_to_none", "drop_grads")):
         for i in range(a.cycles + 1):  # the first of each mode is a warm-up (cold offload)
             train()
             if mode == "set_to_none":
@@ -126,7 +137,12 @@ def main() -> int:
                  "path": path}
             print(json.dumps(c), flush=True)
             rec["cycles"].append(c)
+    os.makedirs(a.out, exist_ok=True)
+    rec["cache_modes"] = cache_modes(a, rt, store, train, opt, timed, line, model, dev)
+    with open(os.path.join(a.out, "steady_profile.json"), "w") as f:
+        json.dump(rec, f, indent=1)  # written now too, in case the profiling below is cut short
     # one steady offload under cProfile, one under torch.profiler
+    rt.device_cache.mode = "shared"
     train()
     opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
@@ -166,6 +182,62 @@ def main() -> int:
     store.close()
     dist.destroy_process_group()
     return 0
+
+
+def _digest(model, opt) -> list[int]:
+    """Integer digests of every parameter's and optimizer tensor's bits (the same bits give the same digests)."""
+    out = []
+    tensors = [p for p in model.parameters()] + [t for st in opt.state.values() for t in st.values()
+                                                  if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        bits = t.detach().contiguous().view(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
+        out.append(int(bits.to(torch.int64).sum().item()) ^ int((bits[::97].to(torch.int64) * 31).sum().item()))
+    return out
+
+
+def cache_modes(a, rt, store, train, opt, timed, line, model, dev) -> dict:
+    """The cycles under each device-cache mode: offload/reload seconds, x line, bitwise, a profiler table each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for mode in [m for m in a.cache_modes.split(",") if m]:
+        rt.device_cache.mode = mode
+        rows = []
+        for i in range(a.cycles + 1):  # the first is a warm-up into the mode
+            train()
+            opt.zero_grad(set_to_none=True)
+            before = _digest(model, opt)
+            off = timed(lambda: store.offload())
+            st = store.stats()
+            free_after_off = torch.cuda.mem_get_info(dev)[0]
+            reserved_after_off = torch.cuda.memory_reserved(dev)
+            rel = timed(lambda: store.reload())
+            st2 = store.stats()
+            row = {"i": i, "offload_s": off, "reload_s": rel, "bytes": st.last_offload_bytes,
+                   "offload_x_line": st.last_offload_bytes / (line["d2h_gbps"] * 1e9) / off,
+                   "reload_x_line": st2.last_reload_bytes / (line["h2d_gbps"] * 1e9) / rel,
+                   "empty_cache_s": st.phases.get("offload.empty_cache"), "free_after_offload": free_after_off,
+                   "reserved_after_offload": reserved_after_off, "bitwise": before == _digest(model, opt),
+                   "pools_released": rt.device_cache.pools_released}
+            print(json.dumps({"cache_mode": mode, **row}), flush=True)
+            rows.append(row)
+        train()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            store.offload()
+            torch.cuda.synchronize()
+            store.reload()
+            torch.cuda.synchronize()
+        with open(os.path.join(a.out, f"steady_profile_torch_{mode}.txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        steady = rows[1:] or rows
+        out[mode] = {"rows": rows, "offload_x_line_min": min(r["offload_x_line"] for r in steady),
+                     "reload_x_line_min": min(r["reload_x_line"] for r in steady),
+                     "bitwise_every_cycle": all(r["bitwise"] for r in rows)}
+    rt.device_cache.mode = "shared"
+    return out
 
 
 if __name__ == "__main__":

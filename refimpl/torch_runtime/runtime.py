@@ -56,6 +56,7 @@ from refimpl.runtime.base import (
     Runtime,
 )
 from refimpl.torch_runtime.copy_stream import CopyEngine
+from refimpl.torch_runtime.device_cache import DeviceCache
 from refimpl.torch_runtime.pinning import DEFAULT_CUDA_PREFAULT, PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
 
@@ -90,10 +91,13 @@ class TorchRuntime(Runtime):
     ``DEFAULT_CUDA_PREFAULT`` (``"touch"``) with CUDA (the store's pinning ahead
     at 12.4 GB/s on the H200 host, 6.4x registering untouched memory) and
     ``"none"`` without.
+    ``device_cache``: what :meth:`empty_cache` gives back and where the store's flat buffers come from
+    (:data:`refimpl.torch_runtime.device_cache.DEVICE_CACHE_MODES`; default: the environment variable
+    ``TIMESHARE_DEVICE_CACHE``, else ``"shared"``).
     """
 
     def __init__(self, device: torch.device | str | None = None, *, default_backend: str | None = None,
-                 pin_prefault: str | None = None) -> None:
+                 pin_prefault: str | None = None, device_cache: str | None = None) -> None:
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
@@ -114,6 +118,7 @@ class TorchRuntime(Runtime):
                                  "or unset it")
             pin_prefault = env or (DEFAULT_CUDA_PREFAULT if cuda_present else "none")
         self.pinner = HostPinner(use_cuda=cuda_present, prefault=pin_prefault)
+        self.device_cache = DeviceCache(device, device_cache or os.environ.get("TIMESHARE_DEVICE_CACHE") or "shared")
         self._copies = CopyEngine(device, self.copy_stats)
         self._distributed = dist.is_available() and dist.is_initialized()
         if self._distributed:
@@ -125,14 +130,41 @@ class TorchRuntime(Runtime):
             self.rank, self.world_size, world_backend, world_pg = 0, 1, self.default_backend, None
         world_spec = GroupSpec(WORLD, tuple(range(self.world_size)), backend=world_backend)
         self._groups: dict[str, _Group] = {WORLD: _Group(world_spec, world_pg, torch_name=self._pg_name(world_pg))}
+        self._point_hooks: dict[str, list[Callable[[], None]]] = {}
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
+
+    # ------------------------------------------------------------------ points
+
+    def on_point(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` each time protocol code reaches the point ``name`` (on the thread that reaches it, e.g.
+        ``"store.reload.wait"``: a reload's copies are issued and its tensors re-pointed). Returns a function
+        that removes the hook. An exception ``fn`` raises fails the operation at that point."""
+        self._point_hooks.setdefault(name, []).append(fn)
+
+        def remove() -> None:
+            hooks = self._point_hooks.get(name, [])
+            if fn in hooks:
+                hooks.remove(fn)
+
+        return remove
+
+    def bind_thread(self) -> None:
+        """Make :attr:`device` the calling thread's current CUDA device (a new thread starts on device 0)."""
+        if self._cuda:
+            torch.cuda.set_device(self.device)
+
+    async def point(self, name: str) -> None:
+        """Run the hooks :meth:`on_point` registered for ``name`` (nothing else happens at a point here)."""
+        for fn in tuple(self._point_hooks.get(name, ())):
+            fn()
 
     # ------------------------------------------------------------------ memory
 
     def alloc_device(self, numel: int, dtype: torch.dtype, *, tag: str = "") -> torch.Tensor:
-        """A new 1-D buffer of ``numel`` elements on :attr:`device`."""
-        return torch.empty(numel, dtype=dtype, device=self.device)
+        """A new 1-D buffer of ``numel`` elements on :attr:`device` (the store's flat buffers, tags
+        ``store.flat.*``, from the private pool with ``device_cache="private"``)."""
+        return self.device_cache.alloc(numel, dtype, tag)
 
     def alloc_host(self, numel: int, dtype: torch.dtype, *, pinned: bool = True, tag: str = "") -> torch.Tensor:
         """A new 1-D host buffer; pinned at its exact size with ``cudaHostRegister`` when CUDA is present."""
@@ -157,9 +189,10 @@ class TorchRuntime(Runtime):
         tensor.untyped_storage().resize_(0)
 
     def empty_cache(self) -> None:
-        """Return cached unused device blocks to the driver (``torch.cuda.empty_cache``)."""
-        if self._cuda:
-            torch.cuda.empty_cache()
+        """Return cached unused device blocks to the driver, as :attr:`device_cache` says: all of them
+        (``"shared"``: ``torch.cuda.empty_cache``), the store's private pool only (``"private"``) or none
+        (``"keep"``: the next role in this process reuses them)."""
+        self.device_cache.empty()
 
     def memory_info(self) -> MemoryInfo:
         """``cudaMemGetInfo`` on CUDA; available/total host memory on CPU."""

@@ -1,0 +1,94 @@
+"""The summary of ``bench/gpu/run_switch.sh``: one table of the RL step per policy and mode, the steady offload
+per device-cache mode, the peers side by side, and the simulator's rows for the same records.
+
+    python bench/gpu/switch_summary.py WORKDIR
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return {"missing": f"{path}: {e}"}
+
+
+def rl_rows(w: str) -> list[str]:
+    """One row per RL-step record: the window's phases, switch_cost_s, copies at line, the step, bitwise."""
+    out = ["| run | policy | mode | train | offload | weight sync | reload | first step extra | stream wait | "
+           "switch_cost_s | copies at line | x copies | share of step | bitwise | sim switch_cost_s |",
+           "|---" * 15 + "|"]
+    for path in sorted(glob.glob(os.path.join(w, "rl_*", "rl_step_*.json"))):
+        name = os.path.basename(os.path.dirname(path))
+        r = _load(path)
+        sm = r.get("summary")
+        if not sm:
+            out.append(f"| {name} | {r.get('error') or r.get('missing')} |")
+            continue
+        ph, c = sm["phase_s"], sm.get("switch_costs") or {}
+        waits = [s.get("stream_wait_s") for s in r["steps"][1:] + r.get("after_steps", [])[:1] if s.get("stream_wait_s")]
+        sim = ""
+        try:
+            from sim.calibrate.switch_modes import predict_modes
+
+            row = predict_modes(r, policies=(r["policy"],), modes=(r["mode"],))[0]
+            sim = f"{row['switch_cost_s']:.3f} (x{row['switch_cost_s'] / sm['switch_cost_s']:.2f})"
+        except Exception as e:  # noqa: BLE001 - the summary still prints the measurement
+            sim = f"failed: {type(e).__name__}: {str(e)[:80]}"
+        out.append(
+            f"| {name} | {r.get('policy')} | {r.get('mode')} | {ph['train']:.3f} | {ph['offload']:.3f} | "
+            f"{ph['weight_sync']:.3f} | {ph['reload']:.3f} | {c.get('first_step_extra_s') or 0:.3f} | "
+            f"{(sum(waits) / len(waits)) if waits else 0:.3f} | {sm['switch_cost_s']:.3f} | "
+            f"{sm['copy_time_at_line_s']:.3f} | {sm['switch_cost_x_copy_time']:.2f} | "
+            f"{sm['switch_cost_share_of_step']:.2f} | {sm['weights_bitwise_equal_every_sync']} | {sim} |")
+        if r.get("policy_choice"):
+            out.append(f"|  | auto: {r['policy_choice']['reason']} |")
+    return out
+
+
+def steady_rows(w: str) -> list[str]:
+    """Per device-cache mode: steady offload / reload seconds and x line, bitwise."""
+    r = _load(os.path.join(w, "steady", "steady_profile.json"))
+    if "cache_modes" not in r:
+        return [f"steady: {r.get('missing') or 'no cache_modes'}"]
+    out = [f"steady offload of a real model ({r.get('params', 0) / 1e9:.3f} B params), line d2h "
+           f"{r['line']['d2h_gbps']:.2f} / h2d {r['line']['h2d_gbps']:.2f} GB/s:",
+           "| device cache | offload s | x line | reload s | x line | empty_cache s | bitwise |", "|---" * 7 + "|"]
+    for mode, m in r["cache_modes"].items():
+        st = m["rows"][1:] or m["rows"]
+        rng = (lambda k: f"{min(x[k] for x in st):.3f}-{max(x[k] for x in st):.3f}")
+        ec = [x["empty_cache_s"] for x in st if x.get("empty_cache_s") is not None]
+        out.append(f"| {mode} | {rng('offload_s')} | {rng('offload_x_line')} | {rng('reload_s')} | "
+                   f"{rng('reload_x_line')} | {(max(ec) if ec else 0):.4f} | {m['bitwise_every_cycle']} |")
+    return out
+
+
+def peer_rows(w: str) -> list[str]:
+    """The peers' table (bench.model_offload.format_report)."""
+    paths = glob.glob(os.path.join(w, "peers", "model_offload_*.json"))
+    if not paths:
+        return ["peers: no record"]
+    from bench.model_offload import format_report
+
+    return format_report(_load(paths[0])).splitlines()
+
+
+def main() -> int:
+    """Print the three tables."""
+    w = sys.argv[1]
+    for block in (rl_rows(w), steady_rows(w), peer_rows(w)):
+        print("\n".join(block))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

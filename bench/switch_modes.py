@@ -1,0 +1,162 @@
+"""The three ways the colocated RL step (:mod:`bench.rl_loop`) switches, and what a switch costs the step.
+
+Modes (``--mode``):
+
+``sequential``  the lifecycle's pause walk, then the store's offload; the
+                weight sync (params reload, gather); the resume's cooldown and
+                rebuild, then the reload of the rest. One after the other.
+``overlapped``  the same work with the memory moves on a worker thread
+                (:class:`refimpl.comm.overlap.OverlappedSwitch`): the offload
+                runs beside the pause's walk; the reload of the rest runs
+                beside the resume's cooldown and rebuild; joined (and agreed)
+                at the end of the reload phase. (It starts with the reload
+                phase, not earlier, so that the untimed weight check between
+                the phases hides none of its copies.)
+``streamed``    as ``overlapped``, but the reload of the rest (the optimizer
+                state) is not waited for in the switch: it streams under the
+                next training step's forward and backward, and the optimizer's
+                step waits for it (a step pre-hook joins it and agrees on it).
+                Where the groups come back by a rebuild (no canary: DESTROY,
+                DESTROY_DEFERRED) or on one rank, the resume (its cooldown and
+                rebuild) runs under that forward and backward too, joined at
+                the same hook, before the step's first collective on the
+                trainer's group.
+
+[Note: switch cost]
+``switch_cost_s``: everything the pause, the weight sync and the wake add to a
+step beyond the two roles' own work, up to the end of training's first step
+after the wake: the window's phases (offload + weight_sync + reload) plus what
+the training step after the switch takes beyond a training step that follows
+no switch (``train_plain``, measured at the end of the same run). That
+difference holds the first collective's lazy initialisation on rebuilt groups,
+a cooldown or peer wait that lands there, the streamed reload's wait at the
+optimizer step and any slowdown of compute by copies beside it. The same rule
+and name as the simulator's.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+#: the switch modes of the RL step
+MODES = ("sequential", "overlapped", "streamed")
+#: the background move of the rest of the state (after the params)
+REST = "reload_rest"
+
+
+class SwitchDriver:
+    """One rank's switch in the chosen mode; the RL step calls :meth:`pause`, :meth:`weight_sync`, :meth:`resume`."""
+
+    def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, sync: Callable[[], None]) -> None:
+        from refimpl.comm.overlap import OverlappedSwitch
+
+        if mode not in MODES:
+            raise ValueError(f"switch mode {mode!r} is not one of {MODES}")
+        self.mode, self.lc, self.store, self.sync = mode, lifecycle, store, sync
+        self.life = lifecycle.sync
+        self.switch = OverlappedSwitch(lifecycle) if mode != "sequential" else None
+        self.current: dict[str, Any] = {}
+        self._hook = None
+        if mode == "streamed":
+            self._hook = optimizer.register_step_pre_hook(self._before_step)
+
+    def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+        if self.switch is not None and self.switch.pending:
+            t = time.perf_counter()
+            self.switch.join()
+            self.current["stream_wait_s"] = self.current.get("stream_wait_s", 0.0) + time.perf_counter() - t
+
+    def pause(self, s: dict[str, Any]) -> str:
+        """The offload phase: the lifecycle's pause and the store's offload (beside it unless sequential)."""
+        def release() -> None:
+            t = time.perf_counter()
+            self.store.offload()
+            self.sync()
+            s["offload_store_s"] = time.perf_counter() - t
+
+        if self.switch is None:
+            return self.life.pause(release_memory=release).name
+        return self.switch.pause(release, issued_point="store.offload.wait").name
+
+    def weight_sync(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
+        """The weight-sync phase: params back, then the gather into the rollout copy (the rest's reload beside it)."""
+        def fn() -> None:
+            t = time.perf_counter()
+            self.store.reload("params")
+            self.sync()
+            s["reload_params_store_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            sync_weights()
+            self.sync()
+            s["gather_copy_s"] = time.perf_counter() - t
+
+        self.life.weight_sync(fn)
+
+    def resume(self, s: dict[str, Any]) -> None:
+        """The reload phase: the groups come back; the rest of the state too (streamed: its copies issued only)."""
+        if self.switch is None:
+            self.life.resume()
+            t = time.perf_counter()
+            self.store.reload()
+            self.sync()
+            s["reload_rest_store_s"] = time.perf_counter() - t
+            return
+        self._start_rest(s)
+        if self.mode == "overlapped":
+            self.switch.resume()
+            return
+        quiet = self.lc.rt.world_size == 1 or self.lc.state.name == "DESTROYED"  # no canary can interleave
+        self.switch.resume(join=False, background=quiet)
+
+    def finish(self) -> None:
+        """Join a move still streaming (after the last step, outside the timed phases); remove the hook."""
+        if self.switch is not None and self.switch.pending:
+            self.switch.join()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _start_rest(self, s: dict[str, Any]) -> None:
+        """Start the reload of the rest on a worker thread; return once its copies are issued (the streamed
+        mode's next forward must queue behind them, not they behind it) or it ended."""
+        issued = threading.Event()
+        remove = self.store.rt.on_point("store.reload.wait", issued.set) if hasattr(self.store.rt, "on_point") else None
+
+        def rest() -> None:
+            t = time.perf_counter()
+            try:
+                self.store.reload()
+                self.sync()
+            finally:
+                s["reload_rest_store_s"] = time.perf_counter() - t
+
+        bg = self.switch.start(REST, rest)
+        while remove is not None and not issued.wait(0.0005) and not bg.done():
+            pass
+        if remove is not None:
+            remove()
+
+
+def switch_costs(rec: dict[str, Any]) -> dict[str, Any]:
+    """Per steady step: ``switch_cost_s`` (see [Note: switch cost]) and its parts; the means over those steps."""
+    spans = rec["spans"]
+    dur: dict[tuple[int, str], float] = {(sp["step"], sp["phase"]): sp["end_s"] - sp["start_s"] for sp in spans}
+    plain = [v for (st, ph), v in dur.items() if ph == "train_plain"]
+    base = min(plain) if plain else None
+    steps = sorted({st for (st, ph) in dur if ph == "offload"})
+    use = steps[1:] if len(steps) > 1 else steps
+    rows = []
+    for k in use:
+        window = sum(dur.get((k, ph), 0.0) for ph in ("offload", "weight_sync", "reload"))
+        after = dur.get((k + 1, "train"))
+        extra = max(0.0, after - base) if (after is not None and base is not None) else None
+        rows.append({"step": k, "window_s": window, "train_after_s": after, "first_step_extra_s": extra,
+                     "switch_cost_s": window + (extra or 0.0)})
+    mean = (lambda key: sum(r[key] for r in rows if r[key] is not None) / max(1, sum(r[key] is not None for r in rows)))
+    return {"train_plain_s": base, "rows": rows, "window_s": mean("window_s") if rows else None,
+            "first_step_extra_s": mean("first_step_extra_s") if rows else None,
+            "switch_cost_s": mean("switch_cost_s") if rows else None}
+
+
+__all__ = ["MODES", "REST", "SwitchDriver", "switch_costs"]

@@ -1,0 +1,179 @@
+"""The colocated RL step's switch per policy and per mode (sequential / overlapped / streamed), predicted.
+
+Theory of operation
+-------------------
+:mod:`sim.calibrate.colocated` predicts each phase of a record of
+``bench/gpu/rl_step.py`` from the store's code on a simulated rank (the copies
+at the record's line rates, the preset's store host time) and the real
+:class:`~refimpl.comm.PGLifecycle` on a simulated world (pause / weight sync /
+resume). This module keeps those parts and composes them the way each mode of
+``bench/switch_modes.py`` runs them:
+
+* ``sequential``: offload = pause walk + store offload; weight sync = bring-up
+  + params reload + gather + post-sync walk; reload = resume + reload of the rest.
+* ``overlapped``: the store's moves run beside the lifecycle's: offload =
+  max(pause walk, store offload); reload = max(resume, reload of the rest).
+* ``streamed``: as overlapped, but the reload of the rest streams under the
+  next training step's forward and backward (``fwd_bwd_share`` of the measured
+  training step, an input): reload = resume; the step's wait at the optimizer
+  = what is left of the rest's reload after the resume and the forward/backward.
+  Where the benchmark runs the resume in the background too (one rank, or a
+  destroying policy: no canary), reload = 0 and the wait = what is left of
+  max(resume, reload of the rest) after the forward/backward.
+
+``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
+the window's phases plus what the first training step after the switch pays
+beyond a plain one: the lazy initialisation of a rebuilt group at its first
+collective (simulated: the training step's all-reduce after the wake, less the
+same all-reduce in a steady step) and the streamed reload's wait. Beside it:
+``copy_time_at_line_s`` (the bytes at the record's line rates, both ways) and
+the step (plain training + rollout + switch cost).
+
+    python -m sim.calibrate.switch_modes RECORD.json [--policies DESTROY_DEFERRED,SUSPEND_PLANNED,PAUSED_LIVE]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from typing import Any
+
+from sim.calibrate.colocated import MULTI_PRESET, RecordError, predict_step
+
+#: the switch modes (bench/switch_modes.py MODES)
+MODES = ("sequential", "overlapped", "streamed")
+#: policies a prediction covers by default: the two that free NCCL memory on NCCL >= 2.29.7 and the one that keeps it
+POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
+
+
+@functools.lru_cache(maxsize=32)
+def first_use_extra_s(preset: str, world: int, policy: str, cooldown_s: float, train_s: float,
+                      rollout_s: float) -> float:
+    """Seconds the training step's first all-reduce on ``trainer.dp`` after the wake takes beyond the same
+    all-reduce in a step without a switch (lazy communicator init of rebuilt groups), by the real lifecycle on
+    a simulated world of the preset."""
+    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.runtime import GroupSpec
+    from sim.calibrate.switch_window import _touch
+    from sim.models.collectives import NcclComm, TopologyCollectiveCost
+    from sim.models.flows import FlowTransport
+    from sim.models.memory import TopologyMemory
+    from sim.models.topology import Topology
+    from sim.world import SimWorld
+
+    topo = Topology.from_preset(preset)
+    world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
+                      memory=TopologyMemory(topo, record=False), comm=NcclComm(topo, init_at_collective=True),
+                      trace=False)
+
+    async def job(rt):
+        """Steady all-reduce, then pause / sync / resume, then the first all-reduce after the wake."""
+        await rt.new_group(GroupSpec("trainer.dp", tuple(range(world)), backend="nccl"))
+        lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
+            policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120, canary_timeout_s=60,
+            control_group="trainer.control"))
+        await lc.start()
+        await _touch(rt, ["trainer.dp"])
+        a = rt.now()
+        await _touch(rt, ["trainer.dp"])
+        steady = rt.now() - a
+        extra = 0.0
+        for _ in range(2):
+            await rt.sleep(train_s)
+            await lc.pause()
+            await rt.sleep(rollout_s)
+
+            async def no_sync():
+                return None
+            await lc.weight_sync(no_sync)
+            await lc.resume()
+            a = rt.now()
+            await _touch(rt, ["trainer.dp"])
+            extra = max(0.0, rt.now() - a - steady)
+        return extra
+
+    return max(world_.run(job))
+
+
+def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
+                  fwd_bwd_share: float = 0.8) -> list[dict[str, Any]]:
+    """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record)."""
+    if not 0 <= fwd_bwd_share <= 1:
+        raise ValueError(f"fwd_bwd_share must be in [0, 1], got {fwd_bwd_share}")
+    rows = []
+    line = rec.get("line") or {}
+    for policy in policies:
+        r = json.loads(json.dumps(rec))
+        r.setdefault("config", {})["lifecycle_policy"] = policy
+        p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
+        parts, lc = p["parts"], p["lifecycle_s"]
+        off_store = sum(parts["offload"].values())
+        params = parts["weight_sync"]["sim_copies_s"] + parts["weight_sync"]["store_host_s"] + parts["weight_sync"]["scrub_s"]
+        gather = parts["weight_sync"]["gather_s"]
+        rest = sum(parts["reload"].values())
+        train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
+        world = p["world_size"]
+        extra = first_use_extra_s(preset if world == 1 else MULTI_PRESET, world, policy,
+                                  float(r["config"].get("cooldown_s", 0.2)), round(train, 4), round(rollout, 4))
+        copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
+        for mode in modes:
+            ws = lc["weight_sync"] + params + gather
+            wait = 0.0
+            if mode == "sequential":
+                off, rel = lc["offload"] + off_store, lc["reload"] + rest
+            elif mode == "overlapped":
+                off, rel = max(lc["offload"], off_store), max(lc["reload"], rest)
+            elif world == 1 or policy in ("DESTROY", "DESTROY_DEFERRED"):  # the resume goes under the next step too
+                off, rel = max(lc["offload"], off_store), 0.0
+                wait = max(0.0, max(lc["reload"], rest) - fwd_bwd_share * train)
+            else:
+                off, rel = max(lc["offload"], off_store), lc["reload"]
+                wait = max(0.0, rest - lc["reload"] - fwd_bwd_share * train)
+            cost = off + ws + rel + extra + wait
+            step = train + rollout + cost
+            rows.append({"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
+                         "first_use_extra_s": extra, "stream_wait_s": wait, "switch_cost_s": cost,
+                         "copy_time_at_line_s": copy_line, "switch_cost_x_copy_time": cost / copy_line,
+                         "step_s": step, "switch_cost_share_of_step": cost / step})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """The rows as a markdown table."""
+    head = ("| policy | mode | offload | weight sync | reload | first use extra | stream wait | switch_cost_s | "
+            "copies at line | x copies | share of step |\n" + "|---" * 11 + "|")
+    body = [f"| {r['policy']} | {r['mode']} | {r['offload_s']:.3f} | {r['weight_sync_s']:.3f} | {r['reload_s']:.3f} | "
+            f"{r['first_use_extra_s']:.3f} | {r['stream_wait_s']:.3f} | {r['switch_cost_s']:.3f} | "
+            f"{r['copy_time_at_line_s']:.3f} | {r['switch_cost_x_copy_time']:.2f} | {r['switch_cost_share_of_step']:.2f} |"
+            for r in rows]
+    return "\n".join([head, *body])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the predicted rows for a record's step (its model, line rates, train and rollout)."""
+    ap = argparse.ArgumentParser(description="Predicted switch cost per policy and mode of a colocated RL step")
+    ap.add_argument("record", help="an rl_step_<world>.json of bench/rl_loop.py (its model, line rates, phases)")
+    ap.add_argument("--preset", default="calibrated/h200-1x")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--fwd-bwd-share", type=float, default=0.8,
+                    help="share of the training step that is forward and backward (the streamed reload runs under it)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        with open(a.record) as f:
+            rec = json.load(f)
+        rows = predict_modes(rec, preset=a.preset, policies=tuple(a.policies.split(",")),
+                             modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share)
+    except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
+        print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=1) if a.json else format_rows(rows))
+    return 0
+
+
+__all__ = ["MODES", "POLICIES", "RecordError", "first_use_extra_s", "format_rows", "main", "predict_modes"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

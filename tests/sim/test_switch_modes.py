@@ -1,0 +1,45 @@
+"""sim.calibrate.switch_modes: the predicted switch per policy and mode, on a committed RL-step record."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+REC = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-wave/loop/rl1_alloc/rl_step_1.json"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    from sim.calibrate.switch_modes import predict_modes
+
+    return {(r["policy"], r["mode"]): r for r in predict_modes(json.loads(REC.read_text()))}
+
+
+def test_the_modes_compose_the_same_parts(rows):
+    for policy in ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE"):
+        seq, ovl, stm = (rows[(policy, m)] for m in ("sequential", "overlapped", "streamed"))
+        # beside each other a walk and a copy cost their maximum, never more than one after the other
+        assert ovl["offload_s"] <= seq["offload_s"] and ovl["reload_s"] <= seq["reload_s"]
+        assert stm["reload_s"] <= ovl["reload_s"] and stm["weight_sync_s"] == seq["weight_sync_s"]
+        for r in (seq, ovl, stm):  # switch_cost_s: the window plus the first step's extra and the stream's wait
+            assert r["switch_cost_s"] == pytest.approx(r["offload_s"] + r["weight_sync_s"] + r["reload_s"]
+                                                       + r["first_use_extra_s"] + r["stream_wait_s"])
+            assert r["copy_time_at_line_s"] > 0 and 0 < r["switch_cost_share_of_step"] < 1
+
+
+def test_destroying_policies_pay_the_rebuilt_groups_first_use_and_paused_live_does_not(rows):
+    assert rows[("DESTROY_DEFERRED", "sequential")]["first_use_extra_s"] > 0.005
+    assert rows[("PAUSED_LIVE", "sequential")]["first_use_extra_s"] < 0.005
+    # the sequential destroy walk and cooldown cost more than the copies they now hide behind
+    seq, ovl = rows[("DESTROY_DEFERRED", "sequential")], rows[("DESTROY_DEFERRED", "overlapped")]
+    assert ovl["switch_cost_s"] < 0.8 * seq["switch_cost_s"]
+
+
+def test_the_command_prints_the_table(capsys):
+    from sim.calibrate.switch_modes import main
+
+    assert main([str(REC), "--policies", "PAUSED_LIVE", "--modes", "sequential,streamed"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| PAUSED_LIVE |") == 2 and "switch_cost_s" in out
+    assert main([str(REC), "--fwd-bwd-share", "2"]) == 2
