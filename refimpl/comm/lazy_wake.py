@@ -176,8 +176,11 @@ class LazyWake:
                 )
         return None
 
-    async def bring(self, names: Iterable[str] | None) -> None:
-        """ACTIVE_LAZY: agree the union of the wanted groups, then bring up those left down (one walk, one canary)."""
+    async def bring(self, names: Iterable[str] | None) -> bool:
+        """ACTIVE_LAZY: agree the union of the wanted groups, then bring up those left down (one walk, one canary).
+
+        False if their canary failed (agreed: every group was then aborted and rebuilt).
+        """
         rt, groups = self.role.rt, self.role.names
         error: Exception | None = None
         votes = [1] * len(groups)
@@ -191,17 +194,18 @@ class LazyWake:
         down = self._left_down
         bring = [g for g, v in zip(groups, agreed) if v == 0 and g in down]
         if not bring:
-            return
+            return True
         self.stats.lazy_bring_ups += len(bring)
         suspended = [g for g in bring if down[g] is GroupAction.SUSPEND]
         destroyed = [g for g in bring if down[g] is GroupAction.DESTROY]
         log.info("rank %d: lazy wake brings up %s", rt.rank, bring)
         self.host.transition(PGEvent.USE)
         if not await self.host.bring_up_groups(suspended, destroyed):  # all aborted and rebuilt, as at a failed wake
-            return
+            return False
         for g in bring:
             del down[g]
         self.host.transition(PGEvent.RELOADED_LAZY if down else PGEvent.RELOADED)
+        return True
 
 
 __all__ = ["LazyGroupError", "LazyWake", "LazyWakeHost", "request_votes"]

@@ -26,7 +26,11 @@ Rules that keep every rank in step:
    :mod:`refimpl.comm.role_groups`).
 2. Every rank runs the same sequence of agreements: loops go over all role
    groups on every rank; a rank that is not a member of a group does nothing
-   for it but still votes.
+   for it but still votes. Each agreement carries its point and sequence
+   number, so ranks at different agreements fail together with
+   :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
+   :mod:`refimpl.comm.agreement`); decisions that change what ranks do next
+   (suspending again after a sync) are voted, never read from a per-process flag.
 3. Any exception, on any rank, ends the same way everywhere: abort the role's
    groups without delay, turn preservation off for the life of the process,
    state FAILED, re-raise (the failing rank its own error, the others
@@ -138,7 +142,9 @@ class PGLifecycle:
         unique_names(gates)
         self.gates = tuple(gates)
         self.facts = dict(facts or {})
-        self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s)
+        # wide enough for the longest agreement: the plan's four lanes per group, after [succeeded, first failing rank]
+        self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s,
+                                    width=2 + 4 * max(1, len(self.groups)))
         self.cooldown = PortCooldown(self.config.cooldown_s)
         self.state = PGState.ACTIVE
         self.history: list[tuple[float, PGState, PGEvent, PGState]] = []
@@ -254,9 +260,8 @@ class PGLifecycle:
             event = pause_event(policy, bool(vote_all))
             if self.state is PGState.ACTIVE_LAZY:
                 # groups a lazy wake left down: the sync's come up first (all of them unless the plan follows)
-                await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None)
-                if self.preservation.disabled is not None:  # that bring-up's canary failed on some rank (agreed)
-                    event = PGEvent.DESTROY
+                if not await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None):
+                    event = PGEvent.DESTROY  # that bring-up's canary failed on some rank (agreed)
             if event is PGEvent.PAUSE_LIVE:
                 self.transition(PGEvent.PAUSE_LIVE)
                 await self.role.step("release_memory", lambda: _call(release_memory))
@@ -297,9 +302,13 @@ class PGLifecycle:
                 await self._bring_up()
             elif paused is PGState.PLANNED:
                 await self._bring_up_planned(sync_only=True)
-            result, _ = await self.role.step("weight_sync", lambda: self._sync_call(fn))
+            # whether the groups are kept after the sync is agreed: a process may turn preservation off meanwhile
+            result, kept = await self.role.step("weight_sync", lambda: self._sync_call(fn),
+                                                vote=lambda _: self.preservation.disabled is None)
+            if not kept and self.preservation.disabled is None:
+                self._preservation = disabled(self._preservation, "preservation is off on a peer (agreed at the sync)")
             self._preservation = after_good_sync(self.preservation)
-            if paused is PGState.SUSPENDED and self.preservation.disabled is None:
+            if paused is PGState.SUSPENDED and kept:
                 await self.role.suspend_all()
                 self.transition(PGEvent.SUSPEND)
             elif self.state is PGState.SYNC_READY:
