@@ -44,7 +44,7 @@ from dataclasses import asdict
 from refimpl.cli_errors import one_line_errors
 from refimpl.comm import PGPolicy
 # the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
-from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
+from sim.calibrate.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
                                mesh_groups, plan_rules, poll_period, resolve, row_config, row_names,
                                run_steps, simulate, summarize, summarize_simulated)
 

@@ -3,13 +3,13 @@
 It lives with the benchmarks (the application floor) because it runs their
 switch-window driver; ``refimpl.cli`` wires it under ``timeshare sim``.
 
-For a ``multigpu`` record (:mod:`sim.records`) the lifecycle benchmark of
+For a ``multigpu`` record (:mod:`sim.calibrate.records`) the lifecycle benchmark of
 :mod:`bench.switch_window` runs with the record's settings (mesh
 ``dp`` x ``tp``, steps, warmup, train, rollout, cooldown) on a simulated world
 of the preset, each policy the record has, and every phase (``sleep``,
 ``update_weights``, ``wake_up``, ``total``) is compared; so is the order of the
 policies by total time. For an offload report the store's steady offload and
-reload of each shape are compared (:func:`sim.calibration.compare`), with the
+reload of each shape are compared (:func:`sim.calibrate.calibration.compare`), with the
 preset's own PCIe rates rather than the ones measured in the same run, the
 report's phase gap, and the memory another role freed right before the reload
 (``other_role_bytes``), which the driver scrubs while the reload waits. A
@@ -20,7 +20,7 @@ of replicated state on every rank at once) is replayed by
 [Note: how the switch window is charged] Every rank runs the lifecycle's
 code. Each communicator operation is charged per rank, on the rank that does
 it, one group after the other in the lifecycle's sorted walk, at the cost of
-that group's size class (one-rank or multi-rank, :class:`sim.collectives.NcclComm`);
+that group's size class (one-rank or multi-rank, :class:`sim.models.collectives.NcclComm`);
 the ranks run in parallel, so a phase costs the slowest rank's walk, not the
 sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
@@ -40,7 +40,7 @@ decided by milliseconds: the proxy poll phases of a training step's
 communicators move against one another by up to ``poll_phase_spread`` between
 steps (fitted on ``bench/gpu/destroy_walk_probe.py`` records). So a phase whose
 walk has a destroy waiting less than that for its timeout
-(:attr:`sim.switch_window.PolicyResult.poll_late`) ends, in each step, either
+(:attr:`sim.calibrate.switch_window.PolicyResult.poll_late`) ends, in each step, either
 when the model says or one poll period (0.5 s) later, and every later destroy
 of the walk with it; the same code on the same machine type measured
 SUSPEND_PLANNED's weight sync at 2.02 s in every step of two runs and 1.51 s
@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from sim.records import PHASES, MultiGpuRecord, OffloadRecord, Record, RecordError
+from sim.calibrate.records import PHASES, MultiGpuRecord, OffloadRecord, Record, RecordError
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *, tolerance: fl
                            floor_s: float = ABS_FLOOR_S) -> tuple[list[Row], dict[str, Any]]:
     """Rows per policy and phase, and facts: predicted/measured ranking, NCCL memory in the rollout."""
     from sim.presets import load_preset_data
-    from sim.topology import Topology
+    from sim.models.topology import Topology
 
     sw = record.switch_window
     if sw is None:
@@ -204,7 +204,7 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *, tolerance: fl
 
 def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = OFFLOAD_TOLERANCE) -> list[Row]:
     """Rows per shape: the store's steady offload and reload, predicted with the preset's own line rates."""
-    from sim.calibration import compare
+    from sim.calibrate.calibration import compare
     from sim.presets import load_preset_data
 
     check_disjoint(load_preset_data(preset), record, "shapes")
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
     from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
     from sim.presets import PresetError, load_preset_data
-    from sim.records import load_record
+    from sim.calibrate.records import load_record
 
     rows, orders_ok, checked = [], True, 0
     try:

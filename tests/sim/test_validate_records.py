@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from refimpl.cli import main
-from sim.fit import calibrated_preset
+from sim.calibrate.fit import calibrated_preset
 from sim.presets import PRESET_DIR, load_preset_data
-from sim.records import MultiGpuRecord, RecordError, load_record
+from sim.calibrate.records import MultiGpuRecord, RecordError, load_record
 from bench.validate import validate_offload, validate_switch_window
 
 ROOT = Path(__file__).resolve().parents[2]
