@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 import sim
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.runtime.base import ReduceOp
-from sim.runner import build_topology, build_world, group_layout
-from sim.scenario import parse_scenario
-from sim.scenario_io import read_scenario_raw
+from sim.scenarios.runner import build_topology, build_world, group_layout
+from sim.scenarios.scenario import parse_scenario
+from sim.scenarios.scenario_io import read_scenario_raw
 from tests._hypothesis import BUDGET
 
 SCENARIOS = ("fault_drill_8xh200", "suspend_8xh200", "relax_4xa6000_qwen3_4b", "relax_4xa6000_qwen3_4b_baseline",

@@ -109,12 +109,15 @@ class ControlGroup:
         spec = GroupSpec(self.name, tuple(range(rt.world_size)), backend=self.backend, timeout_s=self.timeout_s)
         await rt.new_group(spec)
 
-    async def reduce_min(self, rt: Runtime, values: Sequence[int], point: str) -> list[int]:
+    async def reduce_min(self, rt: Runtime, values: Sequence[int], point: str, *,
+                         timeout_s: float | None = None) -> list[int]:
         """Element-wise MIN of ``values`` over all ranks; raises :class:`AgreementError` on failure.
 
         The agreement carries its sequence number and ``point`` (see the module
         note): a peer at another agreement raises :class:`AgreementMismatchError` on every rank.
+        ``timeout_s``: how long to wait for the peers (default :attr:`timeout_s`).
         """
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
         n = len(values)
         if self.width and n > self.width:
             raise ValueError(f"agreement at {point!r} has {n} values; control group {self.name!r} carries at most "
@@ -123,10 +126,10 @@ class ControlGroup:
         t = torch.tensor([seq, -seq, code, -code, *values] + [0] * (max(self.width, n) - n), dtype=torch.int64)
         self.count += 1
         try:
-            await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=self.timeout_s)
+            await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=wait_s)
         except CollectiveTimeoutError as exc:
             raise AgreementTimeoutError(
-                f"rank {rt.rank}: agreement at {point!r} timed out after {self.timeout_s:g}s on control group "
+                f"rank {rt.rank}: agreement at {point!r} timed out after {wait_s:g}s on control group "
                 f"{self.name!r}: another rank crashed, hung or failed before reaching it"
             ) from exc
         except (CollectiveFailedError, GroupError) as exc:

@@ -81,3 +81,47 @@ def test_a_rank_that_skips_use_meets_a_reported_mismatch_on_every_rank():
         name, msg = o["errors"][0]
         assert name == "AgreementMismatchError" and "'use.request'" in msg and "'pause.decide'" in msg, o
         assert o["took"] < 30.0, "reported at once, within the agreement timeout"
+
+
+class _PortInUseOnce:
+    """Rank 2's first rebuild of ``tp1`` (the last group of the walk) cannot bind its port (TIME_WAIT)."""
+
+    def __init__(self):
+        self.fired = False
+
+    def on_point(self, rank, name):
+        return None
+
+    def on_collective(self, rank, group, op, seq):
+        return None
+
+    def on_group_create(self, rank, spec):
+        if rank == 2 and spec.name == "tp1" and spec.generation > 0 and not self.fired:
+            self.fired = True
+            from refimpl.runtime.base import AddressInUseError
+
+            return sim.FaultAction.fail(AddressInUseError("tp1: port in TIME_WAIT"))
+        return None
+
+    def on_pin(self, rank, nbytes):
+        return None
+
+
+def test_an_address_in_use_at_one_ranks_rebuild_is_retried_with_the_deployments_timeouts():
+    """Agreements wait 300 s by default, group creation 600 s: the rank whose bind failed waits at the rebuild's
+    agreement for peers still in the group's rendezvous, then every rank retries together."""
+    faults = _PortInUseOnce()
+    world = sim.SimWorld(4, group_timeouts=True, faults=faults)
+    specs = [GroupSpec(s.name, s.ranks) for s in _mesh(4)]  # torch's default timeout (600 s)
+
+    async def job(rt):
+        lc = PGLifecycle(rt, specs, config=LifecycleConfig(policy=PGPolicy.DESTROY_DEFERRED))
+        await lc.pause()
+        await lc.weight_sync(lambda: None)
+        await rt.sleep(30.0)
+        await lc.resume()
+        return lc.state, lc.stats.address_in_use_retries
+
+    out = world.run(job)
+    assert faults.fired
+    assert out == [(PGState.ACTIVE, 1)] * 4, out
