@@ -279,3 +279,18 @@ def test_with_the_watchdog_on_by_default_a_hang_times_its_peers_out_instead_of_d
     assert all(r["status"] == "failed" and "timed out" in (r["error"] or "") for r in ranks[1:]), ranks[1:]
     assert result.ok, result.violations  # a failure the fault plan caused is an outcome, not a violation
 
+
+
+def test_finished_ranks_in_different_lifecycle_states_are_a_violated_invariant():
+    from sim.scenarios.result import RankOutcome, judge
+    from sim.scenarios.runner import build_world
+
+    scn = parse_scenario(_with(steps=1))
+    world, plan = build_world(scn, scn.topo)
+    world.run(lambda rt: rt.sleep(1.0))
+    same = [RankOutcome(rank=r, finished=True, state="ACTIVE") for r in range(scn.world_size)]
+    assert judge(scn, scn.topo, world, plan, same, None, 0.0).ok
+    split = [RankOutcome(rank=r, finished=True, state="ACTIVE" if r else "FAILED") for r in range(scn.world_size)]
+    result = judge(scn, scn.topo, world, plan, split, None, 0.0)
+    assert not result.ok and result.violations == [
+        "finished ranks ended in different lifecycle states: ['ACTIVE', 'FAILED']"]
