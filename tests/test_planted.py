@@ -25,9 +25,10 @@ def test_there_are_at_least_fifteen_named_breaks_with_selections():
 
 
 def test_every_module_of_comm_and_sim_has_a_break_or_says_why_not():
-    from tests.planted.comm_sim import EXEMPT
+    from tests.planted.comm_sim import EXEMPT, NOT_YET_CAUGHT
 
-    planted = {b.path for b in BREAKS}
+    gaps = {b.path for b in NOT_YET_CAUGHT}  # planted, not caught yet: visible gaps, not silent ones
+    planted = {b.path for b in BREAKS} | gaps
     modules = sorted(str(p.relative_to(REPO)) for pkg in ("refimpl/comm", "sim") for p in (REPO / pkg).rglob("*.py"))
     missing = [m for m in modules if m not in planted and m not in EXEMPT]
     assert not missing, f"modules with no planted break (add one in tests/planted/comm_sim.py, or exempt it): {missing}"
