@@ -18,7 +18,7 @@ exception of the import-graph rule (``tests/test_import_graph.py``).
 import importlib
 
 
-from refimpl.comm.agreement import AgreementError, AgreementTimeoutError, ControlGroup
+from refimpl.comm.agreement import AgreementError, AgreementMismatchError, AgreementTimeoutError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.gates import RELAX_GATES, Gate, GateContext, fact_gate, failing_gates
 from refimpl.comm.lifecycle import (
@@ -69,6 +69,7 @@ def __getattr__(name):
 
 __all__ = [
     "AgreementError",
+    "AgreementMismatchError",
     "AgreementTimeoutError",
     "BlockingPGLifecycle",
     "ControlGroup",

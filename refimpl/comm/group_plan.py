@@ -286,13 +286,14 @@ class GroupPlan:
 class PlannedGroups:
     """The agreed operations of SUSPEND_PLANNED on a role's groups (one rank's side)."""
 
-    def __init__(self, role: "RoleGroups", rules: GroupPlanRules) -> None:
+    def __init__(self, role: "RoleGroups", rules: GroupPlanRules,
+                 left_down: Mapping[str, GroupAction] | None = None) -> None:
         self.role = role
         self.rules = rules
         self.plan: GroupPlan | None = None
-        #: groups a lazy wake left down (same on every rank: from the agreed plan), with the action that took them
-        #: down; they come back at their first use (PGLifecycle.use)
-        self.left_down: dict[str, GroupAction] = {}
+        #: groups a lazy wake left down (same on every rank), with the action that took them down: a read-only
+        #: view of what :class:`refimpl.comm.lazy_wake.LazyWake` owns (they come back at their first use)
+        self.left_down: Mapping[str, GroupAction] = left_down if left_down is not None else {}
 
     async def agree(self) -> GroupPlan:
         """Read every member group's NCCL memory (the suspend preflight), vote, agree on one plan.

@@ -5,7 +5,7 @@ Theory of operation
 With ``GroupPlanRules.wake_groups`` declared, a SUSPEND_PLANNED wake resumes
 (or rebuilds) only the groups some rank needs right away; the plan's other
 suspended or destroyed groups stay down and the lifecycle is ACTIVE_LAZY. A
-group comes back when :meth:`LazyWake.use` names it, right before its first
+group comes back when ``PGLifecycle.use`` names it, right before its first
 collective:
 
 1. **One agreement on what is wanted.** Every rank calls ``use(names)`` at the
@@ -33,14 +33,27 @@ needs (``GroupPlanRules.sync_groups``; all of them if undeclared), then agrees a
 new plan in which each group still down votes the action that took it down and
 is not touched again: a group the training step never used costs nothing in
 the next switch.
+
+[Note: the lazy wake as a component] :class:`LazyWake` is one object of the
+lifecycle (``PGLifecycle.lazy``) that owns the lazy wake's state, the groups
+left down (:attr:`LazyWake.left_down`, the same on every rank); only its methods
+change it (:meth:`LazyWake.leave_down` at a wake, :meth:`LazyWake.bring` as
+groups come up, :meth:`LazyWake.clear` after a failed canary). Readers (the plan
+agreement, which lets a group still down vote the action that took it down)
+get a read-only view. What it needs of the lifecycle is declared in
+:class:`LazyWakeHost`: the state, one transition, and "bring these groups up as
+at a wake".
 """
 from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from refimpl.comm.group_plan import GroupAction
+from refimpl.comm.lifecycle_config import LifecycleStats
+from refimpl.comm.role_groups import RoleGroups
 from refimpl.comm.states import PGEvent, PGState
 from refimpl.runtime.base import GroupError
 
@@ -67,92 +80,132 @@ def request_votes(groups: tuple[str, ...], names: Iterable[str] | None) -> list[
     return [int(g not in wanted) for g in groups]
 
 
+class LazyWakeHost(Protocol):
+    """What the lazy wake needs from its lifecycle (:class:`refimpl.comm.PGLifecycle` implements it).
+
+    ``state``: the lifecycle's state on this rank. :meth:`transition` applies one
+    event of the transition table; :meth:`bring_up_groups` resumes (one walk, one
+    canary pass) and rebuilds groups as at a wake, False if the canary failed
+    (then everything was aborted and rebuilt, and :meth:`LazyWake.clear` was called).
+    """
+
+    state: PGState
+
+    def transition(self, event: PGEvent) -> None:
+        """Apply ``event`` (a row of :data:`refimpl.comm.states.TRANSITIONS`) to the state."""
+        ...
+
+    async def bring_up_groups(self, suspended: Sequence[str], destroyed: Sequence[str]) -> bool:
+        """Resume ``suspended`` and rebuild ``destroyed`` as at a wake; False if the canary failed."""
+        ...
+
+
 class LazyWake:
-    """The lazy-wake operations of :class:`refimpl.comm.PGLifecycle` (a mixin: it uses the lifecycle's state,
-    role groups, plan, canary and transitions; not imported here, so no import cycle)."""
+    """The lazy wake of one lifecycle on one rank: which groups are left down, and bringing them up.
 
-    async def use(self, names: Iterable[str] | None = None) -> PGState:
-        """Bring up the groups named here on any rank that a lazy wake left down; every rank calls it at once.
+    It owns :attr:`left_down` (same on every rank: set from the agreed plan at
+    the wake, shrunk by each agreed bring-up); nothing else writes it.
+    ``role``: the role's groups (their agreements); ``stats``: the lifecycle's
+    counters; ``wake_groups``: the declared wake groups (for error messages);
+    ``host``: the lifecycle (:class:`LazyWakeHost`).
+    """
 
-        ``names``: the groups this rank is about to use (None: every group).
-        In ACTIVE nothing is down and nothing is agreed. Returns the state
-        (ACTIVE once nothing is left down, else ACTIVE_LAZY).
-        """
-        await self.start()
-        self._require("use", {PGState.ACTIVE, PGState.ACTIVE_LAZY})
-        if self.state is PGState.ACTIVE:
-            request_votes(self.groups, names)  # a typo still fails here, on the rank that made it
-            return self.state
-        with self.rt.span("lifecycle.use"):
-            await self._bring_lazy(names)
-        return self.state
+    def __init__(self, role: RoleGroups, stats: LifecycleStats, wake_groups: Iterable[str] | None,
+                 host: LazyWakeHost) -> None:
+        self.role = role
+        self.stats = stats
+        self.wake_groups = frozenset(wake_groups or ())
+        self.host = host
+        self._left_down: dict[str, GroupAction] = {}
+        #: a read-only live view of :attr:`_left_down` for readers (the plan agreement, tests)
+        self.left_down: Mapping[str, GroupAction] = MappingProxyType(self._left_down)
+
+    # ------------------------------------------------------------------ its state
+
+    def leave_down(self, left: Mapping[str, GroupAction]) -> None:
+        """After a wake (agreed plan): ``left`` stays down, with the action that took each group down."""
+        self._left_down.clear()
+        self._left_down.update(left)
+
+    def clear(self) -> None:
+        """Nothing is left down any more (a failed canary aborted and rebuilt every group)."""
+        self._left_down.clear()
+
+    # ------------------------------------------------------------------ its operations
+
+    async def use(self, names: Iterable[str] | None) -> PGState:
+        """:meth:`PGLifecycle.use` once its state was checked: agree and bring up (ACTIVE: check names only)."""
+        host = self.host
+        if host.state is PGState.ACTIVE:
+            request_votes(self.role.names, names)  # a typo still fails here, on the rank that made it
+            return host.state
+        with self.role.rt.span("lifecycle.use"):
+            await self.bring(names)
+        return host.state
 
     async def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
-        """:meth:`use` ``names``, then run ``fn`` (sync or async) as one agreed step on every rank.
-
-        A collective in ``fn`` on a group still left down fails every rank with
-        :class:`LazyGroupError` naming the group (instead of one rank raising
-        and its peers waiting); any other failure fails every rank as usual.
-        """
+        """:meth:`use` ``names``, then ``fn`` as one agreed step (a refusal on a left-down group: LazyGroupError)."""
         await self.use(names)
-        result, _ = await self.role.step("run_on", lambda: self._lazy_call(fn))
+        result, _ = await self.role.step("run_on", lambda: self._call(fn))
         return result
 
-    # ------------------------------------------------------------------ performing it
-
-    async def _lazy_call(self, fn: Callable[[], Any]) -> Any:
+    async def _call(self, fn: Callable[[], Any]) -> Any:
         try:
             result = fn()
             if inspect.isawaitable(result):
                 result = await result
             return result
         except GroupError as exc:
-            clear = self._explain_lazy(exc)
+            clear = self.explain(exc)
             if clear is not None:
                 raise clear from exc
             raise
 
-    def _explain_lazy(self, exc: BaseException) -> LazyGroupError | None:
+    def explain(self, exc: BaseException) -> LazyGroupError | None:
         """A clear error if ``exc`` came from a collective on a group the lazy wake left down."""
         if not isinstance(exc, GroupError) or isinstance(exc, LazyGroupError):
             return None
-        for group, action in self.planned.left_down.items():
+        for group, action in self._left_down.items():
             if repr(group) in str(exc):
                 how = "suspended" if action is GroupAction.SUSPEND else "destroyed"
                 return LazyGroupError(
-                    f"rank {self.rt.rank}: a collective on group {group!r}, which the lazy wake left {how} "
-                    f"(GroupPlanRules.wake_groups {sorted(self.plan_rules.wake_groups or ())}); name it in "
+                    f"rank {self.role.rt.rank}: a collective on group {group!r}, which the lazy wake left {how} "
+                    f"(GroupPlanRules.wake_groups {sorted(self.wake_groups)}); name it in "
                     f"PGLifecycle.use() or run_on() on every rank before its first collective, or add it to "
                     f"wake_groups ({exc})"
                 )
         return None
 
-    async def _bring_lazy(self, names: Iterable[str] | None) -> None:
-        """ACTIVE_LAZY: agree the union of the wanted groups, then bring up those left down (one walk, one canary)."""
-        rt = self.rt
+    async def bring(self, names: Iterable[str] | None) -> bool:
+        """ACTIVE_LAZY: agree the union of the wanted groups, then bring up those left down (one walk, one canary).
+
+        False if their canary failed (agreed: every group was then aborted and rebuilt).
+        """
+        rt, groups = self.role.rt, self.role.names
         error: Exception | None = None
-        votes = [1] * len(self.groups)
+        votes = [1] * len(groups)
         try:
             await rt.point("lifecycle.use")
-            votes = request_votes(self.groups, names)
+            votes = request_votes(groups, names)
         except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
             error = exc
             log.error("rank %d: use(%r) failed: %r", rt.rank, names, exc)
         agreed = await self.role.outcome("use.request", error, votes)
-        down = self.planned.left_down
-        bring = [g for g, v in zip(self.groups, agreed) if v == 0 and g in down]
+        down = self._left_down
+        bring = [g for g, v in zip(groups, agreed) if v == 0 and g in down]
         if not bring:
-            return
+            return True
         self.stats.lazy_bring_ups += len(bring)
         suspended = [g for g in bring if down[g] is GroupAction.SUSPEND]
         destroyed = [g for g in bring if down[g] is GroupAction.DESTROY]
         log.info("rank %d: lazy wake brings up %s", rt.rank, bring)
-        self._transition(PGEvent.USE)
-        if not await self._bring_up_groups(suspended, destroyed):  # everything was aborted and rebuilt, as at any failed wake
-            return
+        self.host.transition(PGEvent.USE)
+        if not await self.host.bring_up_groups(suspended, destroyed):  # all aborted and rebuilt, as at a failed wake
+            return False
         for g in bring:
             del down[g]
-        self._transition(PGEvent.RELOADED_LAZY if down else PGEvent.RELOADED)
+        self.host.transition(PGEvent.RELOADED_LAZY if down else PGEvent.RELOADED)
+        return True
 
 
-__all__ = ["LazyGroupError", "LazyWake", "request_votes"]
+__all__ = ["LazyGroupError", "LazyWake", "LazyWakeHost", "request_votes"]

@@ -26,7 +26,11 @@ Rules that keep every rank in step:
    :mod:`refimpl.comm.role_groups`).
 2. Every rank runs the same sequence of agreements: loops go over all role
    groups on every rank; a rank that is not a member of a group does nothing
-   for it but still votes.
+   for it but still votes. Each agreement carries its point and sequence
+   number, so ranks at different agreements fail together with
+   :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
+   :mod:`refimpl.comm.agreement`); decisions that change what ranks do next
+   (suspending again after a sync) are voted, never read from a per-process flag.
 3. Any exception, on any rank, ends the same way everywhere: abort the role's
    groups without delay, turn preservation off for the life of the process,
    state FAILED, re-raise (the failing rank its own error, the others
@@ -45,6 +49,7 @@ import zlib
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from refimpl.comm.agreement import AgreementError, ControlGroup
+from refimpl.comm.blocking import BlockingPGLifecycle
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.decisions import (
     Preservation,
@@ -69,7 +74,7 @@ from refimpl.comm.group_plan import GroupAction, GroupPlanRules, PlannedGroups
 from refimpl.comm.lazy_wake import LazyWake
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.comm.role_groups import RoleGroups
-from refimpl.comm.states import PGEvent, PGPolicy, PGState, transition_for
+from refimpl.comm.states import PGEvent, PGPolicy, PGState, allowed_states, transition_for
 from refimpl.runtime.base import CommMemory, GroupError, GroupSpec, Runtime
 
 log = logging.getLogger(__name__)
@@ -94,7 +99,7 @@ async def _call(fn: Callable[[], Any] | None) -> Any:
     return result
 
 
-class PGLifecycle(LazyWake):
+class PGLifecycle:
     """A role's process groups, driven through pause / weight sync / resume on every rank at once.
 
     ``groups``: the role's groups, as names the runtime knows or as
@@ -104,7 +109,8 @@ class PGLifecycle(LazyWake):
     ``plan``: how SUSPEND_PLANNED chooses each group's action and which groups
     the weight sync needs (:class:`refimpl.comm.group_plan.GroupPlanRules`); with its
     ``wake_groups`` the wake leaves the others down until :meth:`use` names them
-    (:mod:`refimpl.comm.lazy_wake`).
+    (:attr:`lazy`, a :class:`refimpl.comm.lazy_wake.LazyWake`). Each operation
+    first checks the state against :data:`refimpl.comm.states.OPERATIONS`.
     """
 
     def __init__(
@@ -136,7 +142,9 @@ class PGLifecycle(LazyWake):
         unique_names(gates)
         self.gates = tuple(gates)
         self.facts = dict(facts or {})
-        self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s)
+        # wide enough for the longest agreement: the plan's four lanes per group, after [succeeded, first failing rank]
+        self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s,
+                                    width=2 + 4 * max(1, len(self.groups)))
         self.cooldown = PortCooldown(self.config.cooldown_s)
         self.state = PGState.ACTIVE
         self.history: list[tuple[float, PGState, PGEvent, PGState]] = []
@@ -150,8 +158,10 @@ class PGLifecycle(LazyWake):
         unknown = self.plan_rules.unknown(self.groups)
         if unknown:
             raise ValueError(f"GroupPlanRules name groups {unknown} that are not role groups {list(self.groups)}")
+        #: the lazy wake: the groups a wake left down and their bring-up (see refimpl.comm.lazy_wake)
+        self.lazy = LazyWake(self.role, self.stats, self.plan_rules.wake_groups, host=self)
         #: SUSPEND_PLANNED's agreed per-group plan and its walks (see refimpl.comm.group_plan)
-        self.planned = PlannedGroups(self.role, self.plan_rules)
+        self.planned = PlannedGroups(self.role, self.plan_rules, left_down=self.lazy.left_down)
 
     # ------------------------------------------------------------------ facts
 
@@ -217,7 +227,7 @@ class PGLifecycle(LazyWake):
         own memory; with PAUSED_LIVE the canary runs after it. Returns the new state.
         """
         await self.start()
-        self._require("pause", {PGState.ACTIVE, PGState.ACTIVE_LAZY})
+        self._require("pause")
         policy = policy or self.config.policy
         rt = self.rt
         with rt.span("lifecycle.pause"):
@@ -250,27 +260,26 @@ class PGLifecycle(LazyWake):
             event = pause_event(policy, bool(vote_all))
             if self.state is PGState.ACTIVE_LAZY:
                 # groups a lazy wake left down: the sync's come up first (all of them unless the plan follows)
-                await self._bring_lazy(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None)
-                if self.preservation.disabled is not None:  # that bring-up's canary failed on some rank (agreed)
-                    event = PGEvent.DESTROY
+                if not await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None):
+                    event = PGEvent.DESTROY  # that bring-up's canary failed on some rank (agreed)
             if event is PGEvent.PAUSE_LIVE:
-                self._transition(PGEvent.PAUSE_LIVE)
+                self.transition(PGEvent.PAUSE_LIVE)
                 await self.role.step("release_memory", lambda: _call(release_memory))
                 await self._check_canary()
             elif event is PGEvent.SUSPEND:
                 await self.role.suspend_all()
-                self._transition(PGEvent.SUSPEND)
+                self.transition(PGEvent.SUSPEND)
                 await self.role.step("release_memory", lambda: _call(release_memory))
             elif event is PGEvent.PAUSE_PLANNED:
                 plan = await self.planned.agree()
                 await self.planned.apply(plan.acted(sync=False))
-                self._transition(PGEvent.PAUSE_PLANNED)
+                self.transition(PGEvent.PAUSE_PLANNED)
                 await self.role.step("release_memory", lambda: _call(release_memory))
                 if plan.kept_live:  # groups the rollout keeps using: checked as PAUSED_LIVE's are
                     await self._check_canary(only=sorted(plan.kept_live))
             else:
                 await self.role.destroy_all(inline_wait=inline_cooldown(policy))
-                self._transition(PGEvent.DESTROY)
+                self.transition(PGEvent.DESTROY)
                 await self.role.step("release_memory", lambda: _call(release_memory))
             self._pause_policy = policy
         return self.state
@@ -283,47 +292,71 @@ class PGLifecycle(LazyWake):
         after an eligible pause arms preservation.
         """
         await self.start()
-        self._require("weight_sync", {PGState.ACTIVE, PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED,
-                                      PGState.SYNC_READY, PGState.PLANNED, PGState.ACTIVE_LAZY})
+        self._require("weight_sync")
         paused = self.state
         with self.rt.span("lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
             if paused is PGState.ACTIVE_LAZY:
-                await self._bring_lazy(self.plan_rules.sync_groups)
+                await self.lazy.bring(self.plan_rules.sync_groups)
             elif needs_bring_up(paused):
                 await self._bring_up()
             elif paused is PGState.PLANNED:
                 await self._bring_up_planned(sync_only=True)
-            result, _ = await self.role.step("weight_sync", lambda: self._sync_call(fn))
+            # whether the groups are kept after the sync is agreed: a process may turn preservation off meanwhile
+            result, kept = await self.role.step("weight_sync", lambda: self._sync_call(fn),
+                                                vote=lambda _: self.preservation.disabled is None)
+            if not kept and self.preservation.disabled is None:
+                self._preservation = disabled(self._preservation, "preservation is off on a peer (agreed at the sync)")
             self._preservation = after_good_sync(self.preservation)
-            if paused is PGState.SUSPENDED and self.preservation.disabled is None:
+            if paused is PGState.SUSPENDED and kept:
                 await self.role.suspend_all()
-                self._transition(PGEvent.SUSPEND)
+                self.transition(PGEvent.SUSPEND)
             elif self.state is PGState.SYNC_READY:
                 assert self.planned.plan is not None
                 await self.planned.apply(self.planned.plan.acted(sync=True), preflight=True)
-                self._transition(PGEvent.APPLY_PLAN)
+                self.transition(PGEvent.APPLY_PLAN)
             elif needs_bring_up(paused) or paused in (PGState.SYNC_READY, PGState.PLANNED):
                 await self.role.destroy_all(inline_wait=inline_cooldown(self._pause_policy))
-                self._transition(PGEvent.DESTROY)
+                self.transition(PGEvent.DESTROY)
         return result
 
     async def resume(self) -> PGState:
         """Bring the groups back for training (ACTIVE): resume, rebuild, or nothing if they stayed live."""
         await self.start()
-        self._require("resume", {PGState.PAUSED_LIVE, PGState.SUSPENDED, PGState.DESTROYED, PGState.SYNC_READY,
-                                 PGState.PLANNED, PGState.ACTIVE_LAZY})
+        self._require("resume")
         with self.rt.span("lifecycle.resume"):
             self.stats.resumes += 1
             if self.state is PGState.PAUSED_LIVE:
-                self._transition(PGEvent.RESUME)
+                self.transition(PGEvent.RESUME)
             elif self.state is PGState.ACTIVE_LAZY:  # everything the lazy wake left down, now
-                await self._bring_lazy(None)
+                await self.lazy.bring(None)
             elif self.state in (PGState.SYNC_READY, PGState.PLANNED):
                 await self._bring_up_planned(sync_only=False)
             else:
                 await self._bring_up()
         return self.state
+
+    async def use(self, names: Iterable[str] | None = None) -> PGState:
+        """Bring up the groups named here on any rank that a lazy wake left down; every rank calls it at once.
+
+        ``names``: the groups this rank is about to use (None: every group).
+        In ACTIVE nothing is down and nothing is agreed. Returns the state
+        (ACTIVE once nothing is left down, else ACTIVE_LAZY). See :mod:`refimpl.comm.lazy_wake`.
+        """
+        await self.start()
+        self._require("use")
+        return await self.lazy.use(names)
+
+    async def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
+        """:meth:`use` ``names``, then run ``fn`` (sync or async) as one agreed step on every rank.
+
+        A collective in ``fn`` on a group still left down fails every rank with
+        :class:`~refimpl.comm.lazy_wake.LazyGroupError` naming the group (instead
+        of one rank raising and its peers waiting); any other failure fails every rank as usual.
+        """
+        await self.start()
+        self._require("use")
+        return await self.lazy.run_on(names, fn)
 
     # ------------------------------------------------------------------ performing transitions
 
@@ -334,7 +367,9 @@ class PGLifecycle(LazyWake):
         except GroupError:
             return False
 
-    def _require(self, op: str, allowed: set[PGState]) -> None:
+    def _require(self, op: str) -> None:
+        """Refuse ``op`` unless the state is one :data:`refimpl.comm.states.OPERATIONS` allows for it."""
+        allowed = allowed_states(op)
         if self.state is PGState.FAILED:
             raise LifecycleFailedError(
                 f"rank {self.rt.rank}: {op}() after the lifecycle failed ({self.failure!r}); its groups were "
@@ -346,7 +381,8 @@ class PGLifecycle(LazyWake):
                 f"lifecycle is {self.state.name}"
             )
 
-    def _transition(self, event: PGEvent) -> None:
+    def transition(self, event: PGEvent) -> None:
+        """Apply ``event`` by its row of the transition table (for the lifecycle and its lazy wake)."""
         t = transition_for(self.state, event)
         self.history.append((self.rt.now(), t.source, event, t.target))
         log.info("rank %d: %s --%s--> %s", self.rt.rank, t.source.name, event.name, t.target.name)
@@ -367,26 +403,26 @@ class PGLifecycle(LazyWake):
         self._disable(f"failure at {point}: {cause!r}")
         await self.role.abort_all()
         if self.state is not PGState.FAILED:
-            self._transition(PGEvent.FAULT)
+            self.transition(PGEvent.FAULT)
 
     async def _bring_up(self) -> None:
         if self.state is PGState.SUSPENDED:
-            self._transition(PGEvent.RELOAD)
+            self.transition(PGEvent.RELOAD)
             await self.role.resume_all()
             if await self._check_canary():
-                self._transition(PGEvent.RELOADED)
+                self.transition(PGEvent.RELOADED)
                 return
         if self.state is PGState.DESTROYED:
-            self._transition(PGEvent.RELOAD)
+            self.transition(PGEvent.RELOAD)
             await self.role.rebuild_all()
-            self._transition(PGEvent.RELOADED)
+            self.transition(PGEvent.RELOADED)
 
     async def _sync_call(self, fn: Callable[[], Any]) -> Any:
         """The caller's weight sync; a group the planned pause took down is named in a clear error."""
         try:
             return await _call(fn)
         except GroupError as exc:
-            clear = self.planned.explain(exc) or self._explain_lazy(exc)
+            clear = self.planned.explain(exc) or self.lazy.explain(exc)
             if clear is not None:
                 raise clear from exc
             raise
@@ -409,16 +445,16 @@ class PGLifecycle(LazyWake):
         suspended, destroyed = self.planned.down(wanted)
         left = {} if sync_only else {g: a for g, a in plan.actions.items()
                                      if a is not GroupAction.KEEP and g not in wanted and g not in up_already}
-        self._transition(PGEvent.RELOAD)
-        if not await self._bring_up_groups(suspended, destroyed):
+        self.transition(PGEvent.RELOAD)
+        if not await self.bring_up_groups(suspended, destroyed):
             return
         if sync_only:
-            self._transition(PGEvent.SYNC_GROUPS_UP)
+            self.transition(PGEvent.SYNC_GROUPS_UP)
             return
-        self.planned.left_down = left
-        self._transition(PGEvent.RELOADED_LAZY if left else PGEvent.RELOADED)
+        self.lazy.leave_down(left)
+        self.transition(PGEvent.RELOADED_LAZY if left else PGEvent.RELOADED)
 
-    async def _bring_up_groups(self, suspended: Sequence[str], destroyed: Sequence[str]) -> bool:
+    async def bring_up_groups(self, suspended: Sequence[str], destroyed: Sequence[str]) -> bool:
         """Resume ``suspended`` (one walk, one canary pass) and rebuild ``destroyed``; False if the canary failed.
 
         On a failed canary everything was aborted (``_check_canary``): nothing
@@ -427,10 +463,10 @@ class PGLifecycle(LazyWake):
         if suspended:
             await self.role.resume_all(only=suspended)
             if not await self._check_canary(only=suspended):
-                self.planned.left_down.clear()
-                self._transition(PGEvent.RELOAD)
+                self.lazy.clear()
+                self.transition(PGEvent.RELOAD)
                 await self.role.rebuild_all()
-                self._transition(PGEvent.RELOADED)
+                self.transition(PGEvent.RELOADED)
                 return False
         if destroyed:
             await self.role.rebuild_all(only=destroyed)
@@ -448,48 +484,8 @@ class PGLifecycle(LazyWake):
         self.stats.canary_failures += 1
         self._disable("canary failed: " + ("; ".join(problems) or "on another rank"))
         await self.role.abort_all()
-        self._transition(PGEvent.CANARY_FAILED)
+        self.transition(PGEvent.CANARY_FAILED)
         return False
-
-
-class BlockingPGLifecycle:
-    """Synchronous facade of a :class:`PGLifecycle` on a runtime that runs coroutines at once (TorchRuntime)."""
-
-    def __init__(self, lifecycle: PGLifecycle) -> None:
-        self.lifecycle = lifecycle
-
-    @property
-    def state(self) -> PGState:
-        """The lifecycle's current :class:`PGState` on this rank."""
-        return self.lifecycle.state
-
-    def start(self) -> None:
-        """See :meth:`PGLifecycle.start`."""
-        self.lifecycle.rt.run(self.lifecycle.start())
-
-    def agree(self, flag: bool) -> bool:
-        """See :meth:`PGLifecycle.agree`."""
-        return self.lifecycle.rt.run(self.lifecycle.agree(flag))
-
-    def pause(self, release_memory: Callable[[], Any] | None = None, *, policy: PGPolicy | None = None) -> PGState:
-        """See :meth:`PGLifecycle.pause`."""
-        return self.lifecycle.rt.run(self.lifecycle.pause(release_memory, policy=policy))
-
-    def weight_sync(self, fn: Callable[[], Any]) -> Any:
-        """See :meth:`PGLifecycle.weight_sync`."""
-        return self.lifecycle.rt.run(self.lifecycle.weight_sync(fn))
-
-    def resume(self) -> PGState:
-        """See :meth:`PGLifecycle.resume`."""
-        return self.lifecycle.rt.run(self.lifecycle.resume())
-
-    def use(self, names: Iterable[str] | None = None) -> PGState:
-        """See :meth:`PGLifecycle.use` (:mod:`refimpl.comm.lazy_wake`)."""
-        return self.lifecycle.rt.run(self.lifecycle.use(names))
-
-    def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
-        """See :meth:`PGLifecycle.run_on` (:mod:`refimpl.comm.lazy_wake`)."""
-        return self.lifecycle.rt.run(self.lifecycle.run_on(names, fn))
 
 
 __all__ = [

@@ -22,7 +22,10 @@ all groups of the job. One case no protocol can cover: a rank whose group
 *creation* fails before it reaches the rendezvous leaves that group's peers
 waiting inside the runtime call until the group's creation timeout
 (``GroupSpec.timeout_s``; torch's store barrier and NCCL init are bounded by
-it); they then vote, and every rank fails together.
+it); they then vote, and every rank fails together. The rebuild walk's
+agreement waits that creation timeout on top of the agreement timeout, so a
+rank whose bind failed (address in use) does not give up on peers still in the
+rendezvous (torch's default: 600 s against 300 s): every rank retries together.
 """
 from __future__ import annotations
 
@@ -105,12 +108,18 @@ class RoleGroups:
 
     # ------------------------------------------------------------------ agreement
 
-    async def outcome(self, point: str, error: Exception | None, votes: list[int]) -> list[int]:
-        """Agree on ``[succeeded, first failing rank, *votes]``; fall back and raise if any rank failed."""
+    async def outcome(self, point: str, error: Exception | None, votes: list[int], *,
+                      extra_wait_s: float = 0.0) -> list[int]:
+        """Agree on ``[succeeded, first failing rank, *votes]``; fall back and raise if any rank failed.
+
+        ``extra_wait_s``: how much longer than the agreement timeout a peer may take to arrive
+        (a walk whose peers may wait out a group's creation timeout first).
+        """
         rt = self.rt
         try:
             ok, first, *agreed = await self.control.reduce_min(
-                rt, [int(error is None), rt.world_size if error is None else rt.rank, *votes], point
+                rt, [int(error is None), rt.world_size if error is None else rt.rank, *votes], point,
+                timeout_s=self.control.timeout_s + extra_wait_s,
             )
         except AgreementError as exc:
             await self.on_failure.fall_back(point, error or exc)
@@ -142,12 +151,12 @@ class RoleGroups:
         return result, bool(agreed)
 
     async def walk(self, point: str, fn: Callable[[str], Awaitable[bool | None]], *,
-                   destroy_after: Sequence[str] = ()) -> list[bool]:
+                   destroy_after: Sequence[str] = (), extra_wait_s: float = 0.0) -> list[bool]:
         """``fn(name)`` for every role group in order on every rank; agreed per-group results.
 
         ``fn`` returning False is a soft "no" for that group (e.g. a port still in
         use); raising is a failure. Neither stops the walk (see the module note).
-        ``destroy_after``: groups destroyed all together once ``fn`` has seen every
+        ``extra_wait_s``: see :meth:`outcome`. ``destroy_after``: groups destroyed all together once ``fn`` has seen every
         group (:meth:`Runtime.destroy_groups`; ``LifecycleConfig.parallel_destroy``);
         a failed destroy is a failure like any other, so once the walk returns every
         rank destroyed them all.
@@ -174,7 +183,7 @@ class RoleGroups:
             for name, exc in failed.items():
                 log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
                 error = error or exc
-        agreed = await self.outcome(point, error, votes)
+        agreed = await self.outcome(point, error, votes, extra_wait_s=extra_wait_s)
         return [bool(v) for v in agreed]
 
     # ------------------------------------------------------------------ operations
@@ -274,7 +283,10 @@ class RoleGroups:
 
         with rt.span("lifecycle.rebuild"):
             for attempt in range(self.config.rebuild_retries + 1):
-                bound = await self.walk("rebuild", one)
+                # a rank whose bind failed reaches the agreement at once, its peers only after the group's
+                # creation timeout (they wait in its rendezvous): it waits that much longer, so the retry runs
+                creation_s = max((rt.group_spec(n).timeout_s for n in todo), default=0.0)
+                bound = await self.walk("rebuild", one, extra_wait_s=creation_s)
                 todo = [n for n, ok in zip(self.names, bound) if not ok]
                 if not todo:
                     return

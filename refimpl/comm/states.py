@@ -36,7 +36,10 @@ are aborted. RELOADING is transient: the groups are being resumed or rebuilt.
 
 The table below is the single source of truth: :func:`next_state` looks
 transitions up in it, :func:`format_table` prints it and :func:`mermaid` draws
-it (``docs/comm.md`` embeds that drawing). Guards and actions are written here
+it (``docs/comm.md`` embeds that drawing). Beside it, :data:`OPERATIONS` says in
+which states each public operation of the lifecycle may be called;
+:func:`allowed_states` is the one check every operation runs first, and
+:func:`format_operations` prints it for the docs. Guards and actions are written here
 as text for people; the code that *decides* them is
 :mod:`refimpl.comm.decisions` and the code that *performs* them is
 :class:`refimpl.comm.PGLifecycle`.
@@ -214,6 +217,54 @@ TRANSITIONS: tuple[Transition, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Operation:
+    """A public operation of the lifecycle and the states it may be called in (see :data:`OPERATIONS`).
+
+    ``does``: what it does from those states, for people (the code that does it
+    is :class:`refimpl.comm.PGLifecycle`).
+    """
+
+    name: str
+    allowed: frozenset[PGState]
+    does: str
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("pause", frozenset({_S.ACTIVE, _S.ACTIVE_LAZY}),
+              "decide and agree keep / suspend / destroy / plan; from ACTIVE_LAZY the sync's groups come up first"),
+    Operation("weight_sync", frozenset({_S.ACTIVE, _S.PAUSED_LIVE, _S.SUSPENDED, _S.DESTROYED, _S.SYNC_READY,
+                                        _S.PLANNED, _S.ACTIVE_LAZY}),
+              "bring the sync's groups up (RELOADING), run the sync, return to the paused state"),
+    Operation("resume", frozenset({_S.PAUSED_LIVE, _S.SUSPENDED, _S.DESTROYED, _S.SYNC_READY, _S.PLANNED,
+                                   _S.ACTIVE_LAZY}),
+              "bring the groups back for training (ACTIVE, or ACTIVE_LAZY with wake_groups)"),
+    Operation("use", frozenset({_S.ACTIVE, _S.ACTIVE_LAZY}),
+              "agree the union of the named groups; bring up those a lazy wake left down (nothing in ACTIVE)"),
+)
+"""Where each public operation may be called; every other state (FAILED included) refuses it."""
+
+_OPERATIONS: dict[str, Operation] = {o.name: o for o in OPERATIONS}
+
+
+def allowed_states(operation: str) -> frozenset[PGState]:
+    """The states in which ``operation`` (a name in :data:`OPERATIONS`) may be called; KeyError if unknown."""
+    try:
+        return _OPERATIONS[operation].allowed
+    except KeyError:
+        raise KeyError(f"no operation {operation!r} in OPERATIONS (known: {sorted(_OPERATIONS)})") from None
+
+
+def format_operations() -> str:
+    """:data:`OPERATIONS` as a markdown table (docs/comm.md embeds it; a test checks they match)."""
+    order = [s for s in PGState]
+    lines = ["| operation | allowed in | what it does |", "| --- | --- | --- |"]
+    for o in OPERATIONS:
+        states = ", ".join(f"`{s.name}`" for s in order if s in o.allowed)
+        lines.append(f"| `{o.name}()` | {states} | {o.does} |")
+    return "\n".join(lines)
+
+
 class InvalidTransitionError(RuntimeError):
     """An event was applied in a state where the table has no row for it (a protocol bug)."""
 
@@ -270,12 +321,16 @@ def mermaid(*, include_fault: bool = False) -> str:
 
 __all__ = [
     "InvalidTransitionError",
+    "OPERATIONS",
+    "Operation",
+    "allowed_states",
     "PGEvent",
     "PGPolicy",
     "PGState",
     "TRANSITIONS",
     "Transition",
     "events_from",
+    "format_operations",
     "format_table",
     "mermaid",
     "next_state",

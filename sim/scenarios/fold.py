@@ -497,6 +497,10 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     t0 = time.perf_counter()
     topo = scn.topo
     world, plan = build_world(scn, topo, record_memory=record_memory)
+    # no watchdog in a folded run: plan_fold refused fault plans and the lifecycle, so in a run of symmetric
+    # ranks no collective can wait out a timeout; a real hang stops as a deadlock (FoldBroken: the caller runs
+    # the full job, with the watchdog)
+    world.group_timeouts = False
     world.runtimes = world.runtimes[:fold.active]  # a prefix: world.runtimes[rank] still works for active ranks
     if on_world is not None:
         on_world(world)

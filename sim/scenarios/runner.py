@@ -110,6 +110,7 @@ def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) ->
         memory=TopologyMemory(topo, record=record_memory),
         faults=plan,
         comm=NcclComm(topo, lazy_init=scn.lazy_init),
+        group_timeouts=scn.watchdog,  # a deployment's watchdog: each group's timeout_s (600 s, torch's default)
         trace=False,
     )
     return world, plan

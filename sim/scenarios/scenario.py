@@ -116,6 +116,9 @@ class Scenario:
     payload: str
     streams: str = "per_rank"
     lazy_init: bool = True
+    #: collectives and group creation time out after the group's timeout_s, as torch's watchdog does (False: a hang
+    #: stops the run as a deadlock with its waits-for cycle)
+    watchdog: bool = True
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     topo: Topology | None = field(default=None, compare=False, repr=False)
 
@@ -423,7 +426,7 @@ def parse_scenario(raw: Any) -> Scenario:
     lc = _obj(raw.get("lifecycle", {}), "lifecycle", {"cooldown_s", "two_phase"})
     lifecycle = LifecycleSettings(_num(lc, "cooldown_s", "lifecycle", 2.0), _bool(lc, "two_phase", "lifecycle", True))
     transport = _obj(raw.get("transport", {}), "transport", {"streams"})
-    comm = _obj(raw.get("comm", {}), "comm", {"lazy_init"})
+    comm = _obj(raw.get("comm", {}), "comm", {"lazy_init", "watchdog"})
     try:
         faults = FaultPlan.from_json(raw.get("faults", []), "faults")
     except FaultPlanError as exc:
@@ -456,6 +459,7 @@ def parse_scenario(raw: Any) -> Scenario:
         payload=payload,
         streams=_choice(transport, "streams", "transport", ("per_rank", "per_kind"), "per_rank"),
         lazy_init=_bool(comm, "lazy_init", "comm", True),
+        watchdog=_bool(comm, "watchdog", "comm", True),
         raw=raw,
         topo=topo,
     )

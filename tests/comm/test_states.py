@@ -78,3 +78,55 @@ def test_docs_embed_the_diagram_generated_from_the_table():
         "docs/comm.md's state diagram is out of date; regenerate it with "
         "python -c 'from refimpl.comm import mermaid; print(mermaid())'"
     )
+
+
+def test_every_operation_is_allowed_only_in_live_stable_states():
+    from refimpl.comm.states import OPERATIONS, allowed_states
+
+    assert [o.name for o in OPERATIONS] == ["pause", "weight_sync", "resume", "use"]
+    for o in OPERATIONS:
+        assert o.allowed and PGState.FAILED not in o.allowed and PGState.RELOADING not in o.allowed
+        assert allowed_states(o.name) == o.allowed
+    with pytest.raises(KeyError, match="no operation 'pasue'"):
+        allowed_states("pasue")
+
+
+def test_docs_embed_the_operations_table():
+    from refimpl.comm.states import format_operations
+
+    assert format_operations() in DOC.read_text(), (
+        "docs/comm.md's table of operations is out of date; print "
+        "python -c 'from refimpl.comm.states import format_operations; print(format_operations())'"
+    )
+
+
+@pytest.mark.parametrize("op", ["pause", "weight_sync", "resume", "use"])
+def test_each_operation_refuses_the_states_outside_its_row(op):
+    """OPERATIONS drives the check: every state outside an operation's row is refused before any agreement."""
+    import sim
+    from refimpl.comm import LifecycleConfig, LifecycleStateError, PGLifecycle
+    from refimpl.comm.states import allowed_states
+    from refimpl.runtime.base import GroupSpec
+
+    calls = {"pause": lambda lc: lc.pause(), "weight_sync": lambda lc: lc.weight_sync(lambda: None),
+             "resume": lambda lc: lc.resume(), "use": lambda lc: lc.use(None)}
+    refused = [s for s in PGState if s not in allowed_states(op) and s is not PGState.FAILED]
+
+    async def job(rt):
+        lc = PGLifecycle(rt, [GroupSpec("g", (0,))], config=LifecycleConfig(agree_timeout_s=5.0))
+        await lc.start()
+        out = {}
+        for s in refused:
+            lc.state = s
+            before = lc.control.count
+            try:
+                await calls[op](lc)
+                out[s] = "ran"
+            except LifecycleStateError as exc:
+                out[s] = (str(exc), lc.control.count - before)
+        return out
+
+    (out,) = sim.SimWorld(1).run(job)
+    names = " or ".join(sorted(s.name for s in allowed_states(op)))
+    for s in refused:
+        assert out[s] == (f"rank 0: {op}() needs state {names}, lifecycle is {s.name}", 0), s

@@ -139,14 +139,14 @@ def run_selection(root: Path, tests: tuple[str, ...], *, timeout_s: float = 600.
 B = Break
 BREAKS: tuple[Break, ...] = (
     B("agreement_does_not_reduce", "refimpl/comm/agreement.py",
-      "await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=self.timeout_s)",
-      "await rt.all_reduce(t.clone(), ReduceOp.MIN, self.name, timeout_s=self.timeout_s)",
+      "await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=wait_s)",
+      "await rt.all_reduce(t.clone(), ReduceOp.MIN, self.name, timeout_s=wait_s)",
       ("tests/comm/test_lifecycle_sim.py",),
       "the control group's all_reduce(MIN) runs on a copy: every rank keeps its own vote",
       ci_tests=("tests/comm/test_lifecycle_sim.py::test_two_phase_enabling_then_suspend_every_step",)),
     B("agreement_takes_max", "refimpl/comm/agreement.py",
-      "await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=self.timeout_s)",
-      "await rt.all_reduce(t, ReduceOp.MAX, self.name, timeout_s=self.timeout_s)",
+      "await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=wait_s)",
+      "await rt.all_reduce(t, ReduceOp.MAX, self.name, timeout_s=wait_s)",
       ("tests/comm/test_lifecycle_sim.py",),
       "agreement reduces with MAX: one rank's 'yes' outvotes a peer's failure"),
     B("canary_failure_keeps_preservation", "refimpl/comm/lifecycle.py",
@@ -243,6 +243,11 @@ BREAKS: tuple[Break, ...] = (
       ("tests/comm/test_lifecycle_sim.py",),
       "the canary all-reduce runs but its sum is never compared with the group size"),
 )
+
+
+from tests.planted.comm_sim import COMM_SIM_BREAKS  # noqa: E402 - it needs Break, defined above
+
+BREAKS = BREAKS + COMM_SIM_BREAKS
 
 
 def by_name(names: list[str] | None = None) -> list[Break]:

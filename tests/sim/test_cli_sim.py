@@ -45,7 +45,8 @@ def test_violated_invariant_exits_3(tmp_path, capsys):
     scenario = tmp_path / "hang.json"
     scenario.write_text(json.dumps({
         "world_size": 2, "payload": "real", "model": {"tensors": [{"name": "w", "shape": [64]}]},
-        "faults": [{"kind": "hang", "ranks": [1], "at_point": "store.offload.begin"}], "steps": 2}))
+        "faults": [{"kind": "hang", "ranks": [1], "at_point": "store.offload.begin"}], "steps": 2,
+        "comm": {"watchdog": False}}))  # without the watchdog the hang is a deadlock: an invariant violated
     assert main(["sim", "run", str(scenario), "--quiet"]) == 3
     assert "INVARIANT VIOLATED" in capsys.readouterr().out
 

@@ -190,7 +190,8 @@ def test_injected_crash_is_reported_not_a_violation_but_a_hang_that_blocks_peers
     ranks = result.to_dict()["ranks"]
     assert ranks[1]["status"] == "crashed" and result.to_dict()["faults_fired"][0]["kind"] == "crash"
     assert result.ok  # ranks 0, 2, 3 do not need rank 1 here (no collective after the crash)
-    hang = _with(faults=[{"kind": "hang", "ranks": [0], "at_point": "store.offload.begin"}], steps=2)
+    hang = _with(faults=[{"kind": "hang", "ranks": [0], "at_point": "store.offload.begin"}], steps=2,
+                 comm={"watchdog": False})  # without the watchdog a hang is a deadlock with its waits-for cycle
     result, _, _ = run_scenario(parse_scenario(hang))
     assert not result.ok and result.exit_code == 3
     error = result.to_dict()["error"]
@@ -266,3 +267,30 @@ def test_the_shipped_schemas_are_valid_json_schemas():
     for path in files:
         schema = json.loads(path.read_text())
         jsonschema.validators.validator_for(schema).check_schema(schema)  # raises SchemaError naming the fault
+
+
+def test_with_the_watchdog_on_by_default_a_hang_times_its_peers_out_instead_of_deadlocking():
+    hang = _with(faults=[{"kind": "hang", "ranks": [0], "at_point": "store.offload.begin"}], steps=2)
+    result, _, _ = run_scenario(parse_scenario(hang))
+    d = result.to_dict()
+    assert d["error"] is None, "no deadlock: the peers' collectives time out after the group's timeout (600 s)"
+    ranks = d["ranks"]
+    assert ranks[0]["status"] == "hung"
+    assert all(r["status"] == "failed" and "timed out" in (r["error"] or "") for r in ranks[1:]), ranks[1:]
+    assert result.ok, result.violations  # a failure the fault plan caused is an outcome, not a violation
+
+
+
+def test_finished_ranks_in_different_lifecycle_states_are_a_violated_invariant():
+    from sim.scenarios.result import RankOutcome, judge
+    from sim.scenarios.runner import build_world
+
+    scn = parse_scenario(_with(steps=1))
+    world, plan = build_world(scn, scn.topo)
+    world.run(lambda rt: rt.sleep(1.0))
+    same = [RankOutcome(rank=r, finished=True, state="ACTIVE") for r in range(scn.world_size)]
+    assert judge(scn, scn.topo, world, plan, same, None, 0.0).ok
+    split = [RankOutcome(rank=r, finished=True, state="ACTIVE" if r else "FAILED") for r in range(scn.world_size)]
+    result = judge(scn, scn.topo, world, plan, split, None, 0.0)
+    assert not result.ok and result.violations == [
+        "finished ranks ended in different lifecycle states: ['ACTIVE', 'FAILED']"]

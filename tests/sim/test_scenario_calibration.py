@@ -108,3 +108,15 @@ def test_reload_waits_for_the_scrub_of_what_the_offload_freed_unless_a_gap_hides
     assert half["steady_scrub_wait_s"] == pytest.approx(b2b["steady_scrub_wait_s"] / 2, rel=1e-6)
     with pytest.raises(ValueError, match="phase_gap_s"):
         predict(shape, cycles=1, phase_gap_s=-1)
+
+
+def test_latest_report_is_the_newest_cuda_record_of_the_device(tmp_path):
+    import json
+
+    from sim.calibrate.calibration import latest_report
+
+    for date, name, device_type in [("2026-11-01", "a", "cuda"), ("2026-11-20", "b", "cuda"), ("2026-11-30", "c", "cpu")]:
+        (tmp_path / f"{name}-offload.json").write_text(json.dumps({"date": date, "device": "NVIDIA H200",
+                                                                      "device_type": device_type}))
+    assert latest_report(tmp_path).name == "b-offload.json"
+    assert latest_report(tmp_path, device="A100") is None
