@@ -51,16 +51,22 @@ from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes
 log = logging.getLogger(__name__)
 
 def format_results(results: list[PolicyResult], header: str) -> str:
-    """A table with each policy's phases and total, and the ratio to DESTROY."""
-    base = next((r.total for r in results if r.policy == "DESTROY"), None)
+    """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.switch_cost`), the window's
+    phases beside it, the first use's extra, and the ratio of switch costs to DESTROY's."""
+    base = next((r.switch_cost for r in results if r.policy == "DESTROY"), None)
     w = max([18] + [len(r.policy) + 2 for r in results])
-    lines = [header, f"{'policy':<{w}}{'sleep s':>9}{'update s':>10}{'wake s':>9}{'total s':>9}{'vs DESTROY':>12}"
-                     f"{'NCCL GiB in rollout':>21}{'device GiB in rollout':>23}"]
+    lines = [header, f"{'policy':<{w}}{'switch cost s':>14}{'vs DESTROY':>12}{'sleep s':>9}{'update s':>10}"
+                     f"{'wake s':>9}{'window s':>10}{'first use +s':>14}{'NCCL GiB in rollout':>21}"
+                     f"{'device GiB in rollout':>23}"]
     for r in results:
-        ratio = f"{r.total / base:.3f}x" if base else "-"
+        ratio = f"{r.switch_cost / base:.3f}x" if base and r.switch_cost is not None else "-"
         held = "unknown" if r.held_in_rollout_gib is None else f"{r.held_in_rollout_gib:.2f}"
-        lines.append(f"{r.policy:<{w}}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}{r.total:>9.3f}"
-                     f"{ratio:>12}{held:>21}{r.device_used_in_rollout_gib:>23.2f}")
+        cost = "-" if r.switch_cost is None else f"{r.switch_cost:.3f}"
+        extra = "-" if r.first_use_extra is None else f"{r.first_use_extra:.3f}"
+        lines.append(f"{r.policy:<{w}}{cost:>14}{ratio:>12}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}"
+                     f"{r.total:>10.3f}{extra:>14}{held:>21}{r.device_used_in_rollout_gib:>23.2f}")
+    lines.append("switch cost = window (sleep + update + wake) + first use +: the training step's first collectives "
+                 "after the wake beyond the same collectives on live groups (lazy NCCL init of rebuilt groups)")
     return "\n".join(lines)
 
 
@@ -110,12 +116,11 @@ def run(args: argparse.Namespace) -> int:
         policies = [resolve(p)[0] for p in (args.policy or row_names())]
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
-    results, first_use = [], {}
+    results = []
     for policy in policies:
         per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
                             rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
         results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
-        first_use[policy] = first_use_after_wake(per_rank, args.warmup)
     groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
     header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
@@ -126,9 +131,6 @@ def run(args: argparse.Namespace) -> int:
         period = max(r.poll_period_s for r in results)
         print(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
               "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late))
-    print("first collective on every group after the wake (training, outside the window; lazy NCCL init of "
-          "groups rebuilt at wake, and a lazy wake's bring-up, land here): "
-          + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
     wrong = [r.policy for r in results if r.bitwise_after_wake is False]
     print("first collectives after every wake bitwise right: " + ("all rows" if not wrong else f"NOT for {wrong}"))
     if args.json:

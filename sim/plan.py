@@ -165,13 +165,15 @@ class Planner:
 
         The lifecycle driver of ``timeshare bench switch-window`` on a simulated world of the plan's cluster:
         :data:`PG_STEPS` steps with no training time and the plan's full-memory rollout time, means of the steps
-        after :data:`PG_WARMUP`, slowest rank. ``first_use``: the training step's first collectives after the wake
-        (lazy NCCL init of rebuilt groups), charged to the training turn. ``held``: NCCL bytes kept in the rollout.
+        after :data:`PG_WARMUP`, slowest rank. ``first_use``: what the training step's first collectives after the wake
+        cost beyond the same collectives on live groups (lazy NCCL init of rebuilt groups), charged to the training
+        turn; ``switch_cost``: the window plus that ([Note: the switch cost] in :mod:`sim.switch_cost`), what the
+        plan's step pays for the policy. ``held``: NCCL bytes kept in the rollout.
         ``none`` (no lifecycle) costs nothing and holds what ``paused_live`` holds.
         """
         if pg_policy in self.pg_windows:
             return self.pg_windows[pg_policy]
-        from sim.switch_window import first_use_after_wake, simulate, summarize
+        from sim.switch_window import simulate, summarize
 
         pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
         dp, tp = self._mesh()
@@ -182,10 +184,11 @@ class Planner:
         r = summarize(pol, per_rank, PG_WARMUP)
         held = (r.held_in_rollout_gib or 0.0) * GiB
         if pg_policy == "none":
-            out = {"sleep": 0.0, "update_weights": 0.0, "wake_up": 0.0, "total": 0.0, "first_use": 0.0, "held": held}
+            out = {"sleep": 0.0, "update_weights": 0.0, "wake_up": 0.0, "total": 0.0, "first_use": 0.0,
+                   "switch_cost": 0.0, "held": held}
         else:
             out = {"sleep": r.sleep, "update_weights": r.update_weights, "wake_up": r.wake_up, "total": r.total,
-                   "first_use": first_use_after_wake(per_rank, PG_WARMUP), "held": held}
+                   "first_use": r.first_use_extra, "switch_cost": r.switch_cost, "held": held}
         self.pg_windows[pg_policy] = out
         return out
 
@@ -372,14 +375,19 @@ class Planner:
             base = self._compute_s(r)
             if cpu_policy and r in trained:
                 base, _added = self._fsdp_cpu_train(r, base)
-            compute[r] = base + (costs[r]["train_overhead_s"] if r in trained else 0.0)
-        switch = 0.0
+            compute[r] = base
+        # the trained roles' first collectives after the wake (lazy NCCL init of rebuilt groups) are switch cost
+        # ([Note: the switch cost] in sim.switch_cost), paid at the start of their compute turn
+        first_use = {r: costs[r]["train_overhead_s"] for r in trained}
+        switch = sum(first_use.values())
         seq = roles
         for i, r in enumerate(seq):
             nxt = seq[(i + 1) % len(seq)]
             if r == "rollout":
                 timeline.append((r, "compute", rollout_s))
                 continue
+            if first_use.get(r):
+                timeline.append((r, "first use after wake", first_use[r]))
             timeline.append((r, "compute", compute[r]))
             off = costs[r]["offload_s"]
             if nxt == "rollout":

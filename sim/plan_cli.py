@@ -162,9 +162,11 @@ def format_plan(plan: dict, rows: int = 15) -> str:
         lines.append(f"recommendation: {rec['candidate']['label']}; order {order}")
     lines.append(f"reason: {plan['reason']}")
     if plan.get("pg_switch_windows"):
-        lines.append("PG-policy switch windows over the Megatron families (sleep + update_weights + wake_up, s): "
-                     + ", ".join(f"{p} {w['sleep']:.2f} + {w['update_weights']:.2f} + {w['wake_up']:.2f} = "
-                                 f"{w['total']:.2f}" for p, w in plan["pg_switch_windows"].items() if p != "none"))
+        lines.append("PG-policy switch costs over the Megatron families (sleep + update_weights + wake_up + the first "
+                     "collectives' extra after the wake, s): "
+                     + ", ".join(f"{p} {w['sleep']:.2f} + {w['update_weights']:.2f} + {w['wake_up']:.2f} + "
+                                 f"{w['first_use']:.2f} = {w['switch_cost']:.2f}"
+                                 for p, w in plan["pg_switch_windows"].items() if p != "none"))
     lines.append(f"{len(plan['outcomes'])} candidates, {plan['simulations']} simulations "
                  f"({plan['simulation_wall_s']:.1f} s of {plan['wall_s']:.1f} s wall)")
     return "\n".join(lines)
@@ -178,7 +180,7 @@ def write_timeline_png(plan: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rec = plan["recommendation"]
-    colors = {"compute": "#4c72b0", "switch": "#dd8452", "switch out": "#dd8452", "weight sync": "#55a868"}
+    colors = {"compute": "#4c72b0", "switch": "#dd8452", "first use after wake": "#dd8452", "switch out": "#dd8452", "weight sync": "#55a868"}
     fig, ax = plt.subplots(figsize=(12, 2.2))
     t = 0.0
     for seg in rec["timeline"]:

@@ -138,16 +138,20 @@ def _fill(t: torch.Tensor, seed: int, rank: int, index: int) -> None:
         t.copy_(torch.randint(0, 100, t.shape, generator=g, dtype=torch.int64).to(t.dtype))
 
 
-async def _use_group(rt: Runtime, world: SimWorld, name: str) -> None:
-    """One collective on ``name`` as the workload would; pays lazy NCCL init on first use."""
+async def _use_group(rt: Runtime, world: SimWorld, name: str) -> float:
+    """One collective on ``name`` as the workload would; pays lazy NCCL init on first use. Returns the seconds
+    this first use added beyond the collective itself (0 on a live group)."""
+    extra = 0.0
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
-        await rt.sleep(first_use(world.resolve_backend(rt.group_spec(name))))
+        extra = first_use(world.resolve_backend(rt.group_spec(name)))
+        await rt.sleep(extra)
     probe = rt.alloc_device(1, torch.float32, tag="workload.probe")
     if probe.device.type != "meta":
         probe.fill_(1.0)
     await rt.all_reduce(probe, ReduceOp.SUM, group=name)
     rt.release(probe)
+    return extra
 
 
 async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.Tensor | None) -> None:
@@ -244,9 +248,10 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
             phases: dict[str, float] = {}
             out.phases.append(phases)
             with _phase(rt, "train", phases):
-                if w.touch_groups:
+                if w.touch_groups:  # the first collectives after the previous wake: their extra is switch cost
+                    phases["first_use_extra"] = 0.0
                     for name in my_groups:
-                        await _use_group(rt, world, name)
+                        phases["first_use_extra"] += await _use_group(rt, world, name)
                 await rt.sleep(w.train_s)
             with _phase(rt, "sleep", phases):
                 if lifecycle is not None:

@@ -268,6 +268,9 @@ class CommParams:
     poll_phase_spread_s: float = 0.0
     #: one collective on a Gloo group (a lifecycle agreement) on this host (0: timed like NCCL)
     agreement_s: float = 0.0
+    #: the fraction of walks over just-initialised groups that end one poll period late (fitted on probe records;
+    #: a marked phase's expected figure is its modelled one plus this many periods)
+    poll_late_rate: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None
 
@@ -289,7 +292,7 @@ _COMM_FIELDS = {
 #: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
 _COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
                   "resume_first_collective_multi": "time", "proxy_poll": "time",
-                  "poll_phase_spread": "time", "agreement": "time"}
+                  "poll_phase_spread": "time", "agreement": "time", "poll_late_rate": "ratio"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
@@ -301,6 +304,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
     poll = opt.get("proxy_poll", 0.0)
     spread = opt.get("poll_phase_spread", 0.0)
     agreement = opt.get("agreement", 0.0)
+    late_rate = opt.get("poll_late_rate", 0.0)
 
     def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
         return CommParams(
@@ -316,6 +320,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
             proxy_poll_s=poll,
             poll_phase_spread_s=spread,
             agreement_s=agreement,
+            poll_late_rate=late_rate,
         )
 
     one_rank_first = opt.get("resume_first_collective", 0.0)
