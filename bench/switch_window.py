@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cooldown-s", type=float, default=2.0, help="port-release cooldown (Relax: 2 s)")
     parser.add_argument("--topology", default="calibrated/hgx-h200-8x",
                         help="sim topology preset (a name, or a preset file) for collective, memory and communicator "
-                             "models (default: hgx-h200-8x with the constants timeshare sim calibrate fitted on the "
-                             "recorded fit set; '' for the simulator's defaults)")
+                             "models; a machine with a calibrated preset gets it (default: calibrated/hgx-h200-8x, "
+                             "measured communicator constants; '' for the simulator's defaults)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
                         help=f"policies (or variants) to run, any case: {', '.join(n.lower() for n in row_names())} "
                              "(repeatable; default all)")
@@ -103,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup >= args.steps:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
-        from sim.presets import PresetError, list_presets, load_preset_data
+        from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
+
+        args.topology = preferred_preset(args.topology)  # a machine's calibrated preset where one is shipped
 
         try:
             load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file

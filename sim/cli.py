@@ -201,11 +201,17 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _list() -> int:
-    from sim.presets import list_presets, list_scenarios, load_preset_data, scenario_path
+    from sim.presets import list_calibrated, list_presets, list_scenarios, load_preset_data, scenario_path
 
     print("topology presets:")
+    calibrated = list_calibrated()
     for name in list_presets():
-        print(f"  {name:<18} {load_preset_data(name).get('description', '')}")
+        default = f" (plan and bench use calibrated/{name} for it)" if f"calibrated/{name}" in calibrated else ""
+        print(f"  {name:<25} {load_preset_data(name).get('description', '')}{default}")
+    print("calibrated presets (a preset above with measured constants; the default for its machine):")
+    for name in calibrated:
+        fit = load_preset_data(name).get("fitted_on", {})
+        print(f"  {name:<25} fitted on {fit.get('words', 'measurements (see the preset file)')}")
     print("example scenarios (timeshare sim run NAME):")
     for name in list_scenarios():
         desc = json.loads(scenario_path(name).read_text()).get("description", "")

@@ -108,12 +108,15 @@ class Planner:
 
     def __init__(self, inputs: PlanInputs, progress: Callable[[str], None] | None = None):
         self.inp = inputs
-        self.cluster_ref: Any = inputs.cluster  # the preset name, or its data cut to gpus_per_node
+        from sim.presets import preferred_preset
+
+        # the preset name (its calibrated variant where one is shipped), or its data cut to gpus_per_node
+        self.cluster_ref: Any = preferred_preset(inputs.cluster)
         if inputs.gpus_per_node is not None:
             from sim.presets import PresetError, first_gpus, load_preset_data
 
             try:
-                self.cluster_ref = first_gpus(load_preset_data(inputs.cluster), inputs.gpus_per_node)
+                self.cluster_ref = first_gpus(load_preset_data(self.cluster_ref), inputs.gpus_per_node)
             except PresetError as exc:
                 raise PlanInputError(f"--gpus-per-node / --cluster: {exc}") from None
         self.m = Machine(self.cluster_ref, inputs.nodes)

@@ -339,6 +339,20 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
+def list_calibrated() -> list[str]:
+    """Names of the shipped calibrated presets (``calibrated/NAME``: a built-in preset with the constants
+    ``timeshare sim calibrate`` fitted on measurements)."""
+    return sorted(f"calibrated/{p.stem}" for p in (PRESET_DIR / "calibrated").glob("*.json"))
+
+
+def preferred_preset(name: str) -> str:
+    """The preset a user gets for machine ``name``: its calibrated variant where one is shipped (measured constants
+    beat datasheet ones), else ``name`` itself (a preset file, a calibrated name, or a machine without one)."""
+    if isinstance(name, str) and not name.endswith(".json") and f"calibrated/{name}" in list_calibrated():
+        return f"calibrated/{name}"
+    return name
+
+
 def load_preset_data(name: str) -> dict[str, Any]:
     """The raw JSON of a built-in topology preset, or of a preset file (a path ending in ``.json``,
     such as one written by ``timeshare sim calibrate``)."""
@@ -390,7 +404,9 @@ __all__ = [
     "SCENARIO_DIR",
     "UNITS",
     "first_gpus",
+    "list_calibrated",
     "list_presets",
+    "preferred_preset",
     "list_scenarios",
     "load_preset_data",
     "parse_collective",
