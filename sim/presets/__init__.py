@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -275,8 +276,36 @@ class CommParams:
     multi: "CommParams | None" = None
 
     def for_size(self, ranks: int) -> "CommParams":
-        """The cost set of a communicator over ``ranks`` ranks (one-rank, or multi-rank where the preset has it)."""
-        return self.multi if ranks > 1 and self.multi is not None else self
+        """The cost set of a communicator over ``ranks`` ranks ([Note: communicator costs by size]): one-rank; the
+        multi-rank figures at two ranks; beyond, each time scaled as ``t1 + (t2 - t1) * log2(ranks)``."""
+        if ranks <= 1 or self.multi is None:
+            return self
+        if ranks == 2:
+            return self.multi
+        return _scaled(self, ranks)
+
+
+#: the times of a communicator that grow with its size ([Note: communicator costs by size])
+SIZE_SCALED = ("suspend_s", "resume_s", "init_s", "destroy_s", "destroy_uninitialized_s", "create_group_s",
+               "resume_first_collective_s")
+
+
+@functools.lru_cache(maxsize=256)
+def _scaled(params: CommParams, ranks: int) -> CommParams:
+    """[Note: communicator costs by size] A communicator of ``ranks`` ranks: each of :data:`SIZE_SCALED` is
+    ``t1 + (t2 - t1) * log2(ranks)``, ``t1`` the one-rank figure and ``t2`` the two-rank one (never below 0);
+    memory and the poll figures stay the two-rank ones.
+
+    The records have communicators of one and two ranks only (the commsplit probe times both in one run; H200
+    run 1 and the 2 x H200 records the suspend and resume), which fit the two parameters and no more. The shape
+    beyond two ranks, one more step of (t2 - t1) per doubling (NCCL's bootstrap and connection setup add a level
+    of its rings' and trees' exchanges per doubling), is an assumption no record tests; nodes enter only through
+    the ranks (no record spans nodes). ``python -m sim.comm_scaling`` checks the fit against every record with a
+    communicator of either size."""
+    k = math.log2(ranks)
+    multi = params.multi
+    values = {f: max(0.0, getattr(params, f) + (getattr(multi, f) - getattr(params, f)) * k) for f in SIZE_SCALED}
+    return dataclasses.replace(multi, **values)
 
 
 _COMM_FIELDS = {
@@ -402,6 +431,7 @@ __all__ = [
     "PRESET_DIR",
     "PresetError",
     "SCENARIO_DIR",
+    "SIZE_SCALED",
     "UNITS",
     "first_gpus",
     "list_calibrated",
