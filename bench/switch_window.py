@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``timeshare bench switch-window``."""
     parser.add_argument("--dp", type=int, default=4, help="data-parallel size of the simulated mesh (default 4)")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2; ranks = dp * tp)")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel size (default 1; ranks = tp * cp * dp * pp)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1; experts over etp x ep x edp x pp)")
+    parser.add_argument("--etp", type=int, default=None,
+                        help="expert tensor-parallel size (default: --tp where tp x ep x pp divides the ranks, else 1)")
     parser.add_argument("--steps", type=int, default=4, help="RL steps per policy (default 4)")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the means (default 2: two-phase "
                         "enabling keeps the first step on the fallback path)")
@@ -95,8 +100,17 @@ def run(args: argparse.Namespace) -> int:
     """Simulate every policy and print the switch window of each, with ratios against DESTROY."""
     from refimpl.cli_errors import CliInputError, check_number, check_output_path
 
-    for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--steps", args.steps)):
+    for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--ep", args.ep),
+                   ("--steps", args.steps)):
         check_number(opt, v, lo=1, integer=True)
+    if args.etp is not None:
+        check_number("--etp", args.etp, lo=1, integer=True)
+    from sim.switch_window import MeshError, megatron_groups
+
+    try:
+        specs = megatron_groups(tp=args.tp, dp=args.dp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp)
+    except MeshError as exc:
+        raise CliInputError(f"--tp/--cp/--dp/--pp/--ep/--etp: {exc}") from None
     check_number("--warmup", args.warmup, lo=0, integer=True)
     for opt, v in (("--train-s", args.train_s), ("--rollout-s", args.rollout_s), ("--cooldown-s", args.cooldown_s)):
         check_number(opt, v, lo=0)
@@ -120,11 +134,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliInputError(f"--policy: {exc}") from None
     results = []
     for policy in policies:
-        per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
-                            rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
+        per_rank = simulate(policy, dp=args.dp, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp,
+                            steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
+                            cooldown_s=args.cooldown_s, topology=args.topology or None)
         results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
-    groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
-    header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
+    groups = len([s for s in specs if 0 in s.ranks])
+    world = args.dp * args.tp * args.cp * args.pp
+    mesh = f"tp {args.tp} cp {args.cp} dp {args.dp} pp {args.pp} ep {args.ep}"
+    header = (f"switch cost per RL step (simulated): {world} ranks ({mesh}), {groups} Megatron groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header))

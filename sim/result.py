@@ -163,12 +163,14 @@ def judge(
             "last_op": rr.last_op,
             "phases": o.phases[-1] if o.phases else {},
             "phases_by_step": o.phases,
-            "switch_cost": rank_switch_cost(o.phases),
             "peak_device_bytes": led.device_peak if led else None,
             "peak_host_pinned_bytes": led.host_pinned_peak if led else None,
             "phase_peak_device_bytes": phase_peaks,
             "lifecycle_stats": o.lifecycle_stats,
         })
+        cost = rank_switch_cost(o.phases)
+        if cost is not None:  # only where timed (a scenario that touches its groups, two steps or more)
+            ranks[-1]["switch_cost"] = cost
         if o.finished and o.bitwise_equal is False:
             violations.append(f"rank {o.rank}: tensors not bitwise equal after reload: {o.mismatched[:5]}")
         if not o.finished and not fired and error is None:
@@ -181,7 +183,7 @@ def judge(
         violations.append(f"finished ranks ended in different lifecycle states: {sorted(states)}")
     finished = [r for r in ranks if r["status"] == "finished"]
     phase_summary = {p: _stats([r["phases"][p] for r in finished if p in r["phases"]]) for p in PHASE_ORDER}
-    costs = [r["switch_cost"] for r in finished if r["switch_cost"] is not None]
+    costs = [r["switch_cost"] for r in finished if r.get("switch_cost") is not None]
     numa = getattr(memory, "numa", {})
     data = {
         "scenario": scn.name,
@@ -198,8 +200,7 @@ def judge(
         "error": error,
         "faults_fired": [{"time": f.time, "rank": f.rank, "kind": f.kind, "where": f.where} for f in fired],
         "phases": {p: v for p, v in phase_summary.items() if v},
-        #: the last step's switch cost over finished ranks (min/mean/max; empty where not timed)
-        "switch_cost": _stats(costs),
+        **({"switch_cost": _stats(costs)} if costs else {}),  # the last step's, over finished ranks, where timed
         "host_memory": {n: {"pinned_peak_bytes": led.pinned_peak, "used_peak_bytes": led.used_peak}
                         for n, led in numa.items() if led.used_peak},
         "ranks": ranks,

@@ -82,16 +82,79 @@ def plan_rules(row: str, sync_group: str | None) -> GroupPlanRules | None:
 
 def mesh_groups(dp: int, tp: int, families=RELAX_FAMILIES, *, backend: str | None = "nccl") -> list[GroupSpec]:
     """One group per family and per coordinate of the mesh dims it does not span (rank = dp_index * tp + tp_index)."""
-    sizes = {"dp": dp, "tp": tp}
+    if families is not RELAX_FAMILIES:
+        return _family_groups({"dp": dp, "tp": tp}, ("dp", "tp"), families, backend)
+    return megatron_groups(tp=tp, dp=dp, backend=backend)
+
+
+#: Megatron-core's 14 group families per rank (``parallel_state.initialize_model_parallel``): the dense ones over
+#: the ``(pp, dp, cp, tp)`` mesh (``order="tp-cp-ep-dp-pp"``: tp fastest), the expert ones over ``(pp, edp, ep, etp)``;
+#: ``embd`` and ``pos_embd`` are the first and last, and the first, stage of each pipeline
+MEGATRON_DENSE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("tp", ("tp",)), ("dp", ("dp",)), ("dp_cp", ("dp", "cp")), ("mp", ("pp", "tp")), ("tp_dp", ("dp", "tp")),
+    ("tp_dp_cp", ("dp", "cp", "tp")), ("tp_cp", ("cp", "tp")), ("pp", ("pp",)), ("cp", ("cp",)),
+)
+MEGATRON_EXPERT: tuple[tuple[str, tuple[str, ...]], ...] = (("ep", ("ep",)), ("etp", ("etp",)), ("edp", ("edp",)))
+#: the order the groups are made (and walked) in: the Relax report's 14
+MEGATRON_ORDER = tuple(name for name, _ in RELAX_FAMILIES)
+
+
+class MeshError(ValueError):
+    """Parallel sizes that do not make a Megatron mesh of the world; the message says which and what to change."""
+
+
+def megatron_sizes(world: int, *, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1,
+                   etp: int | None = None) -> dict[str, int]:
+    """The dense and expert mesh sizes of ``world`` ranks: ``dp = world / (tp cp pp)``; ``etp`` (the expert tensor
+    parallel size) defaults to ``tp`` where ``tp ep pp`` divides the world, else 1; ``edp = world / (etp ep pp)``.
+    Raises MeshError naming the size that does not divide."""
+    for name, v in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("world", world)):
+        if not isinstance(v, int) or v < 1:
+            raise MeshError(f"{name}: expected an integer >= 1, got {v!r}")
+    if world % (tp * cp * pp):
+        raise MeshError(f"tp {tp} x cp {cp} x pp {pp} = {tp * cp * pp} does not divide the {world} ranks")
+    if etp is None:
+        etp = tp if world % (tp * ep * pp) == 0 else 1
+    if world % (etp * ep * pp):
+        raise MeshError(f"etp {etp} x ep {ep} x pp {pp} = {etp * ep * pp} does not divide the {world} ranks; "
+                        "lower ep or set etp (expert tensor parallel size)")
+    return {"tp": tp, "cp": cp, "dp": world // (tp * cp * pp), "pp": pp, "etp": etp, "ep": ep,
+            "edp": world // (etp * ep * pp)}
+
+
+def megatron_groups(*, tp: int = 1, dp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1, etp: int | None = None,
+                    backend: str | None = "nccl") -> list[GroupSpec]:
+    """Megatron-core's group families over ``tp * cp * dp * pp`` ranks with ``ep`` expert parallelism: one group per
+    family and per coordinate of the mesh dims it does not span, named ``family`` or ``family<i>``, in the order of
+    :data:`MEGATRON_ORDER` (rank = ((pp * dp + dp_i) * cp + cp_i) * tp + tp_i; experts (pp, edp, ep, etp) alike)."""
+    world = tp * cp * dp * pp
+    sizes = megatron_sizes(world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp)
+    dense = _family_groups(sizes, ("pp", "dp", "cp", "tp"), MEGATRON_DENSE, backend)
+    expert = _family_groups(sizes, ("pp", "edp", "ep", "etp"), MEGATRON_EXPERT, backend)
+    pipes = [s.ranks for s in dense if s.name.rstrip("0123456789") == "pp"]
+    stages = [("embd", [tuple(sorted({g[0], g[-1]})) for g in pipes]), ("pos_embd", [(g[0],) for g in pipes])]
+    stage_groups = [GroupSpec(name if len(gs) == 1 else f"{name}{i}", g, backend=backend)
+                    for name, gs in stages for i, g in enumerate(gs)]
+    by_family: dict[str, list[GroupSpec]] = {}
+    for spec in (*dense, *expert, *stage_groups):
+        by_family.setdefault(spec.name.rstrip("0123456789"), []).append(spec)
+    return [spec for fam in MEGATRON_ORDER for spec in by_family[fam]]
+
+
+def _family_groups(sizes: dict[str, int], order: tuple[str, ...], families, backend) -> list[GroupSpec]:
+    """One group per family and per coordinate of the ``order`` dims it does not span (the last dim fastest)."""
     specs = []
     for fam, dims in families:
-        other = [d for d in ("dp", "tp") if d not in dims]
+        other = [d for d in order if d not in dims]
         combos = list(itertools.product(*(range(sizes[d]) for d in other)))
         for gi, fixed in enumerate(combos):
             ranks = []
             for inner in itertools.product(*(range(sizes[d]) for d in dims)):
                 c = {**dict(zip(other, fixed)), **dict(zip(dims, inner))}
-                ranks.append(c["dp"] * tp + c["tp"])
+                rank = 0
+                for d in order:
+                    rank = rank * sizes[d] + c[d]
+                ranks.append(rank)
             specs.append(GroupSpec(fam if len(combos) == 1 else f"{fam}{gi}", tuple(sorted(ranks)), backend=backend))
     return specs
 
@@ -313,8 +376,10 @@ def summarize(policy: "PGPolicy | str", per_rank: list[list[StepTimes]], warmup:
 
 
 def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s: float, rollout_s: float,
-             cooldown_s: float, topology: "str | dict[str, Any] | None") -> list[list[StepTimes]]:
-    """Run the steps on a simulated ``dp * tp`` rank job; returns each rank's step times.
+             cooldown_s: float, topology: "str | dict[str, Any] | None", cp: int = 1, pp: int = 1, ep: int = 1,
+             etp: int | None = None) -> list[list[StepTimes]]:
+    """Run the steps on a simulated ``tp * cp * dp * pp`` rank job over Megatron's group families
+    (:func:`megatron_groups`, ``ep`` expert parallel); returns each rank's step times.
 
     ``topology``: a preset name or file, or preset data; None for the simulator's defaults.
     ``policy``: a :class:`PGPolicy` or a :data:`VARIANTS` name.
@@ -332,8 +397,8 @@ def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s:
         # torch creates NCCL communicators lazily: the first collective of a (re)built group pays the init
         kwargs = dict(collective_cost=TopologyCollectiveCost(topo), memory=TopologyMemory(topo, record=False),
                       comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
-    world = SimWorld(dp * tp, trace=False, **kwargs)
-    specs = mesh_groups(dp, tp)
+    specs = megatron_groups(tp=tp, dp=dp, cp=cp, pp=pp, ep=ep, etp=etp)
+    world = SimWorld(dp * tp * cp * pp, trace=False, **kwargs)
     config = row_config(row, cooldown_s=cooldown_s)
 
     async def rank(rt):
@@ -388,5 +453,6 @@ def first_use_after_wake(per_rank: list[list[StepTimes]], warmup: int) -> float:
     return statistics.mean(max(r[i].first_use_after for r in per_rank) for i in range(warmup, len(per_rank[0])))
 
 
-__all__ = ["RELAX_FAMILIES", "VARIANTS", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
+__all__ = ["MEGATRON_DENSE", "MEGATRON_EXPERT", "MEGATRON_ORDER", "MeshError", "RELAX_FAMILIES", "VARIANTS",
+           "megatron_groups", "megatron_sizes", "PolicyResult", "StepTimes", "first_use_after_wake", "mesh_groups",
            "plan_rules", "poll_late_rate", "poll_period", "row_config", "summarize_simulated", "resolve", "row_names", "run_steps", "simulate", "summarize"]
