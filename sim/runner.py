@@ -215,6 +215,9 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
         backup = rt.alloc_host(max(share, 1), torch.uint8, pinned=True, tag="weights backup")
     engine_bytes = _engine_bytes(rt, w)
     my_groups = sorted(set(ctx.layout.member[rt.rank].values()))
+    # the groups training uses: every one, or those of the families named (workload.touch_groups)
+    touched = my_groups if not isinstance(w.touch_groups, tuple) else sorted(
+        {g for fam, g in ctx.layout.member[rt.rank].items() if fam in w.touch_groups})
     paused = [(cat, name, t) for cat in scn.offload.include for name, t in sorted(tensors.get(cat, {}).items())]
 
     async def release() -> None:
@@ -250,7 +253,7 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
             with _phase(rt, "train", phases):
                 if w.touch_groups:  # the first collectives after the previous wake: their extra is switch cost
                     phases["first_use_extra"] = 0.0
-                    for name in my_groups:
+                    for name in touched:
                         phases["first_use_extra"] += await _use_group(rt, world, name)
                 await rt.sleep(w.train_s)
             with _phase(rt, "sleep", phases):

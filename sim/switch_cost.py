@@ -113,5 +113,38 @@ def recorded_switch_cost(results: Mapping[str, Mapping[str, Any]], policy: str) 
                        float(first), live)
 
 
-__all__ = ["SwitchCost", "SwitchCostError", "live_reference", "recorded_switch_cost", "steady_switch_cost",
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sim.switch_cost RECORD.json ...``: each record's measured switch cost per policy, the window and
+    the first use's extra beside it, and the ratio to DESTROY_DEFERRED's switch cost in the same record."""
+    import argparse
+
+    from sim.records import MultiGpuRecord, load_record
+
+    ap = argparse.ArgumentParser(prog="python -m sim.switch_cost", description=main.__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+")
+    args = ap.parse_args(argv)
+    for path in args.records:
+        rec = load_record(path)
+        if not isinstance(rec, MultiGpuRecord) or rec.switch_window is None:
+            print(f"{path}: no switch window")
+            continue
+        res = rec.switch_window.results
+        base = recorded_switch_cost(res, "DESTROY_DEFERRED") if "DESTROY_DEFERRED" in res else None
+        print(rec.name)
+        for policy in res:
+            c = recorded_switch_cost(res, policy)
+            if c is None:
+                print(f"  {policy:<28} window {res[policy]['total']:.3f} s; first collectives after the wake not timed")
+                continue
+            ratio = f" = {c.total / base.total:.3f} x DESTROY_DEFERRED" if base is not None else ""
+            print(f"  {policy:<28} switch cost {c.total:.3f} s (window {c.window:.3f} + first use {c.first_use_extra:.3f})"
+                  + ratio)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
+
+
+__all__ = ["SwitchCost", "SwitchCostError", "live_reference", "recorded_switch_cost", "main", "steady_switch_cost",
            "switch_cost"]
