@@ -163,8 +163,19 @@ class Planner:
         tp = math.gcd(self.lay.tp, n)
         return n // tp, tp
 
+    def megatron_mesh(self) -> dict[str, int]:
+        """The Megatron sizes of the simulated node (:func:`sim.switch_window.megatron_groups`): the layout's tp, pp,
+        cp and ep where they divide the node's GPUs (each cut to the part that does), dp the rest."""
+        n = min(self.m.per_node, self.m.gpus)
+        tp = math.gcd(self.lay.tp, n)
+        pp = math.gcd(self.lay.pp, n // tp)
+        cp = math.gcd(getattr(self.lay, "cp", 1), n // (tp * pp))
+        ep = math.gcd(self.lay.ep, n // pp)
+        return {"tp": tp, "pp": pp, "cp": cp, "dp": n // (tp * pp * cp), "ep": ep}
+
     def pg_window(self, pg_policy: str) -> dict[str, float]:
-        """The switch window of ``pg_policy`` over the Megatron group families of the node's dp x tp mesh (cached).
+        """The switch cost of ``pg_policy`` over the Megatron group families of the node's mesh (:meth:`megatron_mesh`:
+        the layout's tp, pp, cp and ep; cached).
 
         The lifecycle driver of ``timeshare bench switch-window`` on a simulated world of the plan's cluster:
         :data:`PG_STEPS` steps with no training time and the plan's full-memory rollout time, means of the steps
@@ -179,9 +190,8 @@ class Planner:
         from sim.switch_window import simulate, summarize
 
         pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
-        dp, tp = self._mesh()
         t0 = time.perf_counter()
-        per_rank = simulate(pol, dp=dp, tp=tp, steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
+        per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
                             cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
         self.sim_wall_s += time.perf_counter() - t0
         r = summarize(pol, per_rank, PG_WARMUP)
