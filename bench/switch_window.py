@@ -148,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
     if late:
         period = max(r.poll_period_s for r in results)
+        rate = max(r.poll_late_rate for r in results)
         print(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
-              "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late))
+              "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late)
+              + (f"; expected {rate:.3f} x {period:g} s more each (the late-walk rate of the fit records)" if rate else ""))
     wrong = [r.policy for r in results if r.bitwise_after_wake is False]
     print("first collectives after every wake bitwise right: " + ("all rows" if not wrong else f"NOT for {wrong}"))
     if args.json:
