@@ -8,7 +8,7 @@ Every branch of the lifecycle ends with one agreement on its Gloo control group
 :class:`refimpl.runtime.TorchRuntime`, ``--agreements`` times back to back on every rank after a
 barrier, and writes ``agreement-<date>-<host>x<N>.json`` (``"kind": "agreement_probe"``) with the
 median and 90th percentile per agreement of the slowest rank. ``timeshare sim calibrate`` fits the
-preset's ``gloo_agreement`` from it (:mod:`sim.fit`); the simulator charges it to every collective on
+preset's ``gloo_agreement`` from it (:mod:`sim.calibrate.fit`); the simulator charges it to every collective on
 a Gloo group. The control group's traffic never leaves the host's loopback, so the figure belongs to
 the host's CPU and kernel, not to its GPUs: run it on the machine whose switch window is simulated.
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.presets.bench_shapes import dense_shape, moe_shape  # noqa: E402
-from sim.calibration import DEFAULT_METHOD, compare, latest_report, predict  # noqa: E402
+from sim.calibrate.calibration import DEFAULT_METHOD, compare, latest_report, predict  # noqa: E402
 
 TOLERANCE = 0.10
 

@@ -32,8 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.presets import scenario_path  # noqa: E402
-from sim.runner import run_scenario  # noqa: E402
-from sim.scenario import parse_scenario  # noqa: E402
+from sim.scenarios.runner import run_scenario  # noqa: E402
+from sim.scenarios.scenario import parse_scenario  # noqa: E402
 
 
 def scenario(n: int, arm: str) -> dict:

@@ -44,14 +44,14 @@ from dataclasses import asdict
 from refimpl.cli_errors import one_line_errors
 from refimpl.comm import PGPolicy
 # the driver's pure parts live where the planner (sim/) may import them; their names stay importable from here
-from sim.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
+from sim.calibrate.switch_window import (RELAX_FAMILIES, VARIANTS, PolicyResult, StepTimes, first_use_after_wake,  # noqa: F401
                                mesh_groups, plan_rules, poll_period, resolve, row_config, row_names,
                                run_steps, simulate, summarize, summarize_simulated)
 
 log = logging.getLogger(__name__)
 
 def format_results(results: list[PolicyResult], header: str) -> str:
-    """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.switch_cost`), the window's
+    """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`), the window's
     phases beside it, the first use's extra, and the ratio of switch costs to DESTROY's."""
     base = next((r.switch_cost for r in results if r.policy == "DESTROY"), None)
     w = max([18] + [len(r.policy) + 2 for r in results])
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         check_number(opt, v, lo=1, integer=True)
     if args.etp is not None:
         check_number("--etp", args.etp, lo=1, integer=True)
-    from sim.switch_window import MeshError, megatron_groups
+    from sim.calibrate.switch_window import MeshError, megatron_groups
 
     try:
         specs = megatron_groups(tp=args.tp, dp=args.dp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp)

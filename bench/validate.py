@@ -3,13 +3,13 @@
 It lives with the benchmarks (the application floor) because it runs their
 switch-window driver; ``refimpl.cli`` wires it under ``timeshare sim``.
 
-For a ``multigpu`` record (:mod:`sim.records`) the lifecycle benchmark of
+For a ``multigpu`` record (:mod:`sim.calibrate.records`) the lifecycle benchmark of
 :mod:`bench.switch_window` runs with the record's settings (mesh
 ``dp`` x ``tp``, steps, warmup, train, rollout, cooldown) on a simulated world
 of the preset, each policy the record has, and every phase (``sleep``,
 ``update_weights``, ``wake_up``, ``total``) is compared; so is the order of the
 policies by total time. For an offload report the store's steady offload and
-reload of each shape are compared (:func:`sim.calibration.compare`), with the
+reload of each shape are compared (:func:`sim.calibrate.calibration.compare`), with the
 preset's own PCIe rates rather than the ones measured in the same run, the
 report's phase gap, and the memory another role freed right before the reload
 (``other_role_bytes``), which the driver scrubs while the reload waits. A
@@ -20,7 +20,7 @@ of replicated state on every rank at once) is replayed by
 [Note: how the switch window is charged] Every rank runs the lifecycle's
 code. Each communicator operation is charged per rank, on the rank that does
 it, one group after the other in the lifecycle's sorted walk, at the cost of
-that group's size class (one-rank or multi-rank, :class:`sim.collectives.NcclComm`);
+that group's size class (one-rank or multi-rank, :class:`sim.models.collectives.NcclComm`);
 the ranks run in parallel, so a phase costs the slowest rank's walk, not the
 sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
@@ -40,25 +40,25 @@ decided by milliseconds: the proxy poll phases of a training step's
 communicators move against one another by up to ``poll_phase_spread`` between
 steps (fitted on ``bench/gpu/destroy_walk_probe.py`` records). So a phase whose
 walk has a destroy waiting less than that for its timeout
-(:attr:`sim.switch_window.PolicyResult.poll_late`) ends, in each step, either
+(:attr:`sim.calibrate.switch_window.PolicyResult.poll_late`) ends, in each step, either
 when the model says or one poll period (0.5 s) later. How often is fitted on
 the probe records alone (``poll_late_rate``: the fraction of their walks over
-just-initialised groups that took a period longer, :func:`sim.destroy_walks.late_walks`),
+just-initialised groups that took a period longer, :func:`sim.calibrate.destroy_walks.late_walks`),
 so such a phase is predicted as its expected figure, the model's plus
-``poll_late_rate`` periods (:meth:`sim.switch_window.PolicyResult.expected`),
+``poll_late_rate`` periods (:meth:`sim.calibrate.switch_window.PolicyResult.expected`),
 with the range from the model's figure to a whole period more, and scored
 against the measured mean. Nothing of the validated record decides it.
 
 [Note: validate is blind] No constant, spread, rate or correction may come from
 any part of a validated file: a record that a calibrated preset's
 ``fitted_on`` lists, or that a constant's ``source`` names (the file, or its
-directory), is refused whole. The held-out records (:data:`sim.records.HELD_OUT`),
+directory), is refused whole. The held-out records (:data:`sim.calibrate.records.HELD_OUT`),
 which ``timeshare sim calibrate`` refuses to read, are scored apart. Figures of
 0.1 s and more and figures under 0.1 s are scored apart, each by its relative
 error (no absolute floor); a figure measured as 0 has no relative error and is
 counted, not scored.
 
-Every policy's switch cost ([Note: the switch cost] in :mod:`sim.switch_cost`)
+Every policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`)
 is compared where the record timed the first collectives after the wake, and
 policies are ranked by it (by the window where a record did not time them).
 """
@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from sim.records import PHASES, MultiGpuRecord, OffloadRecord, Record, RecordError
+from sim.calibrate.records import PHASES, MultiGpuRecord, OffloadRecord, Record, RecordError
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,8 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *,
     ranking (by switch cost where every policy has one, else by window), NCCL memory in the rollout, and for each
     phase that may end a poll period late the range of its figure (on time in every step to late in every step)."""
     from sim.presets import load_preset_data
-    from sim.switch_cost import recorded_switch_cost
-    from sim.topology import Topology
+    from sim.models.switch_cost import recorded_switch_cost
+    from sim.models.topology import Topology
 
     sw = record.switch_window
     if sw is None:
@@ -217,7 +217,7 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *,
 
 def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = OFFLOAD_TOLERANCE) -> list[Row]:
     """Rows per shape: the store's steady offload and reload, predicted with the preset's own line rates."""
-    from sim.calibration import compare
+    from sim.calibrate.calibration import compare
     from sim.presets import load_preset_data
 
     check_blind(load_preset_data(preset), record)
@@ -312,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
     from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
     from sim.presets import PresetError
-    from sim.records import held_out, load_record
+    from sim.calibrate.records import held_out, load_record
 
     rows, orders_ok, checked, held = [], True, 0, []
     try:

@@ -15,9 +15,9 @@ What the simulated host is made of, and where each part comes from:
   rank of the 2 x H200 record reloaded its 8.59 GB at the one-GPU line rate at the same time, so its
   GPUs share no PCIe uplink (the VM hides the PCIe tree; ``env.log`` of the record);
 * the PCIe rate is the offload preset's host-to-device one (``pcie_gen5_x16_h2d_run1``, H200 run 1),
-  as :mod:`sim.calibration` simulates reloads;
+  as :mod:`sim.calibrate.calibration` simulates reloads;
 * the store's host time of a reload (allocating its flat device buffers, ``store_reload_alloc`` per byte,
-  H200 run 8) is added, as :func:`sim.calibration.host_overheads` does.
+  H200 run 8) is added, as :func:`sim.calibrate.calibration.host_overheads` does.
 
 Nothing here is fitted on the ``dedup`` section it is compared with (:func:`bench.validate.validate_dedup` refuses
 a preset whose constants name it).
@@ -73,19 +73,19 @@ def predict_dedup(world_size: int, group_size: int, state_bytes: int, *, preset:
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig
     from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
-    from sim.calibration import host_overheads
-    from sim.collectives import NcclComm, TopologyCollectiveCost
-    from sim.flows import FlowTransport
-    from sim.memory import TopologyMemory
+    from sim.calibrate.calibration import host_overheads
+    from sim.models.collectives import NcclComm, TopologyCollectiveCost
+    from sim.models.flows import FlowTransport
+    from sim.models.memory import TopologyMemory
     from sim.presets import load_preset_data
-    from sim.topology import Topology
+    from sim.models.topology import Topology
     from sim.world import SimWorld
 
     if world_size % group_size:
         raise ValueError(f"group_size {group_size} does not divide world_size {world_size}")
     h2d = Topology.from_preset(offload_preset).constants.get("pcie_gen5_x16_h2d_run1")
     data = separate_switches(load_preset_data(preset), world_size)
-    if h2d is not None:  # reloads at the measured host-to-device rate, as sim.calibration simulates them
+    if h2d is not None:  # reloads at the measured host-to-device rate, as sim.calibrate.calibration simulates them
         for name in {lk["bandwidth"] for lk in data["node"]["links"] if lk["kind"] == "pcie"}:
             data["constants"][name] = dict(data["constants"][name], value=h2d.value / 1e9, unit="GB/s")
     topo = Topology(data, where=f"preset {preset!r}, {world_size} GPUs on separate PCIe switches")
@@ -131,7 +131,7 @@ def predict_dedup(world_size: int, group_size: int, state_bytes: int, *, preset:
 def compare_dedup(record: Any, preset: str, offload_preset: str) -> list[tuple[str, float, float]]:
     """``(what, measured s, predicted s)`` for every figure of every row of ``record.dedup``
     (:func:`bench.validate.validate_dedup` checks the fit set and makes the rows)."""
-    from sim.records import RecordError
+    from sim.calibrate.records import RecordError
 
     out = []
     for i, row in enumerate(record.dedup):

@@ -13,9 +13,9 @@ import json
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.fold import plan_fold, run_folded
-from sim.runner import run_scenario
-from sim.scenario import parse_scenario
+from sim.scenarios.fold import plan_fold, run_folded
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scenario import parse_scenario
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -23,10 +23,10 @@ from refimpl import __version__
 
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("sim.cli", "run a simulated scenario (default scenario when none is given)"),
+    "sim": ("sim.commands.simulate", "run a simulated scenario (default scenario when none is given)"),
     "bench": ("bench.cli", "benchmark the offload store against baselines"),
     "demo": ("refimpl.demo", "run a real offload/reload cycle on this machine"),
-    "plan": ("sim.plan_cli", "rank offload settings for a model on a cluster (simulated RL step)"),
+    "plan": ("sim.commands.plan", "rank offload settings for a model on a cluster (simulated RL step)"),
 }
 
 

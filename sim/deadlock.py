@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Sequence
 
-from sim.engine import ProcessState
-from sim.errors import DeadlockError
+from sim.kernel.engine import ProcessState
+from sim.kernel.errors import DeadlockError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import Engine
+    from sim.kernel.engine import Engine
     from sim.runtime import SimRuntime
 
 

@@ -10,8 +10,8 @@ arrival with a different signature is a :class:`sim.CollectiveMismatchError`,
 which stops the simulation: it is a protocol bug, not a runtime condition.
 
 When the last member arrives the collective completes ``cost`` seconds later
-(cost from :class:`sim.model_protocols.CollectiveCost` or, for group creation, from
-:class:`sim.model_protocols.CommModel`): on real payloads the data moves then (so a
+(cost from :class:`sim.models.model_protocols.CollectiveCost` or, for group creation, from
+:class:`sim.models.model_protocols.CommModel`): on real payloads the data moves then (so a
 rank that read its output before awaiting would see stale bytes), and every
 member's future is resolved. A member whose future already failed (it timed
 out) contributed its input but receives nothing.
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import torch
 
 from refimpl.runtime.base import CollectiveTimeoutError, GroupSpec, ReduceOp
-from sim.engine import Event, SimFuture
-from sim.errors import CollectiveMismatchError
+from sim.kernel.engine import Event, SimFuture
+from sim.kernel.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import Engine
-    from sim.model_protocols import CollectiveCost, CommModel
+    from sim.kernel.engine import Engine
+    from sim.models.model_protocols import CollectiveCost, CommModel
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class Rendezvous:
         p.count += 1
         if p.count == spec.size:
             del self._pending[key]
-            if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.collectives
+            if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.models.collectives
                 w = self._world
                 extra = w.comm.first_use(w.resolve_backend(p.spec)) if getattr(w.comm, "init_at_collective", False) else 0.0
                 w.collective_cost.run(p.op, p.spec.ranks, p.nbytes, extra, lambda: self._complete(p))
@@ -203,7 +203,7 @@ class Rendezvous:
 
     def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
         """Fail ``arrival``'s future ``timeout_s`` from now unless the collective completes first."""
-        from sim.engine import PRIORITY_LATE
+        from sim.kernel.engine import PRIORITY_LATE
 
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")

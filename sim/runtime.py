@@ -2,18 +2,18 @@
 
 Protocol code awaits the same operations it awaits on ``TorchRuntime``; here
 each one suspends the rank's coroutine until the simulated time at which it
-finishes (see :mod:`sim.engine`). Time comes from the world's
-:class:`~sim.model_protocols.Transport`, :class:`~sim.model_protocols.CollectiveCost` and
-:class:`~sim.model_protocols.CommModel`; memory is charged to its
-:class:`~sim.model_protocols.MemoryModel`; faults come from its
-:class:`~sim.model_protocols.FaultHooks` (see :mod:`sim.model_protocols`).
+finishes (see :mod:`sim.kernel.engine`). Time comes from the world's
+:class:`~sim.models.model_protocols.Transport`, :class:`~sim.models.model_protocols.CollectiveCost` and
+:class:`~sim.models.model_protocols.CommModel`; memory is charged to its
+:class:`~sim.models.model_protocols.MemoryModel`; faults come from its
+:class:`~sim.models.model_protocols.FaultHooks` (see :mod:`sim.models.model_protocols`).
 
 Payloads: with ``payload="real"`` buffers are real (small) CPU tensors and
 copies and collectives move real bytes; with ``"meta"`` they are meta tensors
 that cost no memory and move nothing, while the ledgers still count every byte.
 
 Memory bookkeeping per buffer (including buffers dropped without ``release``)
-is in :mod:`sim.allocator`.
+is in :mod:`sim.models.allocator`.
 """
 from __future__ import annotations
 
@@ -30,15 +30,15 @@ from refimpl.runtime.base import (
     WORLD, CommMemory, CopyKind, CopyStats, GroupError, GroupSpec, GroupSuspendedError, MemoryInfo,
     PinningError, ReduceOp, Runtime, check_same_shape,
 )
-from sim.allocator import RankAllocator
-from sim.engine import Crash, Process, SimFuture, Timeout
-from sim.errors import SimUsageError
-from sim.model_protocols import FaultAction, FaultKind
+from sim.models.allocator import RankAllocator
+from sim.kernel.engine import Crash, Process, SimFuture, Timeout
+from sim.kernel.errors import SimUsageError
+from sim.models.model_protocols import FaultAction, FaultKind
 from sim.rendezvous import CREATE_SEQ, HangBlocker, describe
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.engine import Engine
-    from sim.model_protocols import CommModel, FaultHooks, MemoryModel, Transport
+    from sim.kernel.engine import Engine
+    from sim.models.model_protocols import CommModel, FaultHooks, MemoryModel, Transport
     from sim.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ class SimRuntime(Runtime):
     async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
         """Destroy the groups with their waits overlapped, as :class:`refimpl.torch_runtime.TorchRuntime` does: every
         destroy starts now and the call returns when the slowest has ended (each waits for its own proxy poll
-        timeout, :meth:`sim.collectives.NcclComm.destroy_time`). Errors per group; already destroyed ones are
+        timeout, :meth:`sim.models.collectives.NcclComm.destroy_time`). Errors per group; already destroyed ones are
         skipped, as :meth:`destroy_group` does."""
         errors: dict[str, Exception] = {}
         todo, longest, timed = [], 0.0, False

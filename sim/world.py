@@ -30,9 +30,9 @@ from typing import Any, Callable, Coroutine
 
 from refimpl.runtime.base import WORLD, GroupSpec
 from sim.deadlock import find_deadlock
-from sim.engine import Chooser, Engine, ProcessState, RandomChooser
-from sim.errors import RankCrashedError, RankFailedError, RankHungError, SimUsageError
-from sim.model_protocols import (
+from sim.kernel.engine import Chooser, Engine, ProcessState, RandomChooser
+from sim.kernel.errors import RankCrashedError, RankFailedError, RankHungError, SimUsageError
+from sim.models.model_protocols import (
     CollectiveCost, CommModel, FaultHooks, FixedBandwidthTransport, LedgerMemory, MemoryModel, NcclCommModel,
     NoFaults, RingCollectiveCost, Transport,
 )
@@ -83,15 +83,15 @@ class SimWorld:
         payload: ``"real"`` (small CPU tensors, real bytes) or ``"meta"`` (no data).
         seed: seeds :attr:`rng` (for models) and ``chooser="random"``.
         chooser: how events ready at the same instant are ordered: None (FIFO),
-            ``"random"`` (seeded by ``seed``) or a :class:`sim.engine.Chooser`.
+            ``"random"`` (seeded by ``seed``) or a :class:`sim.kernel.engine.Chooser`.
         transport, collective_cost, memory, faults, comm: the models (see
-            :mod:`sim.model_protocols`); None means the default.
+            :mod:`sim.models.model_protocols`); None means the default.
         default_backend: backend of groups whose spec says ``backend=None``.
         group_timeouts: when True, collectives and group creation without an
             explicit ``timeout_s`` time out after the group's ``timeout_s``
             (as torch's watchdog does). Off by default so that a hang shows up
             as a :class:`sim.DeadlockError` with its waits-for cycle.
-        trace: keep the event trace (:meth:`sim.engine.Engine.trace_bytes`).
+        trace: keep the event trace (:meth:`sim.kernel.engine.Engine.trace_bytes`).
     """
 
     def __init__(

@@ -14,6 +14,13 @@ by design (they load only when a user asks for the old name); the test checks
 that the dict names only modules of the declared target and that no other
 module imports by a computed name it cannot see.
 
+A block may stand in rooms (:data:`ROOMS`), ordered like the floors: a room
+imports only the rooms below it, and rooms side by side do not import each other.
+A package whose modules moved into rooms keeps the old names importable through a
+table :data:`MODULE_ALIASES` declares (old name -> new module, loaded only when the
+old name is imported); the test checks that no file stands at an old name, that
+every new name is a module, and that no module of the roots imports an old name.
+
 ``python -m tests.import_graph`` prints the floors; ``--write-docs`` rewrites the
 drawing in docs/design.md between its markers (a test fails when it drifts).
 """
@@ -51,6 +58,26 @@ FLOORS: tuple[Floor, ...] = (
     Floor("application", "the CLI, the demo and the benchmarks",
           ("refimpl.cli", "refimpl.__main__", "refimpl.demo", "bench")),
 )
+
+#: block -> its rooms, bottom first; a module belongs to the room that is the longest prefix of its name
+ROOMS: dict[str, tuple[Floor, ...]] = {
+    "sim": (
+        Floor("base", "the discrete-event engine and the errors; the presets and the files' schemas",
+              ("sim.kernel", "sim.presets")),
+        Floor("models", "the model protocols and their defaults; topology, flows, collectives, memory, faults",
+              ("sim.models",)),
+        Floor("ranks", "SimRuntime, SimWorld, collective matching, deadlock detection (sim/*.py)", ("sim",)),
+        Floor("studies", "scenarios run and judged; measurement records, fits and checks against them",
+              ("sim.scenarios", "sim.calibrate")),
+        Floor("planner", "timeshare plan: which offload settings fit a model on a cluster", ("sim.planner",)),
+        Floor("commands", "timeshare sim and timeshare plan", ("sim.commands",)),
+    ),
+}
+
+#: package -> the name of its dict of old module name -> new module name (loaded only when the old name is asked)
+MODULE_ALIASES: dict[str, str] = {
+    "sim": "MOVED",  # sim/__init__.py's meta-path finder: import sim.flows is sim.models.flows
+}
 
 #: (importer block, imported block) pairs on one floor that may be imported sideways
 SIDEWAYS: frozenset[tuple[str, str]] = frozenset({
@@ -147,6 +174,7 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
     modules = module_files()
     edges: list[Edge] = []
     problems: list[str] = []
+    old_names = {old for pkg in MODULE_ALIASES for old in _alias_table(pkg, modules)}
     for mod, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         computed = False
@@ -155,6 +183,9 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
                 if name == "<computed>":
                     computed = True
                     continue
+                if name in old_names:
+                    problems.append(f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}: imports {name}, a moved "
+                                    f"module's old name; import its new name (see the alias table of {mod.split('.')[0]})")
                 dst = _resolve(name, modules)
                 if dst is not None and dst != mod:
                     edges.append(Edge(mod, dst, getattr(node, "lineno", 0), how))
@@ -162,6 +193,8 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
             continue
         if mod in COMPAT_SHIMS:
             edges.extend(_shim_edges(mod, tree, modules, problems))
+        elif mod in MODULE_ALIASES:
+            edges.extend(_alias_edges(mod, modules, problems))
         elif mod in DYNAMIC_IMPORTERS:
             # the module names it may load are its string constants that name a module
             for node in ast.walk(tree):
@@ -172,6 +205,41 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
             problems.append(f"{path.relative_to(REPO)}: imports by a computed name, which the graph cannot see; "
                             "import by a constant name, or declare it in DYNAMIC_IMPORTERS or COMPAT_SHIMS")
     return modules, edges, problems
+
+
+def _alias_dict(pkg: str, modules: dict[str, Path]) -> ast.Dict | None:
+    """The dict literal :data:`MODULE_ALIASES` names in ``pkg`` (None when it has none)."""
+    tree = ast.parse(modules[pkg].read_text())
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == MODULE_ALIASES[pkg] and isinstance(node.value, ast.Dict):
+            return node.value
+    return None
+
+
+def _alias_table(pkg: str, modules: dict[str, Path]) -> dict[str, tuple[str, int]]:
+    """Old name -> (new name, line) of ``pkg``'s alias table (constant strings only)."""
+    table = _alias_dict(pkg, modules)
+    if table is None:
+        return {}
+    return {k.value: (v.value, k.lineno) for k, v in zip(table.keys, table.values)
+            if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+
+
+def _alias_edges(pkg: str, modules: dict[str, Path], problems: list[str]) -> list[Edge]:
+    """The edges of a package's alias table: each old name has no file, each new name is a module."""
+    if _alias_dict(pkg, modules) is None:
+        problems.append(f"{pkg} imports by a computed name but has no {MODULE_ALIASES[pkg]} dict literal")
+        return []
+    out: list[Edge] = []
+    for old, (new, line) in _alias_table(pkg, modules).items():
+        if old in modules:
+            problems.append(f"{pkg}.{MODULE_ALIASES[pkg]}: {old} is a module file still; an old name has no file")
+        elif new not in modules:
+            problems.append(f"{pkg}.{MODULE_ALIASES[pkg]}: {old} -> {new}, which is no module")
+        else:
+            out.append(Edge(pkg, new, line, "module alias"))
+    return out
 
 
 def _shim_edges(mod: str, tree: ast.Module, modules: dict[str, Path], problems: list[str]) -> list[Edge]:
@@ -203,27 +271,60 @@ def block_of(mod: str) -> tuple[int, str] | None:
     return best
 
 
+def room_of(mod: str, block: str) -> tuple[int, str]:
+    """(room index, room) of a module of a block that stands in rooms: the room that is the longest prefix."""
+    best = (-1, "")
+    for i, room in enumerate(ROOMS[block]):
+        for prefix in room.blocks:
+            if (mod == prefix or mod.startswith(prefix + ".")) and len(prefix) > len(best[1]):
+                best = (i, prefix)
+    return best
+
+
+def room_violations(modules: dict[str, Path], edges: list[Edge]) -> list[str]:
+    """Modules in no room, imports up the rooms of a block and sideways between rooms side by side."""
+    out = []
+    for block in ROOMS:
+        out.extend(f"{m} ({modules[m].relative_to(REPO)}) stands in no room of {block}: add it to ROOMS"
+                   for m in modules if block_of(m) == block_of(block) and room_of(m, block)[0] < 0)
+    for e in edges:
+        a, b = block_of(e.src), block_of(e.dst)
+        if a is None or a != b or a[1] not in ROOMS or e.how in ("compat shim", "module alias"):
+            continue
+        rooms = ROOMS[a[1]]
+        (i, ra), (j, rb) = room_of(e.src, a[1]), room_of(e.dst, a[1])
+        if i < 0 or j < 0:
+            continue
+        where = f"{modules[e.src].relative_to(REPO)}:{e.line}: {e.src} -> {e.dst} ({e.how})"
+        if j > i:
+            out.append(f"{where}: imports up the rooms of {a[1]}, from {rooms[i].name} to {rooms[j].name}; "
+                       "declare the type it needs as a Protocol beside its user")
+        elif j == i and ra != rb:
+            out.append(f"{where}: imports sideways in room {rooms[i].name} of {a[1]}, from {ra} to {rb}")
+    return out
+
+
 def floor_violations(modules: dict[str, Path], edges: list[Edge]) -> list[str]:
-    """Modules on no floor, upward imports and sideways imports not declared."""
+    """Modules on no floor, upward imports and sideways imports not declared; the same inside :data:`ROOMS`."""
     out = [f"{m} ({modules[m].relative_to(REPO)}) stands on no floor: add its block to FLOORS"
            for m in modules if block_of(m) is None]
     for e in edges:
         a, b = block_of(e.src), block_of(e.dst)
-        if a is None or b is None or e.how == "compat shim":
+        if a is None or b is None or e.how in ("compat shim", "module alias"):
             continue
         where = f"{modules[e.src].relative_to(REPO)}:{e.line}: {e.src} -> {e.dst} ({e.how})"
         if b[0] > a[0]:
             out.append(f"{where}: imports upward, from floor {FLOORS[a[0]].name} to floor {FLOORS[b[0]].name}")
         elif b[0] == a[0] and a[1] != b[1] and (a[1], b[1]) not in SIDEWAYS:
             out.append(f"{where}: imports sideways on floor {FLOORS[a[0]].name}, from {a[1]} to {b[1]}")
-    return out
+    return out + room_violations(modules, edges)
 
 
 def find_cycles(edges: list[Edge]) -> list[list[str]]:
-    """Every strongly connected set of two or more modules (compat-shim edges excluded: they are lazy)."""
+    """Every strongly connected set of two or more modules (compat-shim and alias edges excluded: they are lazy)."""
     graph: dict[str, set[str]] = {}
     for e in edges:
-        if e.how != "compat shim":
+        if e.how not in ("compat shim", "module alias"):
             graph.setdefault(e.src, set()).add(e.dst)
             graph.setdefault(e.dst, set())
     # Tarjan, iterative
@@ -276,16 +377,21 @@ def _block_path(block: str) -> str:
     return f"{path.parent}/" if path.name == "__init__.py" and block != "refimpl" else str(path)
 
 
-def render_floors() -> str:
-    """The floors as a text drawing (top floor first), for docs/design.md."""
-    width = 92
+def _draw(floors: tuple[Floor, ...], path, width: int = 92) -> list[str]:
+    """Floors (or rooms) as boxes, top first, each block named by ``path(block)``."""
     lines = []
-    for i in reversed(range(len(FLOORS))):
-        floor = FLOORS[i]
+    for i in reversed(range(len(floors))):
+        floor = floors[i]
         lines.append("+" + f"- {i + 1} {floor.name} ".ljust(width - 2, "-") + "+")
         lines.append("| " + floor.what.ljust(width - 4) + " |")
-        lines.append("| " + "   ".join(f"[ {_block_path(b)} ]" for b in floor.blocks).ljust(width - 4) + " |")
+        lines.append("| " + "   ".join(f"[ {path(b)} ]" for b in floor.blocks).ljust(width - 4) + " |")
     lines.append("+" + "-" * (width - 2) + "+")
+    return lines
+
+
+def render_floors() -> str:
+    """The floors as a text drawing (top floor first), then each block's rooms, for docs/design.md."""
+    lines = _draw(FLOORS, _block_path)
     lines.append("")
     lines.append("Each floor imports only the floors below it. Blocks on one floor do not import each other, except:")
     lines.extend(f"  {a} -> {b}" for a, b in sorted(SIDEWAYS))
@@ -294,6 +400,12 @@ def render_floors() -> str:
     if KNOWN_CYCLES:
         lines.append("Circles still open (being broken elsewhere):")
         lines.extend(f"  {' <-> '.join(sorted(c))}" for c in KNOWN_CYCLES)
+    for block, rooms in ROOMS.items():
+        lines.append("")
+        lines.append(f"The rooms of {_block_path(block)} (each imports only the rooms below it; side by side, not each other):")
+        lines.extend(_draw(rooms, lambda r, block=block: f"{_block_path(r)}*.py" if r == block else _block_path(r)))
+    lines.append("Old module names that moved into rooms load the new module (loaded only when asked):")
+    lines.extend(f"  {pkg}.{table} (in {module_files()[pkg].relative_to(REPO)})" for pkg, table in MODULE_ALIASES.items())
     return "\n".join(lines)
 
 

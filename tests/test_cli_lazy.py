@@ -44,6 +44,6 @@ def test_bad_command_lines_get_the_full_parsers_error(argv, capsys):
 
 def test_sim_run_does_not_import_the_other_subcommands():
     code = ("import sys; from refimpl.cli import main; rc = main(['sim', 'list']); "
-            "print(sorted(m for m in ('bench.cli', 'bench.validate', 'refimpl.demo', 'sim.plan_cli') if m in sys.modules))")
+            "print(sorted(m for m in ('bench.cli', 'bench.validate', 'refimpl.demo', 'sim.commands.plan') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

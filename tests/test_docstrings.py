@@ -67,7 +67,7 @@ async def coro():
 
 def test_the_packages_are_all_walked():
     files = {str(p.relative_to(ROOT)) for p in sources()}
-    for expected in ("refimpl/runtime/base.py", "sim/engine.py", "bench/gpu/multigpu.py"):
+    for expected in ("refimpl/runtime/base.py", "sim/kernel/engine.py", "bench/gpu/multigpu.py"):
         assert expected in files
     assert len(files) > 50
 

@@ -81,11 +81,32 @@ def test_reader_sees_every_import_form():
 def test_rules_catch_upward_sideways_and_circles():
     modules = ig.module_files()
     up = ig.Edge("refimpl.store.pool", "refimpl.torch_runtime.pinning", 1, "import")
-    side = ig.Edge("sim.runner", "refimpl.torch_runtime.runtime", 1, "import")
-    down = ig.Edge("sim.runner", "refimpl.store.store", 1, "import")
+    side = ig.Edge("sim.scenarios.runner", "refimpl.torch_runtime.runtime", 1, "import")
+    down = ig.Edge("sim.scenarios.runner", "refimpl.store.store", 1, "import")
     found = ig.floor_violations(modules, [up, side, down])
     assert len(found) == 2 and "upward" in found[0] and "sideways" in found[1]
     circle = [ig.Edge("a", "b", 1, "import"), ig.Edge("b", "c", 1, "import"), ig.Edge("c", "a", 1, "import"),
               ig.Edge("c", "d", 1, "import")]
     assert ig.find_cycles(circle) == [["a", "b", "c"]]
     assert ig.find_cycles([ig.Edge("a", "b", 1, "compat shim"), ig.Edge("b", "a", 1, "import")]) == []
+
+
+def test_rules_catch_imports_up_and_across_the_rooms_of_sim():
+    modules = ig.module_files()
+    up = ig.Edge("sim.models.flows", "sim.world", 1, "from-import")  # a model reaching above the ranks
+    side = ig.Edge("sim.scenarios.runner", "sim.calibrate.records", 1, "import")  # rooms side by side
+    down = ig.Edge("sim.planner.plan", "sim.scenarios.runner", 1, "import")
+    alias = ig.Edge("sim", "sim.commands.simulate", 1, "module alias")  # the old-name table is lazy
+    found = ig.room_violations(modules, [up, side, down, alias])
+    assert len(found) == 2 and "up the rooms" in found[0] and "sideways" in found[1], found
+    assert ig.find_cycles([alias, ig.Edge("sim.commands.simulate", "sim", 1, "import")]) == []
+
+
+def test_the_alias_table_names_moved_modules_only():
+    modules = ig.module_files()
+    table = ig._alias_table("sim", modules)
+    assert "sim.flows" in table and table["sim.flows"][0] == "sim.models.flows"
+    problems: list[str] = []
+    edges = ig._alias_edges("sim", modules, problems)
+    assert not problems and len(edges) == len(table)
+    assert all(e.dst in modules and e.how == "module alias" for e in edges)

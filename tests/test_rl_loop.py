@@ -72,8 +72,8 @@ def test_rl_step_two_gloo_ranks(tmp_path):
     on_disk = json.loads((tmp_path / "rl_step_2.json").read_text())
     assert set(on_disk["summary"]["phase_s"]) == {"train", "offload", "rollout", "weight_sync", "reload"}
     assert os.path.getsize(tmp_path / "rl_step_2.png") > 1000
-    # the simulator's model of the step reads the record (sim/colocated.py)
-    from sim.colocated import compare, predict_step
+    # the simulator's model of the step reads the record (sim/calibrate/colocated.py)
+    from sim.calibrate.colocated import compare, predict_step
 
     pred = predict_step(on_disk, preset="h200-1x")
     assert set(pred["phase_s"]) == set(on_disk["summary"]["phase_s"])

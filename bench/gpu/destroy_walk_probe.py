@@ -13,7 +13,7 @@ same settings as ``bench/gpu/multigpu.py`` (``mesh_groups(N, 1)``, cooldown 2 s,
 records, per rank and step, when each group's first collective of the training step returned (its lazy NCCL
 init) and when each destroy started and ended, on the host clock: which destroy waits a whole extra period, and
 how much slack the others had. Rank 0 writes ``destroy-walk-<date>-<policy>-sync-<tp|none>-<device>x<N>.json`` to
-``$OUT`` (default bench/results) and prints its three longest destroys; ``python -m sim.destroy_walks FILE`` names,
+``$OUT`` (default bench/results) and prints its three longest destroys; ``python -m sim.calibrate.destroy_walks FILE`` names,
 per walk, the destroy from which the walk ran one poll period later than its first destroy.
 
 ``--sync none`` runs the weight sync without its collective on the tp group. The wave2 record shows

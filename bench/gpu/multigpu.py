@@ -6,7 +6,7 @@
 On N GPUs of one host (one process per GPU, NCCL; preload NCCL >= 2.29.7 for SUSPEND, see docs/gpu.md):
 
 * ``switch_window``: the lifecycle of every :class:`PGPolicy` and benchmark variant
-  (``SUSPEND_PLANNED_LAZY``, :data:`sim.switch_window.VARIANTS`) over the 14 Relax group families of a
+  (``SUSPEND_PLANNED_LAZY``, :data:`sim.calibrate.switch_window.VARIANTS`) over the 14 Relax group families of a
   (dp=N, tp=1) mesh (:func:`mesh_groups`), driven by the same :func:`run_steps` as the simulator's
   ``timeshare bench switch-window``; one :class:`PolicyResult` per row (field names as there: the
   phases, NCCL memory in the rollout, the first collectives after the wake and whether they were
@@ -59,7 +59,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cooldown-s", type=float, default=2.0)
     p.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
                    help="PGPolicy names, or benchmark variants (SUSPEND_PLANNED_LAZY), for the switch window "
-                        "(default: every policy and variant, sim.switch_window.row_names())")
+                        "(default: every policy and variant, sim.calibrate.switch_window.row_names())")
     p.add_argument("--comms", type=int, default=14, help="communicators in comm_raw")
     p.add_argument("--gib", type=float, default=8.0, help="replicated bf16 state per rank for dedup, GiB")
     p.add_argument("--tensors", type=int, default=64)
@@ -68,7 +68,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU/Gloo, tiny sizes, short rollout")
     args = p.parse_args()
     if args.policies is not None:
-        from sim.switch_window import resolve, row_names
+        from sim.calibrate.switch_window import resolve, row_names
 
         bad = []
         for n in args.policies:

@@ -27,6 +27,6 @@ for p in suspend_planned destroy_deferred; do for s in tp none; do
 done; done
 stamp "agreement probe"
 LD_PRELOAD="$PRE" timeout 60 torchrun --nproc-per-node="$N" bench/agreement_probe.py --out "$OUT" 2>&1 | grep -v "^W1" | tail -4
-stamp "sim.destroy_walks"
-python3 -m sim.destroy_walks "$OUT"/destroy-walk-*.json 2>&1 | tail -60
+stamp "sim.calibrate.destroy_walks"
+python3 -m sim.calibrate.destroy_walks "$OUT"/destroy-walk-*.json 2>&1 | tail -60
 stamp done

@@ -91,7 +91,7 @@ for d, world in (("rl1", 1), ("rl2", 2), ("rl1_driver", 1), ("rl1_live", 1)):
                                           for n, v in br.get(ph, {}).items() if n in ("lifecycle.destroy", "lifecycle.rebuild", "lifecycle.cooldown")))
     try:
         sys.path.insert(0, os.getcwd())
-        from sim.colocated import compare
+        from sim.calibrate.colocated import compare
         c = compare(r)
         print("   sim vs measured: " + " ".join(f"{k}=x{v['ratio']:.2f}{'' if v['within'] else '!'}" for k, v in c["phases"].items()))
     except Exception as e:

@@ -5,7 +5,8 @@ Releasing a storage (``Runtime.release``: resize to 0 bytes) returns its
 memory, but a tensor that still has its shape on a 0-byte storage reads
 through a null or dangling pointer: ``p.sum()``, ``repr(p)``, ``opt.step()``
 killed the process with SIGSEGV. So before anything is released, every
-registered tensor is *parked*: re-pointed (``set_``) at a one-element
+registered tensor is *parked*: re-pointed (``set_``, or ``.data`` for a tensor that
+requires grad: see [Note: autograd identity]) at a one-element
 placeholder storage of its dtype and device with all strides 0. Shape, dtype,
 device, ``requires_grad`` and the tensor object stay; every element reads the
 placeholder's one value (NaN for floating dtypes, so a stray read shows);
@@ -101,6 +102,32 @@ def is_parked(t: torch.Tensor) -> bool:
     """True while ``t`` is parked by an offload store (its bytes are in host memory); False for a
     tensor with elements on memory of its own."""
     return t.untyped_storage()._cdata in _PLACEHOLDER_IDS
+
+
+# [Note: autograd identity]
+# ``Tensor.set_`` resets a leaf's gradient accumulator (torch treats it like ``resize_``): after
+# it, ``p.expand_as(p).grad_fn.next_functions[0][0]`` is a new AccumulateGrad node and every hook
+# registered on the old one (torch DDP's reducer, Megatron DDP) never fires again. ``p.data = t``
+# swaps the storage and geometry under the same autograd metadata, keeping the node (same dtype
+# and device). So a tensor that requires grad is re-pointed through a carrier tensor and ``.data``;
+# its version counter is bumped as ``set_`` bumps it, so a backward through a graph recorded
+# before the re-point still raises instead of reading the placeholder.
+
+
+def repoint_tensor(t: torch.Tensor, storage: Any, offset: int, size: Any, stride: Any) -> None:
+    """``t.set_(storage, offset, size, stride)`` that keeps ``t``'s autograd identity (see
+    [Note: autograd identity]): its gradient accumulator, hooks, ``is_leaf`` and ``requires_grad``.
+    Call it under ``torch.no_grad()``."""
+    if t.requires_grad:
+        carrier = torch.empty(0, dtype=t.dtype, device=t.device)
+        carrier.set_(storage, offset, size, stride)
+        t.data = carrier
+        _increment_version(t)
+    else:
+        t.set_(storage, offset, size, stride)
+
+
+_increment_version = torch.autograd.graph.increment_version
 
 
 def zero_strides(ndim: int) -> tuple[int, ...]:
@@ -290,7 +317,7 @@ def park_strays(storage_id: int, known: set[int]) -> list[str]:
             out.append(f"{type(t).__name__} of shape {tuple(t.shape)}")
             st, _ = placeholder(t.device, t.dtype)
             try:
-                t.set_(st, 0, tuple(t.shape), zero_strides(t.dim()))
+                repoint_tensor(t, st, 0, tuple(t.shape), zero_strides(t.dim()))
             except RuntimeError as e:  # e.g. a view that autograd guards: left as it is
                 logger.warning("could not park a stray view of an offloaded flat buffer (%s)", e)
     return out
@@ -314,6 +341,7 @@ __all__ = [
     "is_parked",
     "is_placeholder",
     "placeholder",
+    "repoint_tensor",
     "storage_use_count",
     "unguard",
     "zero_strides",

@@ -27,7 +27,8 @@ from refimpl.store.layout import FlatLayout, LayoutState
 from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS
 from refimpl.store.parking import (
-    debug_mode, guard, own_view, own_view_mark, placeholder, storage_use_count, unguard, zero_strides,
+    debug_mode, guard, own_view, own_view_mark, placeholder, repoint_tensor, storage_use_count, unguard,
+    zero_strides,
 )
 
 
@@ -145,7 +146,10 @@ def park(layouts: list[FlatLayout], flats: dict[Any, torch.Tensor], record: Park
                 for r in e.refs:
                     t, size = r.tensor, r.size
                     z = zs.get(len(size)) or zero_strides(len(size))
-                    t.set_(st, 0, size, z)
+                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                        repoint_tensor(t, st, 0, size, z)
+                    else:
+                        t.set_(st, 0, size, z)
                     if guarding:
                         guard(t, r.name)
 
@@ -159,13 +163,13 @@ def unpark(record: ParkRecord) -> None:
                 for e in layout.entries:
                     for r in e.refs:
                         unguard(r.tensor)
-                        r.tensor.set_(st, at0 + e.offset + r.offset, r.size, r.stride)
+                        repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
                 continue
             for e, (st, at0) in zip(layout.entries, origins or ()):
                 for r in e.refs:
                     unguard(r.tensor)
                     if st is not None:
-                        r.tensor.set_(st, at0 + r.offset, r.size, r.stride)
+                        repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
 
 
 def repoint(layouts: list[FlatLayout], flats: list[torch.Tensor]) -> None:
@@ -185,7 +189,10 @@ def repoint(layouts: list[FlatLayout], flats: list[torch.Tensor]) -> None:
                     t = r.tensor
                     if type(t) in _GUARDED:
                         unguard(t)
-                    t.set_(st, at + r.offset, r.size, r.stride)
+                    if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
+                        repoint_tensor(t, st, at + r.offset, r.size, r.stride)
+                    else:
+                        t.set_(st, at + r.offset, r.size, r.stride)
                     r.weaken()
                     views += 1
             layout.resident_views = views
@@ -204,7 +211,7 @@ def restore_released(layouts: list[FlatLayout]) -> None:
                     if t is None:
                         continue
                     st, _ = placeholder(t.device, layout.dtype)
-                    t.set_(st, 0, r.size, zero_strides(len(r.size)))
+                    repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
                     r.strengthen()
                     if guarding:
                         guard(t, r.name)

@@ -8,7 +8,7 @@ writing numbers, so :class:`ConstantTable.ref` is the only way a figure gets in,
 and it refuses a bare number.
 
 This module reads those tables and the three parameter sections of a preset
-(``copy``, ``collective``, ``comm``); :mod:`sim.topology` reads the graph part.
+(``copy``, ``collective``, ``comm``); :mod:`sim.models.topology` reads the graph part.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class ConstantTable:
 
 def section(raw: Any, where: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
     """Check that ``raw`` is an object with every ``required`` key and no key outside ``required`` + ``optional``."""
-    from sim.schemas import check_fields
+    from sim.presets.schemas import check_fields
 
     return check_fields(raw, where, required, optional, PresetError)
 
@@ -240,18 +240,18 @@ class CommParams:
     modelled) is how far the proxy threads' poll phases move against one another
     from one training step to the next on real hardware: the range, over steps,
     of the time from the first to the last lazy NCCL init of the training step's
-    groups (``bench/gpu/destroy_walk_probe.py`` records, :mod:`sim.fit`). A
+    groups (``bench/gpu/destroy_walk_probe.py`` records, :mod:`sim.calibrate.fit`). A
     destroy whose modelled wait for its poll timeout is shorter than that can
     find the timeout just passed and wait a whole period more, and every later
     destroy of its walk with it ([Note: one poll period more] in
-    :mod:`sim.destroy_walks`): the simulator marks such a phase as ending either
-    when it says or ``proxy_poll_s`` later (:attr:`sim.collectives.NcclComm.poll_late`).
+    :mod:`sim.calibrate.destroy_walks`): the simulator marks such a phase as ending either
+    when it says or ``proxy_poll_s`` later (:attr:`sim.models.collectives.NcclComm.poll_late`).
 
     ``agreement_s`` (optional key ``agreement``; 0: not modelled) is what one
     collective on a two-rank Gloo group takes on this host (the lifecycle's
     agreements on its control group): a collective on a Gloo group takes at least
     that, ``n - 1`` times over ``n`` ranks, or what the link model gives if more
-    (:meth:`sim.collectives.NcclComm.gloo_collective_time`).
+    (:meth:`sim.models.collectives.NcclComm.gloo_collective_time`).
     """
 
     memory_bytes: int
@@ -300,7 +300,7 @@ def _scaled(params: CommParams, ranks: int) -> CommParams:
     run 1 and the 2 x H200 records the suspend and resume), which fit the two parameters and no more. The shape
     beyond two ranks, one more step of (t2 - t1) per doubling (NCCL's bootstrap and connection setup add a level
     of its rings' and trees' exchanges per doubling), is an assumption no record tests; nodes enter only through
-    the ranks (no record spans nodes). ``python -m sim.comm_scaling`` checks the fit against every record with a
+    the ranks (no record spans nodes). ``python -m sim.calibrate.comm_scaling`` checks the fit against every record with a
     communicator of either size."""
     k = math.log2(ranks)
     multi = params.multi

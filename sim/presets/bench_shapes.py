@@ -1,7 +1,7 @@
 """Per-GPU training-state shapes the offload benchmark moves (``timeshare bench offload``).
 
 They live with the presets, below both users: the benchmark (:mod:`bench.offload`)
-measures them on a GPU and the calibration (:mod:`sim.calibration`) simulates the
+measures them on a GPU and the calibration (:mod:`sim.calibrate.calibration`) simulates the
 same tensors.
 
 A shape is a list of tensors by category: bf16 parameters (:attr:`Category.PARAMS`)

@@ -130,7 +130,7 @@ def _weights(a: Architecture, tp: int, ep: int) -> Iterator[tuple[str, tuple[int
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A scenario's ``model`` section, validated by :mod:`sim.scenario`."""
+    """A scenario's ``model`` section, validated by :mod:`sim.scenarios.scenario`."""
 
     preset: str | None = None
     tensors: tuple[TensorSpec, ...] = ()

@@ -170,7 +170,7 @@ BREAKS: tuple[Break, ...] = (
       ("tests/store/test_dedup_slices.py",),
       "the last member's slice stops one element short of the layout",
       ci_tests=("tests/store/test_dedup_slices.py::test_slice_overlap_maps_tensor_ranges_into_the_slice",)),
-    B("chooser_ignores_draws", "sim/engine.py",
+    B("chooser_ignores_draws", "sim/kernel/engine.py",
       "return self._data.draw(self._st.integers(0, n - 1))",
       "return self._data.draw(self._st.integers(0, n - 1)) * 0",
       ("tests/sim/test_engine.py",),

@@ -2,8 +2,8 @@
 import pytest
 
 from refimpl.runtime.base import GroupSpec
-from sim.collectives import CollectiveCostError, NcclComm, TopologyCollectiveCost
-from sim.topology import Topology
+from sim.models.collectives import CollectiveCostError, NcclComm, TopologyCollectiveCost
+from sim.models.topology import Topology
 
 GB = 1e9
 

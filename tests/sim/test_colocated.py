@@ -1,4 +1,4 @@
-"""sim.colocated: the simulated colocated RL step's invariants, on a record shaped like bench/rl_loop.py's."""
+"""sim.calibrate.colocated: the simulated colocated RL step's invariants, on a record shaped like bench/rl_loop.py's."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +8,7 @@ import pytest
 import json
 from pathlib import Path
 
-from sim.colocated import (LOOP_CONSTANTS, PHASES, RecordError, compare, fit_loop_constants, measured_phases,
+from sim.calibrate.colocated import (LOOP_CONSTANTS, PHASES, RecordError, compare, fit_loop_constants, measured_phases,
                            predict_step, simulate_lifecycle)
 
 GB = 1e9
@@ -46,7 +46,7 @@ def test_copies_take_at_least_the_line_time(driver_pred):
 
 
 def test_driver_free_costs_the_scrub_of_the_kv_cache(driver_pred):
-    from sim.topology import Topology
+    from sim.models.topology import Topology
 
     alloc = predict_step(_record(), free="allocator")
     diff = driver_pred["phase_s"]["weight_sync"] - alloc["phase_s"]["weight_sync"]
@@ -165,7 +165,7 @@ def test_the_simulator_predicts_the_recorded_step_within_15_percent(name):
 
 
 def test_cli_compares_a_record_and_predicts_another_configuration(capsys):
-    from sim.colocated import main
+    from sim.calibrate.colocated import main
 
     rec = str(LOOP / "rl1_alloc" / "rl_step_1.json")
     assert main([rec]) == 0

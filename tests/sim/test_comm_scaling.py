@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from sim.comm_scaling import check, default_records
+from sim.calibrate.comm_scaling import check, default_records
 from sim.presets import SIZE_SCALED
-from sim.topology import Topology
+from sim.models.topology import Topology
 
 
 def test_beyond_two_ranks_each_cost_takes_one_more_step_per_doubling():

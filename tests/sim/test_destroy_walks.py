@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.destroy_walks import (WalkRecordError, init_passes, main, mesh_walks, nccl_log_lines, poll_phase_spread,
+from sim.calibrate.destroy_walks import (WalkRecordError, init_passes, main, mesh_walks, nccl_log_lines, poll_phase_spread,
                                probe_destroys, probe_report, replay_mesh_walk, replay_record, training_walks,
                                uds_report, uds_threads, walks_from_spans)
 from sim.presets import load_preset_data

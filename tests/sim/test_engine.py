@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import (
+from sim.kernel.engine import (
     PRIORITY_LATE, PRIORITY_URGENT, Engine, HypothesisChooser, ProcessState, RandomChooser, SimFuture,
 )
-from sim.errors import SimUsageError
+from sim.kernel.errors import SimUsageError
 from tests._hypothesis import BUDGET
 
 

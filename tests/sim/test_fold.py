@@ -1,4 +1,4 @@
-"""Symmetry folding (sim/fold.py) gives the full simulation's result bit for bit; the scale guards work.
+"""Symmetry folding (sim/scenarios/fold.py) gives the full simulation's result bit for bit; the scale guards work.
 
 Golden files (tests/sim/golden/) are results of the simulator before folding existed; "bit for bit"
 means the result JSON text is identical apart from the one wall-clock field, ``wall_time_s``.
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from refimpl.cli import main
-from sim.fold import FoldBroken, _units_apart, plan_fold, run_folded
+from sim.scenarios.fold import FoldBroken, _units_apart, plan_fold, run_folded
 from sim.presets import scenario_path
-from sim.runner import run_scenario
-from sim.scale import MAX_RANKS, BudgetError, estimate, run_auto
-from sim.scenario import parse_scenario
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scale import MAX_RANKS, BudgetError, estimate, run_auto
+from sim.scenarios.scenario import parse_scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -63,7 +63,7 @@ def test_full_run_still_matches_the_golden_result():
 @pytest.mark.parametrize("name", ["default", "fault_drill_8xh200", "relax_4xa6000_qwen3_4b",
                                   "relax_4xa6000_qwen3_4b_baseline", "scale_1024", "suspend_8xh200"])
 def test_shipped_examples_are_unchanged(name):
-    from sim.scenario import load_scenario
+    from sim.scenarios.scenario import load_scenario
 
     result, _, _, how = run_auto(load_scenario(name))
     assert not how.folded  # single nodes, faults or the lifecycle: none of them folds
@@ -179,7 +179,7 @@ def test_cli_prints_the_estimate_refuses_past_the_budget_and_rejects_absurd_size
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: refusing to run: estimated") and "\n" not in err
     assert "64 ranks, 1,455 tensors per rank" in err and "--force" in err
-    monkeypatch.setattr("sim.scale.ANNOUNCE_SECONDS", 0.0)  # print the estimate even for this small run
+    monkeypatch.setattr("sim.scenarios.scale.ANNOUNCE_SECONDS", 0.0)  # print the estimate even for this small run
     out = tmp_path / "r.json"
     assert main(["sim", "run", str(small), "--quiet", "--max-est-seconds", "0.01", "--force", "--out", str(out),
                  "--progress-every", "0.01"]) == 0

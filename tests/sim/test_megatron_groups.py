@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from sim.switch_window import MeshError, megatron_groups, mesh_groups
+from sim.calibrate.switch_window import MeshError, megatron_groups, mesh_groups
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # no Transformer Engine / Apex here: megatron-core says so on import

@@ -2,9 +2,9 @@
 import pytest
 
 from refimpl.runtime.base import PinningError
-from sim.errors import SimOutOfMemoryError
-from sim.memory import HostOutOfMemoryError, TopologyMemory
-from sim.topology import Topology
+from sim.kernel.errors import SimOutOfMemoryError
+from sim.models.memory import HostOutOfMemoryError, TopologyMemory
+from sim.models.topology import Topology
 
 GiB = 1 << 30
 
@@ -95,8 +95,8 @@ def test_device_timeline_gives_the_peak_of_a_window():
 def test_a_phase_peak_does_not_include_the_next_phases_allocation():
     """The default scenario: the rollout engine takes half the GPU when update_weights starts, the instant
     sleep ends; sleep's peak is the training state (14.42 GB), not the engine's 71 GB (issue 11)."""
-    from sim.runner import run_scenario
-    from sim.scenario import load_scenario
+    from sim.scenarios.runner import run_scenario
+    from sim.scenarios.scenario import load_scenario
 
     result, _, _ = run_scenario(load_scenario("default"))
     peaks = result.data["ranks"][0]["phase_peak_device_bytes"]

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from refimpl.cli import main
-from sim.plan import PG_POLICIES, Candidate, PlanInputs, Planner, default_inputs, make_plan, pareto, rank
-from sim.plan_model import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
+from sim.planner.plan import PG_POLICIES, Candidate, PlanInputs, Planner, default_inputs, make_plan, pareto, rank
+from sim.planner.plan_model import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
                             shape_from_sizes)
 
 
@@ -161,8 +161,8 @@ def test_nothing_fits_exits_1(capsys):
 def test_coarsened_simulation_matches_the_full_tensor_list():
     # the planner's shortcut (16 tensors per category + analytic per-copy latency) against the simulator
     # running every one of the 1,455 tensors of a Llama-2-7B FSDP 1/8 shard (docs/plan.md)
-    from sim.runner import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.scenarios.runner import run_scenario
+    from sim.scenarios.scenario import parse_scenario
 
     p = Planner(PlanInputs(model=model_preset("Llama-2-7B"), layout=Layout(dp=8)))
     plan = p._simulate("actor_train", ("params", "grads", "optimizer"), "none")
@@ -198,8 +198,8 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     # out; sleep + update + wake per policy
     from pathlib import Path
 
-    from sim.plan_model import GpuSpec
-    from sim.switch_window import mesh_groups
+    from sim.planner.plan_model import GpuSpec
+    from sim.calibrate.switch_window import mesh_groups
 
     report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-wave"
                          / "multigpu-2026-11-30-nvidia-h200x2.json").read_text())["switch_window"]

@@ -1,7 +1,7 @@
 """The verl articles' offload claims, run as ``timeshare plan`` cases on 8 x A100 80 GB (docs/plan.md)."""
 import pytest
 
-from sim.plan_claims import CASES, claim_case
+from sim.planner.plan_claims import CASES, claim_case
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from refimpl.runtime import GroupSpec, ReduceOp
-from sim.collectives import NcclComm, TopologyCollectiveCost
-from sim.fit import NCCL_PROXY_POLL_S, fit_destroy, replay_destroys
+from sim.models.collectives import NcclComm, TopologyCollectiveCost
+from sim.calibrate.fit import NCCL_PROXY_POLL_S, fit_destroy, replay_destroys
 from sim.presets import first_gpus, load_preset_data
-from sim.records import load_record
-from sim.topology import Topology
+from sim.calibrate.records import load_record
+from sim.models.topology import Topology
 from sim.world import SimWorld
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -118,7 +118,7 @@ def test_replay_paces_destroys_by_the_inits_and_fit_recovers_the_base():
 @pytest.mark.parametrize("k", [1, 2])
 def test_the_simulated_probe_gives_the_destroys_of_the_fit_set_records(k):
     """bench/gpu/comm_split_probe.py on the simulator with the calibrated preset: 14 groups, their first
-    collectives one after the other, a second collective, then the destroys. The fit (sim.fit) replays the
+    collectives one after the other, a second collective, then the destroys. The fit (sim.calibrate.fit) replays the
     same sequence; this checks that the simulator charges what the replay assumes (these records are the
     fit set: a consistency check, not a validation)."""
     raw = load_record(SPLIT[k]).comm_raw

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from sim.presets import scenario_path
-from sim.runner import run_scenario
-from sim.scenario import load_scenario, parse_scenario
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scenario import load_scenario, parse_scenario
 
 COMM = 388 << 20  # 384 MiB suspendable + 4 MiB persistent per live NCCL communicator
 

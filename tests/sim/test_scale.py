@@ -7,8 +7,8 @@ import json
 import pytest
 
 from sim.presets import scenario_path
-from sim.runner import run_scenario
-from sim.scenario import parse_scenario
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scenario import parse_scenario
 
 PER_RANK = 68359000 * (2 + 2 + 4 + 4 + 4)  # bytes of the five contiguous buffers
 # the H200's pinned D2H line rate measured in /work/shared/GPU.md (1-4 GiB copies: 55.2 GB/s); on an HGX node

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from sim.faults import FaultType
+from sim.models.faults import FaultType
 from sim.presets import list_scenarios, scenario_path
 from sim.presets.models import ARCHITECTURES
-from sim.runner import run_scenario
-from sim.scenario import BACKENDS, PG_POLICIES, ScenarioError, _TOP, load_scenario, parse_scenario
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scenario import BACKENDS, PG_POLICIES, ScenarioError, _TOP, load_scenario, parse_scenario
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "sim" / "schema" / "scenario.schema.json").read_text())
 
@@ -201,7 +201,7 @@ def test_injected_crash_is_reported_not_a_violation_but_a_hang_that_blocks_peers
 def test_ranks_issuing_different_collectives_are_reported_as_a_mismatch(monkeypatch):
     import torch
 
-    import sim.runner as runner
+    import sim.scenarios.runner as runner
 
     real_use = runner._use_group
 
@@ -248,7 +248,7 @@ def test_an_inline_topology_graph_runs_like_its_preset():
 ])
 def test_the_json_schema_is_what_checks_a_scenario_first(raw, message):
     """sim/schema/scenario.schema.json through jsonschema, in the project's phrasing (issue 11)."""
-    from sim.schemas import check
+    from sim.presets.schemas import check
 
     with pytest.raises(ScenarioError, match=message):
         check(raw, "scenario", ScenarioError)
@@ -259,7 +259,7 @@ def test_the_json_schema_is_what_checks_a_scenario_first(raw, message):
 def test_the_shipped_schemas_are_valid_json_schemas():
     import jsonschema
 
-    from sim.schemas import SCHEMA_DIR
+    from sim.presets.schemas import SCHEMA_DIR
 
     files = sorted(SCHEMA_DIR.glob("*.schema.json"))
     assert files

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sim.presets.bench_shapes import dense_shape
-from sim.calibration import RESULTS_DIR, compare, host_overheads, latest_report, predict
-from sim.topology import Topology
+from sim.calibrate.calibration import RESULTS_DIR, compare, host_overheads, latest_report, predict
+from sim.models.topology import Topology
 
 RUNS = {n: RESULTS_DIR / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 8)}
 

@@ -5,8 +5,8 @@ import copy
 
 import pytest
 
-from sim.runner import run_scenario
-from sim.scenario import ScenarioError, parse_scenario
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scenario import ScenarioError, parse_scenario
 
 HSDP = {
     "name": "hsdp",

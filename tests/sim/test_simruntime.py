@@ -9,7 +9,7 @@ from refimpl.runtime import (
     WORLD, AddressInUseError, CollectiveTimeoutError, CopyKind, GroupError, GroupSpec, GroupSuspendedError,
     PinningError, ReduceOp,
 )
-from sim.model_protocols import FaultAction, LedgerMemory, NcclCommModel, NoFaults
+from sim.models.model_protocols import FaultAction, LedgerMemory, NcclCommModel, NoFaults
 
 MiB = 1 << 20
 COMM = NcclCommModel()
@@ -274,7 +274,7 @@ def test_suspend_frees_comm_memory_and_refuses_collectives_until_resume():
         return held, freed, suspend_s, x.tolist(), rt.memory_info().used == used
 
     for held, freed, suspend_s, x, restored in sim.run_ranks(2, fn):
-        assert held == sim.model_protocols.CommMemory(384 * MiB, 4 * MiB)
+        assert held == sim.models.model_protocols.CommMemory(384 * MiB, 4 * MiB)
         assert freed == 384 * MiB and suspend_s == pytest.approx(0.30)
         assert x == [2.0, 2.0] and restored
 
@@ -286,7 +286,7 @@ def test_gloo_groups_hold_no_comm_memory_and_cannot_suspend():
             await rt.suspend_group("ctl")
         return rt.comm_memory("ctl")
 
-    assert sim.run_ranks(2, fn) == [sim.model_protocols.CommMemory()] * 2
+    assert sim.run_ranks(2, fn) == [sim.models.model_protocols.CommMemory()] * 2
 
 
 def test_destroy_and_recreate_keep_arguments_and_bump_generation():

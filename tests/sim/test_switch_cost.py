@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sim.switch_cost import SwitchCostError, recorded_switch_cost, steady_switch_cost, switch_cost
+from sim.models.switch_cost import SwitchCostError, recorded_switch_cost, steady_switch_cost, switch_cost
 
 
 def _step(sleep, update, wake, first, steady=0.0):
@@ -46,7 +46,7 @@ def test_a_record_without_the_second_pass_uses_paused_live_as_its_live_reference
 def test_the_simulated_rows_carry_the_lazy_init_after_the_wake():
     """The switch-window driver on 2 x H200 (calibrated preset): SUSPEND_PLANNED destroys most groups, so their lazy
     NCCL init after the wake (1.2 s) is in its switch cost; PAUSED_LIVE keeps them live and pays none."""
-    from sim.switch_window import simulate, summarize_simulated
+    from sim.calibrate.switch_window import simulate, summarize_simulated
 
     res = {}
     for row in ("SUSPEND_PLANNED", "PAUSED_LIVE"):

@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from sim.runner import run_scenario
-from sim.scenario import parse_scenario
-from sim.trace import Timeline, TraceError, chrome_trace, write_chrome_trace, write_png
+from sim.scenarios.runner import run_scenario
+from sim.scenarios.scenario import parse_scenario
+from sim.scenarios.trace import Timeline, TraceError, chrome_trace, write_chrome_trace, write_png
 
 SMALL = {
     "name": "trace_small",

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from refimpl.cli import main
-from sim.fit import calibrated_preset
+from sim.calibrate.fit import calibrated_preset
 from sim.presets import PRESET_DIR, load_preset_data
-from sim.records import MultiGpuRecord, RecordError, load_record
+from sim.calibrate.records import MultiGpuRecord, RecordError, load_record
 from bench.validate import Row, score, validate_offload, validate_switch_window
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def test_validate_refuses_records_of_the_fit_set(capsys, tmp_path):
 
 
 def test_calibrate_refuses_the_held_out_records(tmp_path, capsys):
-    from sim.records import HELD_OUT, held_out
+    from sim.calibrate.records import HELD_OUT, held_out
 
     assert held_out(str(WAVE5.relative_to(ROOT))) and not held_out(str(WAVE3_SWITCH.relative_to(ROOT)))
     assert any("run9" in d for d in HELD_OUT)

@@ -12,7 +12,7 @@ import torch
 import sim
 from refimpl.runtime import PinningError, TorchRuntime
 from refimpl.store import Category, OffloadStore, PageableFallbackWarning, PinnedHostPool, StoreConfig
-from sim.faults import Fault, FaultPlan, FaultType
+from sim.models.faults import Fault, FaultPlan, FaultType
 from refimpl.store.parking import is_parked
 
 

@@ -1,0 +1,2 @@
+"""The command room, the top of the simulator: ``timeshare sim`` (:mod:`sim.commands.simulate`)
+and ``timeshare plan`` (:mod:`sim.commands.plan`)."""

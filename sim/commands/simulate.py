@@ -1,0 +1,256 @@
+"""``timeshare sim``: run a simulated scenario and print a per-rank, per-phase summary.
+
+* ``timeshare sim`` runs the built-in default scenario (one offload/reload
+  cycle of a dense 7B shard on each of the 8 GPUs of one H200 HGX node);
+* ``timeshare sim run FILE.json [--out result.json] [--trace trace.json]
+  [--png timeline.png]`` runs a scenario file (or a shipped example by name,
+  e.g. ``relax_4xa6000_qwen3_4b``), writes the JSON result, a Chrome trace
+  (open it in https://ui.perfetto.dev) and a PNG timeline;
+* ``timeshare sim list`` lists the topology presets and example scenarios;
+* ``timeshare sim calibrate RECORD.json... --out PRESET.json [--canary-from RECORD.json]``
+  fits the communicator and scrub constants on a fit set of records (:mod:`sim.calibrate.fit`,
+  :mod:`sim.calibrate.fit_window`);
+* ``timeshare sim validate RECORD.json...`` replays each record in the
+  simulator and prints predicted against measured (:mod:`bench.validate`,
+  wired here by ``refimpl.cli``); exit 1 when a figure is outside its
+  tolerance or the policies rank differently.
+* ``timeshare sim compare A B`` puts two runs' phases side by side
+  (:mod:`sim.scenarios.compare`).
+
+Before a large run it prints an estimate of its wall time and memory to stderr;
+it refuses a run past ``--max-est-seconds`` / ``--max-est-gb`` (``--force`` runs it
+anyway); while it runs it reports the simulated time and events every few
+seconds. Symmetric jobs are folded (a node or two simulated for all, the result
+expanded, identical to the full run; ``--no-fold`` turns it off; see
+:mod:`sim.scenarios.fold`, :mod:`sim.scenarios.scale`).
+
+Scenarios may be JSON or YAML; ``--set key=value`` overrides a field (dotted
+keys, JSON-typed values; :mod:`sim.scenarios.scenario_io`). ``--json`` prints the result
+in the common envelope (:mod:`refimpl.output`) instead of the table.
+
+The exit status is 0 when every invariant held, 3 when one was violated (the
+JSON says which), 2 when the input is invalid (the scenario, a ``--set``, or an
+output path that cannot be written, a world past the simulator's size limit or
+a run past its estimate's budget; one line names it) — see
+:mod:`refimpl.cli_errors`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> Any:
+    """Wire the ``sim`` subcommand's arguments into ``parser``; returns its subparsers, to which
+    ``refimpl.cli`` adds ``validate`` (it drives the benchmarks, a floor above the simulator)."""
+    sub = parser.add_subparsers(dest="sim_command", metavar="{run,list,compare,calibrate,validate}")
+    run = sub.add_parser("run", help="run a scenario file (or a shipped example by name)")
+    run.add_argument("scenario", help="path to a scenario JSON or YAML file, or the name of a shipped example")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario field, e.g. --set workload.rollout_s=30 --set pg_policy=suspend (repeatable)")
+    run.add_argument("--json", action="store_true", help="print the result as JSON (common envelope) instead of the table")
+    run.add_argument("--out", metavar="RESULT.json", help="write the JSON result here")
+    run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (opens in Perfetto)")
+    run.add_argument("--png", metavar="TIMELINE.png", help="write a PNG timeline, one row per rank (needs matplotlib)")
+    run.add_argument("--quiet", action="store_true", help="print only the result line, not the per-rank table")
+    run.add_argument("--max-est-seconds", type=float, default=None, metavar="S",
+                     help="refuse a run estimated to take longer (default 900)")
+    run.add_argument("--max-est-gb", type=float, default=None, metavar="GB",
+                     help="refuse a run estimated to need more memory (default 8)")
+    run.add_argument("--force", action="store_true", help="run even past the estimate's budget")
+    run.add_argument("--no-fold", action="store_true",
+                     help="simulate every rank even where symmetric ranks could be simulated once (docs/sim.md)")
+    run.add_argument("--progress-every", type=float, default=5.0, metavar="S",
+                     help="report simulated time and events to stderr every S seconds of wall time (default 5)")
+    sub.add_parser("list", help="list topology presets and example scenarios")
+    cmp_ = sub.add_parser("compare", help="two runs' phases side by side (results, or scenarios to run)")
+    cmp_.add_argument("a", help="a result JSON (sim run --out) or a scenario file/name")
+    cmp_.add_argument("b", help="a result JSON or a scenario file/name")
+    cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to both scenarios")
+    cmp_.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override applied to B only")
+    cmp_.add_argument("--json", action="store_true", help="print the comparison as JSON (common envelope)")
+    cal = sub.add_parser("calibrate", help="fit communicator and scrub constants on records; write a preset")
+    cal.add_argument("records", nargs="+", metavar="RECORD.json", help="the fit set (multigpu, comm_h200, scrub probe)")
+    cal.add_argument("--base", default="hgx-h200-8x", help="preset whose other constants are kept (default hgx-h200-8x)")
+    cal.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the calibrated preset")
+    cal.add_argument("--canary-from", action="append", default=[], metavar="RECORD.json",
+                     help="a multigpu record whose SUSPEND wake_up gives the first collective after a resume of a "
+                          "multi-rank communicator (sim.calibrate.fit_window); its switch_window joins the fit set")
+    return sub
+
+
+def _check_outputs(out: str | None, trace: str | None, png: str | None) -> None:
+    """Output paths are checked before the run (raises CliInputError, one line)."""
+    from refimpl.cli_errors import check_output_path
+
+    if out:
+        check_output_path(out, "--out")
+    if trace:
+        check_output_path(trace, "--trace")
+    if png:
+        check_output_path(png, "--png", suffix=".png")
+
+
+def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
+             sets: list[str] | None = None, as_json: bool = False, args: argparse.Namespace | None = None) -> int:
+    from sim.scenarios.scale import command_gc
+
+    with command_gc():  # see [Note: the cyclic GC of a command] in sim/scenarios/scale.py
+        return _run_one_scenario(name_or_path, out, trace, png, quiet, sets, as_json, args)
+
+
+def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
+                      sets: list[str] | None, as_json: bool, args: argparse.Namespace | None) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError, describe_os_error
+    from refimpl.output import envelope
+    from sim.scenarios.fold import plan_fold
+    from sim.scenarios.scale import (DEFAULT_MAX_GB, DEFAULT_MAX_SECONDS, BudgetError, Progress, SizeError, check_size, estimate,
+                           run_auto)
+    from sim.scenarios.scenario import ScenarioError, parse_scenario
+    from sim.scenarios.scenario_io import apply_overrides, read_scenario_raw
+    from sim.scenarios.trace import Timeline, TraceError, write_chrome_trace, write_png
+
+    max_s = getattr(args, "max_est_seconds", None)
+    max_gb = getattr(args, "max_est_gb", None)
+    force = getattr(args, "force", False)
+    # a trace shows every rank, so it needs every rank simulated
+    fold = not getattr(args, "no_fold", False) and not (trace or png)
+    try:
+        _check_outputs(out, trace, png)
+        raw = apply_overrides(read_scenario_raw(name_or_path), list(sets or []))
+        check_size(raw.get("world_size") if isinstance(raw, dict) else None)  # before anything is built
+        scn = parse_scenario(raw)
+    except (ScenarioError, CliInputError, SizeError) as exc:
+        bad_scenario = isinstance(exc, (ScenarioError, SizeError))
+        print(f"error: {'invalid scenario: ' if bad_scenario else ''}{exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    limits = (DEFAULT_MAX_SECONDS if max_s is None else max_s, DEFAULT_MAX_GB if max_gb is None else max_gb)
+
+    def check(est) -> None:
+        if est.large:
+            print(est.line(), file=sys.stderr)
+        if not force:
+            est.check(*limits)
+
+    try:
+        planned = plan_fold(scn) if fold else (None, "folding turned off" if not (trace or png) else
+                                               "a trace or timeline needs every rank")
+        check(estimate(scn, *planned))
+        with Progress(lambda line: print(line, file=sys.stderr, flush=True),
+                      every_s=getattr(args, "progress_every", 5.0)) as progress:
+            result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch,
+                                                 check_full=check)
+    except ScenarioError as exc:  # a check the runner makes on the scenario (e.g. its size)
+        print(f"error: invalid scenario: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BudgetError as exc:  # nothing was run
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    info = sys.stderr if as_json else sys.stdout
+    if as_json:
+        print(json.dumps(envelope("sim run", result.to_dict(), ok=result.ok), indent=1))
+    else:
+        print(result.table().split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
+        print(result.table().split("\n\n", 1)[1])
+    try:
+        if out:
+            Path(out).write_text(json.dumps(result.to_dict(), indent=1))
+            print(f"result written to {out}", file=info)
+        if trace or png:
+            timeline = Timeline.from_world(world, faults=plan)
+            if trace:
+                write_chrome_trace(timeline, trace)
+                print(f"Chrome trace written to {trace} (open it in https://ui.perfetto.dev)", file=info)
+            if png:
+                write_png(timeline, png, title=f"{scn.name} on {result.data['topology']['name']}")
+                print(f"timeline written to {png}", file=info)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {describe_os_error(exc, 'writing the output')}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return result.exit_code
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT
+    from refimpl.output import envelope
+    from sim.scenarios.compare import compare, format_compare, load_side
+    from sim.scenarios.scenario import ScenarioError
+
+    try:
+        la, a = load_side(args.a, args.set)
+        lb, b = load_side(args.b, [*args.set, *args.set_b])
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rows = compare(a, b)
+    if args.json:
+        print(json.dumps(envelope("sim compare", {"a": la, "b": lb, "rows": rows}, ok=bool(a.get("ok") and b.get("ok"))),
+                         indent=1))
+    else:
+        print(format_compare(la, lb, a, b, rows))
+    return 0
+
+
+def _list() -> int:
+    from sim.presets import list_calibrated, list_presets, list_scenarios, load_preset_data, scenario_path
+
+    print("topology presets:")
+    calibrated = list_calibrated()
+    for name in list_presets():
+        default = f" (plan and bench use calibrated/{name} for it)" if f"calibrated/{name}" in calibrated else ""
+        print(f"  {name:<25} {load_preset_data(name).get('description', '')}{default}")
+    print("calibrated presets (a preset above with measured constants; the default for its machine):")
+    for name in calibrated:
+        fit = load_preset_data(name).get("fitted_on", {})
+        print(f"  {name:<25} fitted on {fit.get('words', 'measurements (see the preset file)')}")
+    print("example scenarios (timeshare sim run NAME):")
+    for name in list_scenarios():
+        desc = json.loads(scenario_path(name).read_text()).get("description", "")
+        print(f"  {name:<28} {desc[:100]}{'...' if len(desc) > 100 else ''}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from refimpl.cli_errors import EXIT_BAD_INPUT
+    from sim.calibrate.fit import calibrated_preset, write_preset
+    from sim.presets import PresetError
+    from sim.calibrate.records import RecordError, load_record
+
+    try:
+        records = [load_record(p) for p in args.records]
+        data, obs = calibrated_preset(args.base, records, canary_from=[load_record(p) for p in args.canary_from])
+        path = write_preset(data, args.out)
+    except (RecordError, PresetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"fitted on {len(records)} record(s), base preset {args.base}:")
+    for o in obs:
+        print(f"  {o.constant:<34} {o.value:>14.6g}  {o.record}: {o.how}")
+    print(f"wrote {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``timeshare sim``; returns the exit status."""
+    command = getattr(args, "sim_command", None)
+    if command == "list":
+        return _list()
+    if command == "calibrate":
+        return _calibrate(args)
+    if command == "run":
+        return _run_one(args.scenario, args.out, args.trace, args.png, args.quiet, args.set, args.json, args)
+    if command == "compare":
+        return _compare(args)
+    return _run_one("default", None, None, None, False)
+
+
+__all__ = ["add_arguments", "run"]

@@ -1,0 +1,544 @@
+"""``timeshare plan``: which offload settings fit a model on a cluster, and what one RL step costs under each.
+
+:func:`make_plan` evaluates candidates of one colocated RL step (every role on
+every GPU, taking turns: rollout, then the scoring roles, then the actor's
+update) and ranks them. A candidate is
+
+* what the trained roles (actor, critic) move to the host between their turns:
+  nothing, any combination of ``params`` / ``grads`` / ``optimizer``, or
+  ``fsdp_cpu`` (FSDP2's ``CPUOffloadPolicy``: the state lives on the host and
+  every forward/backward copies the shards in, the optimizer steps on the CPU);
+* the store backend, ``local`` or ``local_dedup`` (only offered when the layout
+  has replicated state; otherwise it is the same as ``local``);
+* whether the scoring roles (reference, reward) move their weights out;
+* the process-group policy of the trained roles (``none`` and every
+  :class:`refimpl.comm.PGPolicy`: ``destroy``, ``destroy_deferred``, ``paused_live``,
+  ``suspend``, ``suspend_planned``);
+* the order of the roles after the rollout (reference, reward, critic; the
+  actor's update is last because it needs their outputs).
+
+What is simulated and what is computed (docs/plan.md says it in full):
+
+* Switch costs come from the simulator: one :func:`sim.scenarios.runner.run_scenario`
+  per distinct (role state, offloaded categories, PG policy) on one node of
+  the topology (offload traffic never leaves a node), meta payloads, two steps
+  (the lifecycle's first pause only makes groups eligible), the second
+  step's ``sleep`` / ``wake_up`` / ``update_weights`` and the ``train`` phase's
+  group overhead read from the result. The state is coarsened to at most
+  :data:`SIM_TENSORS` tensors per category of the same bytes: in steady state
+  the store copies flat buffers per pinned segment, so the tensor count does
+  not change the copies (within 0.05% of the full tensor list for Llama-2-7B
+  and Qwen3-30B-A3B). Results are cached, so the search runs a few dozen
+  short simulations.
+* ``pg_groups="megatron"``: the trained roles' PG-policy costs come instead from the switch-window
+  lifecycle driver (:func:`sim.calibrate.switch_window.simulate`) over the 14 Megatron group families per rank of the
+  node's dp x tp mesh (:meth:`Planner.pg_window`); the copies still from the scenario runner.
+* ``local_dedup``: the store's replica exchange is not in the scenario runner;
+  its offload and reload copy 1/R of the replicated bytes over PCIe and the
+  reload all-gathers the rest over NVLink (computed from the topology).
+* Compute: training 8 x active params x tokens FLOPs for the actor (6 for
+  forward/backward, 2 for the old log-probs), 8 for a critic, 2 for each
+  scoring role, at ``mfu`` of the GPU's peak (:data:`sim.planner.plan_model.GPU_FLOPS`).
+* Rollout: needs a KV cache for its batch; with less it runs in waves (time
+  grows as need / available), or speed is proportional to KV memory when
+  ``tokens_per_s_per_gib`` is given; with ``kv_gib`` given the need is strict.
+  Its full-memory time is decode-bound by HBM reads unless given.
+* Switch overlap (``overlap=True``): the outgoing role's D2H runs alongside the
+  incoming role's H2D on the duplex link; only then does the order of roles
+  change the switch time (serial switching sums the same copies in any order).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from refimpl.comm import PGPolicy
+from sim.planner.plan_model import (GPU_FLOPS, GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
+                            Workload, model_preset, role_state)
+from sim.planner.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend  # noqa: F401 (re-exported)
+
+log = logging.getLogger(__name__)
+
+#: at most this many tensors per category in a simulated role (same bytes; the steady-state copies do not depend on it)
+SIM_TENSORS = 16
+#: the offload settings of trained roles, besides every non-empty subset of the store categories
+OFFLOAD_SETS: tuple[tuple[str, ...], ...] = (
+    (), ("params",), ("grads",), ("optimizer",), ("params", "grads"), ("params", "optimizer"),
+    ("grads", "optimizer"), ("params", "grads", "optimizer"), ("fsdp_cpu",),
+)
+#: ``none`` (no lifecycle) and every policy of :class:`refimpl.comm.PGPolicy` (``suspend_planned`` included)
+PG_POLICIES = ("none", *(p.value for p in PGPolicy))
+#: what the PG-policy switch costs are simulated over: ``layout`` the groups of the plan's own layout (in the
+#: scenario runner), ``megatron`` the 14 Megatron group families per rank of the dp x tp mesh (the lifecycle
+#: driver of ``timeshare bench switch-window``, :mod:`sim.calibrate.switch_window`)
+PG_GROUPS = ("layout", "megatron")
+#: the lifecycle driver's steps per policy and the steps left out of its means (as the 2 x H200 measurement)
+PG_STEPS, PG_WARMUP = 4, 2
+#: assumption: CUDA context, allocator slack and workspace kept on every GPU
+RESERVE_GIB = 2.0
+#: assumption: fraction of HBM bandwidth a decode step reaches
+DECODE_HBM_EFF = 0.6
+
+
+@dataclass
+class PlanInputs:
+    """Everything a plan is made from (see :func:`make_plan`)."""
+
+    model: ModelShape
+    cluster: str = "hgx-h200-8x"
+    nodes: int = 1
+    layout: Layout = field(default_factory=Layout)
+    workload: Workload = field(default_factory=Workload)
+    gpu: GpuSpec | None = None
+    overlap: bool = False
+    exhaustive: bool = False
+    top: int = 3  # offload settings carried from the first stage to the PG-policy stage
+    reserve_gib: float = RESERVE_GIB
+    pg_groups: str = "layout"  # see PG_GROUPS
+    cooldown_s: float = 2.0  # port-release cooldown of the destroying policies (pg_groups "megatron")
+    gpus_per_node: int | None = None  # use only the first N GPUs of each node of the preset (None: all)
+
+
+class Planner:
+    """Evaluates candidates for one set of inputs; simulations are cached across candidates."""
+
+    def __init__(self, inputs: PlanInputs, progress: Callable[[str], None] | None = None):
+        self.inp = inputs
+        from sim.presets import preferred_preset
+
+        # the preset name (its calibrated variant where one is shipped), or its data cut to gpus_per_node
+        self.cluster_ref: Any = preferred_preset(inputs.cluster)
+        if inputs.gpus_per_node is not None:
+            from sim.presets import PresetError, first_gpus, load_preset_data
+
+            try:
+                self.cluster_ref = first_gpus(load_preset_data(self.cluster_ref), inputs.gpus_per_node)
+            except PresetError as exc:
+                raise PlanInputError(f"--gpus-per-node / --cluster: {exc}") from None
+        self.m = Machine(self.cluster_ref, inputs.nodes)
+        self.lay = inputs.layout.resolved(inputs.model, self.m.gpus, self.m.gpu_bytes)
+        if inputs.gpu is None:
+            flops, src = GPU_FLOPS.get(inputs.cluster, (None, None))
+            if flops is None:
+                raise PlanInputError(f"--gpu-tflops: no peak FLOP/s known for cluster {inputs.cluster!r}; give --gpu-tflops")
+            inputs.gpu = GpuSpec(flops, src)
+        self.gpu = inputs.gpu
+        self.w = inputs.workload
+        self.progress = progress or log.info
+        if inputs.pg_groups not in PG_GROUPS:
+            raise PlanInputError(f"--pg-groups: expected one of {', '.join(PG_GROUPS)}, got {inputs.pg_groups!r}")
+        if not inputs.cooldown_s >= 0:
+            raise PlanInputError(f"--cooldown-s: expected a number >= 0, got {inputs.cooldown_s}")
+        self.pg_windows: dict[str, dict[str, float]] = {}
+        self.sims: dict[tuple, dict[str, float]] = {}
+        self.sim_wall_s = 0.0
+        model = inputs.model
+        self.states: dict[str, RoleState] = {"actor_train": role_state(model, self.lay, trained=True)}
+        if self.w.critic:
+            self.states["critic"] = role_state(model, self.lay, trained=True)
+        if self.w.reference:
+            self.states["reference"] = role_state(model, self.lay, trained=False)
+        if self.w.reward_model is not None:
+            self.states["reward"] = role_state(self.w.reward_model, self.lay, trained=False)
+        self.engine_bytes = model.params * 2 / self.lay.rollout_tp
+        seq = self.w.prompt_len + self.w.response_len
+        self.kv_need = (self.w.kv_gib * GiB if self.w.kv_gib is not None
+                        else self.w.sequences * seq * model.kv_bytes_per_token / self.m.gpus)
+        self.kv_min = seq * model.kv_bytes_per_token / self.lay.rollout_tp  # one sequence per engine
+        if self.w.rollout_s is not None:
+            self.rollout_full = self.w.rollout_s
+        else:
+            avg_kv = self.kv_need * (self.w.prompt_len + self.w.response_len / 2) / seq
+            self.rollout_full = self.w.response_len * (self.engine_bytes + avg_kv) / (self.m.hbm_bw * DECODE_HBM_EFF)
+
+    # ------------------------------------------------------------------ simulation
+
+    def _mesh(self) -> tuple[int, int]:
+        """(dp, tp) of the simulated node: the layout's tp where it divides the node's GPUs."""
+        n = min(self.m.per_node, self.m.gpus)
+        tp = math.gcd(self.lay.tp, n)
+        return n // tp, tp
+
+    def megatron_mesh(self) -> dict[str, int]:
+        """The Megatron sizes of the simulated node (:func:`sim.calibrate.switch_window.megatron_groups`): the layout's tp, pp,
+        cp and ep where they divide the node's GPUs (each cut to the part that does), dp the rest."""
+        n = min(self.m.per_node, self.m.gpus)
+        tp = math.gcd(self.lay.tp, n)
+        pp = math.gcd(self.lay.pp, n // tp)
+        cp = math.gcd(getattr(self.lay, "cp", 1), n // (tp * pp))
+        ep = math.gcd(self.lay.ep, n // pp)
+        return {"tp": tp, "pp": pp, "cp": cp, "dp": n // (tp * pp * cp), "ep": ep}
+
+    def pg_window(self, pg_policy: str) -> dict[str, float]:
+        """The switch cost of ``pg_policy`` over the Megatron group families of the node's mesh (:meth:`megatron_mesh`:
+        the layout's tp, pp, cp and ep; cached).
+
+        The lifecycle driver of ``timeshare bench switch-window`` on a simulated world of the plan's cluster:
+        :data:`PG_STEPS` steps with no training time and the plan's full-memory rollout time, means of the steps
+        after :data:`PG_WARMUP`, slowest rank. ``first_use``: what the training step's first collectives after the wake
+        cost beyond the same collectives on live groups (lazy NCCL init of rebuilt groups), charged to the training
+        turn; ``switch_cost``: the window plus that ([Note: the switch cost] in :mod:`sim.models.switch_cost`), what the
+        plan's step pays for the policy. ``held``: NCCL bytes kept in the rollout.
+        ``none`` (no lifecycle) costs nothing and holds what ``paused_live`` holds.
+        """
+        if pg_policy in self.pg_windows:
+            return self.pg_windows[pg_policy]
+        from sim.calibrate.switch_window import simulate, summarize
+
+        pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
+        t0 = time.perf_counter()
+        per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
+                            cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
+        self.sim_wall_s += time.perf_counter() - t0
+        r = summarize(pol, per_rank, PG_WARMUP)
+        held = (r.held_in_rollout_gib or 0.0) * GiB
+        if pg_policy == "none":
+            out = {"sleep": 0.0, "update_weights": 0.0, "wake_up": 0.0, "total": 0.0, "first_use": 0.0,
+                   "switch_cost": 0.0, "held": held}
+        else:
+            out = {"sleep": r.sleep, "update_weights": r.update_weights, "wake_up": r.wake_up, "total": r.total,
+                   "first_use": r.first_use_extra, "switch_cost": r.switch_cost, "held": held}
+        self.pg_windows[pg_policy] = out
+        return out
+
+    def _simulate(self, role: str, include: tuple[str, ...], pg_policy: str) -> dict[str, float]:
+        """Offload/reload and lifecycle costs of ``role`` from one simulated node (cached)."""
+        if self.inp.pg_groups == "megatron" and role in ("actor_train", "critic"):
+            # the copies from the scenario runner without a lifecycle, the lifecycle from the switch-window driver
+            out = dict(self._simulate_node(role, include, "none"))
+            win, live = self.pg_window(pg_policy), self.pg_window("none")
+            st = self.states[role]
+            out["offload_s"] += win["sleep"]
+            out["sync_s"] += win["update_weights"]
+            out["reload_s"] += win["wake_up"]
+            out["train_overhead_s"] += win["first_use"]
+            out["comm_train"] = max(out["comm_train"], live["held"])  # every family is up while training
+            out["rollout_resident"] = st.total - sum(st.bytes[x] for x in include) + win["held"]
+            return out
+        return self._simulate_node(role, include, pg_policy)
+
+    def _simulate_node(self, role: str, include: tuple[str, ...], pg_policy: str) -> dict[str, float]:
+        """Offload/reload and lifecycle (of the layout's groups) costs of ``role`` from one simulated node (cached)."""
+        st = self.states[role]
+        key = (tuple(sorted(st.bytes.items())), include, pg_policy)
+        if key in self.sims:
+            return self.sims[key]
+        from sim.scenarios.runner import run_scenario
+        from sim.scenarios.scenario import parse_scenario
+
+        dp, tp = self._mesh()
+        n = dp * tp
+        mesh = {"dp": dp, "tp": tp} if tp > 1 else {"dp": n}
+        k = min(SIM_TENSORS, st.tensors)
+        tensors = []
+        for cat, b in sorted(st.bytes.items()):
+            itemsize = 4 if cat == "optimizer" else 2
+            numel = max(1, math.ceil(b / k / itemsize))
+            tensors += [{"name": f"{cat}{i}", "shape": [numel], "dtype": "float32" if itemsize == 4 else "bfloat16",
+                         "category": cat} for i in range(k)]
+        offload = ({"backend": "local", "include": list(include)} if include
+                   else {"backend": "tms", "include": ["buffers"]})
+        topology: Any = self.cluster_ref
+        if st.total > 0.8 * self.m.gpu_bytes:
+            # the state does not fit the GPU: simulate the copies on a GPU with room for it (copy and lifecycle
+            # costs do not depend on the capacity); the analytic memory check marks the candidate infeasible
+            import copy as _copy
+
+            from sim.presets import load_preset_data
+
+            topology = _copy.deepcopy(dict(self.cluster_ref if isinstance(self.cluster_ref, dict)
+                                           else load_preset_data(self.cluster_ref)))
+            grow = math.ceil(st.total / self.m.gpu_bytes) + 1
+            for e in topology["node"]["elements"]:
+                if e.get("kind") == "gpu":
+                    const = topology["constants"][e["hbm"]]
+                    const["value"] = const["value"] * grow
+                    const["source"] = f"plan: {grow} x the preset's GPU memory, to simulate copies of a state that does not fit"
+        raw = {"name": f"plan-{role}", "topology": topology, "world_size": n, "mesh": mesh,
+               "model": {"tensors": tensors}, "offload": offload, "pg_policy": pg_policy, "steps": 2,
+               "workload": {"rollout_s": self.rollout_full, "touch_groups": True}, "payload": "meta"}
+        t0 = time.perf_counter()
+        result, world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
+        self.sim_wall_s += time.perf_counter() - t0
+        if not result.ok:
+            raise RuntimeError(f"simulated {role} with {include} / {pg_policy} violated an invariant: {result.violations}")
+        ph = {p: v["max"] for p, v in result.data["phases"].items()}
+        ranks = result.data["ranks"]
+        # no per-tensor correction: after the first cycle the store copies each dtype's flat buffer per pinned
+        # host segment (docs/calibration.md), so the copy count does not follow the tensor count (checked
+        # against the full tensor list in tests/sim/test_plan.py)
+        extra = 0.0
+        out = {
+            "offload_s": ph["sleep"] + extra,
+            "reload_s": ph["wake_up"] + extra,
+            "sync_s": ph["update_weights"],
+            "train_overhead_s": ph["train"],
+            "pinned": max(r["peak_host_pinned_bytes"] or 0 for r in ranks),
+            "comm_train": max(r["phase_peak_device_bytes"]["train"] for r in ranks) - st.total,
+            "rollout_resident": _rollout_resident(world),
+        }
+        self.sims[key] = out
+        return out
+
+    # ------------------------------------------------------------------ one candidate
+
+    def _compute_s(self, role: str) -> float:
+        flops_per_token = {"actor_train": 8, "critic": 8, "reference": 2, "reward": 2}[role]
+        model = self.w.reward_model if role == "reward" else self.inp.model
+        return flops_per_token * model.active_params * self.w.tokens / (self.m.gpus * self.gpu.flops * self.gpu.mfu)
+
+    def _activations(self, role: str) -> float:
+        model = self.w.reward_model if role == "reward" else self.inp.model
+        t, tp = self.w.micro_batch_tokens, self.lay.tp
+        per_layer = t * model.hidden * 34 / tp  # one layer's activations, recomputed under checkpointing
+        logits = t * model.vocab * 8 / tp  # fp32 logits and their gradient
+        if role in ("actor_train", "critic"):
+            return per_layer + logits + t * model.hidden * 2 * model.layers / self.lay.pp / tp
+        return per_layer + logits
+
+    def _fsdp_cpu_train(self, role: str, compute: float) -> tuple[float, float]:
+        """(train time, added time) of a trained role under CPUOffloadPolicy: shards copied in per pass, CPU Adam."""
+        st = self.states[role]
+        params_shard = st.bytes["params"] / 2  # parameters on this rank
+        micro = math.ceil(self.w.tokens / (self.lay.dp * self.w.micro_batch_tokens))
+        h2d = micro * 2 * params_shard * 4  # fp32 shards in, forward and backward
+        d2h = micro * params_shard * 4  # fp32 reduce-scattered grads out
+        copy = max(h2d / self.m.pcie, d2h / self.m.pcie, (h2d + d2h) / self.m.duplex)
+        adam = params_shard / self.gpu.cpu_adam_params_per_s
+        total = max(compute, copy) + adam
+        return total, total - compute
+
+    def _switch(self, off_s: float, on_s: float) -> float:
+        if not self.inp.overlap or not off_s or not on_s:
+            return off_s + on_s
+        each = min(self.m.pcie, self.m.duplex / 2)  # both directions at once
+        a, b = max(off_s, on_s) * self.m.pcie, min(off_s, on_s) * self.m.pcie  # bytes-equivalent
+        return b / each + (a - b) / self.m.pcie
+
+    def evaluate(self, c: Candidate) -> Outcome:
+        """Cost of one candidate (see the module docstring for what is simulated)."""
+        roles = list(c.order) or self.w.roles()
+        trained = [r for r in roles if r in ("actor_train", "critic")]
+        scoring = [r for r in roles if r in ("reference", "reward")]
+        cpu_policy = c.offload == ("fsdp_cpu",)
+        include = () if cpu_policy else tuple(x for x in ("params", "grads", "optimizer") if x in c.offload)
+        costs: dict[str, dict[str, float]] = {}
+        resident: dict[str, float] = {}
+        pinned = 0.0
+        for r in trained:
+            s = self._simulate(r, include, c.pg_policy)
+            st = self.states[r]
+            off_b = sum(st.bytes[x] for x in include)
+            s = dict(s)
+            if c.backend == "local_dedup" and include:
+                rep = sum(st.replicated[x] for x in include)
+                if rep:
+                    f, R = rep / off_b, st.replicas
+                    keep = 1 - f + f / R
+                    s["offload_s"] *= keep
+                    s["reload_s"] = s["reload_s"] * keep + rep * (R - 1) / R / self.m.nvlink_eff
+                    s["pinned"] -= rep * (1 - 1 / R)
+            costs[r] = s
+            resident[r] = 0.0 if cpu_policy else st.total - off_b
+            pinned += st.total if cpu_policy else s["pinned"]
+        for r in scoring:
+            s = self._simulate(r, ("params",) if c.score_offload else (), "none")
+            costs[r] = s
+            resident[r] = 0.0 if c.score_offload else self.states[r].total
+            pinned += s["pinned"]
+        pinned += self.engine_bytes  # the engine's weights sleep in host memory (vLLM sleep level 1)
+        comm = costs["actor_train"]["comm_train"]
+        reserve = self.inp.reserve_gib * GiB
+        # memory of each turn
+        turns = {}
+        for r in trained + scoring:
+            others = sum(v for k, v in resident.items() if k != r)
+            own = 0.0 if (cpu_policy and r in trained) else self.states[r].total
+            if cpu_policy and r in trained:
+                own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
+            turns[r] = reserve + comm + others + own + self._activations(r)
+        actor_rollout = costs["actor_train"]["rollout_resident"]  # resident actor state + communicators kept
+        st_a = self.states["actor_train"]
+        comm_rollout = max(0.0, actor_rollout - (st_a.total - sum(st_a.bytes[x] for x in include)))
+        fixed = reserve + comm_rollout + sum(resident.values()) + self.engine_bytes
+        kv = self.m.gpu_bytes - fixed
+        reasons = []
+        worst = max(turns, key=turns.get)
+        if turns[worst] > self.m.gpu_bytes:
+            reasons.append(f"{worst} needs {turns[worst] / GiB:.1f} GiB of a {self.m.gpu_bytes / GiB:.1f} GiB GPU")
+        need = self.w.kv_gib * GiB if self.w.kv_gib is not None else self.kv_min
+        if kv < need:
+            reasons.append(f"rollout gets {max(kv, 0) / GiB:.1f} GiB of KV cache, needs {need / GiB:.1f}")
+        if pinned * self.m.per_node > self.m.host_per_node:
+            reasons.append(f"pinned host {pinned * self.m.per_node / GiB:.0f} GiB exceeds the node's {self.m.host_per_node / GiB:.0f} GiB")
+        kv_used = min(max(kv, 1.0), self.kv_need)
+        if self.w.tokens_per_s_per_gib:
+            gen = self.w.sequences * self.w.response_len
+            rollout_s = gen / (self.m.gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
+        else:
+            rollout_s = self.rollout_full * max(1.0, self.kv_need / kv_used)
+        # compute and switches along the order
+        compute = {}
+        timeline: list[tuple[str, str, float]] = []
+        for r in trained + scoring:
+            base = self._compute_s(r)
+            if cpu_policy and r in trained:
+                base, _added = self._fsdp_cpu_train(r, base)
+            compute[r] = base
+        # the trained roles' first collectives after the wake (lazy NCCL init of rebuilt groups) are switch cost
+        # ([Note: the switch cost] in sim.models.switch_cost), paid at the start of their compute turn
+        first_use = {r: costs[r]["train_overhead_s"] for r in trained}
+        switch = sum(first_use.values())
+        seq = roles
+        for i, r in enumerate(seq):
+            nxt = seq[(i + 1) % len(seq)]
+            if r == "rollout":
+                timeline.append((r, "compute", rollout_s))
+                continue
+            if first_use.get(r):
+                timeline.append((r, "first use after wake", first_use[r]))
+            timeline.append((r, "compute", compute[r]))
+            off = costs[r]["offload_s"]
+            if nxt == "rollout":
+                # the engine's share of the weights gathered from the training shards over NVLink
+                shards = min(self.m.gpus, self.lay.fsdp * self.lay.tp * self.lay.pp)
+                sync = costs["actor_train"]["sync_s"] + self.engine_bytes * (1 - 1 / shards) / self.m.nvlink_eff
+                if r != "actor_train" and "params" in include:  # the actor's params must come back for the export
+                    sync += self.states["actor_train"].bytes["params"] / self.m.pcie
+                timeline.append((r, "switch out", off))
+                timeline.append(("rollout", "weight sync", sync))
+                switch += off + sync
+                continue
+            on = costs[nxt]["reload_s"]
+            t = self._switch(off, on)
+            timeline.append((f"{r}->{nxt}", "switch", t))
+            switch += t
+        first = seq[1] if len(seq) > 1 else None
+        if first is not None:
+            timeline.insert(1, (f"rollout->{first}", "switch", costs[first]["reload_s"]))
+            switch += costs[first]["reload_s"]
+        step = rollout_s + sum(compute.values()) + switch
+        peak = max([*turns.values(), fixed + min(max(kv, 0.0), self.kv_need)])
+        return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
+                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline)
+
+    # ------------------------------------------------------------------ search
+
+    def orders(self) -> list[tuple[str, ...]]:
+        """Valid role orders: rollout first, the actor's update last (it needs every other role's output)."""
+        middle = [r for r in self.w.roles() if r not in ("rollout", "actor_train")]
+        return [("rollout", *p, "actor_train") for p in itertools.permutations(middle)]
+
+    def offload_candidates(self) -> list[Candidate]:
+        """Stage 1: every offload setting (and backend, and scoring-role offload) under pg ``none``."""
+        out = []
+        score_opts = (True, False) if (self.w.reference or self.w.reward_model is not None) else (False,)
+        st = self.states["actor_train"]
+        for off in OFFLOAD_SETS:
+            backends = ["local"]
+            if off and off != ("fsdp_cpu",) and any(st.replicated[x] for x in off):
+                backends.append("local_dedup")
+            for b in backends:
+                for so in score_opts:
+                    out.append(Candidate(off, b, so, "none", self.orders()[0]))
+        return out
+
+    def search(self) -> list[Outcome]:
+        """Evaluate the candidates (staged unless ``exhaustive``) and return them ranked."""
+        n_off, n_ord = len(self.offload_candidates()), len(self.orders())
+        if self.inp.exhaustive:
+            cands = [Candidate(c.offload, c.backend, c.score_offload, p, o)
+                     for c in self.offload_candidates() for p in PG_POLICIES for o in self.orders()]
+            self.progress(f"plan: exhaustive search of {len(cands)} candidates, at most "
+                          f"{len(OFFLOAD_SETS) * len(PG_POLICIES) * len(self.states)} simulations of about 0.1 s each")
+            return rank(self._run(cands, "every combination"))
+        self.progress(f"plan: staged search of about {n_off + self.inp.top * (len(PG_POLICIES) - 1) + n_ord - 1} candidates "
+                      f"(--exhaustive: {n_off * len(PG_POLICIES) * n_ord})")
+        stage1 = rank(self._run(self.offload_candidates(), "offload settings"))
+        best = [o.candidate for o in stage1 if o.feasible][: self.inp.top] or [o.candidate for o in stage1[: self.inp.top]]
+        stage2 = self._run([Candidate(c.offload, c.backend, c.score_offload, p, c.order)
+                            for c in best for p in PG_POLICIES if p != "none"], "process-group policies")
+        ranked = rank(stage1 + stage2)
+        lead = ranked[0].candidate
+        stage3 = self._run([Candidate(lead.offload, lead.backend, lead.score_offload, lead.pg_policy, o)
+                            for o in self.orders()[1:]], "role orders")
+        return rank(ranked + stage3)
+
+    def _run(self, cands: list[Candidate], what: str) -> list[Outcome]:
+        out = []
+        step = max(1, len(cands) // 4)
+        for i, c in enumerate(cands):
+            if i % step == 0 and cands:
+                self.progress(f"plan: {what}: {i}/{len(cands)} evaluated, {len(self.sims)} simulations so far")
+            out.append(self.evaluate(c))
+        return out
+
+
+def _rollout_resident(world) -> float:
+    """Device bytes a rank holds while the rollout runs (last step), the largest over ranks.
+
+    The result's per-phase peak counts everything recorded at the phase's first and last
+    instants, which includes the release that ends ``sleep`` and the reload that starts
+    ``wake_up``; this reads the ledger strictly inside the rollout span instead.
+    """
+    eps = 1e-9
+    best = 0
+    for rt in world.runtimes:
+        spans = [(s, e) for name, s, e in rt.spans if name == "rollout"]
+        if spans:
+            s, e = spans[-1]
+            best = max(best, world.memory.peak_between(rt.rank, s + eps, max(s + eps, e - eps)))
+    return best
+
+
+def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the search; returns a JSON-ready plan: inputs, ranked outcomes, Pareto front, recommendation."""
+    t0 = time.perf_counter()
+    planner = Planner(inputs, progress)
+    ranked = planner.search()
+    best, why = recommend(ranked)
+    front = pareto(ranked)
+    return {
+        "inputs": {
+            "model": asdict(inputs.model),
+            "cluster": inputs.cluster,
+            "nodes": inputs.nodes,
+            "gpus_per_node": inputs.gpus_per_node,
+            "gpus": planner.m.gpus,
+            "gpu_gib": planner.m.gpu_bytes / GiB,
+            "layout": asdict(planner.lay),
+            "workload": {**{k: v for k, v in asdict(inputs.workload).items() if k != "reward_model"},
+                         "reward_model": inputs.workload.reward_model.name if inputs.workload.reward_model else None,
+                         "tokens": inputs.workload.tokens},
+            "gpu": asdict(planner.gpu),
+            "overlap": inputs.overlap,
+            "pg_groups": inputs.pg_groups,
+            "cooldown_s": inputs.cooldown_s,
+            "kv_need_gib": planner.kv_need / GiB,
+            "rollout_full_s": planner.rollout_full,
+        },
+        "outcomes": [o.to_dict() for o in ranked],
+        "pareto": [o.candidate.label() for o in front],
+        "recommendation": best.to_dict() if best else None,
+        "reason": why,
+        # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
+        # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
+        "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
+        "simulations": len(planner.sims) + len(planner.pg_windows),
+        "simulation_wall_s": planner.sim_wall_s,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def default_inputs() -> PlanInputs:
+    """The built-in default: GRPO on Qwen2.5-7B with a reference model, FSDP over one 8xH200 node."""
+    return PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="hgx-h200-8x", layout=Layout(dp=8))
+
+
+__all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
+           "make_plan", "pareto", "rank", "recommend"]
+
