@@ -71,7 +71,8 @@ def test_cli_prints_ratios_and_writes_json(tmp_path, capsys):
                               "--policy", "DESTROY", "--policy", "SUSPEND", "--json", str(out)])
     assert sw.run(args) == 0
     text = capsys.readouterr().out
-    assert "1.000x" in text and "SUSPEND" in text and "2 ranks, 14 groups per rank" in text
+    assert "1.000x" in text and "SUSPEND" in text
+    assert "2 ranks (tp 2 cp 1 dp 1 pp 1 ep 1), 14 Megatron groups per rank" in text
     data = json.loads(out.read_text())
     assert data["format"] == "timeshare/1" and data["command"] == "bench switch-window"
     assert [r["policy"] for r in data["data"]["results"]] == ["DESTROY", "SUSPEND"]
