@@ -69,3 +69,28 @@ def test_bench_switch_window_ranks_by_switch_cost(capsys):
     row = next(line for line in out.splitlines() if line.startswith("SUSPEND_PLANNED_PARALLEL"))
     cost, window = float(row.split()[1]), float(row.split()[6])
     assert cost > window + 1.0  # the lazy inits after the wake are counted in
+
+
+def test_sim_compare_shows_each_sides_switch_cost():
+    """A scenario that touches its groups carries its last step's switch cost (the lazy inits after the wake
+    included), and ``timeshare sim compare`` shows it beside the phases."""
+    from sim.scenarios.compare import compare
+    from sim.scenarios.runner import run_scenario
+    from sim.scenarios.scenario import parse_scenario
+
+    def side(policy):
+        raw = {"name": policy, "topology": "calibrated/hgx-h200-8x", "world_size": 2, "mesh": {"dp": 2},
+               "model": {"tensors": [{"name": "w", "shape": [1024], "dtype": "bfloat16", "category": "params"}]},
+               "offload": {"backend": "local", "include": ["params"]}, "pg_policy": policy, "steps": 3,
+               "workload": {"rollout_s": 3.0, "touch_groups": True}, "payload": "meta"}
+        result, _, _ = run_scenario(parse_scenario(raw))
+        assert result.ok, result.violations
+        return result.to_dict()
+
+    live, destroy = side("paused_live"), side("destroy_deferred")
+    rows = {r["what"]: r for r in compare(live, destroy)}
+    cost = rows["switch cost (max rank)"]
+    last = destroy["ranks"][0]["phases_by_step"][-1]
+    assert destroy["ranks"][0]["switch_cost"] == pytest.approx(
+        last["sleep"] + last["update_weights"] + last["wake_up"] + last["first_use_extra"])
+    assert last["first_use_extra"] > 0.1 and cost["b"] > cost["a"] + last["first_use_extra"]
