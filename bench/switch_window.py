@@ -2,7 +2,10 @@
 
 The switch window of one RL step is the time the trainer spends in ``sleep``
 (pause), ``update_weights`` (weight sync) and ``wake_up`` (resume), the three
-phases the Relax report measures. Only the lifecycle's own work is in the
+phases the Relax report measures. The switch cost, by which the rows are
+ranked, is the window plus what training's first collectives after the wake
+cost beyond the same collectives on live groups (the lazy NCCL init of groups
+rebuilt at the wake): [Note: the switch cost] in :mod:`sim.models.switch_cost`. Only the lifecycle's own work is in the
 window here (no trainer offload, a tiny weight-sync all-gather), so the figures
 are what the policy costs, and the rollout between pause and resume is where a
 deferred cooldown can hide. Policies:
@@ -25,8 +28,8 @@ deferred cooldown can hide. Policies:
   same with each walk's destroys run together (``LifecycleConfig.parallel_destroy``):
   their proxy-poll waits overlap.
 
-On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
-Megatron group families of the Relax report over a DP x TP mesh), on the
+On CPU the job is simulated: 8 ranks, each a member of 14 groups (Megatron's
+14 group families over a TP x CP x DP x PP mesh with EP experts), on the
 ``hgx-h200-8x`` topology preset with the communicator constants ``timeshare
 sim calibrate`` fitted on the H200 records (``sim/presets/calibrated/``): one-
 rank communicators as measured on one H200, communicators of two or more ranks
