@@ -98,22 +98,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
 
-@one_line_errors
-def run(args: argparse.Namespace) -> int:
-    """Simulate every policy and print the switch window of each, with ratios against DESTROY."""
-    from refimpl.cli_errors import CliInputError, check_number, check_output_path
+def _mesh_groups(args: argparse.Namespace) -> list:
+    """The Megatron groups of the options' mesh; CliInputError for sizes that make none."""
+    from refimpl.cli_errors import CliInputError, check_number
+    from sim.calibrate.switch_window import MeshError, megatron_groups
 
     for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--ep", args.ep),
                    ("--steps", args.steps)):
         check_number(opt, v, lo=1, integer=True)
     if args.etp is not None:
         check_number("--etp", args.etp, lo=1, integer=True)
-    from sim.calibrate.switch_window import MeshError, megatron_groups
-
     try:
-        specs = megatron_groups(tp=args.tp, dp=args.dp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp)
+        return megatron_groups(tp=args.tp, dp=args.dp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp)
     except MeshError as exc:
         raise CliInputError(f"--tp/--cp/--dp/--pp/--ep/--etp: {exc}") from None
+
+
+@one_line_errors
+def run(args: argparse.Namespace) -> int:
+    """Simulate every policy and print the switch window of each, with ratios against DESTROY."""
+    from refimpl.cli_errors import CliInputError, check_number, check_output_path
+
+    specs = _mesh_groups(args)
     check_number("--warmup", args.warmup, lo=0, integer=True)
     for opt, v in (("--train-s", args.train_s), ("--rollout-s", args.rollout_s), ("--cooldown-s", args.cooldown_s)):
         check_number(opt, v, lo=0)

@@ -237,10 +237,7 @@ def calibrated_preset(base: str, records: Iterable[Record], *,
     ``comm_raw`` figure of that constant).
     """
     records, canary_from = list(records), list(canary_from)
-    for rec in (*records, *canary_from):
-        if held_out(rec.name):
-            raise RecordError(f"{rec.name} is held out: no calibration may read it (it is scored apart by timeshare "
-                              "sim validate); fit on the other records")
+    refuse_held_out([*records, *canary_from])
     data = copy.deepcopy(load_preset_data(base))
     consts = data["constants"]
     pg = consts.get("pg_create")
@@ -287,6 +284,14 @@ def calibrated_preset(base: str, records: Iterable[Record], *,
     return data, obs
 
 
+def refuse_held_out(records: Iterable[Record]) -> None:
+    """Raise RecordError if a record is held out (:data:`sim.calibrate.records.HELD_OUT`): no fit may read it."""
+    for rec in records:
+        if held_out(rec.name):
+            raise RecordError(f"{rec.name} is held out: no calibration may read it (it is scored apart by timeshare "
+                              "sim validate); fit on the other records")
+
+
 def fit_words(records: Iterable[Record]) -> str:
     """What a set of fit records measured, in words a user has (machines and what was timed; no file names)."""
     parts: list[str] = []
@@ -317,5 +322,5 @@ def write_preset(data: dict[str, Any], out: str | Path) -> Path:
     return path
 
 
-__all__ = ["fit_words", "NCCL_PROXY_POLL_S", "Observation", "calibrated_preset", "fit_destroy", "observations", "replay_destroys",
+__all__ = ["fit_words", "refuse_held_out", "NCCL_PROXY_POLL_S", "Observation", "calibrated_preset", "fit_destroy", "observations", "replay_destroys",
            "write_preset"]
