@@ -185,7 +185,7 @@ class Rendezvous:
         w = self._world
         spans = getattr(w.collective_cost, "spans_nodes", None)
         return (p.seq != CREATE_SEQ and spans is not None and w.resolve_backend(p.spec).backend == "nccl"
-                and spans(p.spec.ranks))
+                and spans(p.spec.ranks, p.nbytes))
 
     def _cost(self, p: Pending) -> float:
         w = self._world

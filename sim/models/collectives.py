@@ -71,6 +71,21 @@ _RING_STEPS = {
 _TREE_STEPS = {"all_reduce": lambda n: 2 * math.ceil(math.log2(n)), "broadcast": lambda n: math.ceil(math.log2(n))}
 
 
+#: collectives across nodes of fewer bus bytes than this are latency-bound: timed alone, they share no NIC
+#: (NCCL's LL protocols carry such sizes; the lifecycle's probes, canaries and agreements are a few bytes)
+SHARE_MIN_BYTES = 1 << 20
+
+
+def _delay_to(now: float, t: float) -> float:
+    """The delay that, added to ``now``, gives exactly ``t`` in floating point (``t - now``, nudged an ulp)."""
+    d = max(0.0, t - now)
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    while d > 0 and now + d > t:
+        d = math.nextafter(d, -math.inf)
+    return d
+
+
 class CollectiveCostError(ValueError):
     """A collective cost was asked for something the model does not know."""
 
@@ -139,9 +154,11 @@ class TopologyCollectiveCost:
                      else None)
         self._seq = 0
 
-    def spans_nodes(self, ranks: tuple[int, ...]) -> bool:
-        """True if a ring over ``ranks`` crosses nodes (its bytes then share the NICs with other such collectives)."""
-        return getattr(self, "_net", None) is not None and self.bus(tuple(ranks))[2]
+    def spans_nodes(self, ranks: tuple[int, ...], nbytes: int = SHARE_MIN_BYTES) -> bool:
+        """True if a collective of ``nbytes`` over ``ranks`` crosses nodes with enough bytes to share the NICs with
+        other such collectives (:data:`SHARE_MIN_BYTES`; a smaller one is latency-bound and timed alone)."""
+        return (getattr(self, "_net", None) is not None and nbytes >= SHARE_MIN_BYTES
+                and self.bus(tuple(ranks))[2])
 
     def run(self, op: str, ranks: tuple[int, ...], nbytes: int, extra_s: float, on_done) -> None:
         """Complete a collective through the engine: ``extra_s`` (lazy init) and the latency, then its bytes.
@@ -149,7 +166,8 @@ class TopologyCollectiveCost:
         [Note: NICs shared among collectives] A collective between nodes moves ``f(n) * nbytes`` over every
         spanned node's NICs as a flow, max-min fair with the other collectives crossing those NICs at the time (and
         held to its own ring's bottleneck over the other links), so eight groups all-reducing across two nodes at
-        once get an eighth of the NICs each. A lone one takes :meth:`time`."""
+        once get an eighth of the NICs each. A lone one takes :meth:`time`, to the last bit. Only collectives of
+        :data:`SHARE_MIN_BYTES` or more come here (:meth:`spans_nodes`)."""
         ranks = tuple(ranks)
         if op == "barrier":
             op, nbytes = "all_reduce", 4
@@ -159,20 +177,24 @@ class TopologyCollectiveCost:
         nodes = sorted({self.topology.node_of(r) for r in ranks})
         own, _ = self._own(ranks)
         bus_bytes = BUS_FACTOR[op](len(ranks)) * nbytes
-        self._engine.schedule(wait, self._begin, ranks, nodes, own, bus_bytes, on_done)
+        # alone, it ends exactly when the closed form says (the same sum, not a sum split in two)
+        alone = self._engine.now + (self.time(op, ranks, nbytes) + extra_s)
+        self._engine.schedule(wait, self._begin, ranks, nodes, own, bus_bytes, alone, on_done)
 
-    def _begin(self, ranks: tuple[int, ...], nodes: list[int], own: float, nbytes: float, on_done) -> None:
+    def _begin(self, ranks: tuple[int, ...], nodes: list[int], own: float, nbytes: float, alone: float,
+               on_done) -> None:
         from sim.models.flows import Flow
 
-        if nbytes <= 0:
-            on_done()
-            return
         self._seq += 1
         cap = f"own:{','.join(map(str, ranks))}"  # one per group: its collectives run in order on its stream
         self._net.add_resource(cap, own)
         res = self._net.resources([*(f"nic:n{k}" for k in nodes), cap])
         flow = Flow(self._seq, res, nbytes, self._engine.now, on_done, f"collective over nodes {nodes}")
-        self._retime(self._net.add(flow, self._engine.now))
+        changed = self._net.add(flow, self._engine.now)
+        if flow.rate == self.bus(ranks)[0]:  # nothing shares its NICs now: the closed form's end
+            flow.event = self._engine.schedule(_delay_to(self._engine.now, alone), self._finish, flow)
+            changed = [f for f in changed if f is not flow]
+        self._retime(changed)
 
     def _retime(self, flows) -> None:
         for f in flows:
@@ -343,4 +365,4 @@ class NcclComm:
         return self._p(spec).resume_s
 
 
-__all__ = ["BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]
+__all__ = ["SHARE_MIN_BYTES", "BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]
