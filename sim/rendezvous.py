@@ -172,13 +172,17 @@ class Rendezvous:
         p.count += 1
         if p.count == spec.size:
             del self._pending[key]
-            if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.models.collectives
-                w = self._world
-                extra = w.comm.first_use(w.resolve_backend(p.spec)) if getattr(w.comm, "init_at_collective", False) else 0.0
-                w.collective_cost.run(p.op, p.spec.ranks, p.nbytes, extra, lambda: self._complete(p))
-            else:
-                self._world.engine.schedule(self._cost(p), self._complete, p)
+            self._schedule_complete(p)
         return arrival
+
+    def _schedule_complete(self, p: Pending) -> None:
+        """Every member arrived: complete ``p`` when its cost has passed (between nodes, through the shared NICs)."""
+        w = self._world
+        if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.models.collectives
+            extra = w.comm.first_use(w.resolve_backend(p.spec)) if getattr(w.comm, "init_at_collective", False) else 0.0
+            w.collective_cost.run(p.op, p.spec.ranks, p.nbytes, extra, lambda: self._complete(p), p.spec.name)
+        else:
+            w.engine.schedule(self._cost(p), self._complete, p)
 
     def _shares_nics(self, p: Pending) -> bool:
         """True for an NCCL collective between nodes on a collective model that shares the NICs."""

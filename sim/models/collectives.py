@@ -160,7 +160,7 @@ class TopologyCollectiveCost:
         return (getattr(self, "_net", None) is not None and nbytes >= SHARE_MIN_BYTES
                 and self.bus(tuple(ranks))[2])
 
-    def run(self, op: str, ranks: tuple[int, ...], nbytes: int, extra_s: float, on_done) -> None:
+    def run(self, op: str, ranks: tuple[int, ...], nbytes: int, extra_s: float, on_done, group: str = "") -> None:
         """Complete a collective through the engine: ``extra_s`` (lazy init) and the latency, then its bytes.
 
         [Note: NICs shared among collectives] A collective between nodes moves ``f(n) * nbytes`` over every
@@ -179,17 +179,18 @@ class TopologyCollectiveCost:
         bus_bytes = BUS_FACTOR[op](len(ranks)) * nbytes
         # alone, it ends exactly when the closed form says (the same sum, not a sum split in two)
         alone = self._engine.now + (self.time(op, ranks, nbytes) + extra_s)
-        self._engine.schedule(wait, self._begin, ranks, nodes, own, bus_bytes, alone, on_done)
+        self._engine.schedule(wait, self._begin, group, ranks, nodes, own, bus_bytes, alone, on_done)
 
-    def _begin(self, ranks: tuple[int, ...], nodes: list[int], own: float, nbytes: float, alone: float,
+    def _begin(self, group: str, ranks: tuple[int, ...], nodes: list[int], own: float, nbytes: float, alone: float,
                on_done) -> None:
+        """The collective's bytes start to flow (its events are its group's: ``group`` first, for a folded run)."""
         from sim.models.flows import Flow
 
         self._seq += 1
         cap = f"own:{','.join(map(str, ranks))}"  # one per group: its collectives run in order on its stream
         self._net.add_resource(cap, own)
         res = self._net.resources([*(f"nic:n{k}" for k in nodes), cap])
-        flow = Flow(self._seq, res, nbytes, self._engine.now, on_done, f"collective over nodes {nodes}")
+        flow = Flow(self._seq, res, nbytes, self._engine.now, on_done, f"collective over nodes {nodes}", (group,))
         changed = self._net.add(flow, self._engine.now)
         if flow.rate == self.bus(ranks)[0]:  # nothing shares its NICs now: the closed form's end
             flow.event = self._engine.schedule(_delay_to(self._engine.now, alone), self._finish, flow)
