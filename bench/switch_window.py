@@ -2,7 +2,10 @@
 
 The switch window of one RL step is the time the trainer spends in ``sleep``
 (pause), ``update_weights`` (weight sync) and ``wake_up`` (resume), the three
-phases the Relax report measures. Only the lifecycle's own work is in the
+phases the Relax report measures. The switch cost, by which the rows are
+ranked, is the window plus what training's first collectives after the wake
+cost beyond the same collectives on live groups (the lazy NCCL init of groups
+rebuilt at the wake): [Note: the switch cost] in :mod:`sim.models.switch_cost`. Only the lifecycle's own work is in the
 window here (no trainer offload, a tiny weight-sync all-gather), so the figures
 are what the policy costs, and the rollout between pause and resume is where a
 deferred cooldown can hide. Policies:
@@ -25,8 +28,8 @@ deferred cooldown can hide. Policies:
   same with each walk's destroys run together (``LifecycleConfig.parallel_destroy``):
   their proxy-poll waits overlap.
 
-On CPU the job is simulated: 8 ranks, each a member of 14 groups (the 14
-Megatron group families of the Relax report over a DP x TP mesh), on the
+On CPU the job is simulated: 8 ranks, each a member of 14 groups (Megatron's
+14 group families over a TP x CP x DP x PP mesh with EP experts), on the
 ``hgx-h200-8x`` topology preset with the communicator constants ``timeshare
 sim calibrate`` fitted on the H200 records (``sim/presets/calibrated/``): one-
 rank communicators as measured on one H200, communicators of two or more ranks
@@ -69,16 +72,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 def format_results(results: list[PolicyResult], header: str) -> str:
-    """A table with each policy's phases and total, and the ratio to DESTROY."""
-    base = next((r.total for r in results if r.policy == "DESTROY"), None)
+    """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`), the window's
+    phases beside it, the first use's extra, and the ratio of switch costs to DESTROY's."""
+    base = next((r.switch_cost for r in results if r.policy == "DESTROY"), None)
     w = max([18] + [len(r.policy) + 2 for r in results])
-    lines = [header, f"{'policy':<{w}}{'sleep s':>9}{'update s':>10}{'wake s':>9}{'total s':>9}{'vs DESTROY':>12}"
-                     f"{'NCCL GiB in rollout':>21}{'device GiB in rollout':>23}"]
+    lines = [header, f"{'policy':<{w}}{'switch cost s':>14}{'vs DESTROY':>12}{'sleep s':>9}{'update s':>10}"
+                     f"{'wake s':>9}{'window s':>10}{'first use +s':>14}{'NCCL GiB in rollout':>21}"
+                     f"{'device GiB in rollout':>23}"]
     for r in results:
-        ratio = f"{r.total / base:.3f}x" if base else "-"
+        ratio = f"{r.switch_cost / base:.3f}x" if base and r.switch_cost is not None else "-"
         held = "unknown" if r.held_in_rollout_gib is None else f"{r.held_in_rollout_gib:.2f}"
-        lines.append(f"{r.policy:<{w}}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}{r.total:>9.3f}"
-                     f"{ratio:>12}{held:>21}{r.device_used_in_rollout_gib:>23.2f}")
+        cost = "-" if r.switch_cost is None else f"{r.switch_cost:.3f}"
+        extra = "-" if r.first_use_extra is None else f"{r.first_use_extra:.3f}"
+        lines.append(f"{r.policy:<{w}}{cost:>14}{ratio:>12}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}"
+                     f"{r.total:>10.3f}{extra:>14}{held:>21}{r.device_used_in_rollout_gib:>23.2f}")
+    lines.append("switch cost = window (sleep + update + wake) + first use +: the training step's first collectives "
+                 "after the wake beyond the same collectives on live groups (lazy NCCL init of rebuilt groups)")
     return "\n".join(lines)
 
 
@@ -86,6 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``timeshare bench switch-window``."""
     parser.add_argument("--dp", type=int, default=4, help="data-parallel size of the simulated mesh (default 4)")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2; ranks = dp * tp)")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel size (default 1; ranks = tp * cp * dp * pp)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1; experts over etp x ep x edp x pp)")
+    parser.add_argument("--etp", type=int, default=None,
+                        help="expert tensor-parallel size (default: --tp where tp x ep x pp divides the ranks, else 1)")
     parser.add_argument("--steps", type=int, default=4, help="RL steps per policy (default 4)")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the means (default 2: two-phase "
                         "enabling keeps the first step on the fallback path)")
@@ -94,12 +108,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cooldown-s", type=float, default=2.0, help="port-release cooldown (Relax: 2 s)")
     parser.add_argument("--topology", default="calibrated/hgx-h200-8x",
                         help="sim topology preset (a name, or a preset file) for collective, memory and communicator "
-                             "models (default: hgx-h200-8x with the constants timeshare sim calibrate fitted on the "
-                             "recorded fit set; '' for the simulator's defaults)")
+                             "models; a machine with a calibrated preset gets it (default: calibrated/hgx-h200-8x, "
+                             "measured communicator constants; '' for the simulator's defaults)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
                         help=f"policies (or variants) to run, any case: {', '.join(POLICY_ROWS)} "
                              "(repeatable; default all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+
+
+def _mesh_groups(args: argparse.Namespace) -> list:
+    """The Megatron groups of the options' mesh; CliInputError for sizes that make none."""
+    from refimpl.cli_errors import CliInputError, check_number
+    from sim.calibrate.switch_window import MeshError, megatron_groups
+
+    for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--ep", args.ep),
+                   ("--steps", args.steps)):
+        check_number(opt, v, lo=1, integer=True)
+    if args.etp is not None:
+        check_number("--etp", args.etp, lo=1, integer=True)
+    try:
+        return megatron_groups(tp=args.tp, dp=args.dp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp)
+    except MeshError as exc:
+        raise CliInputError(f"--tp/--cp/--dp/--pp/--ep/--etp: {exc}") from None
 
 
 @one_line_errors
@@ -109,16 +139,17 @@ def run(args: argparse.Namespace) -> int:
     from sim.calibrate.switch_window import (first_use_after_wake, mesh_groups, resolve, row_names, simulate,
                                              summarize_simulated)
 
-    for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--steps", args.steps)):
-        check_number(opt, v, lo=1, integer=True)
+    specs = _mesh_groups(args)
     check_number("--warmup", args.warmup, lo=0, integer=True)
     for opt, v in (("--train-s", args.train_s), ("--rollout-s", args.rollout_s), ("--cooldown-s", args.cooldown_s)):
         check_number(opt, v, lo=0)
     if args.warmup >= args.steps:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
-        from sim.presets import PresetError, list_presets, load_preset_data
         from sim.models.topology import Topology
+        from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
+
+        args.topology = preferred_preset(args.topology)  # a machine's calibrated preset where one is shipped
 
         try:
             data = load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
@@ -126,34 +157,36 @@ def run(args: argparse.Namespace) -> int:
             raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
                                 "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
         gpus = Topology(data, where="--topology").num_gpus
-        if args.dp * args.tp > gpus:
-            raise CliInputError(f"--dp {args.dp} x --tp {args.tp} = {args.dp * args.tp} ranks, but --topology "
-                                f"{args.topology} has {gpus} GPUs; lower --dp or --tp, or pick a larger preset")
+        ranks = args.dp * args.tp * args.cp * args.pp
+        if ranks > gpus:
+            raise CliInputError(f"--tp {args.tp} x --cp {args.cp} x --dp {args.dp} x --pp {args.pp} = {ranks} ranks, but "
+                                f"--topology {args.topology} has {gpus} GPUs; lower them, or pick a larger preset")
     if args.json:
         check_output_path(args.json, "--json")
     try:
         policies = [resolve(p)[0] for p in (args.policy or row_names())]
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
-    results, first_use = [], {}
+    results = []
     for policy in policies:
-        per_rank = simulate(policy, dp=args.dp, tp=args.tp, steps=args.steps, train_s=args.train_s,
-                            rollout_s=args.rollout_s, cooldown_s=args.cooldown_s, topology=args.topology or None)
+        per_rank = simulate(policy, dp=args.dp, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp,
+                            steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
+                            cooldown_s=args.cooldown_s, topology=args.topology or None)
         results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
-        first_use[policy] = first_use_after_wake(per_rank, args.warmup)
-    groups = len([s for s in mesh_groups(args.dp, args.tp) if 0 in s.ranks])
-    header = (f"switch window per RL step (simulated): {args.dp * args.tp} ranks, {groups} groups per rank, "
+    groups = len([s for s in specs if 0 in s.ranks])
+    world = args.dp * args.tp * args.cp * args.pp
+    mesh = f"tp {args.tp} cp {args.cp} dp {args.dp} pp {args.pp} ep {args.ep}"
+    header = (f"switch cost per RL step (simulated): {world} ranks ({mesh}), {groups} Megatron groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header))
     late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
     if late:
         period = max(r.poll_period_s for r in results)
+        rate = max(r.poll_late_rate for r in results)
         print(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
-              "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late))
-    print("first collective on every group after the wake (training, outside the window; lazy NCCL init of "
-          "groups rebuilt at wake, and a lazy wake's bring-up, land here): "
-          + ", ".join(f"{p} {s:.3f} s" for p, s in first_use.items()))
+              "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late)
+              + (f"; expected {rate:.3f} x {period:g} s more each (the late-walk rate of the fit records)" if rate else ""))
     wrong = [r.policy for r in results if r.bitwise_after_wake is False]
     print("first collectives after every wake bitwise right: " + ("all rows" if not wrong else f"NOT for {wrong}"))
     if args.json:

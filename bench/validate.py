@@ -41,21 +41,26 @@ communicators move against one another by up to ``poll_phase_spread`` between
 steps (fitted on ``bench/gpu/destroy_walk_probe.py`` records). So a phase whose
 walk has a destroy waiting less than that for its timeout
 (:attr:`sim.calibrate.switch_window.PolicyResult.poll_late`) ends, in each step, either
-when the model says or one poll period (0.5 s) later, and every later destroy
-of the walk with it; the same code on the same machine type measured
-SUSPEND_PLANNED's weight sync at 2.02 s in every step of two runs and 1.51 s
-in every step of a third. For such a phase the prediction compared is the
-model's plus ``k/n`` periods, ``n`` the measured steps and ``k`` the count
-of measured steps whose own figure (the record's lifecycle spans, slowest
-rank) exceeds the model's by more than half a period; a record without spans
-gets the ``k`` (0..n) that matches its mean best. The row says ``k of n
-steps one poll late``, the total adds the phases' ``k``, and the ranking is
-taken on those totals (the model's own ranking, every step on time, is in
-``facts["nominal_order"]``). Phases without such a destroy have one prediction.
+when the model says or one poll period (0.5 s) later. How often is fitted on
+the probe records alone (``poll_late_rate``: the fraction of their walks over
+just-initialised groups that took a period longer, :func:`sim.calibrate.destroy_walks.late_walks`),
+so such a phase is predicted as its expected figure, the model's plus
+``poll_late_rate`` periods (:meth:`sim.calibrate.switch_window.PolicyResult.expected`),
+with the range from the model's figure to a whole period more, and scored
+against the measured mean. Nothing of the validated record decides it.
 
-A record part that was used to fit the preset (a constant's ``source`` names
-the record file, with no ``#section`` or with the same section, or its
-directory) is refused: fit and validation sets must be disjoint.
+[Note: validate is blind] No constant, spread, rate or correction may come from
+any part of a validated file: a record that a calibrated preset's
+``fitted_on`` lists, or that a constant's ``source`` names (the file, or its
+directory), is refused whole. The held-out records (:data:`sim.calibrate.records.HELD_OUT`),
+which ``timeshare sim calibrate`` refuses to read, are scored apart. Figures of
+0.1 s and more and figures under 0.1 s are scored apart, each by its relative
+error (no absolute floor); a figure measured as 0 has no relative error and is
+counted, not scored.
+
+Every policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`)
+is compared where the record timed the first collectives after the wake, and
+policies are ranked by it (by the window where a record did not time them).
 """
 from __future__ import annotations
 
@@ -72,11 +77,11 @@ from sim.calibrate.records import PHASES, MultiGpuRecord, OffloadRecord, Record,
 
 log = logging.getLogger(__name__)
 
-#: default tolerances: switch-window phases 15%, offload/reload 10% (issue 11)
+#: default tolerances: switch-window phases 15%, offload/reload 10%
 SWITCH_TOLERANCE = 0.15
 OFFLOAD_TOLERANCE = 0.10
-#: phases shorter than this are compared in absolute terms (|error| <= tolerance x this)
-ABS_FLOOR_S = 0.1
+#: figures at least this long and figures shorter are scored apart ([Note: validate is blind])
+SHORT_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,7 @@ class Row:
     measured: float
     predicted: float
     tolerance: float
-    floor_s: float = 0.0
-    #: how the prediction was matched, where a phase may end a poll period late ([Note: a phase one poll period late])
+    #: how the prediction was made, where a phase may end a poll period late ([Note: a phase one poll period late])
     note: str = ""
 
     @property
@@ -98,31 +102,40 @@ class Row:
         return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
 
     @property
+    def scored(self) -> bool:
+        """False for a figure measured as 0 (no relative error)."""
+        return self.measured > 0
+
+    @property
+    def short(self) -> bool:
+        """A figure measured under :data:`SHORT_S` (scored apart)."""
+        return self.measured < SHORT_S
+
+    @property
     def ok(self) -> bool:
-        """Within tolerance x max(measured, floor)."""
-        return abs(self.predicted - self.measured) <= self.tolerance * max(self.measured, self.floor_s)
+        """Within ``tolerance`` of the measured figure, relatively (a figure measured as 0 is not scored: True)."""
+        return not self.scored or abs(self.rel_error) <= self.tolerance
 
 
-def fitted_on(preset_data: dict[str, Any]) -> list[tuple[str, str | None]]:
-    """``(path, section or None)`` of every record or results directory a preset constant's source names."""
-    out = []
+def fitted_on(preset_data: dict[str, Any]) -> list[str]:
+    """Every record file or results directory the preset was fitted on: its ``fitted_on`` records (written by
+    ``timeshare sim calibrate``) and whatever a constant's ``source`` names."""
+    out = list((preset_data.get("fitted_on") or {}).get("records", []))
     for c in preset_data.get("constants", {}).values():
         for m in re.finditer(r"bench/results/[\w.\-/]+(?:#\w+)?", str(c.get("source", ""))):
-            path, _, section = m.group(0).rstrip("/.").partition("#")
-            out.append((path.rstrip("/"), section or None))
-    return out
+            out.append(m.group(0).partition("#")[0].rstrip("/."))
+    return sorted(set(out))
 
 
-def check_disjoint(preset_data: dict[str, Any], record: Record, section: str) -> None:
-    """Raise RecordError if ``section`` of ``record`` was used to fit the preset."""
+def check_blind(preset_data: dict[str, Any], record: Record) -> None:
+    """Raise RecordError if any part of ``record`` was used to fit the preset ([Note: validate is blind])."""
     name = record.name
-    parent = str(Path(name).parent)
-    for path, sec in fitted_on(preset_data):
-        if path == parent or (path == name and sec in (None, section)):
+    for path in fitted_on(preset_data):
+        if name == path or name.startswith(path.rstrip("/") + "/"):
             raise RecordError(
-                f"{name}#{section} is in the fit set of preset {preset_data.get('name')!r} (a constant's source "
-                f"names {path}{'#' + sec if sec else ''}); validate on records the preset was not fitted to, or "
-                "calibrate a preset without it"
+                f"{name} is in the fit set of preset {preset_data.get('name')!r} (fitted on {path}): validate is "
+                "blind to its own answers, so no part of a validated file may have been fitted; validate on records "
+                "the preset was not fitted to, or calibrate a preset without it"
             )
 
 
@@ -148,58 +161,58 @@ def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iter
     return out
 
 
-def late_steps(nominal: float, measured: float, period_s: float, steps: int) -> int:
-    """How many of ``steps`` measured steps ended one poll period late, as the measured mean over them says best:
-    the ``k`` in ``0..steps`` that puts ``nominal + k * period_s / steps`` nearest ``measured``."""
-    return min(range(steps + 1), key=lambda k: abs(nominal + k * period_s / steps - measured))
+def _expected_note(pred: Any, phase: str) -> str:
+    late = [ph for ph in pred.poll_late if phase in (ph, "total", "switch_cost")]
+    if not late:
+        return ""
+    period = pred.poll_period_s * len(late)
+    base = pred.expected(phase) - pred.poll_late_rate * period
+    return (f"expected: {base:.3f} s modelled + {pred.poll_late_rate:.3f} x {period:g} s late polls (rate fitted on "
+            f"probe records), range {base:.3f}-{base + period:.3f} s")
 
 
-def validate_switch_window(record: MultiGpuRecord, preset: str, *, tolerance: float = SWITCH_TOLERANCE,
-                           floor_s: float = ABS_FLOOR_S) -> tuple[list[Row], dict[str, Any]]:
-    """Rows per policy and phase, and facts: predicted/measured ranking, NCCL memory in the rollout."""
+def validate_switch_window(record: MultiGpuRecord, preset: str, *,
+                           tolerance: float = SWITCH_TOLERANCE) -> tuple[list[Row], dict[str, Any]]:
+    """Rows per policy: each phase, the window and the switch cost (where measured); and facts: predicted/measured
+    ranking (by switch cost where every policy has one, else by window), NCCL memory in the rollout, and for each
+    phase that may end a poll period late the range of its figure (on time in every step to late in every step)."""
     from sim.presets import load_preset_data
+    from sim.models.switch_cost import recorded_switch_cost
     from sim.models.topology import Topology
 
     sw = record.switch_window
     if sw is None:
         raise RecordError(f"{record.name}: no switch_window to validate")
     data = load_preset_data(preset)
-    check_disjoint(data, record, "switch_window")
+    check_blind(data, record)
     topo = Topology(data, where=f"preset {preset!r}")
     if record.world_size > topo.num_gpus:
         raise RecordError(f"{record.name}: world size {record.world_size} does not fit preset {preset!r} "
                           f"({topo.num_gpus} GPUs)")
     predicted = simulate_switch_window(preset, dict(sw.settings), sw.results)
-    n = sw.settings["steps"] - sw.settings["warmup"]
-    rows, totals, late = [], {}, {}
+    rows, measured_cost, predicted_cost, ranges = [], {}, {}, {}
     for name, meas in sw.results.items():
         pred = predicted[name]
-        k_sum = 0
-        for phase in PHASES:
-            value, note = getattr(pred, phase), ""
-            if phase in pred.poll_late and meas[phase] is not None:
-                per_step = sw.steps.get(name, {}).get(phase)
-                if per_step:  # each measured step's own figure says whether it was late
-                    k = sum(d - value > pred.poll_period_s / 2 for d in per_step[sw.settings["warmup"]:])
-                    how = "per the steps' spans"
-                else:
-                    k = late_steps(value, meas[phase], pred.poll_period_s, n)
-                    how = "per the mean"
-                value, note = value + k * pred.poll_period_s / n, f"{k} of {n} steps one poll late ({how})"
-                k_sum += k
-                late[f"{name} {phase}"] = (k, n)
+        for phase in (*PHASES, "total"):
             if meas[phase] is not None:
-                rows.append(Row(record.name, f"{name} {phase}", meas[phase], value, tolerance, floor_s, note))
-        totals[name] = pred.total + k_sum * pred.poll_period_s / n
-        if meas["total"] is not None:
-            rows.append(Row(record.name, f"{name} total", meas["total"], totals[name], tolerance, floor_s,
-                            f"{k_sum} late phase-steps of {n} steps" if pred.poll_late else ""))
-    measured_order = sorted(sw.results, key=lambda p: sw.results[p]["total"])
-    predicted_order = sorted(sw.results, key=lambda p: totals[p])
-    nominal_order = sorted(sw.results, key=lambda p: predicted[p].total)
+                what = f"{name} {'window' if phase == 'total' else phase}"
+                rows.append(Row(record.name, what, meas[phase], pred.expected(phase), tolerance,
+                                _expected_note(pred, phase)))
+                if phase in pred.poll_late:
+                    ranges[what] = (getattr(pred, phase), getattr(pred, phase) + pred.poll_period_s)
+        cost = recorded_switch_cost(sw.results, name)
+        if cost is not None and pred.switch_cost is not None:
+            measured_cost[name], predicted_cost[name] = cost.total, pred.expected("switch_cost")
+            rows.append(Row(record.name, f"{name} switch cost", cost.total, predicted_cost[name], tolerance,
+                            _expected_note(pred, "switch_cost")))
+    by_cost = len(measured_cost) == len(sw.results)
+    measured_key = measured_cost if by_cost else {p: sw.results[p]["total"] for p in sw.results}
+    predicted_key = predicted_cost if by_cost else {p: predicted[p].expected("total") for p in sw.results}
     memory = {p: (sw.results[p]["held_in_rollout_gib"], predicted[p].held_in_rollout_gib) for p in sw.results}
-    return rows, {"measured_order": measured_order, "predicted_order": predicted_order,
-                  "nominal_order": nominal_order, "poll_late": late, "memory_gib": memory}
+    return rows, {"measured_order": sorted(sw.results, key=measured_key.get),
+                  "predicted_order": sorted(sw.results, key=predicted_key.get),
+                  "ranked_by": "switch cost" if by_cost else "window", "memory_gib": memory,
+                  "late_range": ranges}
 
 
 def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = OFFLOAD_TOLERANCE) -> list[Row]:
@@ -207,7 +220,7 @@ def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = O
     from sim.calibrate.calibration import compare
     from sim.presets import load_preset_data
 
-    check_disjoint(load_preset_data(preset), record, "shapes")
+    check_blind(load_preset_data(preset), record)
     rows = []
     for r in compare(dict(record.data), preset=preset, line_rates="preset"):
         rows.append(Row(record.name, f"{r['shape']} {r['phase']}", r["measured_s"], r["predicted_s"], tolerance))
@@ -221,7 +234,7 @@ def validate_dedup(record: MultiGpuRecord, preset: str, offload_preset: str, *,
     from sim.presets import load_preset_data
 
     for p in (preset, offload_preset):
-        check_disjoint(load_preset_data(p), record, "dedup")
+        check_blind(load_preset_data(p), record)
     return [Row(record.name, what, measured, predicted, tolerance)
             for what, measured, predicted in compare_dedup(record, preset, offload_preset)]
 
@@ -230,16 +243,29 @@ def format_rows(rows: list[Row]) -> str:
     """A table: measured, predicted, error and verdict per row."""
     lines = [f"{'record / what':<70}{'measured s':>12}{'predicted s':>13}{'error':>9}  verdict"]
     for r in rows:
-        err = f"{r.rel_error:+.1%}" if r.measured else "-"
-        limit = f"{r.tolerance:.0%}" + (f" (floor {r.floor_s:g} s)" if r.floor_s and r.measured < r.floor_s else "")
+        err = f"{r.rel_error:+.1%}" if r.scored else "-"
+        verdict = ("ok" if r.ok else "OUTSIDE") if r.scored else "not scored (measured 0)"
         lines.append(f"{(Path(r.record).parent.name + ' ' + r.what)[:69]:<70}{r.measured:>12.4f}{r.predicted:>13.4f}"
-                     f"{err:>9}  {'ok' if r.ok else 'OUTSIDE'} {limit}" + (f"; {r.note}" if r.note else ""))
+                     f"{err:>9}  {verdict} {r.tolerance:.0%}" + (f"; {r.note}" if r.note else ""))
     return "\n".join(lines)
 
 
 def median_abs_error(rows: list[Row]) -> float:
-    """The median |relative error| of the rows (0 without rows)."""
-    return statistics.median(abs(r.rel_error) for r in rows) if rows else 0.0
+    """The median |relative error| of the scored rows (0 without any)."""
+    errs = [abs(r.rel_error) for r in rows if r.scored]
+    return statistics.median(errs) if errs else 0.0
+
+
+def score(rows: list[Row]) -> str:
+    """The score line of a set of rows: figures of 0.1 s and more, and figures under 0.1 s, apart, each as
+    "k of n within tolerance" with the median relative error ([Note: validate is blind])."""
+    parts = []
+    for label, part in ((f">= {SHORT_S:g} s", [r for r in rows if r.scored and not r.short]),
+                        (f"< {SHORT_S:g} s", [r for r in rows if r.scored and r.short])):
+        ok = sum(r.ok for r in part)
+        parts.append(f"{label}: {ok} of {len(part)} within tolerance (median |error| {median_abs_error(part):.1%})")
+    zero = sum(not r.scored for r in rows)
+    return "; ".join(parts) + (f"; {zero} measured as 0 (not scored)" if zero else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -249,59 +275,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="preset for switch-window records (default: the shipped calibrated hgx-h200-8x)")
     parser.add_argument("--offload-preset", default="calibrated/h200-1x",
                      help="preset for offload reports (default: the shipped calibrated h200-1x)")
-    parser.add_argument("--tolerance", type=float, default=0.15, help="per switch-window phase (default 0.15)")
+    parser.add_argument("--tolerance", type=float, default=0.15, help="per switch-window figure (default 0.15)")
     parser.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
-    parser.add_argument("--floor-s", type=float, default=0.1,
-                     help="phases shorter than this are held to tolerance x this many seconds (default 0.1)")
     parser.add_argument("--no-dedup", action="store_true",
                         help="leave out the dedup section of multigpu records (its replay takes a few seconds)")
+
+
+def _validate_record(rec: Record, args: argparse.Namespace) -> tuple[list[Row], bool] | None:
+    """(rows, ranking the same) of one record, printing its facts; None where it has nothing to validate."""
+    if isinstance(rec, OffloadRecord):
+        return validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance), True
+    if not isinstance(rec, MultiGpuRecord) or (rec.switch_window is None and not rec.dedup):
+        print(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
+        return None
+    rows: list[Row] = []
+    if rec.dedup and not args.no_dedup:
+        rows += validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
+    same = True
+    if rec.switch_window is not None:
+        r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance)
+        rows += r
+        same = facts["measured_order"] == facts["predicted_order"]
+        if rec.eager_init:
+            print(f"{rec.name}: measured with the default group bound to a device (NCCL initialised at "
+                  "new_group); the simulator models torch's lazy init, so rebuilds are predicted cheaper")
+        print(f"{rec.name}: policies by {facts['ranked_by']}, measured {' < '.join(facts['measured_order'])}; "
+              f"predicted {' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
+        for pol, (meas, pred) in facts["memory_gib"].items():
+            if meas is not None:
+                print(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
+                      "(reported, not checked)")
+    return rows, same
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
     from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-    from sim.presets import PresetError, load_preset_data
-    from sim.calibrate.records import load_record
+    from sim.presets import PresetError
+    from sim.calibrate.records import held_out, load_record
 
-    rows, orders_ok, checked = [], True, 0
+    rows, orders_ok, checked, held = [], True, 0, []
     try:
         for path in args.records:
             rec = load_record(path)
-            dedup_rows = []
-            if isinstance(rec, MultiGpuRecord) and rec.dedup and not args.no_dedup:
-                dedup_rows = validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
-            window = isinstance(rec, MultiGpuRecord) and rec.switch_window is not None
-            if window and dedup_rows:  # a switch window the preset was fitted on leaves the dedup rows to check
-                try:
-                    check_disjoint(load_preset_data(args.preset), rec, "switch_window")
-                except RecordError as exc:
-                    print(f"{rec.name}: switch_window not validated: {exc}")
-                    window = False
-            if isinstance(rec, MultiGpuRecord) and not window and dedup_rows:
-                rows += dedup_rows
-            elif window:
-                rows += dedup_rows
-                r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance, floor_s=args.floor_s)
-                rows += r
-                same = facts["measured_order"] == facts["predicted_order"]
-                orders_ok &= same
-                if rec.eager_init:
-                    print(f"{rec.name}: measured with the default group bound to a device (NCCL initialised at "
-                          "new_group); the simulator models torch's lazy init, so rebuilds are predicted cheaper")
-                print(f"{rec.name}: policies by total, measured {' < '.join(facts['measured_order'])}; predicted "
-                      f"{' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})"
-                      + ("" if facts["nominal_order"] == facts["predicted_order"] else
-                         f"; with every step on time the model ranks {' < '.join(facts['nominal_order'])}"))
-                for pol, (meas, pred) in facts["memory_gib"].items():
-                    if meas is not None:
-                        print(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
-                              "(reported, not checked)")
-            elif isinstance(rec, OffloadRecord):
-                rows += validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance)
-            else:
-                print(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
+            got = _validate_record(rec, args)
+            if got is None:
                 continue
+            rows += got[0]
+            orders_ok &= got[1]
             checked += 1
+            if held_out(rec.name):
+                held += got[0]
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -309,9 +333,12 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
           + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
+    print(f"score: {score(rows)}")
+    if held:
+        print(f"held-out records (no calibration read them): {score(held)}")
     return EXIT_OK if rows and not bad and orders_ok else EXIT_FAILED
 
 
-__all__ = ["ABS_FLOOR_S", "OFFLOAD_TOLERANCE", "Row", "SWITCH_TOLERANCE", "add_arguments", "check_disjoint",
-           "fitted_on", "format_rows", "late_steps", "median_abs_error", "run", "simulate_switch_window", "validate_dedup",
-           "validate_offload", "validate_switch_window"]
+__all__ = ["OFFLOAD_TOLERANCE", "Row", "SHORT_S", "SWITCH_TOLERANCE", "add_arguments", "check_blind",
+           "fitted_on", "format_rows", "median_abs_error", "run", "score", "simulate_switch_window",
+           "validate_dedup", "validate_offload", "validate_switch_window"]

@@ -172,8 +172,24 @@ class Rendezvous:
         p.count += 1
         if p.count == spec.size:
             del self._pending[key]
-            self._world.engine.schedule(self._cost(p), self._complete, p)
+            self._schedule_complete(p)
         return arrival
+
+    def _schedule_complete(self, p: Pending) -> None:
+        """Every member arrived: complete ``p`` when its cost has passed (between nodes, through the shared NICs)."""
+        w = self._world
+        if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.models.collectives
+            extra = w.comm.first_use(w.resolve_backend(p.spec)) if getattr(w.comm, "init_at_collective", False) else 0.0
+            w.collective_cost.run(p.op, p.spec.ranks, p.nbytes, extra, lambda: self._complete(p), p.spec.name)
+        else:
+            w.engine.schedule(self._cost(p), self._complete, p)
+
+    def _shares_nics(self, p: Pending) -> bool:
+        """True for an NCCL collective between nodes on a collective model that shares the NICs."""
+        w = self._world
+        spans = getattr(w.collective_cost, "spans_nodes", None)
+        return (p.seq != CREATE_SEQ and spans is not None and w.resolve_backend(p.spec).backend == "nccl"
+                and spans(p.spec.ranks, p.nbytes))
 
     def _cost(self, p: Pending) -> float:
         w = self._world

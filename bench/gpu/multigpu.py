@@ -163,8 +163,6 @@ def switch_window(args, checks: list) -> dict:
               f"cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; mean of steps "
               f"{args.warmup + 1}-{args.steps}")
     log(format_results(results, header))
-    log("first collectives after the wake (training, outside the window): "
-        + ", ".join(f"{r.policy} {r.first_use_after_wake:.3f} s" for r in results if r.first_use_after_wake is not None))
     by = {r.policy: r for r in results}
     if "DESTROY" in by and "DESTROY_DEFERRED" in by:
         base, dd = by["DESTROY"].total, by["DESTROY_DEFERRED"].total
@@ -181,11 +179,10 @@ def switch_window(args, checks: list) -> dict:
             goals.append({"row": row, "window_vs_destroy_deferred": r.total / dd.total,
                           "window_goal_met": r.total <= 0.5 * dd.total,
                           "held_vs_paused_live": held, "memory_goal_met": held is not None and held <= 0.02,
-                          "per_step_with_first_use_vs_destroy_deferred":
-                              (r.total + (r.first_use_after_wake or 0)) / (dd.total + (dd.first_use_after_wake or 0)),
+                          "switch_cost_vs_destroy_deferred": r.switch_cost / dd.switch_cost,
                           "bitwise_after_every_wake": r.bitwise_after_wake})
-            log(f"issue 12 goal, {row}: window {r.total:.3f} s = {r.total / dd.total:.3f} x DESTROY_DEFERRED "
-                f"(goal <= 0.5), NCCL memory in the rollout "
+            log(f"{row}: switch cost {r.switch_cost:.3f} s = {r.switch_cost / dd.switch_cost:.3f} x DESTROY_DEFERRED's, "
+                f"window {r.total:.3f} s = {r.total / dd.total:.3f} x (goal <= 0.5), NCCL memory in the rollout "
                 f"{'unknown' if held is None else f'{held:.4f}'} x PAUSED_LIVE's (goal <= 0.02), bitwise after every "
                 f"wake: {r.bitwise_after_wake}")
     out = {"settings": {"dp": n, "tp": 1, "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,

@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,6 +314,26 @@ def poll_phase_spread(data: Mapping[str, Any], where: str = "record") -> tuple[f
     return worst, how
 
 
+def late_walks(data: Mapping[str, Any], where: str = "record", poll_s: float = 0.5) -> tuple[int, int, str]:
+    """``(late, walks, how)`` of a destroy-walk probe record: of its walks over every group the training step had
+    just initialised (the walks with the most initialised destroys), slowest rank per walk, how many took more than
+    half a poll period longer than the record's median such walk (a whole period late: [Note: one poll period
+    more]). What ``timeshare sim calibrate`` fits the late-walk rate on."""
+    destroys = probe_destroys(data, where)
+    walks: dict[int, dict[int, list[ProbeDestroy]]] = {}
+    for d in destroys:
+        walks.setdefault(d.walk, {}).setdefault(d.rank, []).append(d)
+    used = {w: max(sum(d.since_init is not None for d in ds) for ds in by_rank.values()) for w, by_rank in walks.items()}
+    full = max(used.values(), default=0)
+    if full < 2:
+        raise WalkRecordError(f"{where}: no walk destroys two or more initialised groups; no late walks to count")
+    slowest = [max(ds[-1].end - ds[0].start for ds in walks[w].values()) for w in sorted(walks) if used[w] == full]
+    median = statistics.median(slowest)
+    late = sum(t > median + poll_s / 2 for t in slowest)
+    return late, len(slowest), (f"{late} of {len(slowest)} walks over the {full} groups just initialised took over "
+                                f"{median + poll_s / 2:.3f} s (median {median:.3f} s + half a period)")
+
+
 def probe_report(data: Mapping[str, Any], where: str = "record", poll_s: float = 0.5) -> list[str]:
     """Per rank and walk of a probe record: its destroys, duration, and the destroys that waited one poll period
     more after their init than the walk's first initialised one (the missed timeouts)."""
@@ -470,6 +491,6 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-__all__ = ["DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "WalkRecordError", "init_passes",
+__all__ = ["late_walks", "DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "WalkRecordError", "init_passes",
            "main", "mesh_walks", "nccl_log_lines", "poll_phase_spread", "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
            "uds_report", "uds_threads", "walks_from_spans"]

@@ -57,7 +57,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.presets import load_preset_data
-from sim.calibrate.records import AgreementRecord, DestroyWalkRecord, MultiGpuRecord, Record, RecordError, ScrubProbeRecord
+from sim.calibrate.records import (AgreementRecord, DestroyWalkRecord, MultiGpuRecord, Record, RecordError,
+                                    ScrubProbeRecord, held_out)
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,10 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
                 raise RecordError(str(exc)) from None
             out.append(Observation("nccl_poll_phase_spread", spread, rec.name,
                                    f"{rec.policy}, {rec.world_size} ranks, {how}: the range"))
+            from sim.calibrate.destroy_walks import late_walks
+
+            late, walks, how = late_walks(rec.data, rec.name)
+            out.append(Observation("nccl_poll_late_rate", late / walks, rec.name, f"{rec.policy}: {how}"))
             continue
         if not isinstance(rec, MultiGpuRecord) or rec.comm_raw is None:
             log.info("%s: nothing to fit (no comm_raw)", rec.name)
@@ -213,6 +218,7 @@ _UNITS = {
     "pg_create": ("ms", 1e3, "create_group"), "nccl_destroy_uninitialized": ("ms", 1e3, "destroy_uninitialized"),
     "nccl_resume_first_collective": ("s", 1.0, "resume_first_collective"), "nccl_proxy_poll": ("ms", 1e3, "proxy_poll"),
     "gloo_agreement": ("ms", 1e3, "agreement"), "nccl_poll_phase_spread": ("ms", 1e3, "poll_phase_spread"),
+    "nccl_poll_late_rate": ("1", 1.0, "poll_late_rate"),
 }
 
 
@@ -230,6 +236,8 @@ def calibrated_preset(base: str, records: Iterable[Record], *,
     multi-rank communicator, once everything else is fitted (:mod:`sim.calibrate.fit_window`; it replaces the
     ``comm_raw`` figure of that constant).
     """
+    records, canary_from = list(records), list(canary_from)
+    refuse_held_out([*records, *canary_from])
     data = copy.deepcopy(load_preset_data(base))
     consts = data["constants"]
     pg = consts.get("pg_create")
@@ -268,9 +276,40 @@ def calibrated_preset(base: str, records: Iterable[Record], *,
                             f"--canary-from ({'mean of ' if len(derived) > 1 else ''}{parts})"}
         data["comm"]["resume_first_collective_multi"] = CONSTANT
     data["name"] = f"{data.get('name', base)}-calibrated"
-    data["description"] = (f"{data.get('description', base)}; communicator and scrub constants fitted by "
-                           f"timeshare sim calibrate on {sorted({o.record.split('#')[0] for o in obs})}")
+    used = sorted({o.record.split("#")[0] for o in obs})
+    words = fit_words([r for r in (*records, *canary) if r.name in used])
+    data["description"] = f"{data.get('description', base)}; communicator and scrub constants fitted on {words}"
+    #: every record a constant was computed from: timeshare sim validate refuses these files whole
+    data["fitted_on"] = {"records": used, "words": words}
     return data, obs
+
+
+def refuse_held_out(records: Iterable[Record]) -> None:
+    """Raise RecordError if a record is held out (:data:`sim.calibrate.records.HELD_OUT`): no fit may read it."""
+    for rec in records:
+        if held_out(rec.name):
+            raise RecordError(f"{rec.name} is held out: no calibration may read it (it is scored apart by timeshare "
+                              "sim validate); fit on the other records")
+
+
+def fit_words(records: Iterable[Record]) -> str:
+    """What a set of fit records measured, in words a user has (machines and what was timed; no file names)."""
+    parts: list[str] = []
+    for rec in records:
+        if isinstance(rec, ScrubProbeRecord):
+            part = "the driver's scrub of freed memory on one H200"
+        elif isinstance(rec, AgreementRecord):
+            part = f"the lifecycle's agreement on a {rec.world_size}-GPU H200 host"
+        elif isinstance(rec, DestroyWalkRecord):
+            part = f"destroy walks of the 14 Megatron groups on {rec.world_size} x H200"
+        elif isinstance(rec, MultiGpuRecord):
+            machine = "one H200" if rec.world_size == 1 else f"{rec.world_size} x H200"
+            part = f"NCCL communicator costs on {machine}"
+        else:
+            continue
+        if part not in parts:
+            parts.append(part)
+    return ", ".join(parts) + " (this project's measurements)"
 
 
 def write_preset(data: dict[str, Any], out: str | Path) -> Path:
@@ -283,5 +322,5 @@ def write_preset(data: dict[str, Any], out: str | Path) -> Path:
     return path
 
 
-__all__ = ["NCCL_PROXY_POLL_S", "Observation", "calibrated_preset", "fit_destroy", "observations", "replay_destroys",
+__all__ = ["fit_words", "refuse_held_out", "NCCL_PROXY_POLL_S", "Observation", "calibrated_preset", "fit_destroy", "observations", "replay_destroys",
            "write_preset"]

@@ -12,7 +12,8 @@ from typing import Any
 from sim.planner.plan_model import Layout
 
 #: one colour per kind of timeline segment, the same in every picture (colour-blind-safe palette)
-SEGMENT_COLOURS = {"compute": "#0072B2", "switch": "#E69F00", "switch out": "#D55E00", "weight sync": "#009E73"}
+SEGMENT_COLOURS = {"compute": "#0072B2", "switch": "#E69F00", "switch out": "#D55E00", "weight sync": "#009E73",
+                   "first use after wake": "#CC79A7"}
 
 
 def _step(o: dict[str, Any]) -> str:
@@ -130,9 +131,11 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
     if rec is not None:
         lines.append(f"reason: {plan['reason']}")
     if plan.get("pg_switch_windows"):
-        lines.append("PG-policy switch windows over the Megatron families (sleep + update_weights + wake_up, s): "
-                     + ", ".join(f"{p} {w['sleep']:.2f} + {w['update_weights']:.2f} + {w['wake_up']:.2f} = "
-                                 f"{w['total']:.2f}" for p, w in plan["pg_switch_windows"].items() if p != "none"))
+        lines.append("PG-policy switch costs over the Megatron families (sleep + update_weights + wake_up + the first "
+                     "collectives' extra after the wake, s): "
+                     + ", ".join(f"{p} {w['sleep']:.2f} + {w['update_weights']:.2f} + {w['wake_up']:.2f} + "
+                                 f"{w['first_use']:.2f} = {w['switch_cost']:.2f}"
+                                 for p, w in plan["pg_switch_windows"].items() if p != "none"))
     lines.append(f"{len(plan['outcomes'])} candidates, {plan['simulations']} simulations "
                  f"({plan['simulation_wall_s']:.1f} s of {plan['wall_s']:.1f} s wall)")
     from refimpl.output import wrap

@@ -204,17 +204,21 @@ def _compare(args: argparse.Namespace) -> int:
 def _list(wide: bool = False) -> int:
     """Every preset a command accepts, with what it is and what its figures were measured or fitted on."""
     from refimpl.output import table
-    from sim.presets import PRESET_DIR, list_presets, list_scenarios, load_preset_data, scenario_path
+    from sim.presets import list_calibrated, list_presets, list_scenarios, load_preset_data, scenario_path
     from sim.presets.wording import basis, in_user_words
 
     rows = []
-    names = list_presets() + [f"calibrated/{p.stem}" for p in sorted((PRESET_DIR / "calibrated").glob("*.json"))]
-    for name in names:
+    calibrated = list_calibrated()
+    for name in list_presets() + calibrated:
         data = load_preset_data(name)
         nodes = data.get("nodes", 1)
         gpus = sum(1 for e in data.get("node", {}).get("elements", []) if e.get("kind") == "gpu")
         desc = in_user_words(str(data.get("description", "")))
-        rows.append([name, f"{gpus}" + (f" x {nodes} nodes" if nodes > 1 else ""), desc, basis(data)])
+        if name in calibrated:  # measured constants: what they were fitted on; the default for its machine
+            where = "fitted on " + in_user_words(str(data.get("fitted_on", {}).get("words", "measurements")))
+        else:
+            where = basis(data) + (f"; plan and bench use calibrated/{name}" if f"calibrated/{name}" in calibrated else "")
+        rows.append([name, f"{gpus}" + (f" x {nodes} nodes" if nodes > 1 else ""), desc, where])
     print(table(["preset (--topology, --cluster)", "GPUs", "what it is", "constants: where from"], rows, wide=wide,
                 title="topology presets (every constant's source: timeshare sim run --json, topology.constants)"))
     print()

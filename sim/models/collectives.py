@@ -71,6 +71,21 @@ _RING_STEPS = {
 _TREE_STEPS = {"all_reduce": lambda n: 2 * math.ceil(math.log2(n)), "broadcast": lambda n: math.ceil(math.log2(n))}
 
 
+#: collectives across nodes of fewer bus bytes than this are latency-bound: timed alone, they share no NIC
+#: (NCCL's LL protocols carry such sizes; the lifecycle's probes, canaries and agreements are a few bytes)
+SHARE_MIN_BYTES = 1 << 20
+
+
+def _delay_to(now: float, t: float) -> float:
+    """The delay that, added to ``now``, gives exactly ``t`` in floating point (``t - now``, nudged an ulp)."""
+    d = max(0.0, t - now)
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    while d > 0 and now + d > t:
+        d = math.nextafter(d, -math.inf)
+    return d
+
+
 class CollectiveCostError(ValueError):
     """A collective cost was asked for something the model does not know."""
 
@@ -84,22 +99,115 @@ class TopologyCollectiveCost:
         self._bus: dict[tuple[int, ...], tuple[float, LinkKind, bool]] = {}
 
     def bus(self, ranks: tuple[int, ...]) -> tuple[float, LinkKind, bool]:
-        """``(bus bandwidth B in bytes/s, bottleneck link kind, spans nodes)`` of a ring over ``ranks``."""
+        """``(bus bandwidth B in bytes/s, bottleneck link kind, spans nodes)`` of a ring over ``ranks``.
+
+        Every hop is held to each link it crosses at NCCL's efficiency on that link: a hop between nodes to the
+        NICs' aggregate at the network efficiency and to the GPUs' own links (NVLink to the NICs, PXN) at theirs,
+        so no ring gets more than any link it uses carries."""
         hit = self._bus.get(ranks)
         if hit is not None:
             return hit
+        own, own_kind = self._own(ranks)
+        nic = self.nic_share_capacity()
+        multi = len({self.topology.node_of(r) for r in ranks}) > 1
+        if multi and not nic > 0:
+            order = sorted(ranks)
+            self.topology.p2p(order[0], order[-1])  # raises: nodes without NICs
+        out = (nic, LinkKind.NETWORK, True) if multi and nic < own else (own, own_kind, multi)
+        self._bus[ranks] = out
+        return out
+
+    def _own(self, ranks: tuple[int, ...]) -> tuple[float, LinkKind]:
+        """The ring's bottleneck over every link but the NICs (each at its efficiency), and its kind."""
         topo, eff = self.topology, self.params.efficiency
         best, kind = math.inf, LinkKind.NVLINK
         order = sorted(ranks)
-        nodes = {topo.node_of(r) for r in order}
         for a, b in zip(order, order[1:] + order[:1]):
-            bw, k = topo.p2p(a, b)
-            bw *= eff[k]
+            if a == b:
+                continue
+            if topo.node_of(a) == topo.node_of(b):
+                bw, k = topo.p2p(a, b)
+                bw *= eff[k]
+            else:  # the GPUs' own widest links carry the hop to the NICs
+                bw, k = topo.gpu_link_bandwidth(a, b), LinkKind.NVLINK
+                bw *= eff[k]
             if bw < best:
                 best, kind = bw, k
-        out = (best, kind, len(nodes) > 1)
-        self._bus[ranks] = out
-        return out
+        return best, kind
+
+    def nic_share_capacity(self) -> float:
+        """What one node's NICs carry out of it for collectives (bytes/s): their aggregate at the network efficiency
+        (math.inf for a one-node topology)."""
+        if self.topology.nodes <= 1:
+            return math.inf
+        return self.topology.nic_bandwidth() * self.params.efficiency.get(LinkKind.NETWORK, 1.0)
+
+    # ------------------------------------------------------------------ NICs shared by concurrent collectives
+
+    def bind(self, world) -> None:
+        """Attach to the world's engine: collectives that span nodes then share the NICs (:meth:`run`)."""
+        from sim.models.flows import FlowNetwork
+
+        self._engine = world.engine
+        nic = self.nic_share_capacity()
+        self._net = (FlowNetwork({f"nic:n{k}": nic for k in range(self.topology.nodes)}) if 0 < nic < math.inf
+                     else None)
+        self._seq = 0
+
+    def spans_nodes(self, ranks: tuple[int, ...], nbytes: int = SHARE_MIN_BYTES) -> bool:
+        """True if a collective of ``nbytes`` over ``ranks`` crosses nodes with enough bytes to share the NICs with
+        other such collectives (:data:`SHARE_MIN_BYTES`; a smaller one is latency-bound and timed alone)."""
+        return (getattr(self, "_net", None) is not None and nbytes >= SHARE_MIN_BYTES
+                and self.bus(tuple(ranks))[2])
+
+    def run(self, op: str, ranks: tuple[int, ...], nbytes: int, extra_s: float, on_done, group: str = "") -> None:
+        """Complete a collective through the engine: ``extra_s`` (lazy init) and the latency, then its bytes.
+
+        [Note: NICs shared among collectives] A collective between nodes moves ``f(n) * nbytes`` over every
+        spanned node's NICs as a flow, max-min fair with the other collectives crossing those NICs at the time (and
+        held to its own ring's bottleneck over the other links), so eight groups all-reducing across two nodes at
+        once get an eighth of the NICs each. A lone one takes :meth:`time`, to the last bit. Only collectives of
+        :data:`SHARE_MIN_BYTES` or more come here (:meth:`spans_nodes`)."""
+        ranks = tuple(ranks)
+        if op == "barrier":
+            op, nbytes = "all_reduce", 4
+        if op not in BUS_FACTOR:
+            raise CollectiveCostError(f"unknown collective {op!r}; known: {sorted(BUS_FACTOR)} and 'barrier'")
+        wait = extra_s + self.latency(op, ranks)
+        nodes = sorted({self.topology.node_of(r) for r in ranks})
+        own, _ = self._own(ranks)
+        bus_bytes = BUS_FACTOR[op](len(ranks)) * nbytes
+        # alone, it ends exactly when the closed form says (the same sum, not a sum split in two)
+        alone = self._engine.now + (self.time(op, ranks, nbytes) + extra_s)
+        self._engine.schedule(wait, self._begin, group, ranks, nodes, own, bus_bytes, alone, on_done)
+
+    def _begin(self, group: str, ranks: tuple[int, ...], nodes: list[int], own: float, nbytes: float, alone: float,
+               on_done) -> None:
+        """The collective's bytes start to flow (its events are its group's: ``group`` first, for a folded run)."""
+        from sim.models.flows import Flow
+
+        self._seq += 1
+        cap = f"own:{','.join(map(str, ranks))}"  # one per group: its collectives run in order on its stream
+        self._net.add_resource(cap, own)
+        res = self._net.resources([*(f"nic:n{k}" for k in nodes), cap])
+        flow = Flow(self._seq, res, nbytes, self._engine.now, on_done, f"collective over nodes {nodes}", (group,))
+        changed = self._net.add(flow, self._engine.now)
+        if flow.rate == self.bus(ranks)[0]:  # nothing shares its NICs now: the closed form's end
+            flow.event = self._engine.schedule(_delay_to(self._engine.now, alone), self._finish, flow)
+            changed = [f for f in changed if f is not flow]
+        self._retime(changed)
+
+    def _retime(self, flows) -> None:
+        for f in flows:
+            if f.event is not None:
+                f.event.cancel()
+            f.event = self._engine.schedule(f.remaining / f.rate, self._finish, f)
+
+    def _finish(self, flow) -> None:
+        flow.event = None
+        flow.remaining = 0.0
+        self._retime(self._net.remove(flow, self._engine.now))
+        flow.on_done()
 
     def latency(self, op: str, ranks: tuple[int, ...]) -> float:
         """Latency part of the cost: the better of ring and (across nodes) tree."""
@@ -258,4 +366,4 @@ class NcclComm:
         return self._p(spec).resume_s
 
 
-__all__ = ["BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]
+__all__ = ["SHARE_MIN_BYTES", "BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]

@@ -92,6 +92,19 @@ class FlowNetwork:
         self.users: list[dict[int, Flow]] = [{} for _ in self.names]
         self.flows: dict[int, Flow] = {}
 
+    def add_resource(self, name: str, capacity: float) -> int:
+        """Add a resource (or return the existing one's index): e.g. one collective's own bottleneck."""
+        if name in self.index:
+            return self.index[name]
+        if not capacity > 0:
+            raise FlowError(f"resource {name!r}: capacity must be > 0 bytes/s, got {capacity}")
+        self.index[name] = len(self.names)
+        self.names.append(name)
+        self.base.append(float(capacity))
+        self.factor.append(1.0)
+        self.users.append({})
+        return self.index[name]
+
     def resources(self, names: Iterable[str]) -> tuple[int, ...]:
         """Indices of resource names (raises FlowError naming an unknown one)."""
         out = []

@@ -271,6 +271,14 @@ class Topology:
         own = min(self._gpu_max_link(la), self._gpu_max_link(lb))
         return min(nic_bw, own), LinkKind.NETWORK if nic_bw <= own else LinkKind.NVLINK
 
+    def nic_bandwidth(self) -> float:
+        """One node's NICs' aggregate bandwidth to the fabric (bytes/s, one direction; 0 without NICs)."""
+        return self._nic_bandwidth()
+
+    def gpu_link_bandwidth(self, rank_a: int, rank_b: int) -> float:
+        """The smaller of two ranks' GPUs' widest own links (bytes/s): what carries a hop between them to the NICs."""
+        return min(self._gpu_max_link(self._local(self.gpu(rank_a))), self._gpu_max_link(self._local(self.gpu(rank_b))))
+
     def constant(self, name: str) -> Constant:
         """A named constant of the preset, with its unit and source."""
         return self.constants[name]

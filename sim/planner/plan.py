@@ -112,12 +112,15 @@ class Planner:
 
     def __init__(self, inputs: PlanInputs, progress: Callable[[str], None] | None = None):
         self.inp = inputs
-        self.cluster_ref: Any = inputs.cluster  # the preset name, or its data cut to gpus_per_node
+        from sim.presets import preferred_preset
+
+        # the preset name (its calibrated variant where one is shipped), or its data cut to gpus_per_node
+        self.cluster_ref: Any = preferred_preset(inputs.cluster)
         if inputs.gpus_per_node is not None:
             from sim.presets import PresetError, first_gpus, load_preset_data
 
             try:
-                self.cluster_ref = first_gpus(load_preset_data(inputs.cluster), inputs.gpus_per_node)
+                self.cluster_ref = first_gpus(load_preset_data(self.cluster_ref), inputs.gpus_per_node)
             except PresetError as exc:
                 raise PlanInputError(f"--gpus-per-node / --cluster: {exc}") from None
         self.m = Machine(self.cluster_ref, inputs.nodes)
@@ -163,32 +166,45 @@ class Planner:
         tp = math.gcd(self.lay.tp, n)
         return n // tp, tp
 
+    def megatron_mesh(self) -> dict[str, int]:
+        """The Megatron sizes of the simulated node (:func:`sim.calibrate.switch_window.megatron_groups`): the layout's tp, pp,
+        cp and ep where they divide the node's GPUs (each cut to the part that does), dp the rest."""
+        n = min(self.m.per_node, self.m.gpus)
+        tp = math.gcd(self.lay.tp, n)
+        pp = math.gcd(self.lay.pp, n // tp)
+        cp = math.gcd(getattr(self.lay, "cp", 1), n // (tp * pp))
+        ep = math.gcd(self.lay.ep, n // pp)
+        return {"tp": tp, "pp": pp, "cp": cp, "dp": n // (tp * pp * cp), "ep": ep}
+
     def pg_window(self, pg_policy: str) -> dict[str, float]:
-        """The switch window of ``pg_policy`` over the Megatron group families of the node's dp x tp mesh (cached).
+        """The switch cost of ``pg_policy`` over the Megatron group families of the node's mesh (:meth:`megatron_mesh`:
+        the layout's tp, pp, cp and ep; cached).
 
         The lifecycle driver of ``timeshare bench switch-window`` on a simulated world of the plan's cluster:
         :data:`PG_STEPS` steps with no training time and the plan's full-memory rollout time, means of the steps
-        after :data:`PG_WARMUP`, slowest rank. ``first_use``: the training step's first collectives after the wake
-        (lazy NCCL init of rebuilt groups), charged to the training turn. ``held``: NCCL bytes kept in the rollout.
+        after :data:`PG_WARMUP`, slowest rank. ``first_use``: what the training step's first collectives after the wake
+        cost beyond the same collectives on live groups (lazy NCCL init of rebuilt groups), charged to the training
+        turn; ``switch_cost``: the window plus that ([Note: the switch cost] in :mod:`sim.models.switch_cost`), what the
+        plan's step pays for the policy. ``held``: NCCL bytes kept in the rollout.
         ``none`` (no lifecycle) costs nothing and holds what ``paused_live`` holds.
         """
         if pg_policy in self.pg_windows:
             return self.pg_windows[pg_policy]
-        from sim.calibrate.switch_window import first_use_after_wake, simulate, summarize
+        from sim.calibrate.switch_window import simulate, summarize
 
         pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
-        dp, tp = self._mesh()
         t0 = time.perf_counter()
-        per_rank = simulate(pol, dp=dp, tp=tp, steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
+        per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
                             cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
         self.sim_wall_s += time.perf_counter() - t0
         r = summarize(pol, per_rank, PG_WARMUP)
         held = (r.held_in_rollout_gib or 0.0) * GiB
         if pg_policy == "none":
-            out = {"sleep": 0.0, "update_weights": 0.0, "wake_up": 0.0, "total": 0.0, "first_use": 0.0, "held": held}
+            out = {"sleep": 0.0, "update_weights": 0.0, "wake_up": 0.0, "total": 0.0, "first_use": 0.0,
+                   "switch_cost": 0.0, "held": held}
         else:
             out = {"sleep": r.sleep, "update_weights": r.update_weights, "wake_up": r.wake_up, "total": r.total,
-                   "first_use": first_use_after_wake(per_rank, PG_WARMUP), "held": held}
+                   "first_use": r.first_use_extra, "switch_cost": r.switch_cost, "held": held}
         self.pg_windows[pg_policy] = out
         return out
 
@@ -328,14 +344,19 @@ class Planner:
             base = self._compute_s(r)
             if cpu_policy and r in trained:
                 base, _added = self._fsdp_cpu_train(r, base)
-            compute[r] = base + (costs[r]["train_overhead_s"] if r in trained else 0.0)
-        switch = 0.0
+            compute[r] = base
+        # the trained roles' first collectives after the wake (lazy NCCL init of rebuilt groups) are switch cost
+        # ([Note: the switch cost] in sim.models.switch_cost), paid at the start of their compute turn
+        first_use = {r: costs[r]["train_overhead_s"] for r in trained}
+        switch = sum(first_use.values())
         seq = roles
         for i, r in enumerate(seq):
             nxt = seq[(i + 1) % len(seq)]
             if r == "rollout":
                 timeline.append((r, "compute", rollout_s))
                 continue
+            if first_use.get(r):
+                timeline.append((r, "first use after wake", first_use[r]))
             timeline.append((r, "compute", compute[r]))
             off = costs[r]["offload_s"]
             if nxt == "rollout":

@@ -16,6 +16,7 @@ from refimpl.cli_errors import CliInputError  # bad input: the CLI answers it wi
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -270,12 +271,43 @@ class CommParams:
     poll_phase_spread_s: float = 0.0
     #: one collective on a Gloo group (a lifecycle agreement) on this host (0: timed like NCCL)
     agreement_s: float = 0.0
+    #: the fraction of walks over just-initialised groups that end one poll period late (fitted on probe records;
+    #: a marked phase's expected figure is its modelled one plus this many periods)
+    poll_late_rate: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None
 
     def for_size(self, ranks: int) -> "CommParams":
-        """The cost set of a communicator over ``ranks`` ranks (one-rank, or multi-rank where the preset has it)."""
-        return self.multi if ranks > 1 and self.multi is not None else self
+        """The cost set of a communicator over ``ranks`` ranks ([Note: communicator costs by size]): one-rank; the
+        multi-rank figures at two ranks; beyond, each time scaled as ``t1 + (t2 - t1) * log2(ranks)``."""
+        if ranks <= 1 or self.multi is None:
+            return self
+        if ranks == 2:
+            return self.multi
+        return _scaled(self, ranks)
+
+
+#: the times of a communicator that grow with its size ([Note: communicator costs by size])
+SIZE_SCALED = ("suspend_s", "resume_s", "init_s", "destroy_s", "destroy_uninitialized_s", "create_group_s",
+               "resume_first_collective_s")
+
+
+@functools.lru_cache(maxsize=256)
+def _scaled(params: CommParams, ranks: int) -> CommParams:
+    """[Note: communicator costs by size] A communicator of ``ranks`` ranks: each of :data:`SIZE_SCALED` is
+    ``t1 + (t2 - t1) * log2(ranks)``, ``t1`` the one-rank figure and ``t2`` the two-rank one (never below 0);
+    memory and the poll figures stay the two-rank ones.
+
+    The records have communicators of one and two ranks only (the commsplit probe times both in one run; H200
+    run 1 and the 2 x H200 records the suspend and resume), which fit the two parameters and no more. The shape
+    beyond two ranks, one more step of (t2 - t1) per doubling (NCCL's bootstrap and connection setup add a level
+    of its rings' and trees' exchanges per doubling), is an assumption no record tests; nodes enter only through
+    the ranks (no record spans nodes). ``python -m sim.calibrate.comm_scaling`` checks the fit against every record with a
+    communicator of either size."""
+    k = math.log2(ranks)
+    multi = params.multi
+    values = {f: max(0.0, getattr(params, f) + (getattr(multi, f) - getattr(params, f)) * k) for f in SIZE_SCALED}
+    return dataclasses.replace(multi, **values)
 
 
 _COMM_FIELDS = {
@@ -291,7 +323,7 @@ _COMM_FIELDS = {
 #: optional keys: the first collective after a resume, and the multi-rank figures (``<key>_multi``)
 _COMM_OPTIONAL = {"resume_first_collective": "time", **{f"{k}_multi": d for k, d in _COMM_FIELDS.items()},
                   "resume_first_collective_multi": "time", "proxy_poll": "time",
-                  "poll_phase_spread": "time", "agreement": "time"}
+                  "poll_phase_spread": "time", "agreement": "time", "poll_late_rate": "ratio"}
 
 
 def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
@@ -303,6 +335,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
     poll = opt.get("proxy_poll", 0.0)
     spread = opt.get("poll_phase_spread", 0.0)
     agreement = opt.get("agreement", 0.0)
+    late_rate = opt.get("poll_late_rate", 0.0)
 
     def build(values: Mapping[str, float], first_after_resume: float) -> CommParams:
         return CommParams(
@@ -318,6 +351,7 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
             proxy_poll_s=poll,
             poll_phase_spread_s=spread,
             agreement_s=agreement,
+            poll_late_rate=late_rate,
         )
 
     one_rank_first = opt.get("resume_first_collective", 0.0)
@@ -334,6 +368,20 @@ def parse_comm(raw: Any, where: str, table: ConstantTable) -> CommParams:
 def list_presets() -> list[str]:
     """Names of the built-in topology presets."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def list_calibrated() -> list[str]:
+    """Names of the shipped calibrated presets (``calibrated/NAME``: a built-in preset with the constants
+    ``timeshare sim calibrate`` fitted on measurements)."""
+    return sorted(f"calibrated/{p.stem}" for p in (PRESET_DIR / "calibrated").glob("*.json"))
+
+
+def preferred_preset(name: str) -> str:
+    """The preset a user gets for machine ``name``: its calibrated variant where one is shipped (measured constants
+    beat datasheet ones), else ``name`` itself (a preset file, a calibrated name, or a machine without one)."""
+    if isinstance(name, str) and not name.endswith(".json") and f"calibrated/{name}" in list_calibrated():
+        return f"calibrated/{name}"
+    return name
 
 
 def load_preset_data(name: str) -> dict[str, Any]:
@@ -385,9 +433,12 @@ __all__ = [
     "PRESET_DIR",
     "PresetError",
     "SCENARIO_DIR",
+    "SIZE_SCALED",
     "UNITS",
     "first_gpus",
+    "list_calibrated",
     "list_presets",
+    "preferred_preset",
     "list_scenarios",
     "load_preset_data",
     "parse_collective",

@@ -3,7 +3,9 @@
 ``A`` and ``B`` are each a result (``timeshare sim run --out``, or its ``--json`` envelope) or a
 scenario (file or shipped example name), which is then run first; ``--set`` overrides apply to
 the scenarios. The table lists, per phase of the last step, the mean over finished ranks of A and
-of B and the ratio B/A, then the peaks of GPU and pinned host memory (GiB) and simulated time (s).
+of B and the ratio B/A, the switch cost of the last step (its pause, weight sync and wake plus what the
+first collectives after a wake added, slowest rank: [Note: the switch cost] in :mod:`sim.models.switch_cost`;
+``-`` where the scenario does not touch its groups in training), then the peaks of GPU and pinned host memory (GiB) and simulated time (s).
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for phase in PHASE_ORDER:
         rows.append({"what": phase, "unit": "s", "a": _mean(a, phase), "b": _mean(b, phase)})
+    rows.append({"what": "switch cost (max rank)", "unit": "s", "a": (a.get("switch_cost") or {}).get("max"),
+                 "b": (b.get("switch_cost") or {}).get("max")})
     rows.append({"what": "peak GPU", "unit": "GiB", "a": _peak(a, "peak_device_bytes"), "b": _peak(b, "peak_device_bytes")})
     rows.append({"what": "peak pinned host", "unit": "GiB", "a": _peak(a, "peak_host_pinned_bytes"),
                  "b": _peak(b, "peak_host_pinned_bytes")})

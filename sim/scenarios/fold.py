@@ -364,7 +364,7 @@ class FoldedRendezvous(Rendezvous):
         p.count += 1
         if p.count == self.expected(spec):
             del self._pending[key]
-            self._world.engine.schedule(self._cost(p), self._complete, p)
+            self._schedule_complete(p)
         return arrival
 
     def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
@@ -429,6 +429,7 @@ class _EventOwners:
 
     def __init__(self, world: "SimWorld"):
         from sim.kernel.engine import Process
+        from sim.models.collectives import TopologyCollectiveCost
         from sim.models.flows import FlowTransport
 
         self.by_rank: dict[int, int] = {}
@@ -439,6 +440,8 @@ class _EventOwners:
         pop = engine._pop
         proc_step, begin, complete = Process._step, FlowTransport._begin, FlowTransport._complete
         rdv_complete = Rendezvous._complete
+        # a collective across nodes that shares the NICs: its start and end events are its group's
+        net_begin, net_finish = TopologyCollectiveCost._begin, TopologyCollectiveCost._finish
 
         def counted_pop():
             ev = pop()
@@ -454,6 +457,9 @@ class _EventOwners:
                 elif fn is complete:
                     rank = ev.args[0].key[0]
                     self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
+                elif fn is net_begin or fn is net_finish:
+                    name = ev.args[0] if fn is net_begin else ev.args[0].key[0]
+                    self.by_group[name] = self.by_group.get(name, 0) + 1
                 elif fn is rdv_complete or isinstance(getattr(cb, "__self__", None), Rendezvous):
                     name = ev.args[0].spec.name
                     self.by_group[name] = self.by_group.get(name, 0) + 1

@@ -111,6 +111,22 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)} if values else {}
 
 
+def rank_switch_cost(phases_by_step: list[dict[str, float]]) -> float | None:
+    """One rank's switch cost in the last step ([Note: the switch cost] in :mod:`sim.models.switch_cost`): its ``sleep``,
+    ``update_weights`` and ``wake_up``, plus what the first collectives after a wake added beyond the collectives
+    (``first_use_extra``, timed in the training phase that follows a wake: the last step's own, after the step
+    before's wake, as every step is alike in steady state). None without a lifecycle phase or a timed first use
+    after a wake (one step, or no ``touch_groups``)."""
+    from sim.models.switch_cost import switch_cost
+
+    if len(phases_by_step) < 2:
+        return None
+    last = phases_by_step[-1]
+    if "first_use_extra" not in last or not all(p in last for p in ("sleep", "update_weights", "wake_up")):
+        return None
+    return switch_cost(last["sleep"], last["update_weights"], last["wake_up"], last["first_use_extra"]).total
+
+
 def judge(
     scn: "Scenario",
     topo: "Topology",
@@ -152,6 +168,9 @@ def judge(
             "phase_peak_device_bytes": phase_peaks,
             "lifecycle_stats": o.lifecycle_stats,
         })
+        cost = rank_switch_cost(o.phases)
+        if cost is not None:  # only where timed (a scenario that touches its groups, two steps or more)
+            ranks[-1]["switch_cost"] = cost
         if o.finished and o.bitwise_equal is False:
             violations.append(f"rank {o.rank}: tensors not bitwise equal after reload: {o.mismatched[:5]}")
         if not o.finished and not fired and error is None:
@@ -164,6 +183,7 @@ def judge(
         violations.append(f"finished ranks ended in different lifecycle states: {sorted(states)}")
     finished = [r for r in ranks if r["status"] == "finished"]
     phase_summary = {p: _stats([r["phases"][p] for r in finished if p in r["phases"]]) for p in PHASE_ORDER}
+    costs = [r["switch_cost"] for r in finished if r.get("switch_cost") is not None]
     numa = getattr(memory, "numa", {})
     data = {
         "scenario": scn.name,
@@ -180,6 +200,7 @@ def judge(
         "error": error,
         "faults_fired": [{"time": f.time, "rank": f.rank, "kind": f.kind, "where": f.where} for f in fired],
         "phases": {p: v for p, v in phase_summary.items() if v},
+        **({"switch_cost": _stats(costs)} if costs else {}),  # the last step's, over finished ranks, where timed
         "host_memory": {n: {"pinned_peak_bytes": led.pinned_peak, "used_peak_bytes": led.used_peak}
                         for n, led in numa.items() if led.used_peak},
         "ranks": ranks,
@@ -190,4 +211,4 @@ def judge(
     return ScenarioResult(data, violations)
 
 
-__all__ = ["PHASE_ORDER", "RankOutcome", "ScenarioResult", "judge"]
+__all__ = ["PHASE_ORDER", "RankOutcome", "ScenarioResult", "judge", "rank_switch_cost"]

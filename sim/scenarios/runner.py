@@ -139,16 +139,20 @@ def _fill(t: torch.Tensor, seed: int, rank: int, index: int) -> None:
         t.copy_(torch.randint(0, 100, t.shape, generator=g, dtype=torch.int64).to(t.dtype))
 
 
-async def _use_group(rt: Runtime, world: SimWorld, name: str) -> None:
-    """One collective on ``name`` as the workload would; pays lazy NCCL init on first use."""
+async def _use_group(rt: Runtime, world: SimWorld, name: str) -> float:
+    """One collective on ``name`` as the workload would; pays lazy NCCL init on first use. Returns the seconds
+    this first use added beyond the collective itself (0 on a live group)."""
+    extra = 0.0
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
-        await rt.sleep(first_use(world.resolve_backend(rt.group_spec(name))))
+        extra = first_use(world.resolve_backend(rt.group_spec(name)))
+        await rt.sleep(extra)
     probe = rt.alloc_device(1, torch.float32, tag="workload.probe")
     if probe.device.type != "meta":
         probe.fill_(1.0)
     await rt.all_reduce(probe, ReduceOp.SUM, group=name)
     rt.release(probe)
+    return extra
 
 
 async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.Tensor | None) -> None:
@@ -212,6 +216,9 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
         backup = rt.alloc_host(max(share, 1), torch.uint8, pinned=True, tag="weights backup")
     engine_bytes = _engine_bytes(rt, w)
     my_groups = sorted(set(ctx.layout.member[rt.rank].values()))
+    # the groups training uses: every one, or those of the families named (workload.touch_groups)
+    touched = my_groups if not isinstance(w.touch_groups, tuple) else sorted(
+        {g for fam, g in ctx.layout.member[rt.rank].items() if fam in w.touch_groups})
     paused = [(cat, name, t) for cat in scn.offload.include for name, t in sorted(tensors.get(cat, {}).items())]
 
     async def release() -> None:
@@ -245,9 +252,10 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
             phases: dict[str, float] = {}
             out.phases.append(phases)
             with _phase(rt, "train", phases):
-                if w.touch_groups:
-                    for name in my_groups:
-                        await _use_group(rt, world, name)
+                if w.touch_groups:  # the first collectives after the previous wake: their extra is switch cost
+                    phases["first_use_extra"] = 0.0
+                    for name in touched:
+                        phases["first_use_extra"] += await _use_group(rt, world, name)
                 await rt.sleep(w.train_s)
             with _phase(rt, "sleep", phases):
                 if lifecycle is not None:

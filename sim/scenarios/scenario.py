@@ -81,7 +81,9 @@ class WorkloadConfig:
     rollout_s: float = 0.0
     rollout_memory_fraction: float = 0.0
     rollout_memory_gib: float = 0.0
-    touch_groups: bool = True
+    #: the training step runs a collective on every group (True), on none (False), or on the families named
+    #: (the groups a job's training uses: only they have NCCL communicators, torch creating them lazily)
+    touch_groups: bool | tuple[str, ...] = True
     export: ExportConfig | None = None
 
 
@@ -360,6 +362,19 @@ def _replicate_over(raw: Mapping[str, Any], backend: str, mesh: tuple[tuple[str,
     return tuple(dims)
 
 
+def _touch(raw: Mapping[str, Any], w: str, families: tuple[GroupFamily, ...]) -> bool | tuple[str, ...]:
+    """``workload.touch_groups``: true, false, or a list of group family names."""
+    v = raw.get("touch_groups", True)
+    if isinstance(v, list):
+        names = {f.name for f in families}
+        bad = [x for x in v if x not in names]
+        if bad or not v:
+            raise ScenarioError(f"{w}.touch_groups: {bad or v!r} not group families {sorted(names)} (true, false, or "
+                                "a non-empty list of families)")
+        return tuple(v)
+    return _bool(raw, "touch_groups", w, True)
+
+
 def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
     w = "workload"
     raw = _obj(raw if raw is not None else {}, w, {"train_s", "rollout_s", "rollout_memory_fraction",
@@ -378,7 +393,7 @@ def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
         rollout_s=_num(raw, "rollout_s", w, 0.0),
         rollout_memory_fraction=_num(raw, "rollout_memory_fraction", w, 0.0, hi=1.0),
         rollout_memory_gib=_num(raw, "rollout_memory_gib", w, 0.0),
-        touch_groups=_bool(raw, "touch_groups", w, True),
+        touch_groups=_touch(raw, w, families),
         export=export,
     )
 

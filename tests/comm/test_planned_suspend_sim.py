@@ -302,12 +302,12 @@ def test_a_corrupted_canary_on_a_kept_live_group_after_the_pause_destroys_everyw
 def test_first_use_after_wake_is_the_slowest_ranks_mean_over_steady_steps():
     from bench.switch_window import StepTimes, first_use_after_wake
 
-    def steps(*first):
-        return [StepTimes(0, 0, 0, 0, 0, "PLANNED", f) for f in first]
+    def steps(*after):  # each step's first collectives after its own wake
+        return [StepTimes(0, 0, 0, 0, 0, "PLANNED", first_use_after=f) for f in after]
 
-    per_rank = [steps(9.0, 1.0, 2.0, 3.0), steps(9.0, 2.0, 1.0, 5.0)]
-    assert first_use_after_wake(per_rank, warmup=2) == 3.5  # max of (2, 1) and of (3, 5), mean
-    assert first_use_after_wake(per_rank, warmup=0) == (2.0 + 2.0 + 5.0) / 3, "step 0 (group creation) left out"
+    per_rank = [steps(1.0, 2.0, 3.0, 4.0), steps(2.0, 1.0, 5.0, 3.0)]
+    assert first_use_after_wake(per_rank, warmup=2) == 4.5  # max of (3, 5) and of (4, 3), mean
+    assert first_use_after_wake(per_rank, warmup=0) == (2.0 + 2.0 + 5.0 + 4.0) / 4
 
 
 def test_the_cost_row_destroys_a_communicator_whose_suspend_and_resume_cost_more():

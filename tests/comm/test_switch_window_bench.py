@@ -71,7 +71,8 @@ def test_cli_prints_ratios_and_writes_json(tmp_path, capsys):
                               "--policy", "DESTROY", "--policy", "SUSPEND", "--json", str(out)])
     assert sw.run(args) == 0
     text = capsys.readouterr().out
-    assert "1.000x" in text and "SUSPEND" in text and "2 ranks, 14 groups per rank" in text
+    assert "1.000x" in text and "SUSPEND" in text
+    assert "2 ranks (tp 2 cp 1 dp 1 pp 1 ep 1), 14 Megatron groups per rank" in text
     data = json.loads(out.read_text())
     assert data["format"] == "timeshare/1" and data["command"] == "bench switch-window"
     assert [r["policy"] for r in data["data"]["results"]] == ["DESTROY", "SUSPEND"]
@@ -124,13 +125,11 @@ RECORDS = [Path(__file__).resolve().parents[2] / "bench/results" / d / "multigpu
            for d in ("2026-11-30-h200x2-wave", "2026-11-30-h200x2-wave2", "2026-11-30-h200x2-wave3")]
 
 
-def test_simulated_suspend_planned_window_within_15_percent_of_every_two_gpu_record():
+def test_simulated_suspend_planned_window_within_its_range_on_every_two_gpu_record():
     """SUSPEND_PLANNED on 2 x H200 in three runs: 2.016 and 2.022 s (its destroy walk one proxy poll late in every
     step), 1.515 s (never late). The simulator gives 1.516 s and marks the weight sync, and only it, as a phase that
-    may end one 0.5 s poll period later ([Note: a phase one poll period late] in bench.validate): the measured window
-    is within 15% of the prediction with the late steps the record's mean says, and the on-time run of the nominal."""
-    from bench.validate import late_steps
-
+    may end one 0.5 s poll period later ([Note: a phase one poll period late] in bench.validate): every measured
+    window lies between the on-time figure and a period more, and the on-time run is within 1% of the model's."""
     for path in RECORDS:
         rec = json.loads(path.read_text())
         st = rec["switch_window"]["settings"]
@@ -139,10 +138,7 @@ def test_simulated_suspend_planned_window_within_15_percent_of_every_two_gpu_rec
                   cooldown_s=st["cooldown_s"], topology="calibrated/hgx-h200-8x")
         got = sw.summarize("SUSPEND_PLANNED", sw.simulate("SUSPEND_PLANNED", **kw), warmup=st["warmup"])
         assert got.poll_late == ("update_weights",)
-        n = st["steps"] - st["warmup"]
-        k = late_steps(got.update_weights, measured["update_weights"], 0.5, n)
-        assert got.total + k * 0.5 / n == pytest.approx(measured["total"], rel=0.15)
-        assert k == (0 if "wave3" in str(path) else n), path
+        assert got.total - 0.01 < measured["total"] < got.total + 0.5 + 0.01, path
     wave3 = json.loads(RECORDS[-1].read_text())
     m = {r["policy"]: r for r in wave3["switch_window"]["results"]}
     assert got.total == pytest.approx(m["SUSPEND_PLANNED"]["total"], rel=0.01)

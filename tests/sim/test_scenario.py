@@ -153,7 +153,9 @@ def test_real_payload_round_trip_is_bitwise_equal_and_memory_comes_back():
     assert d["ok"] and d["violations"] == []
     for r in d["ranks"]:
         assert r["status"] == "finished" and r["bitwise_equal"] is True
-        assert set(r["phases"]) == {"train", "sleep", "update_weights", "rollout", "wake_up"}
+        # the phases, and what the train phase's first collectives after the wake added (part of the switch cost)
+        assert set(r["phases"]) == {"train", "sleep", "update_weights", "rollout", "wake_up", "first_use_extra"}
+        assert 0 <= r["phases"]["first_use_extra"] <= r["phases"]["train"]
         assert len(r["phases_by_step"]) == 2
         assert r["peak_host_pinned_bytes"] > 0
         # the engine's half of the GPU shows in the rollout phase, after the state left
