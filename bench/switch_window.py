@@ -159,8 +159,11 @@ def run(args: argparse.Namespace) -> int:
         gpus = Topology(data, where="--topology").num_gpus
         ranks = args.dp * args.tp * args.cp * args.pp
         if ranks > gpus:
-            raise CliInputError(f"--tp {args.tp} x --cp {args.cp} x --dp {args.dp} x --pp {args.pp} = {ranks} ranks, but "
-                                f"--topology {args.topology} has {gpus} GPUs; lower them, or pick a larger preset")
+            dims = [(o, v) for o, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp))
+                    if v > 1 or o in ("--dp", "--tp")]
+            raise CliInputError(" x ".join(f"{o} {v}" for o, v in dims) + f" = {ranks} ranks, but --topology "
+                                f"{args.topology} has {gpus} GPUs; lower {' or '.join(o for o, _ in dims)}, "
+                                "or pick a larger preset")
     if args.json:
         check_output_path(args.json, "--json")
     try:

@@ -122,6 +122,7 @@ def fitted_on(preset_data: dict[str, Any]) -> list[str]:
     ``timeshare sim calibrate``) and whatever a constant's ``source`` names."""
     out = list((preset_data.get("fitted_on") or {}).get("records", []))
     for c in preset_data.get("constants", {}).values():
+        out.extend(c.get("records", []))  # the records a constant was read from, kept apart from its worded source
         for m in re.finditer(r"bench/results/[\w.\-/]+(?:#\w+)?", str(c.get("source", ""))):
             out.append(m.group(0).partition("#")[0].rstrip("/."))
     return sorted(set(out))

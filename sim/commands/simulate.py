@@ -209,18 +209,24 @@ def _list(wide: bool = False) -> int:
 
     rows = []
     calibrated = list_calibrated()
-    for name in list_presets() + calibrated:
+    for name in list_presets():
         data = load_preset_data(name)
         nodes = data.get("nodes", 1)
         gpus = sum(1 for e in data.get("node", {}).get("elements", []) if e.get("kind") == "gpu")
         desc = in_user_words(str(data.get("description", "")))
-        if name in calibrated:  # measured constants: what they were fitted on; the default for its machine
-            where = "fitted on " + in_user_words(str(data.get("fitted_on", {}).get("words", "measurements")))
-        else:
-            where = basis(data) + (f"; plan and bench use calibrated/{name}" if f"calibrated/{name}" in calibrated else "")
-        rows.append([name, f"{gpus}" + (f" x {nodes} nodes" if nodes > 1 else ""), desc, where])
+        rows.append([name, f"{gpus}" + (f" x {nodes} nodes" if nodes > 1 else ""), desc, basis(data)])
     print(table(["preset (--topology, --cluster)", "GPUs", "what it is", "constants: where from"], rows, wide=wide,
                 title="topology presets (every constant's source: timeshare sim run --json, topology.constants)"))
+    print()
+    print("calibrated presets (measured communicator constants; each the default for its machine):")
+    for name in calibrated:
+        fit = in_user_words(str(load_preset_data(name).get("fitted_on", {}).get("words", "measurements")))
+        import textwrap
+
+        print(textwrap.fill(f"{name:<25} fitted on {fit}", width=100, initial_indent="  ", subsequent_indent=" " * 28))
+    for name in list_presets():
+        if f"calibrated/{name}" in calibrated:
+            print(f"  {name}: (plan and bench use calibrated/{name} for it)")
     print()
     rows = []
     for name in list_scenarios():

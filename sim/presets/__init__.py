@@ -94,7 +94,7 @@ class ConstantTable:
         self.by_name: dict[str, Constant] = {}
         for name, c in raw.items():
             w = f"{where}.{name}"
-            section(c, w, (), ("value", "unit", "source"))
+            section(c, w, (), ("value", "unit", "source", "records"))
             val, unit, source = c.get("value"), c.get("unit"), c.get("source")
             if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val) or val < 0:
                 raise PresetError(f"{w}.value: expected a finite non-negative number, got {val!r}")
