@@ -208,24 +208,48 @@ class ActorTrainWorker(_ModelWorker):
         return float(total.item()) / self.world_size
 
     @register(offload=False, collect="rank0")
-    def gather_weights(self) -> Any:
+    def gather_weights(self, ipc: bool = True) -> Any:
         """Full weights under ``lifecycle.weight_sync`` (params reloaded for the gather, then put back); rank 0
-        publishes them (an object reference for ``actor_infer.load_weights``)."""
+        publishes them for ``actor_infer.load_weights``: on CUDA (``ipc``) as CUDA IPC handles of device
+        copies it holds until its next call (see :func:`share_weights`), else through Ray's object store."""
+        on_device = ipc and self.device.type == "cuda"
+        full = self._gather(on_device)
+        if self.rank != 0:
+            return None
+        if on_device:
+            self._shared, payload = share_weights(full)  # held until the receiver has copied them
+            return self.publish(payload)
+        return self.publish(full)
+
+    def _gather(self, on_device: bool) -> dict[str, torch.Tensor]:
+        """The full weights (device copies, or host copies) under ``lifecycle.weight_sync``."""
         store = self.state_control.store
 
         def gather() -> dict[str, torch.Tensor]:
             was = store.is_offloaded("params")
             if was:
                 store.reload("params")
-            full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to("cpu", copy=True)
+            full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
                     for n, p in self.model.named_parameters()}
+            full = {n: t.clone() if on_device else t.to("cpu", copy=True) for n, t in full.items()}
             if was:
                 store.offload("params")
             return full
 
-        full = self.lc.sync.weight_sync(gather)
-        return self.publish(full) if self.rank == 0 else None
+        return self.lc.sync.weight_sync(gather)
 
+    @register(offload=False, collect="rank0")
+    def weight_digests(self) -> list[int] | None:
+        """Integer digests of the full weights in parameter order, computed where they are (rank 0's)."""
+        full = self._gather(self.device.type == "cuda")
+        return [_digest(t) for t in full.values()] if self.rank == 0 else None
+
+    def before_call(self, name: str) -> None:
+        """Drop the device copies the last weight sync shared (the receiver has copied them), then as the base."""
+        if getattr(self, "_shared", None) is not None:
+            self._shared = None
+            torch.cuda.ipc_collect()
+        super().before_call(name)
 
     @register(offload=False)
     def lifecycle_stats(self) -> dict[str, Any]:
@@ -295,14 +319,49 @@ class ActorInferWorker(_ModelWorker):
         """Copy the weights actor_train published into the engine's (reloaded for it, offloaded after)."""
         full = self.fetch(ref)
         with torch.no_grad():
+            if isinstance(full, dict) and full.get("kind") == "cuda_ipc":
+                copy_shared_weights(full, dict(self.model.named_parameters()))
+                return
             for n, p in self.model.named_parameters():
                 p.copy_(full[n].to(p.dtype))
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+class WeightSyncError(RuntimeError):
+    """The weights were shared as CUDA IPC handles but this role cannot open them (another host)."""
+
+
+def share_weights(full: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """CUDA IPC handles of ``full`` (device tensors), as verl and ROLL hand weights to a colocated engine:
+    ``(tensors to keep alive until the receiver has copied them, the picklable payload)``."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    torch.cuda.synchronize()  # the copies are complete before another process reads them
+    return full, {"kind": "cuda_ipc", "host": _node_ip(), "tensors": {n: reduce_tensor(t) for n, t in full.items()}}
+
+
+def copy_shared_weights(payload: dict[str, Any], params: dict[str, torch.Tensor]) -> None:
+    """Open the handles of :func:`share_weights`, copy each into ``params[name]`` (bitwise; dtype as the
+    param's), synchronise and let go of them (the sender frees its copies at its next call)."""
+    if payload["host"] != _node_ip():
+        raise WeightSyncError(f"weights shared as CUDA IPC handles on {payload['host']} cannot be opened on "
+                              f"{_node_ip()}; call gather_weights(ipc=False) to send them through the object store")
+    for n, (rebuild, args) in payload["tensors"].items():
+        src = rebuild(*args)
+        params[n].copy_(src.to(params[n].dtype))
+        del src
+    torch.cuda.synchronize()
 
 
 def _digest(t: torch.Tensor) -> int:
     bits = t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64, 1: torch.uint8}[t.element_size()])
     bits = bits.reshape(-1).to(torch.int64)
-    w = torch.arange(bits.numel(), dtype=torch.int64) % 1021 + 1
+    w = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device) % 1021 + 1
     return int((bits * w).sum().item())
 
 
@@ -310,9 +369,7 @@ def _digest(t: torch.Tensor) -> int:
 
 def weight_digests(actor_train: Any) -> list[int]:
     """Integer digests of actor_train's full weights, in parameter order (bitwise comparisons between runs)."""
-    import ray
-
-    return [_digest(t) for t in ray.get(actor_train.gather_weights()).values()]
+    return actor_train.weight_digests()
 
 
 def build(cfg: dict[str, Any], roles: int, ranks: int, device: str) -> tuple[Any, dict[str, Any]]:
@@ -493,6 +550,8 @@ def _print_summary(rec: dict[str, Any]) -> None:
         parts = [f"{k}={agg[k]:.4f}" for k in ("onload_s", "offload_s", "rpc_s", "overhead_s", "last_onload_x_line",
                                                  "last_offload_x_line") if k in agg]
         print(f"  {key}: calls={agg['calls']} " + " ".join(parts))
+    sync = [round(t["weight_sync"], 3) for t in run.get("phase_s", []) if "weight_sync" in t]
+    print(f"  weight_sync per step (s, the driver's wall time of gather + load): {sync}")
     if "bitwise_equal_to_baseline" in rec:
         print(f"  bitwise equal to the no-offload baseline: {rec['bitwise_equal_to_baseline']}")
 

@@ -1,6 +1,6 @@
 """The colocated RLVR pipeline with roles as Ray actors sharing one GPU: see :mod:`bench.ray_pipeline`.
 
-    python bench/gpu/ray_pipeline.py --roles 3 --steps 3 --compare          # writes $OUT/ray_pipeline.json
+    python bench/gpu/ray_pipeline.py --roles 3 --steps 2 --compare          # one H200, under 150 s; $OUT/ray_pipeline.json
     python bench/gpu/ray_pipeline.py --device cpu --roles 3 --steps 1       # CPU/Gloo, tiny sizes, a check
 
 On CUDA the default model is a 1.34 B-parameter policy (vocab 32000, hidden 4096, 8 blocks; fp32): actor_train
@@ -9,7 +9,8 @@ role and method, the onload / offload seconds and GB/s against the line rate mea
 the allocator's peak per call (``memory/peak_gb``), the device memory in use after each phase (every role,
 ``cudaMemGetInfo``), the RPC time and its overhead beyond the slowest rank's time in the call, the phases' times
 and, with ``--compare``, whether the losses, sequences and trained weights equal the no-offload run bitwise.
-Exit code 3 if they differ, 1 if the run failed (the record says why).
+The weight sync hands the weights to the colocated engine as CUDA IPC handles (as verl and ROLL do for
+colocated engines); the summary prints its time per step. Exit code 3 if they differ, 1 if the run failed (the record says why).
 """
 import os
 import sys

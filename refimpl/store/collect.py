@@ -225,8 +225,10 @@ class OptimizerCollector(Collector):
 class TensorsCollector(Collector):
     """An explicit mapping of names to tensors, all of one category (read at every offload)."""
 
-    def __init__(self, category: Category, tensors: Mapping[str, Any], name: str, kind: str | None = None) -> None:
+    def __init__(self, category: Category, tensors: Mapping[str, Any], name: str, kind: str | None = None,
+                 host_resident_ok: bool = False) -> None:
         super().__init__(name)
+        self.host_resident_ok = host_resident_ok
         if not isinstance(tensors, Mapping):
             raise TypeError(f"attach_tensors expects a mapping of names to tensors, got {type(tensors).__name__}")
         self.category = category
@@ -238,7 +240,7 @@ class TensorsCollector(Collector):
         """The mapping's tensors, in its order."""
         if self.category not in categories:
             return
-        flags = EXPLICIT_KIND if self.explicit_kind else 0
+        flags = (EXPLICIT_KIND if self.explicit_kind else 0) | (HOST_RESIDENT_OK if self.host_resident_ok else 0)
         for key, t in self.tensors.items():
             if not isinstance(plain_tensor(t), torch.Tensor):  # a DTensor (or duck-typed one) is accepted
                 raise UnsupportedTensorError(f"{self.name}.{key}: expected a tensor, got {type(t).__name__}")

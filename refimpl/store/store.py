@@ -125,7 +125,7 @@ class OffloadStore:
 
     def attach_tensors(
         self, category: Category | str, tensors: Mapping[str, torch.Tensor], name: str = "tensors",
-        *, kind: str | None = None,
+        *, kind: str | None = None, host_resident_ok: bool = False, pin_ahead: bool = True,
     ) -> None:
         """Register explicit tensors under ``category``: master weights, DDP-style flat buffers, payloads.
 
@@ -134,22 +134,27 @@ class OffloadStore:
         storage (e.g. a flat buffer *and* its parameter views): unregistered
         views keep pointing at the released storage. ``kind`` labels the
         entries for backends (``"master_weights"``, ``"ddp_buffer"``; default:
-        the category's value).
+        the category's value). ``host_resident_ok``: host tensors in the
+        mapping are left in place on a device store (counted in
+        ``StoreStats.skipped_host_resident``, like an optimizer's CPU ``step``)
+        instead of refused. ``pin_ahead=False``: no pinning ahead at this
+        attach (a client that parks views of its own calls :meth:`pin_ahead`
+        once they are parked).
         """
-        self._attach(TensorsCollector(Category.parse(category), tensors, name, kind))
+        self._attach(TensorsCollector(Category.parse(category), tensors, name, kind, host_resident_ok), pin_ahead)
 
-    def _attach(self, collector: Collector) -> None:
+    def _attach(self, collector: Collector, pin_ahead: bool = True) -> None:
         with self._exclusive(f"attach of {collector.name!r}"):
-            self._attach_locked(collector)
+            self._attach_locked(collector, pin_ahead)
 
-    def _attach_locked(self, collector: Collector) -> None:
+    def _attach_locked(self, collector: Collector, pin_ahead: bool = True) -> None:
         if self._offloaded:
             raise StoreStateError(
                 f"cannot attach {collector.name!r} while {sorted(c.value for c in self._offloaded)} are offloaded; "
                 f"reload() first"
             )
         self._attached.add(collector)
-        if self.config.pin_ahead_mode(self.rt.device.type) == "background":  # see StoreConfig.pin_ahead
+        if pin_ahead and self.config.pin_ahead_mode(self.rt.device.type) == "background":  # see StoreConfig.pin_ahead
             try:
                 self._pin_ahead(None, False)
             except (StoreError, RuntimeError, ValueError) as e:  # the offload reports it, where nothing moves

@@ -118,3 +118,35 @@ def test_megatron_moe_ep2_edp2_bitwise_local_and_dedup():
         # (Megatron's order tp-cp-ep-dp puts ep innermost: ranks 0,1 hold different experts)
         assert groups_seen == {(0, 1, 2, 3), (rank % 2, rank % 2 + 2)}, groups_seen
         _dedup_shares(shares, False)
+
+
+def _pin_ahead_at_attach(rank, world_size):
+    import logging
+
+    import torch
+
+    from refimpl.runtime import TorchRuntime
+    from refimpl.store import OffloadStore, StoreConfig
+    from refimpl.store.clients.megatron import attach_megatron
+    from tests._megatron import build, cpu_shim, init_parallel, step
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("refimpl").addHandler(handler)
+    with cpu_shim():
+        ps = init_parallel()
+        model, opt = build(True)
+        step(model, opt, torch.Generator().manual_seed(rank), "cpu")  # Adam's state (and its step) exists
+        store = OffloadStore(TorchRuntime("cpu"), config=StoreConfig(alignment_bytes=16, pin_ahead="background"))
+        client = attach_megatron(store, model, opt)
+        client.offload()
+        client.reload()
+        ps.destroy_model_parallel()
+    return [r.getMessage()[:120] for r in records if r.levelno >= logging.WARNING and "pinning ahead" in r.getMessage()]
+
+
+def test_megatron_pin_ahead_at_attach_sees_the_client_views():
+    """Pinning ahead at attach runs with the client's bucket and shard views parked: no UnattachedAliasError."""
+    for warnings in run_distributed(_pin_ahead_at_attach, 2, timeout=200):
+        assert warnings == [], warnings

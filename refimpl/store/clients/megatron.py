@@ -18,7 +18,8 @@ nobody lists views by hand:
   ``main_grad``, the module's buffers, the optimizers' fp32 master weights
   (``shard_fp32_from_float16_groups`` / ``fp32_from_float16_groups``, found as
   the torch optimizer's parameters) and their state (Adam's ``exp_avg``,
-  ``exp_avg_sq``, ``step``). Those tensors have the same shapes on every
+  ``exp_avg_sq``, ``step``; a ``step`` on the host, as torch's Adam keeps it
+  unless capturable, stays there and is counted in ``skipped_host_resident``). Those tensors have the same shapes on every
   data-parallel rank, which ``local_dedup``'s layout agreement needs.
 * kept by the client: every other view found (bucket and shard views; the
   distributed optimizer's are rank-specific). :class:`MegatronClient` parks
@@ -49,6 +50,7 @@ import torch
 
 from refimpl.store.config import Category
 from refimpl.store.dedup import DedupConfig
+from refimpl.store.errors import StoreError
 from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
 from refimpl.store.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 
@@ -233,7 +235,25 @@ class MegatronClient:
         self._plan: _Plan | None = None
         self._parked: list[_View] = []
         for cat in (Category.PARAMS, Category.GRADS, Category.BUFFERS, Category.OPTIMIZER):
-            store.attach_tensors(cat, _PlanView(self, cat), name=f"{name}.{cat.value}")
+            # host tensors (torch Adam's ``step`` unless capturable) need no offload: left in place, counted
+            store.attach_tensors(cat, _PlanView(self, cat), name=f"{name}.{cat.value}",
+                                 host_resident_ok=cat is Category.OPTIMIZER, pin_ahead=False)
+        self._pin_ahead()
+
+    def _pin_ahead(self) -> None:
+        """Pin ahead (``StoreConfig.pin_ahead``) with the client's views parked, so they count as attached;
+        a view nobody attached still makes the store refuse, and that is logged (the offload raises it)."""
+        if self.store.config.pin_ahead_mode(self.store.rt.device.type) != "background":
+            return
+        self._plan = plan = self.state.plan()
+        _park(plan.views)
+        try:
+            self.store.pin_ahead()
+        except (StoreError, RuntimeError, ValueError) as e:  # the offload reports it, where nothing moves
+            logger.warning("pinning ahead at attach of %r skipped (%s: %s)", self.name, type(e).__name__, e)
+        finally:
+            _repoint(plan.views)
+            self._plan = None
 
     def current(self) -> _Plan:
         """The plan of the offload in progress (a fresh one outside the client's offload)."""
