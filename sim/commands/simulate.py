@@ -223,7 +223,9 @@ def _list(wide: bool = False) -> int:
         fit = in_user_words(str(load_preset_data(name).get("fitted_on", {}).get("words", "measurements")))
         import textwrap
 
-        print(textwrap.fill(f"{name:<25} fitted on {fit}", width=100, initial_indent="  ", subsequent_indent=" " * 28))
+        fit = fit.replace("NCCL communicator costs on one H200, NCCL communicator costs on",
+                          "NCCL communicator costs on one H200 and on")
+        print(textwrap.fill(f"{name} fitted on {fit}", width=100, initial_indent="  ", subsequent_indent=" " * 6))
     for name in list_presets():
         if f"calibrated/{name}" in calibrated:
             print(f"  {name}: (plan and bench use calibrated/{name} for it)")
