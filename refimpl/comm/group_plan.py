@@ -115,7 +115,9 @@ class GroupPlanRules:
     """How SUSPEND_PLANNED chooses each group's action (see :func:`choose_action`).
 
     ``sync_groups``: the groups the weight sync uses on this rank (None: any
-    group, so all stay live through the sync). ``keep_live``: groups the
+    group, so all stay live through the sync). Read by every policy where it is
+    empty: a sync that needs none of the role's groups brings none up
+    (:meth:`PGLifecycle.weight_sync`). ``keep_live``: groups the
     rollout uses; never suspended. ``destroy``: groups not needed until the
     next training step that should be destroyed rather than suspended.
     ``keep_below_bytes``: a group whose suspendable NCCL memory is at most this
