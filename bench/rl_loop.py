@@ -265,6 +265,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     # they go down at the pause and stay down through the sync (every policy); off the sequential mode the resume
     # creates the rebuilt communicators (warm_rebuilt) beside the reload's copies instead of at the first collective
     rec["wake_proxies"] = bool(getattr(rt, "wake_proxies", False))
+    rec["sync_needs_no_group"] = True
+    rec["warm_rebuilt"] = cfg.mode != "sequential"
     lc = PGLifecycle(rt, ["trainer.dp"], plan=GroupPlanRules(sync_groups=set()), config=LifecycleConfig(
         policy=PGPolicy[policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
         canary_timeout_s=60, control_group="trainer.control", parallel_destroy=parallel,
