@@ -19,11 +19,11 @@ Modes (``--mode``):
                 state) is not waited for in the switch: it streams under the
                 next training step's forward and backward, and the optimizer's
                 step waits for it (a step pre-hook joins it and agrees on it).
-                Where the groups come back by a rebuild (no canary: DESTROY,
-                DESTROY_DEFERRED) or on one rank, the resume (its cooldown and
-                rebuild) runs under that forward and backward too, joined at
-                the same hook, before the step's first collective on the
-                trainer's group.
+                On one rank the resume (its cooldown, rebuild and warm-up)
+                runs under that forward and backward too, joined at the same
+                hook, before the step's first collective on the trainer's
+                group; on several it runs in the reload phase (its collectives
+                must not interleave with training's on other communicators).
 
 [Note: switch cost]
 ``switch_cost_s``: everything the pause, the weight sync and the wake add to a
@@ -123,8 +123,9 @@ class SwitchDriver:
         if self.mode == "overlapped":
             self.switch.resume()
             return
-        quiet = self.lc.rt.world_size == 1 or self.lc.state.name == "DESTROYED"  # no canary can interleave
-        self.switch.resume(join=False, background=quiet)
+        # beside the next step only on one rank: elsewhere the resume runs collectives (a canary, the warm-up of
+        # rebuilt groups) that must not interleave with training's on other communicators
+        self.switch.resume(join=False, background=self.lc.rt.world_size == 1)
         self.train_start = "stream"
 
     def finish(self) -> None:
