@@ -72,7 +72,7 @@ class SwitchCosts:
     (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
     init at the first collective, counted although it lands outside the
     switch window) cost about the same whatever the size. Defaults, measured on
-    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-wave2/``,
+    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-lazy-wake/``,
     ``comm_raw``; ``tests/comm/test_switch_costs_records.py`` recomputes them):
     suspend 1.02 s/GiB and resume 0.55 s/GiB (14 two-rank communicators of
     480 MiB, one after the other), destroy 0.247 s and init (the first

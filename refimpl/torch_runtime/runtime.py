@@ -359,7 +359,7 @@ class TorchRuntime(Runtime):
         from a thread pool (each waits for its communicator's proxy poll, [Note: the proxy's 500 ms poll] in
         sim.presets), then torch's bookkeeping (``dist.destroy_process_group``) one by one. On 2 x H200 the 14
         groups of the switch-window benchmark, destroyed right after their first collectives, took 0.51 s so
-        against 2.0-2.5 s one by one (``bench/results/2026-11-30-h200x2-wave4/``). ``abort`` (the failure path)
+        against 2.0-2.5 s one by one (``bench/results/2026-11-30-h200x2-switch-8-steps/``). ``abort`` (the failure path)
         aborts them one by one, as :meth:`destroy_group` does. Errors per group, as
         :meth:`Runtime.destroy_groups <refimpl.runtime.base.Runtime.destroy_groups>`.
         """

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-REC = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-wave/loop/rl1_alloc/rl_step_1.json"
+REC = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-all-policies/loop/rl1_alloc/rl_step_1.json"
 
 
 @pytest.fixture(scope="module")
