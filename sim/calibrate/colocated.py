@@ -112,13 +112,13 @@ def measured_phases(rec: dict[str, Any]) -> dict[str, float]:
 LOOP_CONSTANTS: dict[str, dict[str, Any]] = {
     "gather_per_tensor_1rank_s": {
         "value": 1.795e-4,
-        "source": "fitted on bench/results/2026-11-30-h200x2-wave/loop/rl1/rl_step_1.json: gather_copy_s "
+        "source": "fitted on bench/results/2026-11-30-h200x2-all-policies/loop/rl1/rl_step_1.json: gather_copy_s "
                   "(full_tensor, cast to bf16, copy into the rollout weights) mean of steps 1-2, 0.0436 s over "
                   "243 parameters",
     },
     "gather_per_tensor_multi_s": {
         "value": 4.753e-4,
-        "source": "fitted on bench/results/2026-11-30-h200x2-wave/loop/rl2/rl_step_2.json (2 x H200, mesh [1, 2]): "
+        "source": "fitted on bench/results/2026-11-30-h200x2-all-policies/loop/rl2/rl_step_2.json (2 x H200, mesh [1, 2]): "
                   "gather_copy_s mean of steps 1-2, 0.1211 s, less the bytes received at the preset's NVLink "
                   "rate (5.6 ms), over 243 parameters. The only multi-rank record so far: the 2-rank weight sync "
                   "is fitted, not checked, until another record exists",
