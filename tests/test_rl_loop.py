@@ -117,6 +117,8 @@ def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
     recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed"), timeout=240)
     for rec in recs:
         assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
+        # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
+        assert rec["lifecycle_stats"]["warm_ups"] == rec["lifecycle_stats"]["rebuilds"] >= 2
         sm = rec["summary"]
         assert sm["weights_bitwise_equal_every_sync"] is True
         rows = sm["switch_costs"]["rows"]

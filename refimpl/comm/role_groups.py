@@ -312,9 +312,11 @@ class RoleGroups:
 
     async def warm(self, names: Collection[str]) -> None:
         """Create the communicators of the rebuilt groups ``names`` now (``LifecycleConfig.warm_rebuilt``): one
-        one-element all-reduce on each NCCL group this rank is a member of, in group order; agreed as one step."""
+        one-element all-reduce on each group this rank is a member of, in group order; agreed as one step.
+        (A group's spec may leave its backend to the runtime's default, so every rebuilt group is warmed: on Gloo,
+        which creates its connections at once, the all-reduce costs one small collective.)"""
         rt = self.rt
-        todo = [n for n in self.names if n in names and self.member(n) and rt.group_spec(n).backend == "nccl"]
+        todo = [n for n in self.names if n in names and self.member(n)]
 
         async def run() -> None:
             for name in todo:

@@ -15,7 +15,7 @@ from sim.models.topology import Topology
 from sim.world import SimWorld
 
 GROUPS = [GroupSpec("tp", (0, 1), backend="nccl"), GroupSpec("one0", (0,), backend="nccl"),
-          GroupSpec("one1", (1,), backend="nccl")]
+          GroupSpec("one1", (1,))]  # one1: the backend left to the runtime's default, as the RL step leaves it
 
 
 def world(n: int = 2) -> SimWorld:
