@@ -22,7 +22,7 @@ def check_runtime(runtime: Any, call: str, param: str = "rt") -> Runtime:
     """``runtime`` if it is a :class:`Runtime`; else an :class:`ArgumentTypeError` saying what was probably meant."""
     hint = ""
     if isinstance(runtime, torch.nn.Module):
-        hint = "did you mean store.attach_module(model)? the store is built on a runtime: OffloadStore(TorchRuntime())"
+        hint = "did you mean store.attach_module(model)?"
     elif isinstance(runtime, (torch.device, str)):
         hint = f"wrap the device in a runtime: TorchRuntime({str(runtime)!r})"
     return expect(runtime, Runtime, call, param, RUNTIME, hint=hint)

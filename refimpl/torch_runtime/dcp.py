@@ -172,7 +172,21 @@ def _writer(call: str, checkpoint_id: Any, storage_writer: Any, checksums: Any) 
         return storage_writer
     if checkpoint_id is None:
         raise ArgumentValueError(f"{call}: give checkpoint_id (a directory) or storage_writer")
-    return FileSystemWriter(checkpoint_id)
+    return storage_for(checkpoint_id, reader=False)
+
+
+def storage_for(checkpoint_id: str | os.PathLike, *, reader: bool) -> Any:
+    """The writer (or reader) DCP itself would pick for ``checkpoint_id`` (a directory: the file system
+    one; an fsspec URL: the fsspec one), made here so that its checksums can be written or verified."""
+    try:
+        from torch.distributed.checkpoint._storage_utils import _storage_setup
+    except ImportError:  # pragma: no cover - a torch without it: local directories only
+        return FileSystemReader(checkpoint_id) if reader else FileSystemWriter(checkpoint_id)
+    try:
+        return _storage_setup(None, checkpoint_id, reader=reader)
+    except RuntimeError as e:
+        raise ArgumentValueError(f"checkpoint_id {str(checkpoint_id)!r}: DCP has no storage for it ({e}); pass "
+                                 f"storage_{'reader' if reader else 'writer'}=...") from e
 
 
 def _save(store, checkpoint_id, include, storage_writer, process_group, checksums, *, asynchronous: bool) -> SaveResult:
@@ -274,7 +288,7 @@ def load_into(state_dict: dict, checkpoint_id: str | os.PathLike | None = None, 
     expect_bool(verify, call, "verify")
     if checkpoint_id is None and storage_reader is None:
         raise ArgumentValueError(f"{call}: give checkpoint_id (a directory) or storage_reader")
-    reader = storage_reader if storage_reader is not None else FileSystemReader(checkpoint_id)
+    reader = storage_reader if storage_reader is not None else storage_for(checkpoint_id, reader=True)
     staged = Staged(state_dict)
     try:
         with verified(reader) if verify else contextlib.nullcontext():
