@@ -26,9 +26,11 @@ the device (time, device memory) or stage a second host copy (host memory).
   NVLink speed. The device path uses memory the role owns whenever it runs.
 * :attr:`SavePath.DEVICE` (the state is on the device): save the live tensors.
 
-The DCP calls themselves live in :mod:`refimpl.runtime.dcp` (only runtime
-adapters may import ``torch.distributed``); this module only finds tensors,
-names and layouts, so it also runs on the simulator.
+The DCP calls themselves live in :mod:`refimpl.torch_runtime.dcp` (only runtime
+adapters may import ``torch.distributed``), with the checksums every save
+writes and every load verifies; this module only finds tensors, names and
+layouts, so it also runs on the simulator. Its errors are the store's
+(:class:`~refimpl.store.CheckpointError` and its subclasses).
 
 Names: a tensor is saved under its registered name (``model.inp.weight``,
 ``optim.state.0.exp_avg``). DCP flattens nested dicts with dots, so

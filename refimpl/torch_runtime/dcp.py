@@ -8,7 +8,7 @@ DTensors and calls DCP, because nothing else under ``refimpl/`` may import
     from refimpl.torch_runtime import dcp
     result = dcp.save(store, "/ckpt/step100")              # sync
     result = dcp.async_save(store, "/ckpt/step100")        # result.future
-    dcp.load_into({"model": model.state_dict()}, "/ckpt/step100")
+    dcp.load_into({"model": model.state_dict()}, "/ckpt/step100")   # verified, all or nothing
 
 Paths (see :class:`refimpl.store.checkpoint.SavePath`): ``local`` offloaded
 state is read straight from the pinned host buffers (no reload, no staging
@@ -20,6 +20,14 @@ Async saves run DCP's upload in a thread. Its collectives must not share a
 process group with the training thread's, so by default a dedicated Gloo group
 is created once per process (every rank must make the same async saves in the
 same order, as DCP requires anyway).
+
+Integrity (docs/store.md, "Checkpoints: verified, all or nothing"): a save
+writes a CRC-32 of every item beside its data file and :func:`load_into`
+verifies what it reads against them (:mod:`.dcp_checksums`); the load goes into
+a staging copy that is copied into the target only once every rank has loaded
+it (:mod:`.dcp_staging`). torch's ``CheckpointException`` (a ``BaseException``)
+comes out as :class:`~refimpl.store.CheckpointFailedError` or
+:class:`~refimpl.store.CheckpointIntegrityError`.
 """
 from __future__ import annotations
 
@@ -228,18 +236,18 @@ def _save(store, checkpoint_id, include, storage_writer, process_group, checksum
 def _start_async(store, state, checkpoint_id, writer, process_group, path, result, summing) -> None:
     """dcp.async_save; ``result.future`` completes (or raises the project's error) once the upload and its
     checksums are written, and ``summing`` (the writer's rebinding) is undone then."""
-    pg = process_group if process_group is not None else _dcp_group()
-    kwargs: dict[str, Any] = dict(checkpoint_id=checkpoint_id, storage_writer=writer, process_group=pg)
     stager = None
-    if path is SavePath.HOST_BUFFERS:
-        if "async_stager" not in inspect.signature(dcp.async_save).parameters:  # pragma: no cover
-            raise RuntimeError("this torch's dcp.async_save takes no async_stager; use save() for the "
-                               "host-buffer path")
-        stager = kwargs["async_stager"] = _InPlaceStager()
     try:
+        pg = process_group if process_group is not None else _dcp_group()
+        kwargs: dict[str, Any] = dict(checkpoint_id=checkpoint_id, storage_writer=writer, process_group=pg)
+        if path is SavePath.HOST_BUFFERS:
+            if "async_stager" not in inspect.signature(dcp.async_save).parameters:  # pragma: no cover
+                raise RuntimeError("this torch's dcp.async_save takes no async_stager; use save() for the "
+                                   "host-buffer path")
+            stager = kwargs["async_stager"] = _InPlaceStager()
         response = dcp.async_save(state, **kwargs)
     except BaseException:
-        summing.close()
+        summing.close()  # no upload will run: put the writer back now
         raise
     staging = getattr(response, "staging_completion", None)
     if staging is not None and path is SavePath.RELOAD:
