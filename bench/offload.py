@@ -103,7 +103,7 @@ def parse_variant(text: str) -> tuple[str, StoreConfig, bool]:
     """``"name:key=value,key=value"`` -> (name, StoreConfig, consolidate); values are ints, or strings.
 
     ``pin_ahead`` takes ``background``/``off`` (StoreConfig) and ``1``/``0`` for the same;
-    ``consolidate=0`` skips ``store.consolidate()`` at setup (default: consolidate).
+    ``empty_cache`` takes ``1``/``0`` (or ``True``/``False``); ``consolidate=0`` skips ``store.consolidate()`` at setup (default: consolidate).
     """
     name, _, spec = text.partition(":")
     if not name:
@@ -119,6 +119,9 @@ def parse_variant(text: str) -> tuple[str, StoreConfig, bool]:
             value = "off" if value in ("0", "false", "False", "") else "background"
         if key not in StoreConfig.__dataclass_fields__:
             raise ValueError(f"store variant {text!r}: StoreConfig has no field {key!r}")
+        if key == "empty_cache":  # StoreConfig takes a bool, not 0/1
+            kwargs[key] = value not in ("0", "false", "False", "")
+            continue
         kwargs[key] = int(value) if re.fullmatch(r"-?\d+", value) else (None if value == "None" else value)
     return name, StoreConfig(**kwargs), consolidate
 

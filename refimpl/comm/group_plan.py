@@ -42,6 +42,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
+from refimpl.arguments import ArgumentTypeError, expect, expect_bool, expect_int, expect_names
 from refimpl.runtime.base import GroupError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,11 +147,15 @@ class GroupPlanRules:
     def __post_init__(self) -> None:
         for name in ("sync_groups", "wake_groups", "keep_live", "destroy"):
             v = getattr(self, name)
-            if v is None:
+            if v is None and name in ("sync_groups", "wake_groups"):
                 continue
             if isinstance(v, str):
-                raise TypeError(f"GroupPlanRules.{name} must be a collection of group names, not the string {v!r}")
-            object.__setattr__(self, name, frozenset(v))
+                raise ArgumentTypeError(
+                    f"GroupPlanRules.{name} must be a collection of group names, not the string {v!r}")
+            object.__setattr__(self, name, frozenset(expect_names(v, "GroupPlanRules(...)", name)))
+        expect_int(self.keep_below_bytes, "GroupPlanRules(...)", "keep_below_bytes")
+        expect_bool(self.destroy_single_rank, "GroupPlanRules(...)", "destroy_single_rank")
+        expect(self.costs, SwitchCosts, "GroupPlanRules(...)", "costs", "a SwitchCosts or None", optional=True)
         both = self.keep_live & self.destroy
         if both:
             raise ValueError(f"GroupPlanRules: groups {sorted(both)} are both in keep_live and destroy; pick one")

@@ -72,6 +72,7 @@ from refimpl.comm.errors import (
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
 from refimpl.comm.group_plan import GroupAction, GroupPlanRules, PlannedGroups
 from refimpl.comm.lazy_wake import LazyWake
+from refimpl.comm.lifecycle_arguments import check_lifecycle_arguments
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.comm.role_groups import RoleGroups
 from refimpl.comm.states import PGEvent, PGPolicy, PGState, allowed_states, transition_for
@@ -124,11 +125,12 @@ class PGLifecycle:
         resident: Iterable[str] = (),
         plan: GroupPlanRules | None = None,
     ) -> None:
+        groups, resident = check_lifecycle_arguments(rt, groups, config, gates, facts, resident, plan)
         self.rt = rt
         self.config = config or LifecycleConfig()
         self._given: dict[str, GroupSpec | None] = {}
         for g in groups:
-            name = g.name if isinstance(g, GroupSpec) else str(g)
+            name = g.name if isinstance(g, GroupSpec) else g
             if name in self._given:
                 raise ValueError(f"group {name!r} listed twice")
             self._given[name] = g if isinstance(g, GroupSpec) else None

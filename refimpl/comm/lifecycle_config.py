@@ -6,8 +6,10 @@ so they live below both.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
+from refimpl.arguments import ArgumentTypeError, describe, expect, expect_bool, expect_int
 from refimpl.comm.agreement import CONTROL_GROUP
 from refimpl.comm.states import PGPolicy
 
@@ -57,7 +59,8 @@ class LifecycleConfig:
         if isinstance(self.policy, str):  # the strings scenarios and the CLI use are accepted too
             object.__setattr__(self, "policy", PGPolicy.parse(self.policy))
         if not isinstance(self.policy, PGPolicy):
-            raise TypeError(f"policy must be a PGPolicy or its name, got {self.policy!r}")
+            raise ArgumentTypeError(f"LifecycleConfig: policy must be a PGPolicy or its name, got {self.policy!r}")
+        self._check_types()
         for name in ("cooldown_s", "canary_timeout_s", "agree_timeout_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0) or (name != "cooldown_s" and v == 0):
@@ -66,6 +69,17 @@ class LifecycleConfig:
             raise ValueError(f"LifecycleConfig.rebuild_retries must be >= 0, got {self.rebuild_retries}")
         if not self.control_group:
             raise ValueError("LifecycleConfig.control_group needs a name")
+
+    def _check_types(self) -> None:
+        where = "LifecycleConfig(...)"
+        for name in ("cooldown_s", "canary_timeout_s", "agree_timeout_s", "canary_value"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ArgumentTypeError(f"{where}: {name} must be a number, got {describe(v)}")
+        expect_bool(self.two_phase, where, "two_phase")
+        expect_bool(self.parallel_destroy, where, "parallel_destroy")
+        expect_int(self.rebuild_retries, where, "rebuild_retries")
+        expect(self.control_group, str, where, "control_group", "a group name (str)")
 
 
 @dataclass

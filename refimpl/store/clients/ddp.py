@@ -38,7 +38,10 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import torch
 
+from refimpl.arguments import ArgumentTypeError, expect_name
 from refimpl.runtime.base import CopyKind
+from refimpl.store.arguments import check_optimizer
+from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
 from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
@@ -92,9 +95,16 @@ class DDPClient:
     """A DDP model (and optionally its optimizer) attached to ``store``; made by :func:`attach_ddp`."""
 
     def __init__(self, store: Any, ddp: Any, optimizer: Any = None, name: str = "model") -> None:
+        call = "attach_ddp(store, ddp, optimizer, name)"
+        check_store(store, call)
         module = getattr(ddp, "module", None)
         if not isinstance(module, torch.nn.Module) or not hasattr(ddp, "gradient_as_bucket_view"):
-            raise TypeError(f"attach_ddp expects a torch DistributedDataParallel, got {type(ddp).__name__}")
+            hint = ("; wrap it in DistributedDataParallel first, or attach a plain model with store.attach_module"
+                    if isinstance(ddp, torch.nn.Module) else "")
+            raise ArgumentTypeError(
+                f"{call}: ddp must be a torch DistributedDataParallel, got {type(ddp).__name__}{hint}")
+        check_optimizer(optimizer, call, optional=True)
+        expect_name(name, call, "name")
         self.store, self.ddp, self.module, self.name = store, ddp, module, name
         self.bucket_view = bool(ddp.gradient_as_bucket_view)
         self._buckets: list[_Bucket] = []

@@ -48,6 +48,8 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import torch
 
+from refimpl.arguments import expect_name
+from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.dedup import DedupConfig
 from refimpl.store.errors import StoreError
@@ -230,6 +232,8 @@ class MegatronClient:
     """A Megatron-core model and optimizer attached to a store; made by :func:`attach_megatron`."""
 
     def __init__(self, store: Any, model: Any, optimizer: Any = None, name: str = "megatron") -> None:
+        check_store(store, "attach_megatron(store, model, optimizer, name)")
+        expect_name(name, "attach_megatron(store, model, optimizer, name)", "name")
         self.store, self.name = store, name
         self.state = MegatronState(model, optimizer, name)
         self._plan: _Plan | None = None
