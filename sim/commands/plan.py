@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout (the table is not printed)")
     s.add_argument("--png", metavar="TIMELINE.png", help="write a timeline of the recommended step (needs matplotlib)")
-    s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    s.add_argument("--quiet", action="store_true", help="no progress bar or progress lines on stderr")
 
 
 def _model(text: str | None, args: argparse.Namespace, flag: str = "--model"):
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
               "8xH200 node); see timeshare plan --help", file=info)
     elif args.model is None and args.params_b is None and fc is None:
         print("no --model given: planning Qwen2.5-7B", file=info)
-    with progress_bar(plan_size(inputs), "plan", enabled=not args.quiet) as tick:
+    with progress_bar(plan_size(inputs), "plan", enabled=not (args.quiet or args.json)) as tick:
         plan = make_plan(inputs, None if args.quiet else (lambda m: None) if sys.stderr.isatty() else stderr_progress,
                          tick)
     if plan["recommendation"] is None:

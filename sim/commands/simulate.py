@@ -109,7 +109,7 @@ def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | N
 def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
                       sets: list[str] | None, as_json: bool, args: argparse.Namespace | None) -> int:
     from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError, describe_os_error
-    from refimpl.output import envelope
+    from refimpl.output import ProgressBar, envelope
     from sim.scenarios.fold import plan_fold
     from sim.scenarios.scale import (DEFAULT_MAX_GB, DEFAULT_MAX_SECONDS, BudgetError, Progress, SizeError, check_size, estimate,
                            run_auto)
@@ -143,8 +143,11 @@ def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png
         planned = plan_fold(scn) if fold else (None, "folding turned off" if not (trace or png) else
                                                "a trace or timeline needs every rank")
         check(estimate(scn, *planned))
-        with Progress(lambda line: print(line, file=sys.stderr, flush=True),
-                      every_s=getattr(args, "progress_every", 5.0)) as progress:
+        # a bar with the time left on a terminal (off with --quiet or --json); else a line every few seconds
+        with ProgressBar(f"simulating {scn.name}", 0, enabled=not (quiet or as_json)) as bar, \
+                Progress(lambda line: print(line, file=sys.stderr, flush=True), every_s=getattr(args, "progress_every", 5.0),
+                         bar=(lambda done, total, label: bar.update(done, total, label)) if bar.drawing else None,
+                         steps=scn.steps) as progress:
             result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch,
                                                  check_full=check)
     except ScenarioError as exc:  # a check the runner makes on the scenario (e.g. its size)
