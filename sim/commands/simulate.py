@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (opens in Perfetto)")
     run.add_argument("--png", metavar="TIMELINE.png", help="write a PNG timeline, one row per rank (needs matplotlib)")
     run.add_argument("--quiet", action="store_true", help="print only the result line, not the per-rank table")
+    run.add_argument("--wide", action="store_true", help="the per-rank table up to 220 columns instead of 100")
     run.add_argument("--max-est-seconds", type=float, default=None, metavar="S",
                      help="refuse a run estimated to take longer (default 900)")
     run.add_argument("--max-est-gb", type=float, default=None, metavar="GB",
@@ -76,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to both scenarios")
     cmp_.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override applied to B only")
     cmp_.add_argument("--json", action="store_true", help="print the comparison as JSON (common envelope)")
+    cmp_.add_argument("--wide", action="store_true", help="the table up to 220 columns instead of 100")
     cal = sub.add_parser("calibrate", help="fit communicator and scrub constants on records; write a preset")
     cal.add_argument("records", nargs="+", metavar="RECORD.json", help="the fit set (multigpu, comm_h200, scrub probe)")
     cal.add_argument("--base", default="hgx-h200-8x", help="preset whose other constants are kept (default hgx-h200-8x)")
@@ -160,8 +162,9 @@ def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png
     if as_json:
         print(json.dumps(envelope("sim run", result.to_dict(), ok=result.ok), indent=1))
     else:
-        print(result.table().split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
-        print(result.table().split("\n\n", 1)[1])
+        text = result.table(wide=getattr(args, "wide", False))
+        print(text.split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
+        print(text.split("\n\n", 1)[1])
     try:
         if out:
             Path(out).write_text(json.dumps(result.to_dict(), indent=1))
@@ -200,7 +203,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps(envelope("sim compare", {"a": la, "b": lb, "rows": rows}, ok=bool(a.get("ok") and b.get("ok"))),
                          indent=1))
     else:
-        print(format_compare(la, lb, a, b, rows))
+        print(format_compare(la, lb, a, b, rows, wide=args.wide))
     return 0
 
 
