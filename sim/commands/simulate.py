@@ -249,6 +249,13 @@ def _list(wide: bool = False) -> int:
     return 0
 
 
+def _record_name(where: str) -> str:
+    """A record's folder and file (and section), without the directories above: ``run1/comm.json#comm_raw``."""
+    path, _, section = where.partition("#")
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" + (f"#{section}" if section else "")
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from refimpl.cli_errors import EXIT_BAD_INPUT
     from sim.calibrate.fit import calibrated_preset, write_preset
@@ -262,9 +269,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"fitted on {len(records)} record(s), base preset {args.base}:")
-    for o in obs:
-        print(f"  {o.constant:<34} {o.value:>14.6g}  {o.record}: {o.how}")
+    from refimpl.output import table
+
+    rows = [[o.constant, f"{o.value:.6g}", f"{_record_name(o.record)}: {o.how}"] for o in obs]
+    print(table(["constant", "value\n(s, B, B/s)", "fitted from (record: how)"], rows, right=(1,),
+                min_widths={0: max([8] + [len(o.constant) for o in obs])},
+                title=f"fitted on {len(records)} record(s), base preset {args.base}"))
     print(f"wrote {path}")
     return 0
 
