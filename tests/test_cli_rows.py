@@ -233,3 +233,16 @@ def test_the_plan_picture_gives_no_colour_two_meanings():
     for colours in (SEGMENT_COLOURS, PHASE_COLOURS):
         assert len(set(colours.values())) == len(colours)
     assert CAPACITY_COLOUR not in SEGMENT_COLOURS.values()
+
+
+def test_the_readme_and_the_guide_list_every_exit_code():
+    import re
+
+    from refimpl import cli_errors
+
+    codes = {v for k, v in vars(cli_errors).items() if k.startswith("EXIT_")}
+    readme = (ROOT / "README.md").read_text()
+    said = readme[readme.index("Exit codes:"):].split("\n\n")[0]
+    assert {int(c) for c in re.findall(r"\b(\d) (?:done|a |bad|an )", said)} == codes, said
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    assert {int(c) for c in re.findall(r"^\| (\d) \|", guide, re.MULTILINE)} == codes

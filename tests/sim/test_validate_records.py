@@ -52,11 +52,11 @@ PROBES = sorted((WAVE3 / "destroy-walk").glob("destroy-walk-*.json"))
 WAVE3_SWITCH = WAVE3 / "multigpu-2026-11-30-nvidia-h200x2.json"
 FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB, AGREEMENT, *PROBES]
 #: whose SUSPEND wake_up gives the canary after resume (needs a base of 2 GPUs or more)
-CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "h200-1x": []}
+CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "hgx-h20-8x": [MULTIGPU], "h200-1x": []}
 OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
 
 
-@pytest.mark.parametrize("base", ["hgx-h200-8x", "h200-1x"])
+@pytest.mark.parametrize("base", ["hgx-h200-8x", "hgx-h20-8x", "h200-1x"])
 def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path, capsys):
     out = tmp_path / "p.json"
     canary = [a for p in CANARY_FROM[base] for a in ("--canary-from", str(p))]
