@@ -36,6 +36,9 @@ def test_a_candidate_that_overflows_pinned_host_memory_is_an_answer_not_a_crash(
     reasons = [o["reason"] for o in data["outcomes"]]
     assert any(r.startswith("host pinned memory") and " GiB > " in r for r in reasons), reasons
     assert data["reason"].startswith("does not fit:")
+    # the floor a starved rollout is held to is one sequence, not the batch's KV need the header states
+    kv = [r for r in reasons if "of KV cache" in r]
+    assert kv and all("needs at least" in r and "for one sequence" in r for r in kv), kv
 
 
 def test_switch_window_with_more_ranks_than_the_preset_has_gpus_is_exit_2():
