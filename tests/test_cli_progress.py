@@ -76,3 +76,12 @@ def test_the_sim_run_bar_counts_every_rank_s_phases():
         run_auto(scn, fold=False, on_world=progress.watch)
     assert progress.phases() == (scn.world_size * scn.steps * 5, scn.world_size * scn.steps * 5)
     assert seen and all(d <= t for d, t in seen)
+
+
+def test_plan_draws_a_bar_while_it_looks_for_the_nodes_a_model_needs():
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "examples" / "configs" / "verl_llama3-70b_one_node.yaml"
+    rc, out, err = run(["plan", str(config), "--layouts", "given"])
+    assert rc == 1 and "trainer.nnodes=2" in out
+    assert drew_a_bar(err.split("plan: on more nodes", 1)[-1]) and "plan: on more nodes" in err
