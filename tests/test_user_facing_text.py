@@ -55,7 +55,7 @@ def test_the_comparison_page_and_help_texts_are_in_user_words():
 def test_in_user_words_names_the_machine_and_date_not_the_record():
     from sim.presets.wording import in_user_words
 
-    text = ("fitted by timeshare sim calibrate (mean of bench/results/2026-11-30-h200x2-wave3/destroy-walk/"
+    text = ("fitted by timeshare sim calibrate (mean of bench/results/2026-11-30-h200x2-walk-probes/destroy-walk/"
             "x-nvidia-h200x2.json: 7 passes; seeds/004 section 4.4; commit 1f33585; /work/shared/GPU.md)")
     got = in_user_words(text)
     assert "2 x H200 of 2026-11-30" in got and "the Relax report, section 4.4" in got and "docs/gpu.md" in got

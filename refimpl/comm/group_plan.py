@@ -72,7 +72,7 @@ class SwitchCosts:
     (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
     init at the first collective, counted although it lands outside the
     switch window) cost about the same whatever the size. Defaults, measured on
-    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-wave2/``,
+    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-lazy-wake/``,
     ``comm_raw``; ``tests/comm/test_switch_costs_records.py`` recomputes them):
     suspend 1.02 s/GiB and resume 0.55 s/GiB (14 two-rank communicators of
     480 MiB, one after the other), destroy 0.247 s and init (the first
@@ -115,7 +115,9 @@ class GroupPlanRules:
     """How SUSPEND_PLANNED chooses each group's action (see :func:`choose_action`).
 
     ``sync_groups``: the groups the weight sync uses on this rank (None: any
-    group, so all stay live through the sync). ``keep_live``: groups the
+    group, so all stay live through the sync). Read by every policy where it is
+    empty: a sync that needs none of the role's groups brings none up
+    (:meth:`PGLifecycle.weight_sync`). ``keep_live``: groups the
     rollout uses; never suspended. ``destroy``: groups not needed until the
     next training step that should be destroyed rather than suspended.
     ``keep_below_bytes``: a group whose suspendable NCCL memory is at most this

@@ -289,14 +289,20 @@ class PGLifecycle:
 
         An exception in ``fn`` on any rank fails every rank (groups aborted,
         preservation off, re-raised). The first sync that succeeds everywhere
-        after an eligible pause arms preservation.
+        after an eligible pause arms preservation. Where the plan rules say the
+        sync needs no role group (``GroupPlanRules(sync_groups=set())``), a sync
+        from SUSPENDED or DESTROYED leaves the groups down: no resume or rebuild
+        before it, no suspend or destroy (and no new cooldown) after it.
         """
         await self.start()
         self._require("weight_sync")
         paused = self.state
         with self.rt.span("lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
-            if paused is PGState.ACTIVE_LAZY:
+            stay_down = self.plan_rules.sync_groups == frozenset() and paused in (PGState.SUSPENDED, PGState.DESTROYED)
+            if stay_down:  # the sync uses none of the role's groups: they stay as the pause left them
+                pass
+            elif paused is PGState.ACTIVE_LAZY:
                 await self.lazy.bring(self.plan_rules.sync_groups)
             elif needs_bring_up(paused):
                 await self._bring_up()
@@ -308,7 +314,9 @@ class PGLifecycle:
             if not kept and self.preservation.disabled is None:
                 self._preservation = disabled(self._preservation, "preservation is off on a peer (agreed at the sync)")
             self._preservation = after_good_sync(self.preservation)
-            if paused is PGState.SUSPENDED and kept:
+            if stay_down:
+                pass
+            elif paused is PGState.SUSPENDED and kept:
                 await self.role.suspend_all()
                 self.transition(PGEvent.SUSPEND)
             elif self.state is PGState.SYNC_READY:
