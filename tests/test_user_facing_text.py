@@ -67,7 +67,7 @@ def test_in_user_words_names_the_machine_and_date_not_the_record():
 #: bench/results/ are files in the repository, so the docs may name them
 NOT_A_USERS = re.compile(r"seeds/|seeds? 0\d\d|/work/|\bissues? \d+|\bcommit [0-9a-f]{6,}|"
                          r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b|\bsessions?\b|"
-                         r"\b(?:cli|misc|gpufix)\d+\b", re.IGNORECASE)
+                         r"\b(?:cli|misc|gpufix)\d+\b|\bwave\d+\b|-wave\b", re.IGNORECASE)
 
 
 def _commands(parser, prefix=()):
