@@ -160,36 +160,42 @@ class Progress:
         self._t0 = time.perf_counter()
         self._seen: list[int] = []  # per rank: spans already looked at
         self._phases_done = 0
+        self._counting = threading.Lock()  # watch() (the run's thread) against phases() (this one's)
         self.lines = 0
 
     def watch(self, world: "SimWorld") -> None:
         """Follow ``world``'s engine from now on."""
-        self._seen, self._phases_done = [], 0
-        self._world = world
+        with self._counting:
+            self._seen, self._phases_done = [], 0
+            self._world = world
 
     def phases(self) -> tuple[int, int]:
         """(RL phases the ranks have finished, all of them): the bar's count and total."""
         from sim.scenarios.result import PHASE_ORDER
 
-        w = self._world
-        if w is None:
-            return 0, 0
-        runtimes = list(w.runtimes)
-        self._seen += [0] * (len(runtimes) - len(self._seen))
-        for i, rt in enumerate(runtimes):  # only the spans recorded since the last look (the list only grows)
-            spans = rt.spans
-            new = spans[self._seen[i]:]
-            self._seen[i] += len(new)
-            self._phases_done += sum(1 for name, _s, _e in new if name in PHASE_ORDER)
-        return self._phases_done, len(runtimes) * self.steps * len(PHASE_ORDER)
+        with self._counting:
+            w = self._world
+            if w is None:
+                return 0, 0
+            runtimes = list(w.runtimes)
+            self._seen += [0] * (len(runtimes) - len(self._seen))
+            for i, rt in enumerate(runtimes):  # only the spans recorded since the last look (the list only grows)
+                new = rt.spans[self._seen[i]:]
+                self._seen[i] += len(new)
+                self._phases_done += sum(1 for name, _s, _e in new if name in PHASE_ORDER)
+            return self._phases_done, len(runtimes) * self.steps * len(PHASE_ORDER)
 
     def _loop(self) -> None:
         every = self.every_s if self.bar is None else min(self.every_s, self.bar_every_s)
         while not self._stop.wait(every):
             w = self._world
             if self.bar is not None:
-                done, total = self.phases()
-                self.bar(done, total, "building the world" if w is None else f"{w.engine.now:.2f} s simulated")
+                try:
+                    done, total = self.phases()
+                    self.bar(done, total, "building the world" if w is None else f"{w.engine.now:.2f} s simulated")
+                except Exception:  # noqa: BLE001 - a progress bar must never stop a run or print a traceback
+                    log.debug("progress bar stopped", exc_info=True)
+                    return
                 continue
             wall = time.perf_counter() - self._t0
             if w is None:
