@@ -52,15 +52,16 @@ PROBES = sorted((WALK_PROBES / "destroy-walk").glob("destroy-walk-*.json"))
 PROBES_SWITCH = WALK_PROBES / "multigpu-2026-11-30-nvidia-h200x2.json"
 FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB, AGREEMENT, *PROBES]
 #: whose SUSPEND wake_up gives the canary after resume (needs a base of 2 GPUs or more)
-CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "h200-1x": []}
+CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "hgx-h20-8x": [MULTIGPU], "h200-1x": []}
 OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
 
 
-@pytest.mark.parametrize("base", ["hgx-h200-8x", "h200-1x"])
-def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path):
+@pytest.mark.parametrize("base", ["hgx-h200-8x", "hgx-h20-8x", "h200-1x"])
+def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path, capsys):
     out = tmp_path / "p.json"
     canary = [a for p in CANARY_FROM[base] for a in ("--canary-from", str(p))]
     assert main(["sim", "calibrate", *map(str, FIT_SET), *canary, "--base", base, "--out", str(out)]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 100  # a table of 100 columns
     assert json.loads(out.read_text()) == json.loads((PRESET_DIR / "calibrated" / f"{base}.json").read_text())
 
 
@@ -300,6 +301,7 @@ def test_validate_cli_prints_predicted_against_measured_and_fails_outside_tolera
     assert "DESTROY wake_up" in out and "OUTSIDE" in out and "predicted PAUSED_LIVE < DESTROY_DEFERRED" in out
     assert "bound to a device" in out  # the transcribed table's run initialised NCCL eagerly
     assert "score: >= 0.1 s: " in out and "; < 0.1 s: " in out
+    assert max(len(line) for line in out.splitlines()) <= 100 and "measured (s)" in out  # one table library
     # a tolerance wide enough for every figure passes
     assert main(["sim", "validate", str(TWO_GPU), "--tolerance", "1.0"]) == 0
 
