@@ -43,14 +43,17 @@ from refimpl.torch_runtime.proxy_wake import ProxyWaker  # noqa: E402
 
 
 def sync() -> None:
+    """Wait for every stream of the current device."""
     torch.cuda.synchronize()
 
 
 def free_bytes() -> int:
+    """Free device memory by ``cudaMemGetInfo``."""
     return torch.cuda.mem_get_info()[0]
 
 
 def warn_lines() -> int:
+    """NCCL WARN lines written so far to ``NCCL_DEBUG_FILE``."""
     try:
         return sum("WARN" in line for line in Path(os.environ["NCCL_DEBUG_FILE"]).read_text().splitlines())
     except OSError:
@@ -58,6 +61,7 @@ def warn_lines() -> int:
 
 
 def used_group():
+    """A new one-rank group whose communicator a first all-reduce created."""
     g = dist.new_group([0])
     x = torch.ones(1, device="cuda")
     dist.all_reduce(x, group=g)
@@ -83,10 +87,12 @@ def destroy(g, wake: bool) -> tuple[float, int]:
 
 
 def stats(xs: list[float]) -> dict:
+    """Median, min, max and every value of ``xs``."""
     return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs), "all": xs}
 
 
 def probe_destroy(trials: int) -> dict:
+    """Destroys of used one-rank groups after a random idle, without and with the proxy waker."""
     out = {}
     for wake in (False, True):
         times, freed, woken = [], [], []
@@ -103,6 +109,7 @@ def probe_destroy(trials: int) -> dict:
 
 
 def copy_pair(nbytes: int):
+    """A device buffer and a pinned host buffer of ``nbytes`` each."""
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev.fill_(7)
@@ -111,6 +118,7 @@ def copy_pair(nbytes: int):
 
 
 def timed_copy(dst, src, stream) -> float:
+    """Seconds of one copy on ``stream``, from a device synchronize to its end."""
     sync()
     t0 = time.perf_counter()
     with torch.cuda.stream(stream):
@@ -120,6 +128,7 @@ def timed_copy(dst, src, stream) -> float:
 
 
 def probe_destroy_beside_copy(dev, host, stream, trials: int) -> dict:
+    """A destroy with the waker issued right after a D2H copy: both together against the copy alone."""
     alone = [timed_copy(host, dev, stream) for _ in range(3)]
     both, destroy_s = [], []
     for _ in range(trials):
@@ -141,6 +150,7 @@ def probe_destroy_beside_copy(dev, host, stream, trials: int) -> dict:
 
 
 def probe_suspend(dev, host, stream, trials: int) -> dict:
+    """ncclCommSuspend / ncclCommResume alone and beside copies (NCCL >= 2.29.7; skipped otherwise)."""
     lib = nccl_mod.NcclLibrary.load()
     out: dict = {"nccl": lib.version_string}
     if not lib.has_suspend_resume:
@@ -202,6 +212,7 @@ def probe_suspend(dev, host, stream, trials: int) -> dict:
 
 
 def probe_first_collective(dev, host, stream, trials: int) -> dict:
+    """A new group's first all-reduce (lazy init) alone and on a thread beside an H2D copy."""
     alone, beside, h2d_alone, h2d_beside = [], [], [], []
     for _ in range(3):
         h2d_alone.append(timed_copy(dev, host, stream))
@@ -241,6 +252,7 @@ def probe_first_collective(dev, host, stream, trials: int) -> dict:
 
 
 def main() -> int:
+    """Run every probe, write ``switch_probe.json`` and print the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=8.0)
     ap.add_argument("--trials", type=int, default=6)
