@@ -58,6 +58,7 @@ from refimpl.runtime.base import (
 from refimpl.torch_runtime import proxy_wake
 from refimpl.torch_runtime.copy_stream import CopyEngine
 from refimpl.torch_runtime.device_cache import DeviceCache
+from refimpl.torch_runtime.foreign_groups import ForeignGroup, HeldReferences, foreign_spec
 from refimpl.torch_runtime.pinning import DEFAULT_CUDA_PREFAULT, PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
 
@@ -77,6 +78,7 @@ class _Group:
     handles: list[int] = field(default_factory=list)
     torch_name: str = ""
     store: Any = None  # the group's own rendezvous store (option "rendezvous_port"), kept while live
+    foreign: ForeignGroup | None = None  # a framework's own group, adopted (refimpl.torch_runtime.foreign_groups)
 
 
 class TorchRuntime(Runtime):
@@ -141,6 +143,7 @@ class TorchRuntime(Runtime):
         world_spec = GroupSpec(WORLD, tuple(range(self.world_size)), backend=world_backend)
         self._groups: dict[str, _Group] = {WORLD: _Group(world_spec, world_pg, torch_name=self._pg_name(world_pg))}
         self._point_hooks: dict[str, list[Callable[[], None]]] = {}
+        self._held = HeldReferences()  # where Python holds adopted groups that are down
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
 
@@ -254,11 +257,11 @@ class TorchRuntime(Runtime):
         pg, store = self._create_checked(spec)
         self._groups[spec.name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
 
-    def _create_checked(self, spec: GroupSpec) -> tuple[Any, Any]:
+    def _create_checked(self, spec: GroupSpec, extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
         """:meth:`_create`, then, for a group with its own rendezvous port, the members' check-in there
         (see :mod:`refimpl.torch_runtime.rendezvous`); on a failed check-in the new group is destroyed again."""
         port = rendezvous_port(spec)
-        pg = self._create(spec)
+        pg = self._create(spec, extra)
         if port is None or not self._distributed or self.rank not in spec.ranks:
             return pg, None
         try:
@@ -271,12 +274,13 @@ class TorchRuntime(Runtime):
                     logger.warning("destroying group %r after a failed check-in raised %s", spec.name, e)
             raise
 
-    def _create(self, spec: GroupSpec) -> Any:
-        """Build the torch process group for ``spec`` (None on non-members and without dist)."""
+    def _create(self, spec: GroupSpec, extra: dict[str, Any] | None = None) -> Any:
+        """Build the torch process group for ``spec`` (None on non-members and without dist); ``extra``: more
+        ``dist.new_group`` arguments (an adopted group's ``pg_options`` and ``group_desc``)."""
         if not self._distributed:
             return None
         backend = spec.backend or self.default_backend
-        kwargs: dict[str, Any] = dict(timeout=timedelta(seconds=spec.timeout_s), backend=backend)
+        kwargs: dict[str, Any] = dict(timeout=timedelta(seconds=spec.timeout_s), backend=backend, **(extra or {}))
         if backend_options(spec):
             kwargs["pg_options"] = self._pg_options(spec, backend)
         try:
@@ -332,6 +336,9 @@ class TorchRuntime(Runtime):
             raise GroupError(f"group {name!r} is already destroyed; recreate_group({name!r}) rebuilds it")
         pg, g.pg, g.live, g.suspended, g.handles = g.pg, None, False, False, []
         g.store = None  # closes the group's own rendezvous port, if it has one
+        if g.foreign is not None:  # kept until the rebuild re-points the framework's references to it
+            g.foreign.retired = pg
+            self._held.forget()
         return pg
 
     def _guarded(self, what: str, name: str, fn: Callable[[Any], Any], pg: Any) -> None:
@@ -392,9 +399,45 @@ class TorchRuntime(Runtime):
         # the generation is used up even if creation fails, so every rank's next
         # attempt uses the same (fresh) generation, as in the simulator
         g.spec = spec
-        pg, store = self._create_checked(spec)
-        self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
+        foreign = g.foreign
+        pg, store = self._create_checked(spec, foreign.create_kwargs if foreign else None)
+        self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store, foreign=foreign)
+        if foreign is not None and foreign.retired is not None and pg is not None:
+            self._rebind(name, foreign, pg)
         return spec
+
+    def _rebind(self, name: str, foreign: ForeignGroup, pg: Any) -> None:
+        """Point every Python reference to the adopted group's destroyed object at ``pg`` ([Note: rebuilt in
+        place] in :mod:`refimpl.torch_runtime.foreign_groups`)."""
+        records = [g.foreign for g in self._groups.values() if g.foreign is not None]
+        down = [f.retired for f in records if f.retired is not None]
+        changed = self._held.swap(foreign.retired, pg, down, internal=[*records, down])
+        foreign.retired = None
+        logger.debug("group %r rebuilt in place: %d references re-pointed", name, changed)
+
+    def foreign_group_spec(self, name: str, handle: Any) -> GroupSpec:
+        """The spec (ranks, backend, timeout as created) of a ``torch.distributed`` process group made outside
+        this runtime, under ``name``."""
+        return foreign_spec(name, handle)[0]
+
+    async def adopt_group(self, spec: GroupSpec, handle: Any) -> None:
+        """Register a group a framework created (``handle``: its ``ProcessGroup`` on members, None elsewhere) as
+        ``spec.name``; a rebuild re-creates it with the arguments it was made with and points every Python
+        reference to the old object at the new one ([Note: rebuilt in place] in
+        :mod:`refimpl.torch_runtime.foreign_groups`)."""
+        if spec.name in self._groups:
+            raise GroupError(f"group {spec.name!r} already exists; adopt a framework's group under a new name")
+        member = self.rank in spec.ranks
+        if member != (handle is not None):
+            raise GroupError(f"group {spec.name!r} {spec.ranks}: rank {self.rank} "
+                             f"{'is a member but passed no group object' if member else 'is no member but passed one'}")
+        kwargs: dict[str, Any] = {}
+        if handle is not None:
+            own, kwargs = foreign_spec(spec.name, handle)
+            if own.ranks != spec.ranks:
+                raise GroupError(f"group {spec.name!r}: the object passed has ranks {own.ranks}, the spec {spec.ranks}")
+            spec = replace(spec, backend=spec.backend or own.backend)  # a non-member's spec names none
+        self._groups[spec.name] = _Group(spec, handle, torch_name=self._pg_name(handle), foreign=ForeignGroup(kwargs))
 
     def foreign_group_ranks(self, handle: Any) -> tuple[int, ...]:
         """The global ranks of a ``torch.distributed`` process group made outside this runtime, sorted."""

@@ -1,0 +1,198 @@
+"""Process groups a training framework created, adopted by :class:`~refimpl.torch_runtime.TorchRuntime`.
+
+Theory of operation
+-------------------
+A framework such as Megatron-core makes its process groups itself
+(``parallel_state.initialize_model_parallel``) and keeps the group objects:
+in module globals, and in the objects built from them (every tensor-parallel
+layer's ``tp_group``, the DDP wrapper, its buffers and bucket groups, the
+optimizers, the MoE token dispatchers; about 40 holders on a two-layer MoE
+GPTModel). :meth:`TorchRuntime.adopt_group` registers such a group under a name
+so that :class:`refimpl.comm.PGLifecycle` can keep, suspend, or destroy and
+rebuild it like its own groups. A rebuild makes a *new* ``ProcessGroup``
+object (torch cannot re-initialise one in place), so an adopted group is
+rebuilt *in place* as far as Python can see:
+
+[Note: rebuilt in place] After :meth:`TorchRuntime.recreate_group` made the new
+group, every Python reference to the destroyed object is pointed at the new
+one: dict values and keys (module globals, instance dicts, plain dicts), list
+items, instance attributes (``__dict__`` and ``__slots__``) and closure cells.
+The holders are found with one ``gc.get_referrers`` scan over every adopted
+group that is down at that moment (about 40 ms per 400,000 live objects on this
+project's CI machine), so a walk that rebuilds N groups scans once, not N
+times; the scan's result is dropped at the next destroy. The trade-off: the
+runtime changes attributes of objects it does not own, where Megatron offers no
+way to hand it new groups; what it cannot change (a tuple, the locals of a
+running function) is logged as a warning with the holder's type, because a
+framework that uses such a reference later would call a destroyed group.
+Torch's own registries forget the old object at its destroy, so they are never
+touched.
+
+A non-member rank holds no group object (``None``): it takes part in the
+rebuild (``dist.new_group`` is called by every rank) and swaps nothing.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import types
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+from refimpl.runtime.base import GroupError, GroupSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ForeignGroup:
+    """An adopted group on this rank: how to re-create it as it was, and the object a rebuild replaces.
+
+    ``create_kwargs``: the ``dist.new_group`` arguments read from the framework's object on a
+    member (``pg_options`` of an NCCL group, ``group_desc``); empty on a non-member.
+    ``retired``: the destroyed process group, kept until its rebuild has swapped it out.
+    """
+
+    create_kwargs: dict[str, Any] = field(default_factory=dict)
+    retired: Any = None
+
+
+def foreign_spec(name: str, handle: Any) -> tuple[GroupSpec, dict[str, Any]]:
+    """The :class:`GroupSpec` of a framework's process-group object (ranks, backend, timeout as created) and the
+    other ``dist.new_group`` arguments that re-create it (``pg_options`` of NCCL, ``group_desc``)."""
+    if not isinstance(handle, dist.ProcessGroup):
+        raise GroupError(f"group {name!r}: expected a torch.distributed ProcessGroup, got {type(handle).__name__}")
+    backend = str(dist.get_backend(handle))
+    kwargs: dict[str, Any] = {}
+    timeout_s = 600.0
+    options = _backend_options(handle, backend)
+    if options is not None:
+        timeout = getattr(options, "_timeout", None)
+        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+            timeout_s = timeout.total_seconds()
+        if backend == "nccl":  # high-priority streams, the communicator config: re-created as they were
+            kwargs["pg_options"] = options
+    desc = getattr(handle, "group_desc", "")
+    if desc and desc != "undefined":
+        kwargs["group_desc"] = desc
+    ranks = tuple(sorted(dist.get_process_group_ranks(handle)))
+    return GroupSpec(name, ranks, backend=backend, timeout_s=timeout_s), kwargs
+
+
+def _backend_options(handle: Any, backend: str) -> Any:
+    """The backend's options object (its timeout, NCCL's config), or None where this torch build hides it."""
+    device = torch.device("cuda" if backend == "nccl" else "cpu")
+    try:
+        return handle._get_backend(device).options
+    except (AttributeError, RuntimeError, ValueError) as e:
+        log.debug("no backend options for a %s group (%s); the rebuild uses the defaults", backend, e)
+        return None
+
+
+class HeldReferences:
+    """Where Python holds adopted groups that are down, found by one scan; swapped one group at a time.
+
+    See [Note: rebuilt in place] in this module.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[int, list[tuple[Any, str, Any]]] = {}
+
+    def forget(self) -> None:
+        """Drop the last scan's result (a destroy: the set of groups that are down has changed)."""
+        self._slots.clear()
+
+    def swap(self, old: Any, new: Any, down: Iterable[Any], internal: Iterable[Any] = ()) -> int:
+        """Point every reference to ``old`` at ``new``; returns how many were changed.
+
+        ``down``: every adopted object that is down now (``old`` among them), scanned together
+        when ``old`` was not in the last scan. ``internal``: the runtime's own records, never changed.
+        """
+        # no comprehension may close over ``old`` here: its cell would be a holder, and swapped
+        if id(old) not in self._slots:
+            handles = [old]
+            for h in down:
+                if h is not old:
+                    handles.append(h)
+            self._scan(handles, internal)
+        changed = 0
+        for holder, kind, key in self._slots.pop(id(old), []):
+            changed += _swap_one(holder, kind, key, old, new)
+        return changed
+
+    def _scan(self, handles: list[Any], internal: Iterable[Any]) -> None:
+        ids = {id(h) for h in handles}
+        skip = {id(x) for x in internal} | {id(handles), id(self._slots)}
+        self._slots = {i: [] for i in ids}
+        fixed: list[str] = []
+        for holder in gc.get_referrers(*handles):
+            if id(holder) in skip or isinstance(holder, types.FrameType):
+                continue  # a running function's locals are not ours to change
+            slots = _slots_in(holder, ids)
+            if not slots:
+                fixed.append(type(holder).__name__)
+            for handle_id, kind, key in slots:
+                self._slots[handle_id].append((holder, kind, key))
+        if fixed:
+            log.warning("references to process groups being rebuilt that cannot be re-pointed, held by: %s; "
+                        "whoever uses them later calls a destroyed group", ", ".join(sorted(set(fixed))))
+        log.debug("scanned %d groups that are down: %d references", len(handles),
+                  sum(len(s) for s in self._slots.values()))
+
+
+def _slots_in(holder: Any, ids: set[int]) -> list[tuple[int, str, Any]]:
+    """``(id of the held group, kind, key)`` for every place in ``holder`` that can be re-pointed."""
+    if isinstance(holder, dict):
+        out = [(id(v), "value", k) for k, v in holder.items() if id(v) in ids]
+        return out + [(id(k), "key", k) for k in holder if id(k) in ids]
+    if isinstance(holder, list):
+        return [(id(v), "item", i) for i, v in enumerate(holder) if id(v) in ids]
+    if isinstance(holder, types.CellType):
+        try:
+            v = holder.cell_contents
+        except ValueError:  # an empty cell
+            return []
+        return [(id(v), "cell", None)] if id(v) in ids else []
+    out: list[tuple[int, str, Any]] = []
+    attrs = getattr(holder, "__dict__", None)
+    if isinstance(attrs, dict):
+        out += [(id(v), "attr", k) for k, v in attrs.items() if id(v) in ids]
+    for name in _slot_names(type(holder)):
+        v = getattr(holder, name, None)
+        if id(v) in ids:
+            out.append((id(v), "slot", name))
+    return out
+
+
+def _slot_names(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [s for s in slots if s not in ("__dict__", "__weakref__")]
+    return names
+
+
+def _swap_one(holder: Any, kind: str, key: Any, old: Any, new: Any) -> int:
+    """Re-point one place, if it still holds ``old``; 1 if it did."""
+    if kind == "value" and holder.get(key) is old:
+        holder[key] = new
+    elif kind == "key" and key in holder:
+        holder[new] = holder.pop(key)
+    elif kind == "item" and key < len(holder) and holder[key] is old:
+        holder[key] = new
+    elif kind == "cell" and holder.cell_contents is old:
+        holder.cell_contents = new
+    elif kind == "attr" and vars(holder).get(key) is old:
+        vars(holder)[key] = new  # the instance dict itself: no __setattr__ hooks (nn.Module, frozen dataclasses)
+    elif kind == "slot" and getattr(holder, key, None) is old:
+        object.__setattr__(holder, key, new)
+    else:
+        return 0
+    return 1
+
+
+__all__ = ["ForeignGroup", "HeldReferences", "foreign_spec"]
