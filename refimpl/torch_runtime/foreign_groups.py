@@ -36,9 +36,10 @@ from __future__ import annotations
 import gc
 import logging
 import types
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -93,41 +94,63 @@ def _backend_options(handle: Any, backend: str) -> Any:
         return None
 
 
-class HeldReferences:
-    """Where Python holds adopted groups that are down, found by one scan; swapped one group at a time.
+class _Place(NamedTuple):
+    """One place that held an adopted group: a dict value or key, a list item, a cell, an attribute."""
 
-    See [Note: rebuilt in place] in this module.
+    holder: Any  # the container, or a weak reference to an instance
+    kind: str
+    key: Any
+
+    def container(self) -> Any:
+        """The holder (None once a weakly held instance is gone)."""
+        return self.holder() if isinstance(self.holder, weakref.ref) else self.holder
+
+
+class HeldReferences:
+    """The places Python holds adopted groups in, found by a scan after each destroy; re-pointed one group at a time.
+
+    See [Note: rebuilt in place] in this module. The places of the last scan are held until the
+    next one. An instance attribute is also remembered (weakly, by its instance) for good: once an
+    instance's attributes were read as a dict, a dict of atomic values only (process groups, strings,
+    numbers) may stop being tracked by the garbage collector, and a later scan would not see it.
     """
 
     def __init__(self) -> None:
-        self._slots: dict[int, list[tuple[Any, str, Any]]] = {}
+        self._recent: dict[tuple[int, str, Any], _Place] = {}
+        self._attrs: dict[tuple[int, str, Any], _Place] = {}
+        self._scanned = False
 
     def forget(self) -> None:
-        """Drop the last scan's result (a destroy: the set of groups that are down has changed)."""
-        self._slots.clear()
+        """A group was destroyed: the next :meth:`swap` scans again for places that hold it."""
+        self._scanned = False
 
     def swap(self, old: Any, new: Any, down: Iterable[Any], internal: Iterable[Any] = ()) -> int:
-        """Point every reference to ``old`` at ``new``; returns how many were changed.
+        """Point every place that holds ``old`` at ``new``; returns how many were changed.
 
-        ``down``: every adopted object that is down now (``old`` among them), scanned together
-        when ``old`` was not in the last scan. ``internal``: the runtime's own records, never changed.
+        ``down``: every adopted object that is down now (``old`` among them), scanned together by
+        the first swap after a destroy. ``internal``: the runtime's own records, never changed.
         """
         # no comprehension may close over ``old`` here: its cell would be a holder, and swapped
-        if id(old) not in self._slots:
+        if not self._scanned:
             handles = [old]
             for h in down:
                 if h is not old:
                     handles.append(h)
             self._scan(handles, internal)
+            self._scanned = True
         changed = 0
-        for holder, kind, key in self._slots.pop(id(old), []):
-            changed += _swap_one(holder, kind, key, old, new)
+        for k, place in list({**self._attrs, **self._recent}.items()):
+            holder = place.container()
+            if holder is None:
+                self._attrs.pop(k, None)
+            else:
+                changed += _swap_one(holder, place.kind, place.key, old, new)
         return changed
 
     def _scan(self, handles: list[Any], internal: Iterable[Any]) -> None:
         ids = {id(h) for h in handles}
-        skip = {id(x) for x in internal} | {id(handles), id(self._slots)}
-        self._slots = {i: [] for i in ids}
+        skip = {id(x) for x in internal} | {id(handles), id(self._recent)}
+        self._recent = {}
         fixed: list[str] = []
         for holder in gc.get_referrers(*handles):
             if id(holder) in skip or isinstance(holder, types.FrameType):
@@ -135,37 +158,48 @@ class HeldReferences:
             slots = _slots_in(holder, ids)
             if not slots:
                 fixed.append(type(holder).__name__)
-            for handle_id, kind, key in slots:
-                self._slots[handle_id].append((holder, kind, key))
+            for kind, key in slots:
+                self._recent[(id(holder), kind, key)] = _Place(holder, kind, key)
+                if kind == "attr":
+                    try:
+                        self._attrs[(id(holder), kind, key)] = _Place(weakref.ref(holder), kind, key)
+                    except TypeError:  # not weakly referenceable: found by the scans only
+                        pass
         if fixed:
             log.warning("references to process groups being rebuilt that cannot be re-pointed, held by: %s; "
                         "whoever uses them later calls a destroyed group", ", ".join(sorted(set(fixed))))
-        log.debug("scanned %d groups that are down: %d references", len(handles),
-                  sum(len(s) for s in self._slots.values()))
+        log.debug("scanned for %d groups that are down: %d places hold them (%d instance attributes known)",
+                  len(handles), len(self._recent), len(self._attrs))
 
 
-def _slots_in(holder: Any, ids: set[int]) -> list[tuple[int, str, Any]]:
-    """``(id of the held group, kind, key)`` for every place in ``holder`` that can be re-pointed."""
+def _slots_in(holder: Any, ids: set[int]) -> list[tuple[str, Any]]:
+    """``(kind, key)`` for every place in ``holder`` that holds one of ``ids`` and can be re-pointed."""
     if isinstance(holder, dict):
-        out = [(id(v), "value", k) for k, v in holder.items() if id(v) in ids]
-        return out + [(id(k), "key", k) for k in holder if id(k) in ids]
+        out = [("value", k) for k, v in holder.items() if id(v) in ids]
+        return out + ([("keys", None)] if any(id(k) in ids for k in holder) else [])
     if isinstance(holder, list):
-        return [(id(v), "item", i) for i, v in enumerate(holder) if id(v) in ids]
+        return [("item", i) for i, v in enumerate(holder) if id(v) in ids]
     if isinstance(holder, types.CellType):
         try:
             v = holder.cell_contents
         except ValueError:  # an empty cell
             return []
-        return [(id(v), "cell", None)] if id(v) in ids else []
-    out: list[tuple[int, str, Any]] = []
+        return [("cell", None)] if id(v) in ids else []
+    out: list[tuple[str, Any]] = []
     attrs = getattr(holder, "__dict__", None)
     if isinstance(attrs, dict):
-        out += [(id(v), "attr", k) for k, v in attrs.items() if id(v) in ids]
+        out += [("attr", k) for k, v in attrs.items() if id(v) in ids]
     for name in _slot_names(type(holder)):
-        v = getattr(holder, name, None)
-        if id(v) in ids:
-            out.append((id(v), "slot", name))
+        if id(getattr(holder, name, None)) in ids:
+            out.append(("slot", name))
     return out
+
+
+def _has_key(holder: dict, old: Any) -> bool:
+    for k in list(holder):  # by identity; a loop, not a generator closing over ``old`` (see HeldReferences.swap)
+        if k is old:
+            return True
+    return False
 
 
 def _slot_names(cls: type) -> list[str]:
@@ -177,11 +211,11 @@ def _slot_names(cls: type) -> list[str]:
 
 
 def _swap_one(holder: Any, kind: str, key: Any, old: Any, new: Any) -> int:
-    """Re-point one place, if it still holds ``old``; 1 if it did."""
+    """Re-point one place if it holds ``old`` now; 1 if it did."""
     if kind == "value" and holder.get(key) is old:
         holder[key] = new
-    elif kind == "key" and key in holder:
-        holder[new] = holder.pop(key)
+    elif kind == "keys" and _has_key(holder, old):
+        holder[new] = holder.pop(old)
     elif kind == "item" and key < len(holder) and holder[key] is old:
         holder[key] = new
     elif kind == "cell" and holder.cell_contents is old:

@@ -38,14 +38,33 @@ def _sums(groups, device):
     return out
 
 
-def _held_elsewhere(objs, mine):
-    """Types of whatever still holds one of ``objs`` (frames and the test's own containers aside)."""
+def _held_elsewhere(objs, mine, roots):
+    """Types of whatever still holds one of ``objs``: what the garbage collector tracks (frames and the
+    test's own containers aside), and what is reachable from ``roots`` (untracked dicts and tuples too)."""
     import gc
     import types
 
     skip = {id(m) for m in mine}
-    return sorted({type(r).__name__ for r in gc.get_referrers(*objs)
-                   if id(r) not in skip and not isinstance(r, types.FrameType)})
+    found = {type(r).__name__ for r in gc.get_referrers(*objs) if id(r) not in skip
+             and not isinstance(r, types.FrameType)}
+    targets, seen, stack = {id(o) for o in objs}, set(), list(roots)
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (type, str, bytes, int, float)) or o is None:
+            continue
+        seen.add(id(o))
+        if isinstance(o, types.FunctionType):  # its closure and defaults, not every module's globals
+            refs = [*(o.__closure__ or ()), *(o.__defaults__ or ())]
+        elif isinstance(o, types.ModuleType) and o not in roots:
+            continue
+        else:
+            refs = gc.get_referents(o)
+        for r in refs:
+            if id(r) in targets:
+                found.add(type(o).__name__)
+            else:
+                stack.append(r)
+    return sorted(found)
 
 
 def _weight_sync(ps, device):
@@ -88,7 +107,7 @@ def _cycles(rank, ps, model, opt, g, device):
         # the objects Megatron holds are the runtime's live groups (on Gloo a destroyed group would still work)
         current = {pg.group_name for pg in after.values()} == {rt.torch_group_name(n) for n in names if rt.is_member(n)}
         facts.append(dict(state=state.name, synced=synced, sums=_sums(after, device), replaced=replaced,
-                          current=current, held=_held_elsewhere(olds, [before, olds]) if olds else []))
+                          current=current, held=_held_elsewhere(olds, [before, olds], [ps, model, opt]) if olds else []))
         del before, olds
     history = [(a.name, e.name, b.name) for _, a, e, b in lc.history]
     return names, losses, facts, history, lc.state.name
