@@ -18,9 +18,10 @@ group, every Python reference to the destroyed object is pointed at the new
 one: dict values and keys (module globals, instance dicts, plain dicts), list
 items, instance attributes (``__dict__`` and ``__slots__``) and closure cells.
 The holders are found with one ``gc.get_referrers`` scan over every adopted
-group that is down at that moment (about 40 ms per 400,000 live objects on this
-project's CI machine), so a walk that rebuilds N groups scans once, not N
-times; the scan's result is dropped at the next destroy. The trade-off: the
+group that is down at that moment (it visits every object the garbage collector
+tracks; its time is logged at DEBUG), so a walk that rebuilds N groups scans
+once, not N times; the scan's result is kept until the next destroy. An
+instance attribute is remembered for good (weakly): see :class:`HeldReferences`. The trade-off: the
 runtime changes attributes of objects it does not own, where Megatron offers no
 way to hand it new groups; what it cannot change (a tuple, the locals of a
 running function) is logged as a warning with the holder's type, because a
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -148,6 +150,7 @@ class HeldReferences:
         return changed
 
     def _scan(self, handles: list[Any], internal: Iterable[Any]) -> None:
+        start = time.perf_counter()
         ids = {id(h) for h in handles}
         skip = {id(x) for x in internal} | {id(handles), id(self._recent)}
         self._recent = {}
@@ -168,8 +171,8 @@ class HeldReferences:
         if fixed:
             log.warning("references to process groups being rebuilt that cannot be re-pointed, held by: %s; "
                         "whoever uses them later calls a destroyed group", ", ".join(sorted(set(fixed))))
-        log.debug("scanned for %d groups that are down: %d places hold them (%d instance attributes known)",
-                  len(handles), len(self._recent), len(self._attrs))
+        log.debug("scanned for %d groups that are down in %.3f s: %d places hold them (%d instance attributes known)",
+                  len(handles), time.perf_counter() - start, len(self._recent), len(self._attrs))
 
 
 def _slots_in(holder: Any, ids: set[int]) -> list[tuple[str, Any]]:
