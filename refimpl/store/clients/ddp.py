@@ -44,7 +44,7 @@ from refimpl.store.arguments import check_optimizer
 from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
-from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
+from refimpl.store.parking import ViewPlace, park_views, repoint_views
 
 logger = logging.getLogger(__name__)
 
@@ -176,12 +176,9 @@ class DDPClient:
             if not drop_grads:
                 b.host = rt.alloc_host(b.nbytes, torch.uint8, tag="ddp.bucket")
                 await rt.copy_async(b.host, _bytes(b.storage), CopyKind.D2H)
-        with torch.no_grad():
-            for b in buckets:
-                for v in b.views:
-                    st, _ = placeholder(v.tensor.device, v.tensor.dtype)
-                    repoint_tensor(v.tensor, st, 0, v.size, zero_strides(len(v.size)))
-                rt.release(_bytes(b.storage))
+        for b in buckets:
+            park_views(v.tensor for v in b.views)
+            rt.release(_bytes(b.storage))
         self._buckets = buckets
         logger.debug("%s: released %d DDP bucket storages in place (%d bytes)", self.name, len(buckets),
                      sum(b.nbytes for b in buckets))
@@ -197,9 +194,7 @@ class DDPClient:
                 await rt.copy_async(flat, b.host, CopyKind.H2D)
                 rt.free_host(b.host)
                 b.host = None
-            with torch.no_grad():
-                for v in b.views:
-                    repoint_tensor(v.tensor, b.storage, v.offset, v.size, v.stride)
+            repoint_views(ViewPlace(v.tensor, b.storage, v.offset, v.size, v.stride) for v in b.views)
         self._buckets = []
 
 

@@ -53,7 +53,7 @@ from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.dedup import DedupConfig
 from refimpl.store.errors import StoreError
-from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
+from refimpl.store.parking import ViewPlace, park_views, repoint_views
 from refimpl.store.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 
 logger = logging.getLogger(__name__)
@@ -340,16 +340,13 @@ def _buffer_params(buffer: Any) -> list[Any]:
 
 
 def _park(views: list[_View]) -> None:
-    with torch.no_grad():
-        for v in views:
-            st, _ = placeholder(v.tensor.device, v.tensor.dtype)
-            repoint_tensor(v.tensor, st, 0, v.size, zero_strides(len(v.size)))
+    park_views(v.tensor for v in views)
 
 
 def _repoint(views: list[_View]) -> None:
-    with torch.no_grad():
-        for v in views:
-            repoint_tensor(v.tensor, v.base.untyped_storage(), v.base.storage_offset() + v.offset, v.size, v.stride)
+    # the base is where the store put it (a view of its flat buffer after a reload): read it now
+    repoint_views(ViewPlace(v.tensor, v.base.untyped_storage(), v.base.storage_offset() + v.offset, v.size, v.stride)
+                  for v in views)
 
 
 def megatron_replica_policy(rt: Any, model: Any, optimizer: Any = None, name: str = "megatron") -> ReplicaPolicy:
