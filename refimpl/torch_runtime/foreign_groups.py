@@ -39,7 +39,7 @@ import logging
 import time
 import types
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Iterable, NamedTuple
 
@@ -84,6 +84,53 @@ def foreign_spec(name: str, handle: Any) -> tuple[GroupSpec, dict[str, Any]]:
         kwargs["group_desc"] = desc
     ranks = tuple(sorted(dist.get_process_group_ranks(handle)))
     return GroupSpec(name, ranks, backend=backend, timeout_s=timeout_s), kwargs
+
+
+class AdoptedGroups:
+    """The groups a :class:`~refimpl.torch_runtime.TorchRuntime` adopted, by name, and where Python holds them."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, ForeignGroup] = {}
+        self._held = HeldReferences()
+
+    def adopt(self, rank: int, spec: GroupSpec, handle: Any) -> GroupSpec:
+        """Check and record an adoption on ``rank`` (``handle``: the framework's object, None on a non-member);
+        returns the spec to keep (a member's names the backend the object was made with)."""
+        member = rank in spec.ranks
+        if member != (handle is not None):
+            raise GroupError(f"group {spec.name!r} {spec.ranks}: rank {rank} "
+                             f"{'is a member but passed no group object' if member else 'is no member but passed one'}")
+        kwargs: dict[str, Any] = {}
+        if handle is not None:
+            own, kwargs = foreign_spec(spec.name, handle)
+            if own.ranks != spec.ranks:
+                raise GroupError(f"group {spec.name!r}: the object passed has ranks {own.ranks}, the spec {spec.ranks}")
+            spec = replace(spec, backend=spec.backend or own.backend)  # a non-member's spec names none
+        self._groups[spec.name] = ForeignGroup(kwargs)
+        return spec
+
+    def create_kwargs(self, name: str) -> dict[str, Any] | None:
+        """The extra ``dist.new_group`` arguments that re-create adopted group ``name`` (None: not adopted)."""
+        g = self._groups.get(name)
+        return g.create_kwargs if g is not None else None
+
+    def retire(self, name: str, pg: Any) -> None:
+        """Adopted group ``name`` was destroyed: keep its object (None on a non-member) until its rebuild."""
+        g = self._groups.get(name)
+        if g is not None:
+            g.retired = pg
+            self._held.forget()
+
+    def rebuilt(self, name: str, pg: Any) -> None:
+        """Adopted group ``name`` was re-created as ``pg``: point every reference to its old object at ``pg``."""
+        g = self._groups.get(name)
+        if g is None or g.retired is None or pg is None:
+            return
+        records = list(self._groups.values())
+        down = [r.retired for r in records if r.retired is not None]
+        changed = self._held.swap(g.retired, pg, down, internal=[*records, down, self._groups])
+        g.retired = None
+        log.debug("group %r rebuilt in place: %d references re-pointed", name, changed)
 
 
 def _backend_options(handle: Any, backend: str) -> Any:
@@ -232,4 +279,4 @@ def _swap_one(holder: Any, kind: str, key: Any, old: Any, new: Any) -> int:
     return 1
 
 
-__all__ = ["ForeignGroup", "HeldReferences", "foreign_spec"]
+__all__ = ["AdoptedGroups", "ForeignGroup", "HeldReferences", "foreign_spec"]

@@ -58,7 +58,7 @@ from refimpl.runtime.base import (
 from refimpl.torch_runtime import proxy_wake
 from refimpl.torch_runtime.copy_stream import CopyEngine
 from refimpl.torch_runtime.device_cache import DeviceCache
-from refimpl.torch_runtime.foreign_groups import ForeignGroup, HeldReferences, foreign_spec
+from refimpl.torch_runtime.foreign_groups import AdoptedGroups, foreign_spec
 from refimpl.torch_runtime.pinning import DEFAULT_CUDA_PREFAULT, PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
 
@@ -78,7 +78,6 @@ class _Group:
     handles: list[int] = field(default_factory=list)
     torch_name: str = ""
     store: Any = None  # the group's own rendezvous store (option "rendezvous_port"), kept while live
-    foreign: ForeignGroup | None = None  # a framework's own group, adopted (refimpl.torch_runtime.foreign_groups)
 
 
 class TorchRuntime(Runtime):
@@ -143,7 +142,7 @@ class TorchRuntime(Runtime):
         world_spec = GroupSpec(WORLD, tuple(range(self.world_size)), backend=world_backend)
         self._groups: dict[str, _Group] = {WORLD: _Group(world_spec, world_pg, torch_name=self._pg_name(world_pg))}
         self._point_hooks: dict[str, list[Callable[[], None]]] = {}
-        self._held = HeldReferences()  # where Python holds adopted groups that are down
+        self._adopted = AdoptedGroups()  # groups a framework made (refimpl.torch_runtime.foreign_groups)
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
 
@@ -336,9 +335,7 @@ class TorchRuntime(Runtime):
             raise GroupError(f"group {name!r} is already destroyed; recreate_group({name!r}) rebuilds it")
         pg, g.pg, g.live, g.suspended, g.handles = g.pg, None, False, False, []
         g.store = None  # closes the group's own rendezvous port, if it has one
-        if g.foreign is not None:  # kept until the rebuild re-points the framework's references to it
-            g.foreign.retired = pg
-            self._held.forget()
+        self._adopted.retire(name, pg)  # an adopted group's object: kept until its rebuild re-points it
         return pg
 
     def _guarded(self, what: str, name: str, fn: Callable[[Any], Any], pg: Any) -> None:
@@ -399,21 +396,10 @@ class TorchRuntime(Runtime):
         # the generation is used up even if creation fails, so every rank's next
         # attempt uses the same (fresh) generation, as in the simulator
         g.spec = spec
-        foreign = g.foreign
-        pg, store = self._create_checked(spec, foreign.create_kwargs if foreign else None)
-        self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store, foreign=foreign)
-        if foreign is not None and foreign.retired is not None and pg is not None:
-            self._rebind(name, foreign, pg)
+        pg, store = self._create_checked(spec, self._adopted.create_kwargs(name))
+        self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
+        self._adopted.rebuilt(name, pg)
         return spec
-
-    def _rebind(self, name: str, foreign: ForeignGroup, pg: Any) -> None:
-        """Point every Python reference to the adopted group's destroyed object at ``pg`` ([Note: rebuilt in
-        place] in :mod:`refimpl.torch_runtime.foreign_groups`)."""
-        records = [g.foreign for g in self._groups.values() if g.foreign is not None]
-        down = [f.retired for f in records if f.retired is not None]
-        changed = self._held.swap(foreign.retired, pg, down, internal=[*records, down])
-        foreign.retired = None
-        logger.debug("group %r rebuilt in place: %d references re-pointed", name, changed)
 
     def foreign_group_spec(self, name: str, handle: Any) -> GroupSpec:
         """The spec (ranks, backend, timeout as created) of a ``torch.distributed`` process group made outside
@@ -427,17 +413,8 @@ class TorchRuntime(Runtime):
         :mod:`refimpl.torch_runtime.foreign_groups`)."""
         if spec.name in self._groups:
             raise GroupError(f"group {spec.name!r} already exists; adopt a framework's group under a new name")
-        member = self.rank in spec.ranks
-        if member != (handle is not None):
-            raise GroupError(f"group {spec.name!r} {spec.ranks}: rank {self.rank} "
-                             f"{'is a member but passed no group object' if member else 'is no member but passed one'}")
-        kwargs: dict[str, Any] = {}
-        if handle is not None:
-            own, kwargs = foreign_spec(spec.name, handle)
-            if own.ranks != spec.ranks:
-                raise GroupError(f"group {spec.name!r}: the object passed has ranks {own.ranks}, the spec {spec.ranks}")
-            spec = replace(spec, backend=spec.backend or own.backend)  # a non-member's spec names none
-        self._groups[spec.name] = _Group(spec, handle, torch_name=self._pg_name(handle), foreign=ForeignGroup(kwargs))
+        spec = self._adopted.adopt(self.rank, spec, handle)
+        self._groups[spec.name] = _Group(spec, handle, torch_name=self._pg_name(handle))
 
     def foreign_group_ranks(self, handle: Any) -> tuple[int, ...]:
         """The global ranks of a ``torch.distributed`` process group made outside this runtime, sorted."""
