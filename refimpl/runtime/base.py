@@ -30,6 +30,9 @@ Rules protocol code follows:
    never ``time.time()`` or ``time.sleep()`` (the simulator has no wall clock).
 5. Nothing under ``refimpl/`` except the runtime adapters imports
    ``torch.distributed`` or calls ``torch.cuda``; a test enforces it.
+6. An outcome every rank must share (did an offload commit on every rank, or
+   roll back on every rank) is settled by :meth:`Runtime.vote`, never read off
+   a collective with a timeout (see :mod:`refimpl.runtime.votes`).
 """
 from __future__ import annotations
 
@@ -38,9 +41,11 @@ import contextlib
 import enum
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Coroutine, Generator, Iterator, Sequence, TypeVar
+from typing import Any, Awaitable, Coroutine, Generator, Iterable, Iterator, Sequence, TypeVar
 
 import torch
+
+from refimpl.runtime.votes import Ballot, Verdict, single_rank_verdict
 
 T = TypeVar("T")
 
@@ -406,6 +411,38 @@ class Runtime(abc.ABC):
     async def sleep(self, seconds: float) -> None:
         """Let ``seconds`` pass."""
 
+    # ---- votes and arrivals (refimpl.runtime.votes) --------------------------
+
+    async def vote(self, key: str, ranks: Sequence[int], point: str, code: int = 0, marks: Iterable[int] = (), *,
+                   timeout_s: float, wait: bool = True) -> Verdict | None:
+        """Cast this rank's ballot in the vote ``key`` among ``ranks`` and return the :class:`Verdict` every rank reads.
+
+        Settled by the last ballot in (complete) or by the first rank that waits ``timeout_s`` in vain (timed out,
+        naming the absent ranks); see :mod:`refimpl.runtime.votes`. ``wait=False``: cast and return at once (the
+        verdict if this ballot settled it, else None). The default serves a vote among this rank alone.
+        """
+        ballot = Ballot(self.rank, point, code, frozenset(marks))
+        if tuple(ranks) != (self.rank,):
+            raise GroupError(f"{type(self).__name__} cannot hold a vote among ranks {tuple(ranks)}")
+        return single_rank_verdict(key, ballot, timeout_s)
+
+    def vote_space(self, kind: str) -> str:
+        """A fresh key space for votes of ``kind`` (``"local_dedup"``): ``"<kind>.<n>"``, ``n`` counting this rank's
+        spaces of that kind (per runtime here; per process in TorchRuntime, whose vote store every runtime of the
+        process shares). Ranks that create them in the same order get the same names."""
+        counts = self.__dict__.setdefault("_vote_spaces", {})
+        n = counts[kind] = counts.get(kind, -1) + 1
+        return f"{kind}.{n}"
+
+    def mark_arrival(self, group: str, point: str) -> None:
+        """Note that this rank reached ``point`` on ``group`` (its current generation) once more, before a collective
+        whose timeout should name the members that never came (:meth:`absent_ranks`). Default: nothing."""
+
+    def absent_ranks(self, group: str, point: str) -> tuple[int, ...] | None:
+        """Members of ``group`` that reached ``point`` (this generation) fewer times than this rank, or None where the
+        runtime cannot tell (the default)."""
+        return None
+
     # ---- observability and fault points ------------------------------------
 
     async def point(self, name: str) -> None:
@@ -529,6 +566,8 @@ __all__ = [
     "ReduceOp",
     "Runtime",
     "RuntimeSeamError",
+    "Ballot",
+    "Verdict",
     "check_same_shape",
     "gather",
     "run_sync",
