@@ -195,15 +195,18 @@ class OutcomeVotes:
 
 
 def peer_error(rt: Runtime, group: str, point: str, error: BaseException) -> BaseException:
-    """The error for a replica-group collective at ``point`` that ``error`` ended: a timeout names the members that
-    never reached it (:meth:`Runtime.absent_ranks`); other errors come back unchanged."""
-    if not isinstance(error, CollectiveTimeoutError):
-        return error
+    """The error for a replica-group collective at ``point`` that ``error`` (a timeout or failure) ended: it names the
+    members that never reached it (:meth:`Runtime.absent_ranks`). A failure every member reached comes back as it was
+    (a peer gave up on the group, or the transport broke)."""
+    timed_out = isinstance(error, CollectiveTimeoutError)
     absent = rt.absent_ranks(group, point) or ()
+    if not absent and not timed_out:
+        return error
     who = (f"ranks {list(absent)} never reached it (dead, hung, or failed before it)" if absent else
            "every member reached it, so one died or hung inside it")
-    return PeerUnavailableError(f"rank {rt.rank}: {point} over replica group {group!r} timed out: {who}. The group is "
-                                f"torn down; the next operation on every rank rebuilds it. ({error})", tuple(absent))
+    how = "timed out" if timed_out else "failed"
+    return PeerUnavailableError(f"rank {rt.rank}: {point} over replica group {group!r} {how}: {who}. The group is torn "
+                                f"down; the next operation on every rank rebuilds it. ({error})", tuple(absent))
 
 
 __all__ = ["Code", "OutcomeVotes", "Stage", "code_of", "peer_error"]
