@@ -6,9 +6,10 @@ keep ``o.*`` (optimizer state) rank-local:
 * pinning fails, or a copy raises, on rank 1 after the replica checks: before, rank 1 rolled back and
   rank 0 completed (a permanent split: rank 0's reload then timed out on every retry). Now both roll back,
   rank 0's error names rank 1, and the next offload and reload work bitwise on both.
-* rank 1 dies in the reload's all-gather: rank 0's error names rank 1 within the timeout, and rank 0's
-  rank-local state still reloads (before, every reload rebuilt every replica group first and failed on a
-  ``new_group`` that waited for the dead rank).
+* rank 1 dies in the reload's all-gather: rank 0's error names rank 1 within the timeout; a reload of
+  rank-local state alone rebuilds no group and names rank 1 too, and ``reload(local_only=True)`` brings
+  rank 0's own state back without any peer (before, every reload rebuilt every replica group first and
+  failed on a ``new_group`` that waited for the dead rank, naming no one).
 """
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ def _die_in_the_gather(rank, world_size):
 
     import torch
 
+    from refimpl.store import is_parked
     from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime("cpu")
@@ -120,10 +122,16 @@ def _die_in_the_gather(rank, world_size):
         out["error"] = (type(e).__name__, str(e), getattr(e, "ranks", None))
     out["took"] = time.monotonic() - t0
     out["still_offloaded"] = store.is_offloaded("params") and store.is_offloaded("optimizer")
+    try:  # rank-local layouts only: no collective, no group rebuilt; but its outcome is agreed, with rank 1 gone
+        store.reload("optimizer")
+        out["agreed_local"] = None
+    except Exception as e:  # noqa: BLE001
+        out["agreed_local"] = (type(e).__name__, str(e), getattr(e, "ranks", None))
     t0 = time.monotonic()
-    store.reload("optimizer")  # rank-local: no collective, no peer needed
+    store.reload(local_only=True)  # this rank alone: its own state comes back, the replicated slices stay
     out["local_took"] = time.monotonic() - t0
     out["optimizer_back"] = torch.equal(tensors["exp_avg"], want["exp_avg"]) and not store.is_offloaded("optimizer")
+    out["params_left"] = store.is_offloaded("params") and is_parked(tensors["w"]) and is_parked(tensors["v"])
     time.sleep(1.0)  # rank 0 hosts the rendezvous store: stay up until the test has read everything
     return out
 
@@ -135,4 +143,8 @@ def test_a_peer_dying_in_the_reload_all_gather_is_named_and_rank_local_state_sti
     assert name == "PeerUnavailableError" and ranks == (1,) and "ranks [1]" in msg, r0["error"]
     assert r0["took"] < 3 * TIMEOUT_S, f"the survivor's reload failed after {r0['took']:.1f} s"
     assert r0["still_offloaded"], "a failed reload keeps the state offloaded (host copies kept)"
+    name, msg, ranks = r0["agreed_local"]
+    assert name == "PeerUnavailableError" and ranks == (1,) and "local_only=True" in msg, r0["agreed_local"]
+    assert "new_group" not in msg, "no replica group is rebuilt for rank-local layouts"
     assert r0["optimizer_back"] and r0["local_took"] < TIMEOUT_S, r0
+    assert r0["params_left"], "the replicated slices need rank 1: they stay offloaded"

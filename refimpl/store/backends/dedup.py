@@ -324,8 +324,10 @@ class DedupBackend(StoreBackend):
         return isinstance(layout.key.placement, ReplicaGroup)
 
     def agrees_on_reload(self, cats: frozenset[Category]) -> bool:
-        """True when some rank's offload laid out a replicated layout of ``cats`` (agreed at ``offload.commit``)."""
-        return bool(self._groups_for(cats))
+        """True with other ranks and something offloaded: every reload's outcome is agreed, also one of rank-local
+        layouts only (it runs no collective and rebuilds no group, but its ranks end alike). Alone, without peers:
+        ``reload(local_only=True)``."""
+        return bool(cats) and self.rt.world_size > 1
 
     def _groups_for(self, cats: frozenset[Category]) -> list[int]:
         """Indices of the agreed groups that held layouts of ``cats`` on some rank."""
@@ -388,6 +390,16 @@ class DedupBackend(StoreBackend):
         if isinstance(layout.key.placement, ReplicaGroup):
             return None
         return self._local.host_view(layout, start, stop)
+
+    def host_slice(self, layout: FlatLayout) -> tuple[MemberSlice, torch.Tensor] | None:
+        """This rank's part of an offloaded replicated layout: its slice and a copy of the slice's real elements
+        (layout elements ``[slice.start, slice.stop)``), for checks; None for other layouts."""
+        part, host = self._slices.get(layout.key), self._held.get(layout.key)
+        if part is None or not isinstance(layout.key.placement, ReplicaGroup):
+            return None
+        if host is None:
+            return part, torch.empty(0, dtype=layout.dtype)
+        return part, torch.cat([host.segment(i).reshape(-1) for i in range(len(host.ranges()))])[:part.valid].clone()
 
     def host_bytes(self) -> int:
         """Bytes of every host buffer held (local layouts whole, replicated ones as slices)."""
