@@ -89,7 +89,7 @@ class Verdict:
     rank -> non-zero code of the ballots counted. ``marks``: the union of the
     counted ballots' marks. ``points``: point -> ranks that cast a ballot there
     (one entry when the ranks met at the same operation). ``absent``: ranks
-    without a ballot when the vote timed out (empty when complete).
+    without a ballot when the vote was settled (empty when complete).
     ``decided_by``: the rank whose arrival (complete) or timeout settled it.
     """
 
@@ -118,7 +118,7 @@ class Verdict:
         return cls(key=key, complete=complete and len(seen) == len(members),
                    failures={r: b.code for r, b in sorted(seen.items()) if b.code},
                    marks=marks, points={p: tuple(rs) for p, rs in points.items()},
-                   absent=() if complete else tuple(sorted(members - set(seen))),
+                   absent=tuple(sorted(members - set(seen))),
                    decided_by=decided_by, timeout_s=timeout_s)
 
     @property
