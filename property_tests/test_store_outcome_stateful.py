@@ -288,5 +288,5 @@ class StoreStory(RuleBasedStateMachine):
                     f"rank {rank}: {ref.name} is not recoverable from the host copies of {layout.key.label()}")
 
 
-StoreStory.TestCase.settings = BUDGET.settings(25, stateful_step_count=BUDGET.stateful_steps)
+StoreStory.TestCase.settings = BUDGET.settings(40, stateful_step_count=BUDGET.stateful_steps)
 TestStoreStory = StoreStory.TestCase
