@@ -97,6 +97,8 @@ class Offload:
             await self.issue_copies()
             self.park()
             await self.wait()
+        except GeneratorExit:  # the coroutine is being closed (its rank is gone): nothing may await any more
+            raise
         except BaseException as error:
             await self.roll_back()
             await self.backend.settle_offload(error)

@@ -66,6 +66,8 @@ class Reload:
             self.check()
             self.repoint()
             await self.wait()
+        except GeneratorExit:  # the coroutine is being closed (its rank is gone): nothing may await any more
+            raise
         except BaseException as error:
             await self.roll_back()
             if self.agreed:
