@@ -33,6 +33,10 @@ EXEMPT: dict[str, str] = {
 
 COMM_SIM_BREAKS: tuple[B, ...] = (
     # ------------------------------------------------------------------ refimpl/comm
+    B("lifecycle_takes_a_string_as_groups", "refimpl/comm/lifecycle_arguments.py",
+      "    if isinstance(groups, (str, bytes, GroupSpec)):", "    if False:",
+      ("tests/test_misuse.py",),
+      "PGLifecycle(rt, 'dp') is taken as the groups 'd' and 'p' instead of refused at the call"),
     B("agreement_mismatch_unchecked", "refimpl/comm/agreement.py",
       "        if (lo_seq, lo_code) != (hi_seq, hi_code):", "        if False:",
       ("tests/comm/test_agreed_decisions_sim.py",),
