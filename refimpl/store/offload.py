@@ -20,8 +20,10 @@ Read :meth:`Offload.run` top to bottom (as FSDP2's ``FSDPParamGroup.pre_forward`
    (:mod:`refimpl.store.release`), every layout marked offloaded.
 
 Anything failing in stages 1-6 runs :meth:`~Offload.roll_back`, which undoes
-them in reverse: the state stays on the device, every byte in its place.
-Nothing fails in stage 7.
+them in reverse: the state stays on the device, every byte in its place. Then
+the backend settles the outcome (``settle_offload``): ``local_dedup`` votes, so
+an offload that failed on one rank is rolled back on every rank (the store
+then raises there too). Nothing fails in stage 7.
 """
 from __future__ import annotations
 
@@ -79,17 +81,30 @@ class Offload:
         self.moved = 0
 
     async def run(self) -> int:
-        """Stages 1-7 in order (rolled back on failure); returns the bytes moved."""
+        """Stages 1-7 in order (rolled back on failure); returns the bytes moved.
+
+        Between stage 6 and 7 the backend settles the offload's outcome (``StoreBackend.settle_offload``):
+        a backend whose ranks agree on it may raise there because a peer failed; this rank then rolls back
+        too, so the offload is done on every rank or on none. A failure here tells the backend too.
+        """
         rt = self.rt
-        await rt.point("store.offload.begin")
-        self._last = rt.now()
         try:
+            await rt.point("store.offload.begin")
+            self._last = rt.now()
             await self.copy_ahead()
             await self.collect()
             await self.lay_out()
             await self.issue_copies()
             self.park()
             await self.wait()
+        except GeneratorExit:  # the coroutine is being closed (its rank is gone): nothing may await any more
+            raise
+        except BaseException as error:
+            await self.roll_back()
+            await self.backend.settle_offload(error)
+            raise
+        try:
+            await self.backend.settle_offload(None)
         except BaseException:
             await self.roll_back()
             raise

@@ -320,9 +320,10 @@ class OffloadStore:
         """Move the state of ``include`` (default: all categories) to host memory; see :meth:`offload_async`."""
         self.rt.run(self.offload_async(include, drop_grads=drop_grads))
 
-    def reload(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
+    def reload(self, include: Iterable[Category | str] | Category | str | None = None, *,
+               local_only: bool = False) -> None:
         """Bring the state of ``include`` (default: all) back to the device; see :meth:`reload_async`."""
-        self.rt.run(self.reload_async(include))
+        self.rt.run(self.reload_async(include, local_only=local_only))
 
     # ------------------------------------------------------------------ offload
 
@@ -344,6 +345,13 @@ class OffloadStore:
             await self._offload(include, drop_grads)
 
     async def _offload(self, include: Iterable[Category | str] | Category | str | None, drop_grads: bool) -> None:
+        partly = sorted(c.value for c in Category.select(include) & self._offloaded
+                        if any(lay.category is c and lay.state is LayoutState.ON_DEVICE for lay in self._layouts.values()))
+        if partly:
+            raise StoreStateError(
+                f"cannot offload {partly}: partly offloaded (a reload(local_only=True) brought back their rank-local "
+                f"layouts, the replicated ones are still offloaded); reload them on every rank first"
+            )
         cats = Category.select(include) - self._offloaded
         if not cats:
             logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in Category.select(include)))
@@ -385,13 +393,19 @@ class OffloadStore:
             logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
                         len(offload.ordered), moved / 1e9, seconds, offload.path_name, c["copies"])
 
+    def _fully_back(self, cats: Iterable[Category]) -> set[Category]:
+        """The categories of ``cats`` none of whose layouts is still offloaded."""
+        left = {lay.category for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED}
+        return set(cats) - left
+
     def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
         return [lay for lay in self._layouts.values()
                 if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
 
     # ------------------------------------------------------------------ reload
 
-    async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
+    async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None, *,
+                           local_only: bool = False) -> None:
         """Allocate one flat device buffer per offloaded layout, fill it, re-point every tensor into it.
 
         Raises :class:`TensorChangedError` (state stays offloaded, nothing
@@ -399,9 +413,17 @@ class OffloadStore:
         :meth:`recover` then brings every byte back. Any other failure (a
         backend's collective, a copy) leaves the state offloaded too; call
         reload again (on every rank, for a backend with collectives).
+
+        ``local_only``: bring back only the layouts that need no other rank
+        (``StoreBackend.needs_peers``: for ``local_dedup`` everything but the
+        1/N slices of replicated layouts), on this rank alone, with no
+        collective: a rank's own state when its peers are gone. Categories
+        whose replicated layouts stay offloaded stay offloaded (reload them
+        with every rank, or restart).
         """
+        expect_bool(local_only, "reload(include, local_only)", "local_only")
         with self._exclusive("reload"):
-            await self._reload(include, force=False)
+            await self._reload(include, force=False, local_only=local_only)
 
     def recover(self, include: Iterable[Category | str] | Category | str | None = None) -> list[str]:
         """Reload whatever a registered tensor was changed to meanwhile: every offloaded byte comes back.
@@ -420,18 +442,23 @@ class OffloadStore:
         with self._exclusive("recover"):
             return await self._reload(include, force=True)
 
-    async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool) -> list[str]:
+    async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool,
+                      local_only: bool = False) -> list[str]:
         cats = Category.select(include)
         offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
-        if not offloaded:
-            self._offloaded -= cats
+        chosen = frozenset(cats & self._offloaded)  # the same on every rank: offloads end alike everywhere
+        agreed = not local_only and self.backend.agrees_on_reload(chosen)
+        if local_only:
+            offloaded = [lay for lay in offloaded if not self.backend.needs_peers(lay)]
+        if not offloaded and not agreed:
+            self._offloaded -= self._fully_back(cats)
             return []
         rt = self.rt
-        reload = (Recover if force else Reload)(rt, self.backend, offloaded)
+        reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
         with rt.span("reload"), gc_paused():
             t0 = rt.now()
             moved = await reload.run()
-            self._offloaded -= cats
+            self._offloaded -= self._fully_back(cats)
             c = self._counters
             c["reloads"] += 1
             c["last_reload_s"] = rt.now() - t0
