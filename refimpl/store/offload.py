@@ -37,6 +37,7 @@ from refimpl.store.copies import OffloadCopies
 from refimpl.store.grouping import ViewCount
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
+from refimpl.store.parking import Parking
 from refimpl.store.release import park_kept_views, release_layouts
 from refimpl.store.residency import ItemSignature, steady_unchanged
 
@@ -54,18 +55,18 @@ class Offload:
     layouts of ``cats`` resident in one flat buffer; ``signature``: what the last
     full collection saw; ``streams``: the backend implements
     :class:`~refimpl.store.backends.base.StreamingBackend`; ``counters``: the
-    store's counters, updated as the stages pass.
+    store's counters, updated as the stages pass; ``parking``: the store's placeholders.
     """
 
     def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, *, cats: frozenset[Category],
                  drop_grads: bool, items: ItemSource, tensor_objects: Callable[[], Iterator[Any]],
                  check_phase: Callable[[], None], resident: list[FlatLayout], signature: ItemSignature | None,
-                 lookahead: int, streams: bool, counters: dict[str, Any]) -> None:
+                 lookahead: int, streams: bool, counters: dict[str, Any], parking: Parking) -> None:
         self.rt, self.backend, self.config = rt, backend, config
         self.cats, self.drop_grads = cats, drop_grads
         self.items, self.tensor_objects, self.check_phase = items, tensor_objects, check_phase
         self.resident, self.last_signature, self.lookahead, self.streams = resident, signature, lookahead, streams
-        self.counters = counters
+        self.counters, self.parking = counters, parking
         #: seconds of each phase (``offload.<phase>``), on the runtime's clock
         self.laps: dict[str, float] = {}
         self._last = rt.now()
@@ -123,11 +124,12 @@ class Offload:
         self._lap("issue")
 
     def park(self) -> None:
-        """Stage 5, while the copies run: every ref parked; the release's per-entry work done."""
+        """Stage 5, while the copies run: every ref parked and guarded; the release's per-entry work done."""
         flats, self.strays = self.path.park_flats(self.copies), self.path.stray_views()
+        parking = self.parking
         with torch.no_grad():
             for lay in self.ordered:
-                lay.park(flats.get(lay.key))
+                lay.park(flats.get(lay.key), parking)
         for lay in self.ordered:
             lay.keep_one_base()
         grads_dropped = self.drop_grads
@@ -150,7 +152,7 @@ class Offload:
         """Stage 7 (nothing fails from here on): stray views parked, the device memory released, every
         layout marked offloaded. Returns the bytes moved."""
         await self.copies.close()
-        park_kept_views(self.strays, self.ordered, self.copies.flats)
+        park_kept_views(self.strays, self.ordered, self.copies.flats, self.parking)
         release_layouts(self.rt, self.ordered, self.drop_grads)
         self._lap("release")
         if self.config.empty_cache:

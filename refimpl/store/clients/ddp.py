@@ -44,7 +44,8 @@ from refimpl.store.arguments import check_optimizer
 from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
-from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
+from refimpl.store.guard import guard, unguard
+from refimpl.store.parking import repoint_tensor, zero_strides
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ class _Named(Mapping):
 
 
 class _GradView(NamedTuple):
-    """Where a parked ``p.grad`` pointed into its bucket storage."""
+    """Where a parked ``p.grad`` pointed into its bucket storage, and its name for the guard."""
 
+    name: str
     tensor: torch.Tensor
     offset: int
     size: tuple[int, ...]
@@ -155,8 +157,8 @@ class DDPClient:
     def _find_buckets(self) -> list[_Bucket]:
         """The bucket storages the defined ``p.grad`` view, each with its views (module order)."""
         by_storage: dict[int, _Bucket] = {}
-        params = {id(p): p for p in self.module.parameters()}
-        for p in params.values():
+        params = {id(p): (n, p) for n, p in self.module.named_parameters()}
+        for pname, p in params.values():
             g = p.grad
             if g is None:
                 continue
@@ -166,7 +168,8 @@ class DDPClient:
             b = by_storage.get(st._cdata)
             if b is None:
                 b = by_storage[st._cdata] = _Bucket(st, st.nbytes())
-            b.views.append(_GradView(g, g.storage_offset(), tuple(g.shape), tuple(g.stride())))
+            b.views.append(_GradView(f"{self.name}.{pname}.grad", g, g.storage_offset(), tuple(g.shape),
+                                     tuple(g.stride())))
         return list(by_storage.values())
 
     async def _offload_buckets(self, drop_grads: bool) -> None:
@@ -176,11 +179,13 @@ class DDPClient:
             if not drop_grads:
                 b.host = rt.alloc_host(b.nbytes, torch.uint8, tag="ddp.bucket")
                 await rt.copy_async(b.host, _bytes(b.storage), CopyKind.D2H)
+        parking = self.store.parking
         with torch.no_grad():
             for b in buckets:
                 for v in b.views:
-                    st, _ = placeholder(v.tensor.device, v.tensor.dtype)
+                    st, _ = parking.placeholder(v.tensor.device, v.tensor.dtype)
                     repoint_tensor(v.tensor, st, 0, v.size, zero_strides(len(v.size)))
+                    guard(v.tensor, v.name, where=parking.site)
                 rt.release(_bytes(b.storage))
         self._buckets = buckets
         logger.debug("%s: released %d DDP bucket storages in place (%d bytes)", self.name, len(buckets),
@@ -199,6 +204,7 @@ class DDPClient:
                 b.host = None
             with torch.no_grad():
                 for v in b.views:
+                    unguard(v.tensor)
                     repoint_tensor(v.tensor, b.storage, v.offset, v.size, v.stride)
         self._buckets = []
 
