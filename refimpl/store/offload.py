@@ -17,7 +17,8 @@ Read :meth:`Offload.run` top to bottom (as FSDP2's ``FSDPParamGroup.pre_forward`
 6. :meth:`~Offload.wait` (phase ``wait``): storages released as their copies
    complete (``early_release``), every finisher awaited.
 7. :meth:`~Offload.release` (phase ``release``): the device memory goes
-   (:mod:`refimpl.store.release`), every layout marked offloaded.
+   (:mod:`refimpl.store.release`), every layout marked offloaded, the
+   host-resident tensors left in place guarded (:meth:`~Offload.guard_left_in_place`).
 
 Anything failing in stages 1-6 runs :meth:`~Offload.roll_back`, which undoes
 them in reverse: the state stays on the device, every byte in its place.
@@ -37,6 +38,7 @@ from refimpl.store.copies import OffloadCopies
 from refimpl.store.grouping import ViewCount
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
+from refimpl.store.guard import guard, guard_enabled
 from refimpl.store.parking import Parking
 from refimpl.store.release import park_kept_views, release_layouts
 from refimpl.store.residency import ItemSignature, steady_unchanged
@@ -78,6 +80,8 @@ class Offload:
         #: views of the flat buffers the user kept (parked at release), and the bytes the offload moves
         self.strays: dict[int, set[int]] = {}
         self.moved = 0
+        #: ``(category, tensor)`` of the host-resident tensors guarded in place (see :meth:`guard_left_in_place`)
+        self.left_in_place: list[tuple[Category, Any]] = []
 
     async def run(self) -> int:
         """Stages 1-7 in order (rolled back on failure); returns the bytes moved."""
@@ -154,11 +158,24 @@ class Offload:
         await self.copies.close()
         park_kept_views(self.strays, self.ordered, self.copies.flats, self.parking)
         release_layouts(self.rt, self.ordered, self.drop_grads)
+        self.guard_left_in_place()
         self._lap("release")
         if self.config.empty_cache:
             self.rt.empty_cache()
         self._lap("empty_cache")
         return self.moved
+
+    def guard_left_in_place(self) -> None:
+        """Guard the host-resident tensors the offload left in place (an optimizer's CPU ``step`` counters
+        on a GPU store): they are state of an offloaded category, so ``opt.step()`` while offloaded raises
+        before it changes any of them. :attr:`left_in_place` lists them for the reload to unguard."""
+        report = self.path.report if self.path is not None else None
+        if report is None or not report.host_resident or not guard_enabled():
+            return
+        site = self.parking.site
+        for _, name, t in report.host_resident:
+            guard(t, name, where=site)
+        self.left_in_place = [(cat, t) for cat, _, t in report.host_resident]
 
     # ------------------------------------------------------------------ rollback
 

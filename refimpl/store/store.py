@@ -73,6 +73,7 @@ from refimpl.store.errors import StoreClosedError, StoreError, StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.assign import assign_layouts, gc_paused
 from refimpl.store.offload import Offload
+from refimpl.store.guard import unguard
 from refimpl.store.parking import Parking, caller_site, debug_mode
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.backends.base import streams
@@ -115,6 +116,7 @@ class OffloadStore:
         self._offloaded: set[Category] = set()
         self._signature: ItemSignature | None = None  # what the last full collection saw
         self._parking = Parking()  # this store's placeholders: nothing another store parks shares them
+        self._left_in_place: list[tuple[Category, Any]] = []  # host-resident tensors guarded while offloaded
         self._lock = threading.Lock()  # one operation at a time (see _exclusive)
         self._owner: int | None = None
         self._busy: str | None = None
@@ -373,6 +375,7 @@ class OffloadStore:
             finally:
                 self._signature = offload.signature or self._signature
             self._install(cats, offload.layouts)
+            self._left_in_place += offload.left_in_place
             self._count_offload(offload, cats, moved, rt.now() - t0, rt.memory_info().free - free_before)
 
     def _install(self, cats: frozenset[Category], layouts: dict[LayoutKey, FlatLayout]) -> None:
@@ -395,6 +398,13 @@ class OffloadStore:
         if logger.isEnabledFor(logging.INFO):
             logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
                         len(offload.ordered), moved / 1e9, seconds, offload.path_name, c["copies"])
+
+    def _unguard_left_in_place(self, cats: frozenset[Category]) -> None:
+        """The host-resident tensors of ``cats`` guarded in place at offload (``Offload.guard_left_in_place``)
+        are usable again."""
+        for _, t in [x for x in self._left_in_place if x[0] in cats]:
+            unguard(t)
+        self._left_in_place = [x for x in self._left_in_place if x[0] not in cats]
 
     def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
         return [lay for lay in self._layouts.values()
@@ -436,6 +446,7 @@ class OffloadStore:
         offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
         if not offloaded:
             self._offloaded -= cats
+            self._unguard_left_in_place(cats)
             return []
         rt = self.rt
         reload = (Recover if force else Reload)(rt, self.backend, offloaded)
@@ -443,6 +454,7 @@ class OffloadStore:
             t0 = rt.now()
             moved = await reload.run()
             self._offloaded -= cats
+            self._unguard_left_in_place(cats)
             c = self._counters
             c["reloads"] += 1
             c["last_reload_s"] = rt.now() - t0
