@@ -92,7 +92,7 @@ the tensor has no device address while offloaded."""
 
 _TEXT = frozenset({"__repr__", "__str__", "__format__"})
 
-_NAME = "_timeshare_parked"
+_NAME = "_timeshare_parked"  # guard() writes these three as plain attributes (no setattr call)
 _ON_ACCESS = "_timeshare_on_access"
 _WHERE = "_timeshare_where"
 
@@ -190,21 +190,23 @@ def guard(t: torch.Tensor, name: str, on_access: OnAccess | None = None, where: 
     ``name`` (see [Note: offload guard]); with ``on_access``, the first such call runs ``on_access(t)``,
     unguards ``t`` and proceeds instead. ``where``: a debug detail for the message. Returns False (and
     logs) if ``t``'s class cannot be swapped; guarding a guarded tensor replaces its name and callback."""
-    cls = type(t)
-    g = _GUARD_CLASSES.get(cls) or guard_class(cls)
+    g = _GUARD_CLASSES.get(type(t))
     try:
-        if g is not cls:
+        if g is not None:  # the steady path: one class assignment, one attribute, no further call
             t.__class__ = g
-        elif on_access is None:
+        elif type(t) not in _ORIGINAL_CLASS:
+            t.__class__ = guard_class(type(t))
+        else:  # guarded again: a new name, callback and site
             t.__dict__.pop(_ON_ACCESS, None)
-        setattr(t, _NAME, name)
+            t.__dict__.pop(_WHERE, None)
+        t._timeshare_parked = name
     except (TypeError, AttributeError) as e:
         logger.warning("cannot guard %s (%s): it stays parked unguarded (writes raise, reads see NaN)", name, e)
         return False
     if on_access is not None:
-        setattr(t, _ON_ACCESS, on_access)
+        t._timeshare_on_access = on_access
     if where is not None:
-        setattr(t, _WHERE, where)
+        t._timeshare_where = where
     return True
 
 
@@ -214,10 +216,12 @@ def unguard(t: torch.Tensor) -> None:
     if orig is not None:
         t.__class__ = orig
         d = t.__dict__
-        d.pop(_NAME, None)
-        if d:
-            d.pop(_ON_ACCESS, None)
-            d.pop(_WHERE, None)
+        if _NAME in d:
+            del d[_NAME]
+        if _ON_ACCESS in d:
+            del d[_ON_ACCESS]
+        if _WHERE in d:
+            del d[_WHERE]
 
 
 def is_guarded(t: torch.Tensor) -> bool:

@@ -32,9 +32,9 @@ unguards it), so nothing moved.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-import sys
 import threading
 import weakref
 from typing import Any, Mapping, NamedTuple
@@ -61,7 +61,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def caller_site() -> str:
     """``file:line in function`` of the innermost caller outside this package (debug mode's detail for
     the guard's errors: where the offload was called from)."""
-    f = sys._getframe(1)
+    here = inspect.currentframe()
+    f = here.f_back if here is not None else None
     while f is not None and f.f_code.co_filename.startswith(_PACKAGE):
         f = f.f_back
     if f is None:

@@ -214,3 +214,26 @@ def test_fsdp2_parameters_and_their_local_shards_raise_on_every_use_while_offloa
         assert out["meta"] == ((6, 8), "(Shard(dim=0),)", True, (3, 8)), "a DTensor's metadata stays readable"
         assert "<offloaded tensor model.0.weight" in out["repr"], out["repr"]
         assert out["back"] and out["trains"], rank
+
+
+# --------------------------------------------------------------------------- the benchmark (bench/gpu/guard_cost.py)
+
+
+def test_the_guard_cost_benchmark_runs_on_the_cpu_and_checks_every_cycle_bitwise(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "guard_cost.py"
+    spec = importlib.util.spec_from_file_location("guard_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "guard_cost.json"
+    assert bench.main(["--tiny", "--device", "cpu", "--cycles", "1", "--shapes", "dense", "--out", str(out)]) == 0
+    (rec,) = json.loads(out.read_text())
+    assert rec["bitwise"] and rec["steady_fast_offloads"] == 2 and rec["tensors"] == 84
+    assert set(rec["cycle_ms"]) == {"guarded", "unguarded"} and "guard" in capsys.readouterr().out
+    assert bench.main(["--overhead", "--device", "cpu", "--cycles", "1", "--shapes", "dense", "--numel", "8",
+                       "--out", str(out)]) == 0
+    (rec,) = json.loads(out.read_text())
+    assert rec["tensors"] == 1164 and rec["calls_per_tensor"]["offload"] > 0, "the guard's calls are counted"
