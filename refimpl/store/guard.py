@@ -22,7 +22,11 @@ collectives (``all_reduce``, ``broadcast``, ``send`` ... handle torch
 functions). FSDP2's DTensor parameters and DTensor optimizer states are
 guarded as well as their local tensors, since DTensor's
 ``__torch_dispatch__`` unwraps to the local tensor below the torch-function
-layer.
+layer. So are the views clients park (torch DDP's bucket ``p.grad`` views,
+Megatron's views of its buffers), views of a flat buffer kept across an
+offload, and host-resident state an offload leaves in place (AdamW's CPU
+``step`` counters on a GPU store), so that ``opt.step()`` raises before it
+changes anything.
 
 What does not, and why it is harmless:
 
@@ -55,8 +59,12 @@ call that touches ``t`` call ``fn(t)`` (torch functions disabled inside it),
 then unguard ``t`` and run the call, instead of raising; if ``fn`` raises, the
 call raises and ``t`` stays guarded. A reload that re-points tensors while their
 copies are in flight uses it to wait for a tensor's copy on first use. The
-checks cost one dict lookup per call on a guarded tensor; the guard itself one
-class assignment and one attribute per tensor (see ``bench/gpu/guard_cost.py``).
+check costs one dict lookup per call on a guarded tensor; the guard itself one
+class assignment and one attribute per tensor at park, and their undoing at
+reload: two Python calls per tensor each way, about 1-2 us per tensor of CPU
+time on a loaded CPU, run while the copies are in flight
+(``python3 bench/gpu/guard_cost.py --overhead``; the share of the H200's
+steady cycle: ``python3 bench/gpu/guard_cost.py``).
 """
 from __future__ import annotations
 

@@ -27,10 +27,8 @@ One word, one meaning, across :mod:`refimpl.store`:
 * **placeholder**: the read-only one-element storage per store, dtype and
   device that parked tensors point at (:class:`refimpl.store.parking.Parking`).
 * **parked**: a ref re-pointed at the placeholder with all strides 0 and
-  **guarded** (every torch call on it but a metadata read raises
-  ``OffloadedTensorError``) while its bytes are (or are about to be) in host
-  memory (see [Note: parked tensors] in :mod:`refimpl.store.parking` and
-  [Note: offload guard] in :mod:`refimpl.store.guard`); **unpark** undoes it,
+  guarded while its bytes are (or are about to be) in host memory (see [Note:
+  parked tensors] in :mod:`refimpl.store.parking`); **unpark** undoes it,
   **repark** parks refs again after a reload re-pointed them and failed.
 * **adopted**: a resident layout taken as it is into the next offload (its
   refs held strongly again, its entries given bases into the flat buffer).
@@ -71,16 +69,9 @@ from refimpl.store.entry import EarlyRelease, EntryOrigin, StorageEntry, TensorR
 from refimpl.store.layout_key import LayoutKey, LayoutKeys
 from refimpl.store.errors import StoreStateError
 from refimpl.store.guard import GUARDED_CLASSES as _GUARDED
-from refimpl.store.guard import guard, guard_enabled, unguard
+from refimpl.store.guard import guard, guard_enabled
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS
 from refimpl.store.parking import Parking, own_view, repoint_tensor, zero_strides
-
-
-def _unguard_ref(r: TensorRef) -> None:
-    """Take the guard off a ref's tensor and its DTensor."""
-    unguard(r.tensor)
-    if r.dtensor is not None:
-        unguard(r.dtensor)
 
 
 class LayoutState(enum.Enum):
@@ -344,12 +335,12 @@ class FlatLayout:
             st, at0 = flat.untyped_storage(), flat.storage_offset()
             for e in self.entries:
                 for r in e.refs:
-                    _unguard_ref(r)
+                    r.unguard()
                     repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
             return
         for e, (st, at0) in zip(self.entries, origins or ()):
             for r in e.refs:
-                _unguard_ref(r)
+                r.unguard()
                 if st is not None:
                     repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
 
@@ -380,9 +371,7 @@ class FlatLayout:
             for r in e.refs:
                 t = r.tensor
                 if type(t) in _GUARDED:
-                    unguard(t)
-                    if r.dtensor is not None:
-                        unguard(r.dtensor)
+                    r.unguard()
                 if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
                     repoint_tensor(t, st, at + r.offset, r.size, r.stride)
                 else:

@@ -21,7 +21,6 @@ import torch
 from refimpl.store.collect import Item, plain_tensor
 from refimpl.store.grouping import StorageGroup, ViewCount, storage_view
 from refimpl.store.layout import FlatLayout
-from refimpl.store.guard import unguard
 from refimpl.store.parking import own_view_mark, storage_use_count, zero_strides
 
 
@@ -92,9 +91,7 @@ def force_repoint_prepare(layouts: list[FlatLayout]) -> list[str]:
             for e in layout.entries:
                 for r in e.refs:
                     t = r.tensor
-                    unguard(t)
-                    if r.dtensor is not None:
-                        unguard(r.dtensor)
+                    r.unguard()
                     if t.dtype != layout.dtype:
                         t.data = torch.empty(0, dtype=layout.dtype, device=t.device)
     return changed
