@@ -31,7 +31,8 @@ changes anything.
 What does not, and why it is harmless:
 
 * C++ callers (the autograd engine's gradient accumulation, c10d's
-  ``ProcessGroup`` methods called directly, DTensor's dispatch of a DTensor
+  ``ProcessGroup`` methods called directly, the ``p.real = x`` /
+  ``p.imag = x`` setters, DTensor's dispatch of a DTensor
   the store does not know that wraps a registered local tensor, kernels of
   compiled graphs): they meet the placeholder, which is read-only (writing
   raises torch's "Cannot access data pointer" error; more than one element
@@ -88,14 +89,15 @@ OnAccess = Callable[[torch.Tensor], None]
 METADATA = frozenset({
     "shape", "dtype", "device", "layout", "names", "name", "ndim", "dim", "size", "numel", "nelement", "__len__",
     "requires_grad", "requires_grad_", "is_leaf", "grad_fn", "_grad_fn", "grad", "_grad", "_base", "_is_view",
-    "_version", "output_nr", "retains_grad", "_backward_hooks", "_post_accumulate_grad_hooks", "__set__", "set_",
+    "_version", "output_nr", "retains_grad", "_backward_hooks", "_post_accumulate_grad_hooks",
+    "data=", "grad=", "_grad=", "requires_grad=", "set_",
     "is_cuda", "is_cpu", "is_meta", "is_mps", "is_xpu", "is_sparse", "is_sparse_csr", "is_mkldnn", "is_quantized",
     "is_nested", "is_floating_point", "is_complex", "is_signed", "element_size", "itemsize", "nbytes", "get_device",
     "untyped_storage", "storage_offset", "stride", "is_contiguous", "is_pinned", "__hash__", "__dir__",
 })
-"""Names of the torch calls an offloaded tensor answers: metadata reads, and re-pointing it (``__set__`` is
-``p.data = x`` / ``p.grad = x``; ``set_``), which reads no bytes and which the next reload reports as a
-``TensorChangedError``. ``untyped_storage()`` returns the read-only placeholder; ``data_ptr()`` is not here:
+"""Names of the torch calls an offloaded tensor answers (``name=`` is setting the attribute): metadata
+reads, and re-pointing it (``p.data = x``, ``p.set_(x)``; ``p.grad = x``), which reads no bytes and which
+the next reload reports as a ``TensorChangedError``. ``untyped_storage()`` returns the read-only placeholder; ``data_ptr()`` is not here:
 the tensor has no device address while offloaded."""
 
 _TEXT = frozenset({"__repr__", "__str__", "__format__"})
@@ -112,13 +114,16 @@ GUARDED_CLASSES: Mapping[type, type] = _ORIGINAL_CLASS
 :func:`is_guarded` without the call)."""
 
 _disabled = torch._C.DisableTorchFunctionSubclass
+_run_disabled = torch._C._disabled_torch_function_impl  # func(*args, **kwargs) with subclass torch functions off
 _ENABLED = [True]
 
 
 def _func_name(func: Any) -> str:
     name = getattr(func, "__name__", "") or str(func)
-    if name == "__get__":  # a property read: the descriptor's name (``shape``, ``data`` ...)
-        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    if name in ("__get__", "__set__"):  # a property: the descriptor's name (``shape``, ``data`` ...), ``=`` if set
+        attr = getattr(getattr(func, "__self__", None), "__name__", None)
+        if attr is not None:
+            return attr if name == "__get__" else attr + "="
     return name
 
 
@@ -148,19 +153,19 @@ def _error(blocked: list[torch.Tensor], func_name: str) -> OffloadedTensorError:
     names = ", ".join(getattr(t, _NAME, "<unnamed>") for t in blocked[:3])
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     one = len(blocked) == 1
+    use = f"setting .{func_name[:-1]}" if func_name.endswith("=") else f"{func_name}()"
     where = getattr(blocked[0], _WHERE, None)
     detail = f" (offloaded at {where})" if where else ""
     return OffloadedTensorError(
         f"{names}{more} {'is' if one else 'are'} offloaded{detail}: {'its' if one else 'their'} bytes are in "
-        f"host memory, and {func_name}() needs them; reload() first (on the store that offloaded "
+        f"host memory, and {use} needs them; reload() first (on the store that offloaded "
         f"{'it' if one else 'them'}). Shape, dtype, device and requires_grad can be read while offloaded")
 
 
 def _torch_function(cls, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
     name = _func_name(func)
-    if name in METADATA:
-        with _disabled():
-            return func(*args, **(kwargs or {}))
+    if name in METADATA:  # the fast path: a name lookup, a set lookup, one C call
+        return _run_disabled(func, types, args, kwargs or {})
     found = _guarded_in((args, kwargs), [])
     blocked = [t for t in found if getattr(t, _ON_ACCESS, None) is None]
     if blocked or not found:
