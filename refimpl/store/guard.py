@@ -32,14 +32,18 @@ What does not, and why it is harmless:
 
 * C++ callers (the autograd engine's gradient accumulation, c10d's
   ``ProcessGroup`` methods called directly, the ``p.real = x`` /
-  ``p.imag = x`` setters, DTensor's dispatch of a DTensor
-  the store does not know that wraps a registered local tensor, kernels of
-  compiled graphs): they meet the placeholder, which is read-only (writing
-  raises torch's "Cannot access data pointer" error; more than one element
-  written raises "more than one element of the written-to tensor refers to a
-  single memory location") and reads NaN for floating dtypes (0 for others).
-  A backward through a graph recorded before the offload raises torch's "modified by an
-  inplace operation" error (the re-point bumps the version counter).
+  ``p.imag = x`` setters, DTensor's dispatch of a DTensor the store does not
+  know that wraps a registered local tensor, kernels of compiled graphs) meet
+  the placeholder, which is read-only: whatever takes a writable data pointer
+  raises torch's "Cannot access data pointer" error (every write; Gloo's
+  collectives even when they only send: checked), and a write of more than one
+  element raises "more than one element of the written-to tensor refers to a
+  single memory location". A backward through a graph recorded before the
+  offload raises torch's "modified by an inplace operation" error (the
+  re-point bumps the version counter). What remains: a C++ *read* through a
+  read-only pointer sees the placeholder's value, NaN for floating dtypes
+  (which shows downstream) and 0 for the others. The state itself is never
+  changed that way.
 * Code running with torch functions disabled
   (``torch._C.DisableTorchFunctionSubclass``, another subclass's
   ``__torch_function__`` that handles every type instead of returning

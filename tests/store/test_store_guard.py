@@ -160,6 +160,7 @@ def test_on_access_that_raises_keeps_the_guard_and_a_guard_without_one_blocks_th
 
 
 def _fsdp_rank(rank, world_size):
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -185,6 +186,7 @@ def _fsdp_rank(rank, world_size):
         "foreach": lambda: torch._foreach_mul_([p, exp_avg], 2.0), "copy_": lambda: exp_avg.copy_(exp_avg),
         "to_local": lambda: p.to_local().sum(), "full_tensor": lambda: p.full_tensor(),
         "local_add_": lambda: p._local_tensor.add_(1), "shard_data": lambda: exp_avg._local_tensor.zero_(),
+        "all_reduce": lambda: dist.all_reduce(p._local_tensor),
     }
     out = {}
     for what, use in uses.items():
@@ -194,6 +196,11 @@ def _fsdp_rank(rank, world_size):
             out[what] = "ran"
         except OffloadedTensorError as e:
             out[what] = str(e)
+    try:  # a ProcessGroup method called directly passes no __torch_function__: the read-only placeholder raises
+        dist.group.WORLD.broadcast([exp_avg._local_tensor], dist.BroadcastOptions()).wait()
+        out["pg"] = "ran"
+    except RuntimeError as e:
+        out["pg"] = str(e)
     out["meta"] = (tuple(p.shape), str(p.placements), p.requires_grad, tuple(p._local_tensor.shape))
     out["repr"] = repr(p)
     store.reload()
@@ -207,10 +214,11 @@ def _fsdp_rank(rank, world_size):
 def test_fsdp2_parameters_and_their_local_shards_raise_on_every_use_while_offloaded():
     for rank, out in enumerate(run_distributed(_fsdp_rank, 2, timeout=180)):
         for what in ("sum", "forward", "step", "fill_", "setitem", "init", "foreach", "copy_", "to_local",
-                     "full_tensor", "local_add_", "shard_data"):
+                     "full_tensor", "local_add_", "shard_data", "all_reduce"):
             msg = out[what]
             assert " offloaded: " in msg and "reload() first" in msg, (rank, what, msg)
             assert msg.startswith(("model.", "optim.state.")), (rank, what, msg)
+        assert "data pointer" in out["pg"], out["pg"]
         assert out["meta"] == ((6, 8), "(Shard(dim=0),)", True, (3, 8)), "a DTensor's metadata stays readable"
         assert "<offloaded tensor model.0.weight" in out["repr"], out["repr"]
         assert out["back"] and out["trains"], rank
