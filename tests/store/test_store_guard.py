@@ -120,6 +120,29 @@ def test_metadata_and_identity_stay_readable_while_offloaded():
     assert _reloaded_bitwise(model, opt, store, want)
 
 
+class _Logged(torch.Tensor):
+    """A subclass with a torch-function protocol of its own (it counts the calls it sees)."""
+
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_subclass_with_its_own_torch_function_is_guarded_and_gets_its_protocol_back_on_reload():
+    t = torch.arange(4.0).as_subclass(_Logged)
+    store = OffloadStore(TorchRuntime("cpu"))
+    store.attach_tensors("params", {"t": t}, name="m")
+    store.offload()
+    _raises(r"m\.t", t.sum, "sum")
+    assert t.shape == (4,) and isinstance(t, _Logged)
+    store.reload()
+    before = _Logged.calls
+    assert type(t) is _Logged and float(t.sum()) == 6.0 and _Logged.calls > before, "its protocol runs again"
+
+
 # --------------------------------------------------------------------------- the seam for a streamed reload
 
 
