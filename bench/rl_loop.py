@@ -376,6 +376,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     def quiet_point(synced: dict[str, Any] | None) -> dict[str, int]:
         """Untimed, after a training step: check the last sync's rollout weights (``synced``: its step record, which
         holds the trainer digests taken before that switch's offload); return the trainer's digests now."""
+        driver.after_train()  # a streamed reload's untouched tensors handed over (none: the step touched them all)
         t = time.perf_counter()
         if synced is not None:
             synced["weight_check"] = check_weights(synced.pop("_trainer_digests"))

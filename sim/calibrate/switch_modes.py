@@ -12,7 +12,10 @@ resume). This module keeps those parts and composes them the way each mode of
 * ``sequential``: offload = pause walk + store offload; weight sync = bring-up
   + params reload + gather + post-sync walk; reload = resume + reload of the rest.
 * ``overlapped``: the store's moves run beside the lifecycle's: offload =
-  max(pause walk, store offload); reload = max(resume, reload of the rest).
+  max(pause walk, store offload); the weight sync's reloads are streamed
+  (each gather waits for its own bytes): weight sync = max(params' copies,
+  gather); the rest's copies follow the params' and run on: reload =
+  max(resume, what is left of the rest).
 * ``streamed``: as overlapped, but the reload of the rest streams under the
   next training step's forward and backward (``fwd_bwd_share`` of the measured
   training step, an input): reload = resume; the step's wait at the optimizer
@@ -82,9 +85,13 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
     train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
     extra = p["first_use_extra_s"]
     copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
-    ws = lc["weight_sync"] + params + gather
     wait = 0.0
-    rest_left = max(0.0, rest - gather)  # off the sequential mode the rest's reload starts before the gather
+    if mode == "sequential":
+        ws = lc["weight_sync"] + params + gather
+        rest_left = rest
+    else:  # streamed reloads issued at once: each gather waits for its own bytes, the rest's copies follow
+        ws = lc["weight_sync"] + max(params, gather)
+        rest_left = max(0.0, rest - max(0.0, gather - params))
     if mode == "sequential":
         off, rel = lc["offload"] + off_store, lc["reload"] + rest
     elif mode == "overlapped":
