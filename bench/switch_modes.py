@@ -18,14 +18,11 @@ Modes (``--mode``):
                 to hide under.
 ``streamed``    as ``overlapped``, but the reload of the rest (the optimizer
                 state) is not waited for in the switch: it streams under the
-                next training step's forward and backward, and the optimizer
-                step's use of each state tensor waits on the device for its
-                bytes.
-                On one rank the resume (its cooldown, rebuild and warm-up)
-                runs under that forward and backward too, joined at the same
-                hook, before the step's first collective on the trainer's
-                group; on several it runs in the reload phase (its collectives
-                must not interleave with training's on other communicators).
+                next training step's forward and backward (the forward's use of
+                each parameter waits on the device for its bytes), and a step
+                pre-hook finishes it before the optimizer step.
+                The resume (cooldown, rebuild, warm-up) runs in the reload
+                phase, beside the copies.
 
 [Note: switch cost]
 ``switch_cost_s``: everything the pause, the weight sync and the wake add to a
@@ -76,12 +73,11 @@ class SwitchDriver:
         self._hook = optimizer.register_step_pre_hook(self._before_step) if mode == "streamed" else None
 
     def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
-        """Streamed, one rank: the resume running beside the forward and backward is joined before the step (and
-        so before the step's collective on the trainer's group)."""
-        if self.switch is not None and self.switch.pending:
-            t = time.perf_counter()
-            self.switch.join()
-            self.current["stream_wait_s"] = self.current.get("stream_wait_s", 0.0) + time.perf_counter() - t
+        """Streamed: the reload still streaming under the forward and backward is finished before the optimizer
+        step (the host waits for its last copies; the step then finds its state resident and unguarded)."""
+        t = time.perf_counter()
+        self.store.finish_reload()
+        self.current["stream_wait_s"] = self.current.get("stream_wait_s", 0.0) + time.perf_counter() - t
 
     def pause(self, s: dict[str, Any]) -> str:
         """The offload phase: the lifecycle's pause and the store's offload (beside it unless sequential)."""
@@ -126,10 +122,8 @@ class SwitchDriver:
         elif self.mode == "overlapped":
             self.switch.resume()
             self.store.finish_reload()
-        else:
-            # beside the next step only on one rank: elsewhere the resume runs collectives (a canary, the warm-up
-            # of rebuilt groups) that must not interleave with training's on other communicators
-            self.switch.resume(join=False, background=self.lc.rt.world_size == 1)
+        else:  # the resume (and the warm-up of rebuilt groups) beside the copies; the rest streams on into training
+            self.switch.resume()
             self.train_start = "stream"
         s["reload_rest_store_s"] = time.perf_counter() - t
 

@@ -20,9 +20,7 @@ resume). This module keeps those parts and composes them the way each mode of
   next training step's forward and backward (``fwd_bwd_share`` of the measured
   training step, an input): reload = resume; the step's wait at the optimizer
   = what is left of the rest's reload after the resume and the forward/backward.
-  Where the benchmark runs the resume in the background too (one rank),
-  reload = 0 and the wait = what is left of max(resume, reload of the rest)
-  after the forward/backward.
+  The resume runs in the reload phase, beside the copies.
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -96,9 +94,6 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
         off, rel = lc["offload"] + off_store, lc["reload"] + rest
     elif mode == "overlapped":
         off, rel = max(lc["offload"], off_store), max(lc["reload"], rest_left)
-    elif p["world_size"] == 1:  # the resume goes under the next step too
-        off, rel = max(lc["offload"], off_store), 0.0
-        wait = max(0.0, max(lc["reload"], rest_left) - fwd_bwd_share * train)
     else:
         off, rel = max(lc["offload"], off_store), lc["reload"]
         wait = max(0.0, rest_left - lc["reload"] - fwd_bwd_share * train)
