@@ -122,7 +122,7 @@ class OffloadStore:
         self._busy: str | None = None
         self._closed = False
         #: streamed reloads whose copies may still be in flight, oldest first (see :meth:`finish_reload`)
-        self._streams: list[StreamedReload] = []
+        self._streamed_reloads: list[StreamedReload] = []
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
@@ -279,7 +279,7 @@ class OffloadStore:
         (offload, reload, attach, pin_ahead) raises :class:`StoreClosedError`; closing twice does nothing."""
         if self._closed:
             return
-        if self._streams:  # the copies of a streamed reload must end before their host buffers are freed
+        if self._streamed_reloads:  # the copies of a streamed reload must end before their host buffers are freed
             self.rt.run(self._finish_streams())
         self._closed = True
         if self._offloaded:
@@ -303,7 +303,7 @@ class OffloadStore:
             return self._pin_ahead(include, wait)
 
     def _pin_ahead(self, include: Iterable[Category | str] | Category | str | None, wait: bool) -> int:
-        if self._streams:
+        if self._streamed_reloads:
             self.rt.run(self._finish_streams())
         cats = Category.select(include) - self._offloaded
         groups, _ = group_by_storage(self._attached.items(cats), self.rt.device)
@@ -351,12 +351,12 @@ class OffloadStore:
     async def _finish_streams(self) -> int:
         """Finish every streamed reload in flight, oldest first (see :class:`StreamedReload`)."""
         moved = 0
-        while self._streams:
-            reload = self._streams[0]
+        while self._streamed_reloads:
+            reload = self._streamed_reloads[0]
             try:
                 moved += await reload.finish()
             finally:
-                self._streams.pop(0)
+                self._streamed_reloads.pop(0)
         if moved:
             self._counters["last_reload_bytes"] = moved
         return moved
@@ -502,7 +502,7 @@ class OffloadStore:
     async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool,
                       local_only: bool = False, stream: bool = False) -> list[str]:
         cats = Category.select(include)
-        if self._streams and not stream:
+        if self._streamed_reloads and not stream:
             await self._finish_streams()
         offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
         chosen = frozenset(cats & self._offloaded)  # the same on every rank: offloads end alike everywhere
@@ -521,7 +521,7 @@ class OffloadStore:
             t0 = rt.now()
             moved = await reload.run()
             if getattr(reload, "streaming", False):
-                self._streams.append(reload)
+                self._streamed_reloads.append(reload)
                 moved = sum(lay.data_nbytes for lay in reload.layouts if not lay.dropped)  # on their way
             self._settle_back(cats)
             c = self._counters
