@@ -67,6 +67,16 @@ def repo_copy(tmp_path_factory) -> Path:
     return copy_repo(tmp_path_factory.mktemp("planted"))
 
 
+def test_the_copy_has_every_record_the_tests_read(repo_copy):
+    """Tests read recorded NCCL logs and their archives, not only JSON: a copy without them fails its baseline."""
+    from tests.planted import RECORD_MAX_BYTES
+
+    records = [p.relative_to(REPO) for p in (REPO / "bench" / "results").rglob("*")
+               if p.is_file() and p.stat().st_size < RECORD_MAX_BYTES]
+    assert {p.suffix for p in records} >= {".json", ".tgz"}
+    assert not [str(p) for p in records if not (repo_copy / p).is_file()]
+
+
 CI_BREAKS = [b for b in BREAKS if b.ci]
 
 

@@ -22,6 +22,8 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: records under bench/results larger than this are not copied (none is today; the largest is an NCCL log archive of 0.75 MB)
+RECORD_MAX_BYTES = 2_000_000
 
 
 class BreakDriftError(RuntimeError):
@@ -90,14 +92,14 @@ def copy_repo(dest: Path, src: Path = REPO) -> Path:
                  if p.is_file() and ".git" not in p.parts and "__pycache__" not in p.parts]
     for f in files:
         if f.startswith("bench/results/"):
-            continue  # records, not code (kept small: tests that read them get them below)
+            continue  # records, not code (copied below, the small ones)
         out = dest / f
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / f, out)
     results = src / "bench" / "results"
-    if results.is_dir():  # tests read recorded JSON; copy only the small text records
+    if results.is_dir():  # tests read the records (JSON, NCCL logs and their archives): every small file
         for p in results.rglob("*"):
-            if p.is_file() and p.suffix in (".json", ".txt", ".md") and p.stat().st_size < 2_000_000:
+            if p.is_file() and p.stat().st_size < RECORD_MAX_BYTES:
                 out = dest / p.relative_to(src)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(p, out)
