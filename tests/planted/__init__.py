@@ -19,6 +19,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +117,7 @@ def run_selection(root: Path, tests: tuple[str, ...], *, timeout_s: float = 600.
     """
     env = dict(os.environ, PYTHONPATH=str(root), HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "ci"),
                PYTHONDONTWRITEBYTECODE="1", **(extra_env or {}))
-    cmd = ["python", "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE", f"--maxfail={maxfail}",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE", f"--maxfail={maxfail}",
            "-W", "ignore", *tests]
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
