@@ -84,6 +84,7 @@ def run_offload(args: argparse.Namespace) -> int:
     """``timeshare bench offload``."""
     from bench.offload import BASELINES, SHAPES, format_report, parse_variant, run_bench, shapes_by_name, write_report
     from refimpl.cli_errors import CliInputError, check_number, check_output_path
+    from refimpl.output import progress_bar
     from refimpl.torch_runtime import TorchRuntime
     from refimpl.torch_runtime.device_check import check_device
     from refimpl.store import StoreConfig
@@ -115,11 +116,13 @@ def run_offload(args: argparse.Namespace) -> int:
     gap = args.phase_gap_s if args.phase_gap_s is not None else (0.25 if rt.device.type == "cuda" else 0.0)
     info = sys.stderr if args.json else sys.stdout
     print(f"device {rt.device}; phase gap {gap:g} s; shapes: " + "; ".join(s.describe() for s in shapes), file=info)
-    report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
-                       baseline_cycles=args.baseline_cycles,
-                       check=not args.no_check, line_max_bytes=int(args.line_max_gib * 2**30),
-                       no_consolidate=frozenset(no_consolidate), phase_gap_s=gap,
-                       other_role_bytes=int(args.other_role_gb * 1e9))
+    # a bar with the time left on a terminal (stderr), one step per method measured on a shape; off with --json
+    with progress_bar(len(shapes) * len(methods), "bench offload", enabled=not args.json) as tick:
+        report = run_bench(rt, shapes=shapes, methods=methods, variants=variants, cycles=cycles,
+                           baseline_cycles=args.baseline_cycles,
+                           check=not args.no_check, line_max_bytes=int(args.line_max_gib * 2**30),
+                           no_consolidate=frozenset(no_consolidate), phase_gap_s=gap,
+                           other_role_bytes=int(args.other_role_gb * 1e9), tick=tick)
     report["dry_run"] = bool(args.dry_run)
     if args.json:
         from refimpl.output import envelope
@@ -144,13 +147,17 @@ def _run_model(args: argparse.Namespace) -> int:
         raise CliInputError(f"--model-methods {args.model_methods!r}: expected a comma-separated list of {list(METHODS)}")
     check_number("--cycles", args.cycles, lo=1, integer=True)
     check_output_path(args.out, "--out", is_dir=True)
-    report = run_model_bench(args.model, device=args.device, cycles=args.cycles or 3, methods=methods, out=args.out)
+    from refimpl.output import progress_bar
+
+    with progress_bar(len(methods), f"bench offload --model {args.model}", enabled=not args.json) as tick:
+        report = run_model_bench(args.model, device=args.device, cycles=args.cycles or 3, methods=methods,
+                                 out=args.out, tick=tick)
     if args.json:
         from refimpl.output import envelope
 
         print(json.dumps(envelope("bench offload", report), indent=1, default=str))
     else:
-        print(format_report(report))
+        print(format_report(report, wide=args.wide))
     return 0 if all(m.get("bitwise_every_cycle", True) for m in report["methods"]) else 1
 
 

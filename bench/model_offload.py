@@ -182,8 +182,10 @@ def measure(name: str, model_name: str, device: torch.device, cycles: int, rt) -
             "bitwise_every_cycle": all(r["bitwise"] for r in rows)}
 
 
-def run_model_bench(model_name: str, *, device: str | None, cycles: int, methods: list[str], out: str) -> dict[str, Any]:
-    """Every method on ``model_name``; the report (also written to ``out``/model_offload_<model>.json)."""
+def run_model_bench(model_name: str, *, device: str | None, cycles: int, methods: list[str], out: str,
+                    tick: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every method on ``model_name``; the report (also written to ``out``/model_offload_<model>.json).
+    ``tick(method)``, if given, is called after each method (a progress bar over ``len(methods)``)."""
     from refimpl.torch_runtime import TorchRuntime
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -195,6 +197,8 @@ def run_model_bench(model_name: str, *, device: str | None, cycles: int, methods
     report: dict[str, Any] = {"model": model_name, "device": str(dev), "torch": torch.__version__, "methods": []}
     for m in methods:
         res = measure(m, model_name, dev, cycles, rt)
+        if tick is not None:
+            tick(m)
         report["methods"].append(res)
         logger.info("%s: %s", m, json.dumps({k: v for k, v in res.items() if k != "rows"}))
     report["state_bytes"] = next((m["state_bytes"] for m in report["methods"] if "state_bytes" in m), None)
@@ -204,18 +208,23 @@ def run_model_bench(model_name: str, *, device: str | None, cycles: int, methods
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """The methods side by side: cold offload, steady offload and reload ranges, bitwise."""
-    lines = [f"model {report['model']} on {report['device']}: {(report.get('state_bytes') or 0) / 1e9:.2f} GB of state",
-             "| method | cold offload s | steady offload s | reload s | bitwise |", "|---|---|---|---|---|"]
+def format_report(report: dict[str, Any], wide: bool = False) -> str:
+    """The methods side by side: cold offload, steady offload and reload ranges, bitwise (one table, units in the
+    headers, at most 100 columns unless ``wide``)."""
+    from refimpl.output import table
+
+    rows, skipped = [], []
     for m in report["methods"]:
         if "skipped" in m:
-            lines.append(f"| {m['method']} | skipped: {m['skipped']} | | | |")
+            skipped.append(f"  {m['method']} skipped: {m['skipped']}")
             continue
         rng = (lambda v: f"{min(v):.3f}-{max(v):.3f}")
-        lines.append(f"| {m['method']} | {m['cold_offload_s']:.3f} | {rng(m['steady_offload_s'])} | {rng(m['reload_s'])} | "
-                     f"{m['bitwise_every_cycle']} |")
-    return "\n".join(lines)
+        rows.append([m["method"], f"{m['cold_offload_s']:.3f}", rng(m["steady_offload_s"]), rng(m["reload_s"]),
+                     "yes" if m["bitwise_every_cycle"] else "NO"])
+    head = f"model {report['model']} on {report['device']}: {(report.get('state_bytes') or 0) / 2**30:.2f} GiB of state"
+    body = table(["method", "cold offload (s)", "steady offload (s)", "reload (s)", "bitwise every cycle"], rows,
+                 wide=wide, right=(1, 2, 3))
+    return "\n".join([head, body, *skipped])
 
 
 __all__ = ["METHODS", "MODELS", "build", "digest", "format_report", "measure", "run_model_bench"]

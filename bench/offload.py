@@ -46,7 +46,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -103,7 +103,7 @@ def parse_variant(text: str) -> tuple[str, StoreConfig, bool]:
     """``"name:key=value,key=value"`` -> (name, StoreConfig, consolidate); values are ints, or strings.
 
     ``pin_ahead`` takes ``background``/``off`` (StoreConfig) and ``1``/``0`` for the same;
-    ``consolidate=0`` skips ``store.consolidate()`` at setup (default: consolidate).
+    ``empty_cache`` takes ``1``/``0`` (or ``True``/``False``); ``consolidate=0`` skips ``store.consolidate()`` at setup (default: consolidate).
     """
     name, _, spec = text.partition(":")
     if not name:
@@ -119,6 +119,9 @@ def parse_variant(text: str) -> tuple[str, StoreConfig, bool]:
             value = "off" if value in ("0", "false", "False", "") else "background"
         if key not in StoreConfig.__dataclass_fields__:
             raise ValueError(f"store variant {text!r}: StoreConfig has no field {key!r}")
+        if key == "empty_cache":  # StoreConfig takes a bool, not 0/1
+            kwargs[key] = value not in ("0", "false", "False", "")
+            continue
         kwargs[key] = int(value) if re.fullmatch(r"-?\d+", value) else (None if value == "None" else value)
     return name, StoreConfig(**kwargs), consolidate
 
@@ -133,7 +136,7 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     ok, why = method.available()
     if not ok:
         res.skipped = why
-        logger.warning("%s skipped: %s", method.name, why)
+        logger.info("%s skipped: %s", method.name, why)  # the table says so under its rows
         return res
     state = shape.materialize(rt.device)
     # the reference is a digest of every tensor's bytes, not device clones: clones would share
@@ -259,11 +262,14 @@ def _slug(name: str) -> str:
 def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], variants: dict[str, StoreConfig],
               cycles: int, check: bool, line_max_bytes: int,
               no_consolidate: frozenset[str] = frozenset(), baseline_cycles: int | None = None,
-              phase_gap_s: float = 0.0, other_role_bytes: int = 0) -> dict[str, Any]:
+              phase_gap_s: float = 0.0, other_role_bytes: int = 0,
+              tick: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure every method on every shape; return the JSON-ready report.
 
     ``phase_gap_s``: the pause between each offload and the next reload; ``other_role_bytes``: device
     memory the other role takes in that pause and frees right before the reload (module docstring).
+    ``tick(label)``, if given, is called once per method measured on a shape (a progress bar over
+    ``len(shapes) * len(methods)``).
     """
     report: dict[str, Any] = {
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
@@ -290,6 +296,8 @@ def run_bench(rt: Runtime, *, shapes: list[StateShape], methods: list[str], vari
             if name in variants and not res.skipped:
                 res.targets_met = check_targets(res)
             results.append(res)
+            if tick is not None:
+                tick(f"{shape.name} {name}")
         report["shapes"].append({"shape": shape.name, "state_bytes": shape.nbytes, "tensors": len(shape.tensors),
                                  "line_rate": line, "results": [asdict(r) for r in results]})
     return report

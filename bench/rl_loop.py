@@ -125,18 +125,28 @@ class _Clock:
         self.spans: list[tuple[int, str, float, float]] = []
 
     def sync(self) -> None:
-        """Wait for the device's queued work (a no-op on CPU)."""
+        """Wait for the device's queued work, every stream (a no-op on CPU)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def stream_sync(self) -> None:
+        """Wait for the calling thread's current stream only (copies on the store's copy stream may go on)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     @contextlib.contextmanager
-    def phase(self, step: int, name: str):
-        """Context manager: record ``(step, name, start, end)`` around the block, in seconds since the clock began,
-        with a device synchronisation at both ends."""
-        self.sync()
+    def phase(self, step: int, name: str, *, start: str = "device", end: str = "device"):
+        """Context manager: record ``(step, name, start, end)`` around the block, in seconds since the clock began.
+
+        ``start`` / ``end``: what is waited for at each end: ``"device"`` (every stream: nothing the phase queued
+        is left), ``"stream"`` (the current stream only: a background copy may run on into the next phase, whose
+        time then holds what it costs there) or ``"none"``.
+        """
+        waits = {"device": self.sync, "stream": self.stream_sync, "none": lambda: None}
+        waits[start]()
         a = time.perf_counter() - self.t0
         yield
-        self.sync()
+        waits[end]()
         self.spans.append((step, name, a, time.perf_counter() - self.t0))
 
 
@@ -178,6 +188,33 @@ def _digest(t: torch.Tensor) -> int:
     return int((bits * w).sum().item())
 
 
+def _digest_t(t: torch.Tensor) -> torch.Tensor:
+    """:func:`_digest` as a 0-d int64 tensor on the tensor's device (no host round trip)."""
+    bits = _int_view(t).reshape(-1).to(torch.int64)
+    w = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 1021 + 1
+    return (bits * w).sum()
+
+
+def _public(s: dict[str, Any]) -> dict[str, Any]:
+    """A step record without its private working fields (keys starting with ``_``)."""
+    return {k: v for k, v in s.items() if not k.startswith("_")}
+
+
+def nccl_held(rt, lc) -> dict[str, Any]:
+    """What the lifecycle's groups hold in the rollout, measured right after the offload phase: the lifecycle's
+    state, the groups still live (not destroyed, not suspended) and their NCCL memory by ``ncclCommMemStats``
+    (None where the loaded NCCL has no ``ncclCommMemStats``; a live group whose communicator was never created
+    holds none)."""
+    live = [n for n in lc.groups if rt.group_live(n) and not rt.group_suspended(n)]
+    try:
+        mem = lc.comm_memory()
+        held: int | None = int(mem.suspendable + mem.persistent)
+    except Exception as e:  # noqa: BLE001 - NCCL < 2.29.7: no ncclCommMemStats
+        logger.debug("ncclCommMemStats unavailable: %s", e)
+        held = None
+    return {"state": lc.state.name, "live_groups": live, "bytes": held}
+
+
 def _full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
 
@@ -189,6 +226,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     from transformers import Qwen2ForCausalLM
 
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec, ReduceOp
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.torch_runtime import TorchRuntime
@@ -223,9 +261,16 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         policy, parallel = chosen.policy.name, chosen.parallel_destroy
         rec["policy_choice"] = {"policy": policy, "parallel_destroy": parallel, "reason": chosen.reason}
     rec["policy"] = policy
-    lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
+    # the weight sync gathers over the FSDP mesh, not over trainer.dp: it needs none of the lifecycle's groups, so
+    # they go down at the pause and stay down through the sync (every policy); off the sequential mode the resume
+    # creates the rebuilt communicators (warm_rebuilt) beside the reload's copies instead of at the first collective
+    rec["wake_proxies"] = bool(getattr(rt, "wake_proxies", False))
+    rec["sync_needs_no_group"] = True
+    rec["warm_rebuilt"] = cfg.mode != "sequential"
+    lc = PGLifecycle(rt, ["trainer.dp"], plan=GroupPlanRules(sync_groups=set()), config=LifecycleConfig(
         policy=PGPolicy[policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
-        canary_timeout_s=60, control_group="trainer.control", parallel_destroy=parallel))
+        canary_timeout_s=60, control_group="trainer.control", parallel_destroy=parallel,
+        warm_rebuilt=cfg.mode != "sequential"))
     life = lc.sync
     life.start()
 
@@ -270,42 +315,50 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         for name, p in trainer.named_parameters():
             rparams[name].copy_(_full(p).to(rollout_dtype))
 
-    def check_weights() -> dict[str, Any]:
-        """Bitwise: the rollout's weights against a fresh gather of the trainer's; digests compared over ranks.
+    def digests(tensors: list[torch.Tensor]) -> list[int]:
+        """Each tensor's bit digest (:func:`_digest`), computed on the device, read back at once."""
+        return torch.stack([_digest_t(t) for t in tensors]).tolist() if tensors else []
 
-        Runs outside the timed phases (it is verification, not part of a step), between the weight sync and the
-        reload, the digests compared over the world group.
-        """
-        mismatched: list[str] = []
-        digest = 0
-        n = 0
-        for name, p in trainer.named_parameters():
-            again = _full(p).to(rollout_dtype)  # a fresh gather: what the trainer holds now
-            if not bitwise_equal(rparams[name], again):
-                mismatched.append(name)
-            digest = (digest + _digest(rparams[name])) % (1 << 61)
-            n += 1
-        lo = torch.tensor([digest, len(mismatched)], dtype=torch.int64, device=device)
+    def agree_digests(mine: int, mismatched: int) -> tuple[bool, int]:
+        """Over the world group: do the digests agree on every rank; the largest mismatch count of any rank."""
+        lo = torch.tensor([mine, mismatched], dtype=torch.int64, device=device)
         hi = lo.clone()
-        # over the world group: the lifecycle's trainer.dp may be down between the weight sync and the reload
+        # over the world group: the lifecycle's trainer.dp may be down
         rt.run(rt.all_reduce(lo, ReduceOp.MIN, group="world", timeout_s=120))
         rt.run(rt.all_reduce(hi, ReduceOp.MAX, group="world", timeout_s=120))
-        return {"tensors": n, "mismatched": mismatched, "digest": digest,
-                "ranks_agree": bool(lo[0].item() == hi[0].item()), "max_mismatched_any_rank": int(hi[1].item()),
-                "bitwise_equal": not mismatched and int(hi[1].item()) == 0 and bool(lo[0].item() == hi[0].item())}
+        return bool(lo[0].item() == hi[0].item()), int(hi[1].item())
+
+    def trainer_digests() -> dict[str, int]:
+        """Digests of the trainer's full weights as the rollout holds them (its dtype)."""
+        names = [n for n, _ in trainer.named_parameters()]
+        return dict(zip(names, digests([_full(p).to(rollout_dtype) for _, p in trainer.named_parameters()])))
+
+    def check_weights(want: dict[str, int]) -> dict[str, Any]:
+        """Bitwise: each rollout weight's digest against ``want`` (the trainer's weights when they were synced,
+        digested before their offload); digests compared over ranks.
+
+        Runs outside the timed phases at a quiet point (after a training step's device synchronisation, before the
+        next offload: no copy in flight for it to hide under, and the rollout copy unchanged since its sync).
+        """
+        got = dict(zip(rparams, digests(list(rparams.values()))))
+        mismatched = [n for n in want if got.get(n) != want[n]]
+        digest = sum(got.values()) % (1 << 61)
+        agree, worst = agree_digests(digest, len(mismatched))
+        return {"tensors": len(want), "mismatched": mismatched, "digest": digest, "ranks_agree": agree,
+                "max_mismatched_any_rank": worst, "bitwise_equal": not mismatched and worst == 0 and agree}
 
     # initial sync: the rollout starts from the trainer's weights
     sync_weights()
-    rec["initial_sync"] = check_weights()
+    rec["initial_sync"] = check_weights(trainer_digests())
     g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own prompts and batch
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
     steps: list[dict[str, Any]] = []
-    driver = SwitchDriver(cfg.mode, lc, store, optim, clock.sync)
+    driver = SwitchDriver(cfg.mode, lc, store, optim, clock)
 
     def train(step: int, s: dict[str, Any], phase: str = "train") -> None:
         """One training step (a streamed reload of the optimizer state is waited for at its optimizer step)."""
         driver.current = s
-        with clock.phase(step, phase):
+        with clock.phase(step, phase, start=driver.train_start):
             x = data.to(device)
             out = trainer(input_ids=x, labels=x)
             out.loss.backward()
@@ -318,11 +371,25 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
             s["first_collective_s"] = time.perf_counter() - t  # lazy init of a rebuilt group lands here
             s["loss"] = float(loss.item()) / world_size
             del out, x
+        driver.train_start = "device"
+
+    def quiet_point(synced: dict[str, Any] | None) -> dict[str, int]:
+        """Untimed, after a training step: check the last sync's rollout weights (``synced``: its step record, which
+        holds the trainer digests taken before that switch's offload); return the trainer's digests now."""
+        t = time.perf_counter()
+        if synced is not None:
+            synced["weight_check"] = check_weights(synced.pop("_trainer_digests"))
+        now = trainer_digests()
+        clock.sync()
+        if synced is not None:
+            synced["weight_check_s"] = time.perf_counter() - t
+        return now
 
     for step in range(cfg.steps):
         s: dict[str, Any] = {"step": step}
         # ---- train
         train(step, s)
+        s["_trainer_digests"] = quiet_point(steps[-1] if steps else None)
         before = torch.cuda.memory_allocated(device) if cuda else 0
         # ---- offload (the lifecycle pauses the trainer's groups; the release moves the state)
         with clock.phase(step, "offload"):
@@ -331,6 +398,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         s["offload_bytes"] = st.last_offload_bytes
         s["device_bytes_freed"] = st.last_device_bytes_freed
         s["freed_measured"] = (before - torch.cuda.memory_allocated(device)) if cuda else st.last_device_bytes_freed
+        s["nccl_in_rollout"] = nccl_held(rt, lc)
         # ---- rollout: KV cache into the memory the trainer gave back, generate, free
         with clock.phase(step, "rollout"):
             s.update(_rollout(rollout, mcfg, cfg, device, rollout_dtype, s["freed_measured"], g))
@@ -341,16 +409,12 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 data = data.repeat(-(-cfg.batch // data.shape[0]), 1)[:cfg.batch]
             if cuda and cfg.free == "driver":
                 torch.cuda.empty_cache()
-        # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy
-        with clock.phase(step, "weight_sync"):
+        # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy (the rest's
+        # reload starts beside the gather unless sequential, so the phase ends on the compute stream only)
+        with clock.phase(step, "weight_sync", end=driver.sync_end):
             driver.weight_sync(s, sync_weights)
-        # verification, untimed, between the phases (nothing runs in the background here to hide under it)
-        t = time.perf_counter()
-        s["weight_check"] = check_weights()
-        clock.sync()
-        s["weight_check_s"] = time.perf_counter() - t
         # ---- reload the rest; the trainer's groups come back
-        with clock.phase(step, "reload"):
+        with clock.phase(step, "reload", start="none", end=driver.reload_end):
             driver.resume(s)
         st = store.stats()
         s["reload_bytes_last"] = st.last_reload_bytes
@@ -359,7 +423,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         steps.append(s)
         if rank == 0:  # a partial record after every step, in case the run is cut short
             try:
-                write_outputs({**rec, "steps": steps, "partial": True, "runtime_spans": runtime_spans(rt, rt_t0),
+                write_outputs({**rec, "steps": [_public(x) for x in steps], "partial": True,
+                               "runtime_spans": runtime_spans(rt, rt_t0),
                                "spans": [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in clock.spans]},
                               cfg.out)
             except OSError as e:
@@ -367,6 +432,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     # the training step after the last switch (its cost belongs to that switch), then steps after no switch
     tail = [{"step": cfg.steps}]
     train(cfg.steps, tail[0])
+    quiet_point(steps[-1])
     for i in (1, 2):
         tail.append({"step": cfg.steps + i})
         train(cfg.steps + i, tail[-1], phase="train_plain")
@@ -375,7 +441,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["mode"] = cfg.mode
     spans = clock.spans
     rec["spans"] = [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
-    rec["steps"] = steps
+    rec["steps"] = [_public(x) for x in steps]
     rec["runtime_spans"] = runtime_spans(rt, rt_t0)
     rec["lifecycle_stats"] = asdict(lc.stats)
     rec["store_phases"] = dict(store.stats().phases)

@@ -7,20 +7,23 @@ Modes (``--mode``):
                 rebuild, then the reload of the rest. One after the other.
 ``overlapped``  the same work with the memory moves on a worker thread
                 (:class:`refimpl.comm.overlap.OverlappedSwitch`): the offload
-                runs beside the pause's walk; the reload of the rest runs
-                beside the resume's cooldown and rebuild; joined (and agreed)
-                at the end of the reload phase. (It starts with the reload
-                phase, not earlier, so that the untimed weight check between
-                the phases hides none of its copies.)
+                runs beside the pause's walk; the reload of the rest starts as
+                soon as the params are back, inside the weight sync, so its
+                copies run under the gather and then beside the resume's
+                cooldown, rebuild and the warm-up of the rebuilt groups
+                (``LifecycleConfig.warm_rebuilt``); joined (and agreed) at the
+                end of the reload phase. The bitwise weight check runs at a
+                quiet point after the next training step, when no copy is in
+                flight for it to hide under.
 ``streamed``    as ``overlapped``, but the reload of the rest (the optimizer
                 state) is not waited for in the switch: it streams under the
                 next training step's forward and backward, and the optimizer's
                 step waits for it (a step pre-hook joins it and agrees on it).
-                Where the groups come back by a rebuild (no canary: DESTROY,
-                DESTROY_DEFERRED) or on one rank, the resume (its cooldown and
-                rebuild) runs under that forward and backward too, joined at
-                the same hook, before the step's first collective on the
-                trainer's group.
+                On one rank the resume (its cooldown, rebuild and warm-up)
+                runs under that forward and backward too, joined at the same
+                hook, before the step's first collective on the trainer's
+                group; on several it runs in the reload phase (its collectives
+                must not interleave with training's on other communicators).
 
 [Note: switch cost]
 ``switch_cost_s``: everything the pause, the weight sync and the wake add to a
@@ -46,17 +49,29 @@ REST = "reload_rest"
 
 
 class SwitchDriver:
-    """One rank's switch in the chosen mode; the RL step calls :meth:`pause`, :meth:`weight_sync`, :meth:`resume`."""
+    """One rank's switch in the chosen mode; the RL step calls :meth:`pause`, :meth:`weight_sync`, :meth:`resume`.
 
-    def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, sync: Callable[[], None]) -> None:
+    ``clock``: the step's clock (``sync``: every stream; ``stream_sync``: the current stream). The attributes
+    ``sync_end``, ``reload_end`` and ``train_start`` say what the step's phases wait for at their ends (see
+    ``_Clock.phase`` in :mod:`bench.rl_loop`): off the sequential mode the reload of the rest runs on the
+    store's copy stream past the weight sync's end (and, streamed, into the next training step), so those
+    phases end on the compute stream, and the time the copies still take lands in the phase that waits for them.
+    """
+
+    def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any) -> None:
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
             raise ValueError(f"switch mode {mode!r} is not one of {MODES}")
-        self.mode, self.lc, self.store, self.sync = mode, lifecycle, store, sync
+        self.mode, self.lc, self.store = mode, lifecycle, store
+        self.sync, self.stream_sync = clock.sync, clock.stream_sync
         self.life = lifecycle.sync
         self.switch = OverlappedSwitch(lifecycle) if mode != "sequential" else None
         self.current: dict[str, Any] = {}
+        self.sync_end = "device" if mode == "sequential" else "stream"
+        self.reload_end = "stream" if mode == "streamed" else "device"
+        #: what the next training step waits for when it starts (a streamed reload is waited for at its optimizer step)
+        self.train_start = "device"
         self._hook = None
         if mode == "streamed":
             self._hook = optimizer.register_step_pre_hook(self._before_step)
@@ -80,21 +95,24 @@ class SwitchDriver:
         return self.switch.pause(release, issued_point="store.offload.wait").name
 
     def weight_sync(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
-        """The weight-sync phase: params back, then the gather into the rollout copy (the rest's reload beside it)."""
+        """The weight-sync phase: params back, then the gather into the rollout copy; off the sequential mode the
+        reload of the rest is started between the two, so its copies run under the gather."""
         def fn() -> None:
             t = time.perf_counter()
             self.store.reload("params")
-            self.sync()
+            self.stream_sync()
             s["reload_params_store_s"] = time.perf_counter() - t
+            if self.switch is not None:
+                self._start_rest(s)
             t = time.perf_counter()
             sync_weights()
-            self.sync()
+            self.stream_sync()
             s["gather_copy_s"] = time.perf_counter() - t
 
         self.life.weight_sync(fn)
 
     def resume(self, s: dict[str, Any]) -> None:
-        """The reload phase: the groups come back; the rest of the state too (streamed: its copies issued only)."""
+        """The reload phase: the groups come back; the rest of the state too (streamed: still on its way)."""
         if self.switch is None:
             self.life.resume()
             t = time.perf_counter()
@@ -102,12 +120,13 @@ class SwitchDriver:
             self.sync()
             s["reload_rest_store_s"] = time.perf_counter() - t
             return
-        self._start_rest(s)
         if self.mode == "overlapped":
             self.switch.resume()
             return
-        quiet = self.lc.rt.world_size == 1 or self.lc.state.name == "DESTROYED"  # no canary can interleave
-        self.switch.resume(join=False, background=quiet)
+        # beside the next step only on one rank: elsewhere the resume runs collectives (a canary, the warm-up of
+        # rebuilt groups) that must not interleave with training's on other communicators
+        self.switch.resume(join=False, background=self.lc.rt.world_size == 1)
+        self.train_start = "stream"
 
     def finish(self) -> None:
         """Join a move still streaming (after the last step, outside the timed phases); remove the hook."""
@@ -118,16 +137,15 @@ class SwitchDriver:
             self._hook = None
 
     def _start_rest(self, s: dict[str, Any]) -> None:
-        """Start the reload of the rest on a worker thread; return once its copies are issued (the streamed
-        mode's next forward must queue behind them, not they behind it) or it ended."""
+        """Start the reload of the rest on a worker thread; return once its copies are issued (what the caller
+        queues next must run beside them, not before them) or it ended."""
         issued = threading.Event()
         remove = self.store.rt.on_point("store.reload.wait", issued.set) if hasattr(self.store.rt, "on_point") else None
 
         def rest() -> None:
             t = time.perf_counter()
             try:
-                self.store.reload()
-                self.sync()
+                self.store.reload()  # returns once its own copies are done (no wait on the compute stream's work)
             finally:
                 s["reload_rest_store_s"] = time.perf_counter() - t
 

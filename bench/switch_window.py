@@ -71,24 +71,30 @@ def __getattr__(name: str) -> Any:
         return getattr(driver, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-def format_results(results: list[PolicyResult], header: str) -> str:
+def format_results(results: list[PolicyResult], header: str, *, wide: bool = False) -> str:
     """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`), the window's
-    phases beside it, the first use's extra, and the ratio of switch costs to DESTROY's."""
+    phases beside it, the first use's extra, and the ratio of switch costs to DESTROY's (one library draws every
+    ``timeshare`` table, :func:`refimpl.output.table`: units in every header, at most 100 columns unless ``wide``)."""
+    from refimpl.output import table, wrap
+
     base = next((r.switch_cost for r in results if r.policy == "DESTROY"), None)
-    w = max([18] + [len(r.policy) + 2 for r in results])
-    lines = [header, f"{'policy':<{w}}{'switch cost s':>14}{'vs DESTROY':>12}{'sleep s':>9}{'update s':>10}"
-                     f"{'wake s':>9}{'window s':>10}{'first use +s':>14}{'NCCL GiB in rollout':>21}"
-                     f"{'device GiB in rollout':>23}"]
+    rows = []
     for r in results:
-        ratio = f"{r.switch_cost / base:.3f}x" if base and r.switch_cost is not None else "-"
+        ratio = f"{r.switch_cost / base:.3f}" if base and r.switch_cost is not None else "-"
         held = "unknown" if r.held_in_rollout_gib is None else f"{r.held_in_rollout_gib:.2f}"
         cost = "-" if r.switch_cost is None else f"{r.switch_cost:.3f}"
         extra = "-" if r.first_use_extra is None else f"{r.first_use_extra:.3f}"
-        lines.append(f"{r.policy:<{w}}{cost:>14}{ratio:>12}{r.sleep:>9.3f}{r.update_weights:>10.3f}{r.wake_up:>9.3f}"
-                     f"{r.total:>10.3f}{extra:>14}{held:>21}{r.device_used_in_rollout_gib:>23.2f}")
-    lines.append("switch cost = window (sleep + update + wake) + first use +: the training step's first collectives "
-                 "after the wake beyond the same collectives on live groups (lazy NCCL init of rebuilt groups)")
-    return "\n".join(lines)
+        rows.append([r.policy, cost, ratio, f"{r.sleep:.3f}", f"{r.update_weights:.3f}", f"{r.wake_up:.3f}",
+                     f"{r.total:.3f}", extra, held, f"{r.device_used_in_rollout_gib:.2f}"])
+    head = ["policy", "switch\ncost\n(s)", "vs\nDESTROY\n(x)", "sleep\n(s)", "update\n(s)", "wake\n(s)", "window\n(s)",
+            "first\nuse +\n(s)", "NCCL\nrollout\n(GiB)", "device\nrollout\n(GiB)"]
+    width = max([len("policy")] + [len(r.policy) for r in results])
+    return "\n".join([wrap(header, wide=wide), table(head, rows, wide=wide, right=tuple(range(1, len(head))),
+                                                     min_widths={0: width}),
+                      wrap("switch cost = window (sleep + update + wake) + first use +: the training step's first "
+                           "collectives after the wake beyond the same collectives on live groups (lazy NCCL init of "
+                           "rebuilt groups); NCCL / device rollout: GPU memory NCCL holds / all GPU memory in use "
+                           "during the rollout", wide=wide)])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"policies (or variants) to run, any case: {', '.join(POLICY_ROWS)} "
                              "(repeatable; default all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--wide", action="store_true", help="the table up to 220 columns instead of 100")
 
 
 def _mesh_groups(args: argparse.Namespace) -> list:
@@ -136,6 +143,7 @@ def _mesh_groups(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> int:
     """Simulate every policy and print the switch window of each, with ratios against DESTROY."""
     from refimpl.cli_errors import CliInputError, check_number, check_output_path
+    from refimpl.output import progress_bar, wrap
     from sim.calibrate.switch_window import (first_use_after_wake, mesh_groups, resolve, row_names, simulate,
                                              summarize_simulated)
 
@@ -171,27 +179,32 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliInputError(f"--policy: {exc}") from None
     results = []
-    for policy in policies:
-        per_rank = simulate(policy, dp=args.dp, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp,
-                            steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
-                            cooldown_s=args.cooldown_s, topology=args.topology or None)
-        results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
+    with progress_bar(len(policies), "switch-window") as tick:  # a bar with the time left on a terminal's stderr
+        for policy in policies:
+            per_rank = simulate(policy, dp=args.dp, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp,
+                                steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
+                                cooldown_s=args.cooldown_s, topology=args.topology or None)
+            results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
+            tick(policy)
+    def say(text: str) -> None:
+        print(wrap(text, wide=args.wide))
+
     groups = len([s for s in specs if 0 in s.ranks])
     world = args.dp * args.tp * args.cp * args.pp
     mesh = f"tp {args.tp} cp {args.cp} dp {args.dp} pp {args.pp} ep {args.ep}"
     header = (f"switch cost per RL step (simulated): {world} ranks ({mesh}), {groups} Megatron groups per rank, "
               f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
-    print(format_results(results, header))
+    print(format_results(results, header, wide=args.wide))
     late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
     if late:
         period = max(r.poll_period_s for r in results)
         rate = max(r.poll_late_rate for r in results)
-        print(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
+        say(f"may end one NCCL proxy poll period ({period:g} s) later in some steps (a destroy waits for a poll "
               "timeout closer than the poll phases move between steps; docs/calibration.md): " + ", ".join(late)
               + (f"; expected {rate:.3f} x {period:g} s more each (the late-walk rate of the fit records)" if rate else ""))
     wrong = [r.policy for r in results if r.bitwise_after_wake is False]
-    print("first collectives after every wake bitwise right: " + ("all rows" if not wrong else f"NOT for {wrong}"))
+    say("first collectives after every wake bitwise right: " + ("all rows" if not wrong else f"NOT for {wrong}"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             from refimpl.output import envelope

@@ -240,15 +240,28 @@ def validate_dedup(record: MultiGpuRecord, preset: str, offload_preset: str, *,
             for what, measured, predicted in compare_dedup(record, preset, offload_preset)]
 
 
-def format_rows(rows: list[Row]) -> str:
-    """A table: measured, predicted, error and verdict per row."""
-    lines = [f"{'record / what':<70}{'measured s':>12}{'predicted s':>13}{'error':>9}  verdict"]
+def format_rows(rows: list[Row], *, wide: bool = False) -> str:
+    """A table per record: measured, predicted, error and verdict per figure; how a figure that may end a poll
+    period late was predicted, under its table (:func:`refimpl.output.table`: units in every header, at most 100
+    columns unless ``wide``)."""
+    from refimpl.output import table, wrap
+
+    by_record: dict[str, list[Row]] = {}
     for r in rows:
-        err = f"{r.rel_error:+.1%}" if r.scored else "-"
-        verdict = ("ok" if r.ok else "OUTSIDE") if r.scored else "not scored (measured 0)"
-        lines.append(f"{(Path(r.record).parent.name + ' ' + r.what)[:69]:<70}{r.measured:>12.4f}{r.predicted:>13.4f}"
-                     f"{err:>9}  {verdict} {r.tolerance:.0%}" + (f"; {r.note}" if r.note else ""))
-    return "\n".join(lines)
+        by_record.setdefault(r.record, []).append(r)
+    out = []
+    for record, part in by_record.items():
+        body, notes = [], []
+        for r in part:
+            err = f"{r.rel_error * 100:+.1f}" if r.scored else "-"
+            verdict = (f"{'ok' if r.ok else 'OUTSIDE'} {r.tolerance:.0%}" if r.scored else "not scored (measured 0)")
+            body.append([r.what, f"{r.measured:.4f}", f"{r.predicted:.4f}", err, verdict + (" *" if r.note else "")])
+            if r.note:
+                notes.append(wrap(f"* {r.what}: {r.note}", wide=wide, indent="  "))
+        title = f"{Path(record).parent.name}/{Path(record).name}"
+        out += [table(["what", "measured (s)", "predicted (s)", "error (%)", "verdict (tolerance)"], body, wide=wide,
+                      right=(1, 2, 3), title=title, min_widths={0: max(len(r.what) for r in part)}), *notes, ""]
+    return "\n".join(out).rstrip("\n")
 
 
 def median_abs_error(rows: list[Row]) -> float:
@@ -278,8 +291,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="preset for offload reports (default: the shipped calibrated h200-1x)")
     parser.add_argument("--tolerance", type=float, default=0.15, help="per switch-window figure (default 0.15)")
     parser.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
+    parser.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     parser.add_argument("--no-dedup", action="store_true",
                         help="leave out the dedup section of multigpu records (its replay takes a few seconds)")
+
+
+def say(text: str) -> None:
+    """Print one line, wrapped to 100 columns (continuation lines indented)."""
+    from refimpl.output import wrap
+
+    print(wrap(text, indent=" " * (len(text) - len(text.lstrip()))))
 
 
 def _validate_record(rec: Record, args: argparse.Namespace) -> tuple[list[Row], bool] | None:
@@ -287,7 +308,7 @@ def _validate_record(rec: Record, args: argparse.Namespace) -> tuple[list[Row], 
     if isinstance(rec, OffloadRecord):
         return validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance), True
     if not isinstance(rec, MultiGpuRecord) or (rec.switch_window is None and not rec.dedup):
-        print(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
+        say(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
         return None
     rows: list[Row] = []
     if rec.dedup and not args.no_dedup:
@@ -297,15 +318,16 @@ def _validate_record(rec: Record, args: argparse.Namespace) -> tuple[list[Row], 
         r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance)
         rows += r
         same = facts["measured_order"] == facts["predicted_order"]
+        say(f"{rec.name}:")
         if rec.eager_init:
-            print(f"{rec.name}: measured with the default group bound to a device (NCCL initialised at "
-                  "new_group); the simulator models torch's lazy init, so rebuilds are predicted cheaper")
-        print(f"{rec.name}: policies by {facts['ranked_by']}, measured {' < '.join(facts['measured_order'])}; "
-              f"predicted {' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
+            say("  measured with the default group bound to a device (NCCL initialised at new_group); the simulator "
+                "models torch's lazy init, so rebuilds are predicted cheaper")
+        say(f"  policies by {facts['ranked_by']}: measured {' < '.join(facts['measured_order'])};")
+        say(f"  predicted {' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
         for pol, (meas, pred) in facts["memory_gib"].items():
             if meas is not None:
-                print(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
-                      "(reported, not checked)")
+                say(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
+                    "(reported, not checked)")
     return rows, same
 
 
@@ -315,28 +337,33 @@ def run(args: argparse.Namespace) -> int:
     from sim.presets import PresetError
     from sim.calibrate.records import held_out, load_record
 
+    from refimpl.output import progress_bar
+
     rows, orders_ok, checked, held = [], True, 0, []
     try:
-        for path in args.records:
-            rec = load_record(path)
-            got = _validate_record(rec, args)
-            if got is None:
-                continue
-            rows += got[0]
-            orders_ok &= got[1]
-            checked += 1
-            if held_out(rec.name):
-                held += got[0]
+        with progress_bar(len(args.records), "validate") as tick:  # a bar with the time left on a terminal's stderr
+            for path in args.records:
+                rec = load_record(path)
+                got = _validate_record(rec, args)
+                tick(Path(path).name)
+                if got is None:
+                    continue
+                rows += got[0]
+                orders_ok &= got[1]
+                checked += 1
+                if held_out(rec.name):
+                    held += got[0]
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(format_rows(rows))
+    print()
+    print(format_rows(rows, wide=args.wide))
     bad = [r for r in rows if not r.ok]
-    print(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
-          + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
-    print(f"score: {score(rows)}")
+    say(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
+        + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
+    say(f"score: {score(rows)}")
     if held:
-        print(f"held-out records (no calibration read them): {score(held)}")
+        say(f"held-out records (no calibration read them): {score(held)}")
     return EXIT_OK if rows and not bad and orders_ok else EXIT_FAILED
 
 

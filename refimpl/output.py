@@ -67,26 +67,65 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, wide: bool =
     return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines())
 
 
+class ProgressBar:
+    """A progress bar with the time left (rich), drawn on stderr while stderr is a terminal; a no-op otherwise.
+
+    Off a terminal (a log file, a pipe) and when not ``enabled`` (``--quiet``, ``--json``) it draws nothing, so
+    output stays clean; stdout is never touched. The bar is transient: it is gone from the terminal when the work
+    ends. Use as a context manager; call :meth:`advance` per item done or :meth:`update` with a count.
+    """
+
+    def __init__(self, what: str, total: int, *, enabled: bool = True, stream: Any = None):
+        self.what, self.total = what, max(int(total), 0)
+        self.stream = sys.stderr if stream is None else stream
+        isatty = getattr(self.stream, "isatty", None)
+        self.drawing = bool(enabled and callable(isatty) and isatty())
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> "ProgressBar":
+        if self.drawing:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("time left"), TimeRemainingColumn(), transient=True,
+                                 console=Console(file=self.stream, stderr=True))
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.what, total=self.total or None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+            self._bar = None
+
+    def _describe(self, label: str) -> str:
+        return f"{self.what}: {label}"[:48] if label else self.what
+
+    def advance(self, n: int = 1, label: str = "") -> None:
+        """``n`` more items done (the total grows if the count passes it, so the bar never overflows)."""
+        if self._bar is None:
+            return
+        done = int(self._bar.tasks[0].completed) + n
+        self._bar.update(self._task, completed=done, description=self._describe(label),
+                         total=max(self.total, done) or None)
+
+    def update(self, completed: int, total: int | None = None, label: str = "") -> None:
+        """Set the count done (and the total, when it became known or changed)."""
+        if self._bar is None:
+            return
+        if total is not None:
+            self.total = max(int(total), 0)
+        self._bar.update(self._task, completed=completed, description=self._describe(label),
+                         total=max(self.total, completed) or None)
+
+
 @contextlib.contextmanager
 def progress_bar(total: int, what: str, *, enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """A progress bar with the time left on stderr (when it is a terminal); yields ``tick(label)`` to call per item.
-
-    Off a terminal (a log file, a pipe, ``--json``) it draws nothing, so output stays clean.
-    """
-    if not enabled or total <= 0 or not sys.stderr.isatty():
-        yield lambda _label="": None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("left"),
-                  TimeRemainingColumn(), transient=True, console=None) as bar:
-        task = bar.add_task(what, total=total)
-
-        def tick(label: str = "") -> None:
-            bar.update(task, advance=1, description=f"{what}: {label}"[:40] if label else what,
-                       total=max(total, int(bar.tasks[0].completed) + 1))
-
-        yield tick
+    """A :class:`ProgressBar` over ``total`` items; yields ``tick(label)`` to call once per item done."""
+    with ProgressBar(what, total, enabled=enabled and total > 0) as bar:
+        yield lambda label="": bar.advance(1, label)
 
 
-__all__ = ["COLUMNS", "FORMAT", "UNITS", "WIDE_COLUMNS", "envelope", "progress_bar", "table", "wrap"]
+__all__ = ["COLUMNS", "FORMAT", "ProgressBar", "UNITS", "WIDE_COLUMNS", "envelope", "progress_bar", "table", "wrap"]

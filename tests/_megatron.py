@@ -176,21 +176,20 @@ def init_parallel(ep=1):
     return ps
 
 
-def build(dist_opt, experts=0, seed=123):
-    """A 2-layer bf16 GPTModel (MoE with ``experts`` experts, top-2, when > 0) in Megatron DDP, and its
-    optimizer from ``get_megatron_optimizer`` (Adam; distributed or not)."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+def parts(dist_opt, experts=0, seed=123):
+    """What a Megatron user has before wrapping: ``(config, ddp_config, opt_config, model)``, the model a
+    2-layer bf16 GPTModel (MoE with ``experts`` experts, top-2, when > 0) in ``Float16Module``."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.module import Float16Module
 
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
-    from megatron.core import parallel_state
-
     moe = dict(num_moe_experts=experts, moe_router_topk=2, moe_token_dispatcher_type="alltoall",
                expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
                moe_aux_loss_coeff=0.01, add_bias_linear=False) if experts else {}
@@ -202,10 +201,20 @@ def build(dist_opt, experts=0, seed=123):
     model.cuda(torch.cuda.current_device())  # as Megatron's get_model does (a no-op under cpu_shim)
     ddp_cfg = DistributedDataParallelConfig(use_distributed_optimizer=dist_opt, grad_reduce_in_fp32=True,
                                             bucket_size=4096)
-    model = DistributedDataParallel(cfg, ddp_cfg, Float16Module(cfg, model))
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, weight_decay=0.01,
-                                                 use_distributed_optimizer=dist_opt), [model])
-    return model, opt
+    opt_cfg = OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, weight_decay=0.01,
+                              use_distributed_optimizer=dist_opt)
+    return cfg, ddp_cfg, opt_cfg, Float16Module(cfg, model)
+
+
+def build(dist_opt, experts=0, seed=123):
+    """:func:`parts` in Megatron's DDP, and its optimizer from ``get_megatron_optimizer`` (Adam; distributed
+    or not)."""
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    cfg, ddp_cfg, opt_cfg, model = parts(dist_opt, experts, seed)
+    model = DistributedDataParallel(cfg, ddp_cfg, model)
+    return model, get_megatron_optimizer(opt_cfg, [model])
 
 
 def step(model, opt, gen, device="cpu"):
@@ -224,7 +233,8 @@ def step(model, opt, gen, device="cpu"):
 
 
 def state_bytes(model, opt):
-    """Every parameter, main_grad, master weight and optimizer state tensor, as bytes, in a fixed order."""
+    """Every parameter, main_grad, master weight and optimizer state tensor, as bytes, in a fixed order
+    (copies: training and offloading go on after it)."""
     out = {}
     for n, p in model.named_parameters():
         out[f"param.{n}"] = p.detach().float()
@@ -238,4 +248,5 @@ def state_bytes(model, opt):
                 for key, v in o.optimizer.state.get(m, {}).items():
                     out[f"o{j}.state.{k}.{key}"] = torch.as_tensor(v).detach().float()
                 k += 1
-    return {k: v.contiguous().cpu().numpy().tobytes() for k, v in out.items()}
+    # a copy first: ``.numpy()`` of a tensor makes its storage non-resizable, and the store could not release it
+    return {k: v.cpu().clone().numpy().tobytes() for k, v in out.items()}

@@ -36,6 +36,9 @@ def test_a_candidate_that_overflows_pinned_host_memory_is_an_answer_not_a_crash(
     reasons = [o["reason"] for o in data["outcomes"]]
     assert any(r.startswith("host pinned memory") and " GiB > " in r for r in reasons), reasons
     assert data["reason"].startswith("does not fit:")
+    # the floor a starved rollout is held to is one sequence, not the batch's KV need the header states
+    kv = [r for r in reasons if "of KV cache" in r]
+    assert kv and all("needs at least" in r and "for one sequence" in r for r in kv), kv
 
 
 def test_switch_window_with_more_ranks_than_the_preset_has_gpus_is_exit_2():
@@ -180,7 +183,8 @@ def test_bench_offload_dry_run_writes_to_the_current_directory_and_checks_no_gpu
 
 def test_demo_on_cpu_reports_no_negative_memory_returned():
     rc, out, _err = run(["demo", "--device", "cpu", "--layers", "1", "--hidden", "32", "--vocab", "64"])
-    assert rc == 0 and "returned per the driver: -" not in out and "no device memory to return" in out
+    assert rc == 0 and "returned per the driver: -" not in out and "no device memory to" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
 
 
 def test_worker_memory_figures_are_named_by_their_unit():
@@ -190,3 +194,58 @@ def test_worker_memory_figures_are_named_by_their_unit():
 
     src = inspect.getsource(control)
     assert "used_gib" in src and "used_gb" not in src
+
+
+def _header_of(out):
+    """The lines of a table's header (above its rule)."""
+    lines = out.splitlines()
+    rule = next(i for i, line in enumerate(lines) if set(line.strip()) == {"─"})
+    return "\n".join(lines[:rule])
+
+
+def test_sim_run_and_compare_tables_fit_100_columns_with_a_unit_in_every_header(tmp_path):
+    rc, out, _err = run(["sim", "run", "default", "--out", str(tmp_path / "r.json")])
+    assert rc == 0 and max(len(line) for line in out.splitlines()) <= 100
+    header = _header_of(out)
+    for phase in ("train", "sleep", "rollout"):
+        assert phase in header
+    assert header.count("(s)") == 5 and header.count("(GiB)") == 3  # five phases, three memory peaks
+    assert "0-7" in out  # eight ranks with the same figures: one row
+    rc, out, _err = run(["sim", "compare", str(tmp_path / "r.json"), str(tmp_path / "r.json")])
+    assert rc == 0 and max(len(line) for line in out.splitlines()) <= 100 and "B/A (x)" in out
+
+
+def test_the_fastest_candidate_alone_is_not_marked_as_a_tie():
+    from sim.commands.plan_report import candidate_table
+
+    def outcome(label, step):
+        return {"candidate": {"label": label}, "step_s": step, "switch_s": 0.1, "feasible": True, "peak_gpu_gib": 1.0,
+                "rollout_gib": 1.0, "pinned_node_gib": 1.0, "pinned_rank_gib": 1.0, "layout_s": {}, "reason": ""}
+
+    plan = {"outcomes": [outcome("a", 10.0), outcome("b", 12.0)], "ties": ["a"]}
+    first = next(line for line in candidate_table(plan, 5).splitlines() if line.startswith("1"))
+    assert not first.startswith("1=")
+    plan["ties"] = ["a", "b"]
+    assert [line[:2] for line in candidate_table(plan, 5).splitlines() if line[:1] in "12"] == ["1=", "2="]
+
+
+def test_the_plan_picture_gives_no_colour_two_meanings():
+    from sim.commands.plan_report import CAPACITY_COLOUR, SEGMENT_COLOURS
+    from sim.scenarios.trace import PHASE_COLOURS
+
+    for colours in (SEGMENT_COLOURS, PHASE_COLOURS):
+        assert len(set(colours.values())) == len(colours)
+    assert CAPACITY_COLOUR not in SEGMENT_COLOURS.values()
+
+
+def test_the_readme_and_the_guide_list_every_exit_code():
+    import re
+
+    from refimpl import cli_errors
+
+    codes = {v for k, v in vars(cli_errors).items() if k.startswith("EXIT_")}
+    readme = (ROOT / "README.md").read_text()
+    said = readme[readme.index("Exit codes:"):].split("\n\n")[0]
+    assert {int(c) for c in re.findall(r"\b(\d) (?:done|a |bad|an )", said)} == codes, said
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    assert {int(c) for c in re.findall(r"^\| (\d) \|", guide, re.MULTILINE)} == codes

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-LOOP = Path(__file__).resolve().parents[1] / "bench" / "results" / "2026-11-30-h200x2-wave" / "loop"
+LOOP = Path(__file__).resolve().parents[1] / "bench" / "results" / "2026-11-30-h200x2-all-policies" / "loop"
 RELOAD_GOAL = 0.92  # x line, right after another role freed >= 40 GB
 PIN_GOAL_BPS = 8e9  # pinning setup, bytes of state per second
 

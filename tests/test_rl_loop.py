@@ -43,6 +43,7 @@ def test_rl_step_two_gloo_ranks(tmp_path):
             assert wc["tensors"] == rec["initial_sync"]["tensors"] > 0
             assert s["generated_tokens"] == 2 * 4 and s["kv_cache_len"] >= 8
             assert s["offload_bytes"] > 0 and s["lifecycle_state"] == "ACTIVE"
+            assert s["nccl_in_rollout"]["state"] == "DESTROYED" and s["nccl_in_rollout"]["live_groups"] == []
             assert 0 < s["params_bytes"] < s["offload_bytes"]
             for k in ("offload_store_s", "reload_params_store_s", "gather_copy_s", "reload_rest_store_s", "weight_check_s"):
                 assert s[k] >= 0
@@ -66,7 +67,9 @@ def test_rl_step_two_gloo_ranks(tmp_path):
         # the runtime's own spans, placed inside the phases that ran them (the lifecycle's and the store's)
         br = sm["runtime_spans_by_phase"]
         assert {"lifecycle.pause", "lifecycle.destroy", "offload"} <= set(br["offload"])
-        assert {"lifecycle.weight_sync", "lifecycle.rebuild", "reload"} <= set(br["weight_sync"])
+        # the sync gathers over the FSDP mesh and needs none of the lifecycle's groups: they stay down through it
+        assert {"lifecycle.weight_sync", "reload"} <= set(br["weight_sync"])
+        assert "lifecycle.rebuild" not in br["weight_sync"]
         assert {"lifecycle.resume", "lifecycle.rebuild", "reload"} <= set(br["reload"])
         assert br["offload"]["lifecycle.pause"] <= sm["phase_s"]["offload"] + 1e-6
         assert br["reload"]["lifecycle.resume"] <= sm["phase_s"]["reload"] + 1e-6
@@ -114,6 +117,8 @@ def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
     recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed"), timeout=240)
     for rec in recs:
         assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
+        # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
+        assert rec["lifecycle_stats"]["warm_ups"] == rec["lifecycle_stats"]["rebuilds"] >= 2
         sm = rec["summary"]
         assert sm["weights_bitwise_equal_every_sync"] is True
         rows = sm["switch_costs"]["rows"]

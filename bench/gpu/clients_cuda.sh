@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The client tests on one CUDA GPU with NCCL and no device shim: the autograd-identity test, torch DDP
 # (both gradient_as_bucket_view modes) and Megatron-core (distributed optimizer and not, dense and MoE,
-# local and local_dedup), one rank: the world one GPU allows. Writes the record to $OUT.
+# local and local_dedup; its process groups destroyed and rebuilt through the lifecycle), one rank: the
+# world one GPU allows. Writes the record to $OUT.
 #
 #   bash bench/gpu/clients_cuda.sh [MEGATRON_WHEEL]
 #

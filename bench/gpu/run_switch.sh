@@ -54,7 +54,7 @@ on steady && step steady 150 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/steady_pro
   --cache-modes shared,keep,private --out "$W/steady"
 if on rl_dd; then for m in sequential overlapped streamed; do rl "rl_dd_$m" DESTROY_DEFERRED "$m"; done; fi
 on peers && step peers 150 env CUDA_VISIBLE_DEVICES=0 $PY -m refimpl bench offload --model qwen2-0.85b --cycles 2 --out "$W/peers"
-if on rl_live; then for m in sequential streamed; do rl "rl_live_$m" PAUSED_LIVE "$m"; done; fi
+if on rl_live; then for m in sequential overlapped streamed; do rl "rl_live_$m" PAUSED_LIVE "$m"; done; fi
 $PY bench/gpu/switch_summary.py "$W" >"$W/summary.txt" 2>&1
 echo "total $(elapsed)s" >>"$W/summary.txt"
 cat "$W/summary.txt"

@@ -24,8 +24,8 @@ def _load(path: str) -> dict:
 def rl_rows(w: str) -> list[str]:
     """One row per RL-step record: the window's phases, switch_cost_s, copies at line, the step, bitwise."""
     out = ["| run | policy | mode | train | offload | weight sync | reload | first step extra | stream wait | "
-           "switch_cost_s | copies at line | x copies | share of step | bitwise | sim switch_cost_s |",
-           "|---" * 15 + "|"]
+           "switch_cost_s | copies at line | x copies | share of step | NCCL in rollout | bitwise | sim switch_cost_s |",
+           "|---" * 16 + "|"]
     for path in sorted(glob.glob(os.path.join(w, "rl_*", "rl_step_*.json"))):
         name = os.path.basename(os.path.dirname(path))
         r = _load(path)
@@ -48,10 +48,21 @@ def rl_rows(w: str) -> list[str]:
             f"{ph['weight_sync']:.3f} | {ph['reload']:.3f} | {c.get('first_step_extra_s') or 0:.3f} | "
             f"{(sum(waits) / len(waits)) if waits else 0:.3f} | {sm['switch_cost_s']:.3f} | "
             f"{sm['copy_time_at_line_s']:.3f} | {sm['switch_cost_x_copy_time']:.2f} | "
-            f"{sm['switch_cost_share_of_step']:.2f} | {sm['weights_bitwise_equal_every_sync']} | {sim} |")
+            f"{sm['switch_cost_share_of_step']:.2f} | {_held(r)} | {sm['weights_bitwise_equal_every_sync']} | {sim} |")
         if r.get("policy_choice"):
             out.append(f"|  | auto: {r['policy_choice']['reason']} |")
     return out
+
+
+def _held(r: dict) -> str:
+    """What the lifecycle's groups held in the rollouts of the steady steps, as measured (``nccl_in_rollout``)."""
+    seen = [s.get("nccl_in_rollout") for s in r.get("steps", [])[1:]]
+    if not seen or any(x is None for x in seen):
+        return "not measured"
+    if all(not x["live_groups"] for x in seen):
+        return f"none ({seen[-1]['state']})"
+    sizes = [x["bytes"] for x in seen if x["bytes"] is not None]
+    return f"{len(seen[-1]['live_groups'])} live group(s)" + (f", {max(sizes) / 2**20:.0f} MiB" if sizes else "")
 
 
 def steady_rows(w: str) -> list[str]:

@@ -42,6 +42,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
+from refimpl.arguments import ArgumentTypeError, expect, expect_bool, expect_int, expect_names
 from refimpl.runtime.base import GroupError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,7 +73,7 @@ class SwitchCosts:
     (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
     init at the first collective, counted although it lands outside the
     switch window) cost about the same whatever the size. Defaults, measured on
-    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-wave2/``,
+    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-lazy-wake/``,
     ``comm_raw``; ``tests/comm/test_switch_costs_records.py`` recomputes them):
     suspend 1.02 s/GiB and resume 0.55 s/GiB (14 two-rank communicators of
     480 MiB, one after the other), destroy 0.247 s and init (the first
@@ -115,7 +116,9 @@ class GroupPlanRules:
     """How SUSPEND_PLANNED chooses each group's action (see :func:`choose_action`).
 
     ``sync_groups``: the groups the weight sync uses on this rank (None: any
-    group, so all stay live through the sync). ``keep_live``: groups the
+    group, so all stay live through the sync). Read by every policy where it is
+    empty: a sync that needs none of the role's groups brings none up
+    (:meth:`PGLifecycle.weight_sync`). ``keep_live``: groups the
     rollout uses; never suspended. ``destroy``: groups not needed until the
     next training step that should be destroyed rather than suspended.
     ``keep_below_bytes``: a group whose suspendable NCCL memory is at most this
@@ -144,11 +147,15 @@ class GroupPlanRules:
     def __post_init__(self) -> None:
         for name in ("sync_groups", "wake_groups", "keep_live", "destroy"):
             v = getattr(self, name)
-            if v is None:
+            if v is None and name in ("sync_groups", "wake_groups"):
                 continue
             if isinstance(v, str):
-                raise TypeError(f"GroupPlanRules.{name} must be a collection of group names, not the string {v!r}")
-            object.__setattr__(self, name, frozenset(v))
+                raise ArgumentTypeError(
+                    f"GroupPlanRules.{name} must be a collection of group names, not the string {v!r}")
+            object.__setattr__(self, name, frozenset(expect_names(v, "GroupPlanRules(...)", name)))
+        expect_int(self.keep_below_bytes, "GroupPlanRules(...)", "keep_below_bytes")
+        expect_bool(self.destroy_single_rank, "GroupPlanRules(...)", "destroy_single_rank")
+        expect(self.costs, SwitchCosts, "GroupPlanRules(...)", "costs", "a SwitchCosts or None", optional=True)
         both = self.keep_live & self.destroy
         if both:
             raise ValueError(f"GroupPlanRules: groups {sorted(both)} are both in keep_live and destroy; pick one")

@@ -72,6 +72,7 @@ from refimpl.comm.errors import (
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
 from refimpl.comm.group_plan import GroupAction, GroupPlanRules, PlannedGroups
 from refimpl.comm.lazy_wake import LazyWake
+from refimpl.comm.lifecycle_arguments import check_lifecycle_arguments
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.comm.role_groups import RoleGroups
 from refimpl.comm.states import PGEvent, PGPolicy, PGState, allowed_states, transition_for
@@ -124,11 +125,12 @@ class PGLifecycle:
         resident: Iterable[str] = (),
         plan: GroupPlanRules | None = None,
     ) -> None:
+        groups, resident = check_lifecycle_arguments(rt, groups, config, gates, facts, resident, plan)
         self.rt = rt
         self.config = config or LifecycleConfig()
         self._given: dict[str, GroupSpec | None] = {}
         for g in groups:
-            name = g.name if isinstance(g, GroupSpec) else str(g)
+            name = g.name if isinstance(g, GroupSpec) else g
             if name in self._given:
                 raise ValueError(f"group {name!r} listed twice")
             self._given[name] = g if isinstance(g, GroupSpec) else None
@@ -289,14 +291,20 @@ class PGLifecycle:
 
         An exception in ``fn`` on any rank fails every rank (groups aborted,
         preservation off, re-raised). The first sync that succeeds everywhere
-        after an eligible pause arms preservation.
+        after an eligible pause arms preservation. Where the plan rules say the
+        sync needs no role group (``GroupPlanRules(sync_groups=set())``), a sync
+        from SUSPENDED or DESTROYED leaves the groups down: no resume or rebuild
+        before it, no suspend or destroy (and no new cooldown) after it.
         """
         await self.start()
         self._require("weight_sync")
         paused = self.state
         with self.rt.span("lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
-            if paused is PGState.ACTIVE_LAZY:
+            stay_down = self.plan_rules.sync_groups == frozenset() and paused in (PGState.SUSPENDED, PGState.DESTROYED)
+            if stay_down:  # the sync uses none of the role's groups: they stay as the pause left them
+                pass
+            elif paused is PGState.ACTIVE_LAZY:
                 await self.lazy.bring(self.plan_rules.sync_groups)
             elif needs_bring_up(paused):
                 await self._bring_up()
@@ -308,7 +316,9 @@ class PGLifecycle:
             if not kept and self.preservation.disabled is None:
                 self._preservation = disabled(self._preservation, "preservation is off on a peer (agreed at the sync)")
             self._preservation = after_good_sync(self.preservation)
-            if paused is PGState.SUSPENDED and kept:
+            if stay_down:
+                pass
+            elif paused is PGState.SUSPENDED and kept:
                 await self.role.suspend_all()
                 self.transition(PGEvent.SUSPEND)
             elif self.state is PGState.SYNC_READY:

@@ -281,6 +281,7 @@ class RoleGroups:
             self.stats.rebuilds += 1
             return True
 
+        rebuilt = list(todo)
         with rt.span("lifecycle.rebuild"):
             for attempt in range(self.config.rebuild_retries + 1):
                 # a rank whose bind failed reaches the agreement at once, its peers only after the group's
@@ -289,6 +290,8 @@ class RoleGroups:
                 bound = await self.walk("rebuild", one, extra_wait_s=creation_s)
                 todo = [n for n, ok in zip(self.names, bound) if not ok]
                 if not todo:
+                    if self.config.warm_rebuilt:
+                        await self.warm(rebuilt)
                     return
                 self.stats.address_in_use_retries += 1
                 for name in todo:  # undo the half-built groups on every rank, then retry together
@@ -306,6 +309,26 @@ class RoleGroups:
             )
             await self.on_failure.fall_back("rebuild", err)
             raise err
+
+    async def warm(self, names: Collection[str]) -> None:
+        """Create the communicators of the rebuilt groups ``names`` now (``LifecycleConfig.warm_rebuilt``): one
+        one-element all-reduce on each group this rank is a member of, in group order; agreed as one step.
+        (A group's spec may leave its backend to the runtime's default, so every rebuilt group is warmed: on Gloo,
+        which creates its connections at once, the all-reduce costs one small collective.)"""
+        rt = self.rt
+        todo = [n for n in self.names if n in names and self.member(n)]
+
+        async def run() -> None:
+            for name in todo:
+                buf = rt.alloc_device(1, torch.float32, tag="lifecycle.warm") if rt.device.type != "meta" \
+                    else torch.zeros(1)
+                await rt.all_reduce(buf, ReduceOp.SUM, name, timeout_s=self.config.canary_timeout_s)
+                if rt.device.type != "meta":
+                    rt.release(buf)
+            self.stats.warm_ups += len(todo)
+
+        with rt.span("lifecycle.warm"):
+            await self.step("warm", run)
 
     async def canary(self, only: Collection[str] | None = None) -> list[str]:
         """A bounded all-reduce on every member group (or those in ``only``); problems found on this rank."""

@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, default=8192, help="vocabulary (tied embeddings)")
 
 
+def _say(text: str) -> None:
+    """Print one line of the report, wrapped to 100 columns (continuation lines indented)."""
+    from refimpl.output import wrap
+
+    print(wrap(text, indent=" " * (len(text) - len(text.lstrip()))))
+
+
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
     """Build, step, offload, reload, verify, step; print what happened."""
@@ -53,39 +60,39 @@ def run(args: argparse.Namespace) -> int:
     store.offload()
     free1 = rt.memory_info().free
     s = store.stats()
-    print(f"device {rt.device}: DemoLM(vocab={args.vocab}, hidden={args.hidden}, layers={args.layers}), "
+    _say(f"device {rt.device}: DemoLM(vocab={args.vocab}, hidden={args.hidden}, layers={args.layers}), "
           f"one AdamW step done (loss {loss0:.4f})")
-    print("layouts:")
+    _say("layouts:")
     for layout in sorted(store.layouts.values(), key=lambda lay: lay.key.sort_key()):
-        print(f"  {layout.describe()}")
-    print(f"offload: {s.last_offload_bytes / 2**30:.4f} GiB in {s.last_offload_s:.4f} s "
+        _say(f"  {layout.describe()}")
+    _say(f"offload: {s.last_offload_bytes / 2**30:.4f} GiB in {s.last_offload_s:.4f} s "
           f"({s.last_offload_bytes / max(s.last_offload_s, 1e-9) / 1e9:.2f} GB/s); copies {s.copies}")
     if rt.device.type == "cuda":
         returned = max(0, free1 - free0)  # the driver's free memory moves with other processes too
-        print(f"device memory returned per the driver: {returned / 2**30:.4f} GiB of {s.state_bytes / 2**30:.4f} GiB "
+        _say(f"device memory returned per the driver: {returned / 2**30:.4f} GiB of {s.state_bytes / 2**30:.4f} GiB "
               "state")
     else:  # the host's free memory moves with everything else on the machine: no figure to report
-        print(f"CPU run: the state ({s.state_bytes / 2**30:.4f} GiB) was host memory already; no device memory to "
+        _say(f"CPU run: the state ({s.state_bytes / 2**30:.4f} GiB) was host memory already; no device memory to "
               "return (run on a GPU to see it)")
-    print(f"host pinned: {s.host_pinned_gb * 1e9 / 2**30:.4f} GiB in {s.registrations} registration(s); "
+    _say(f"host pinned: {s.host_pinned_gb * 1e9 / 2**30:.4f} GiB in {s.registrations} registration(s); "
           f"{s.skipped_host_resident} host-resident optimizer step counter(s) left in place")
     store.reload()
     s = store.stats()
-    print(f"reload: {s.last_reload_bytes / 2**30:.4f} GiB in {s.last_reload_s:.4f} s "
+    _say(f"reload: {s.last_reload_bytes / 2**30:.4f} GiB in {s.last_reload_s:.4f} s "
           f"({s.last_reload_bytes / max(s.last_reload_s, 1e-9) / 1e9:.2f} GB/s)")
     after = model.state_dict(keep_vars=True)
     same = all(torch.equal(before[n], after[n]) for n in before)
     same = same and all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
     tied = model.head.weight is model.emb.weight
     storages = len({p.untyped_storage().data_ptr() for p in model.parameters()})
-    print(f"bit-exact after reload: {same}; tied embedding still tied: {tied}; parameters now live in "
+    _say(f"bit-exact after reload: {same}; tied embedding still tied: {tied}; parameters now live in "
           f"{storages} flat buffer(s)")
     loss1 = _step(model, opt, args.vocab, rt.device, 1)
-    print(f"training continues: next step loss {loss1:.4f}")
+    _say(f"training continues: next step loss {loss1:.4f}")
     store.offload()
     store.reload()
     s = store.stats()
-    print(f"second cycle: {s.registrations} registrations, {s.reuses} reuses (pinned buffers reused)")
+    _say(f"second cycle: {s.registrations} registrations, {s.reuses} reuses (pinned buffers reused)")
     store.close()
     return 0 if same and tied else 1
 

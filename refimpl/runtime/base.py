@@ -340,6 +340,19 @@ class Runtime(abc.ABC):
         Raises :class:`NotImplementedError` on runtimes without such objects (the simulator)."""
         raise NotImplementedError(f"{type(self).__name__} has no foreign process groups")
 
+    def foreign_group_spec(self, name: str, handle: Any) -> GroupSpec:
+        """The spec of a framework's own process-group object under ``name``: its ranks, and its backend and
+        timeout as it was created. Raises :class:`NotImplementedError` where there are no such objects."""
+        raise NotImplementedError(f"{type(self).__name__} has no foreign process groups")
+
+    async def adopt_group(self, spec: GroupSpec, handle: Any) -> None:
+        """Register a group a framework created as ``spec.name`` (``handle``: its group object on the members,
+        None on the other ranks; every rank calls it, in the same order), so a lifecycle can destroy and rebuild
+        it like its own. A rebuild re-creates it with its original arguments and leaves every reference the
+        framework holds to the old object naming the new one. Raises :class:`NotImplementedError` where there
+        are no such objects (the simulator)."""
+        raise NotImplementedError(f"{type(self).__name__} has no foreign process groups")
+
     @abc.abstractmethod
     def group_spec(self, name: str) -> GroupSpec:
         """The spec of a known group (live, suspended or destroyed)."""

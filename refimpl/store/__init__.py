@@ -14,8 +14,13 @@ for the backend seam and :mod:`refimpl.store.registry` for backends by name.
 from refimpl.store.backends import LayoutSource, LocalBackend, StoreBackend, StreamingBackend
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.errors import (
+    CheckpointError,
+    CheckpointFailedError,
+    CheckpointIntegrityError,
+    CheckpointPathError,
     MixedDtypeError,
     SharedStorageError,
+    StoreClosedError,
     StoreError,
     StoreStateError,
     TensorChangedError,
@@ -34,6 +39,10 @@ from refimpl.store.store import OffloadStore
 
 __all__ = [
     "Category",
+    "CheckpointError",
+    "CheckpointFailedError",
+    "CheckpointIntegrityError",
+    "CheckpointPathError",
     "FlatLayout",
     "HostBuffer",
     "LayoutKey",
@@ -49,6 +58,7 @@ __all__ = [
     "SharedStorageError",
     "StorageEntry",
     "StoreBackend",
+    "StoreClosedError",
     "StoreConfig",
     "StoreError",
     "StoreStateError",

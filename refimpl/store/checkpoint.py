@@ -26,9 +26,11 @@ the device (time, device memory) or stage a second host copy (host memory).
   NVLink speed. The device path uses memory the role owns whenever it runs.
 * :attr:`SavePath.DEVICE` (the state is on the device): save the live tensors.
 
-The DCP calls themselves live in :mod:`refimpl.runtime.dcp` (only runtime
-adapters may import ``torch.distributed``); this module only finds tensors,
-names and layouts, so it also runs on the simulator.
+The DCP calls themselves live in :mod:`refimpl.torch_runtime.dcp` (only runtime
+adapters may import ``torch.distributed``), with the checksums every save
+writes and every load verifies; this module only finds tensors, names and
+layouts, so it also runs on the simulator. Its errors are the store's
+(:class:`~refimpl.store.CheckpointError` and its subclasses).
 
 Names: a tensor is saved under its registered name (``model.inp.weight``,
 ``optim.state.0.exp_avg``). DCP flattens nested dicts with dots, so
@@ -40,23 +42,18 @@ and is not saved separately.
 from __future__ import annotations
 
 import enum
-import logging
-import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
+from refimpl.store.store import check_store
 from refimpl.store.config import Category
+from refimpl.store.errors import CheckpointPathError
+from refimpl.store.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
 from refimpl.store.layout import LayoutState
 
-log = logging.getLogger(__name__)
-
 DEFAULT_INCLUDE = (Category.PARAMS,)
-
-
-class CheckpointPathError(RuntimeError):
-    """The requested tensors cannot be read on the chosen path (e.g. dedup slices, partly offloaded)."""
 
 
 class SavePath(enum.Enum):
@@ -87,6 +84,7 @@ def _layouts(store: Any, cats: frozenset[Category]) -> list[Any]:
 
 def save_path(store: Any, include: Iterable[Category | str] | Category | str | None = DEFAULT_INCLUDE) -> SavePath:
     """Which path a save of ``include`` takes now (raises if some of it is offloaded and some not)."""
+    check_store(store, "save_path(store, include)")
     cats = Category.select(include)
     offloaded = {c for c in cats if store.is_offloaded(c)}
     if not offloaded:
@@ -113,6 +111,7 @@ def tensors_for_save(
     storage). Device path: the live registered tensors. Raises
     :class:`CheckpointPathError` on the reload path (reload first).
     """
+    check_store(store, "tensors_for_save(store, include)")
     cats = Category.select(include)
     path = save_path(store, cats)
     if path is SavePath.RELOAD:
@@ -152,40 +151,6 @@ def nest_by_source(names: Iterable[str]) -> dict[str, dict[str, str]]:
         head, _, rest = name.partition(".")
         out.setdefault(head, {})[rest or head] = name
     return out
-
-
-# --------------------------------------------------------------------------- async readers
-
-_READERS: "weakref.WeakKeyDictionary[Any, list[Any]]" = weakref.WeakKeyDictionary()
-
-
-def hold_host_buffers(store: Any, future: Any) -> None:
-    """Keep ``store``'s host buffers from being overwritten until ``future`` (``.result()``) completes."""
-    _READERS.setdefault(store, []).append(future)
-
-
-def host_readers_pending(store: Any) -> int:
-    """How many registered readers of ``store``'s host buffers have not finished."""
-    return sum(1 for f in _READERS.get(store, []) if not f.done())
-
-
-def wait_for_host_readers(store: Any) -> int:
-    """Block until every registered reader of the host buffers is done; returns how many were waited for.
-
-    A failed write is logged, not raised: the offload that waits did not
-    cause it, and the save's own future reports it to whoever awaits it.
-    """
-    readers = _READERS.pop(store, [])
-    waited = 0
-    for f in readers:
-        if not f.done():
-            waited += 1
-            log.info("offload waits for an async checkpoint write that still reads the host buffers")
-        try:
-            f.result()
-        except Exception as e:  # noqa: BLE001 - reported by the save's own future
-            log.warning("an async checkpoint reading the host buffers failed: %s", e)
-    return waited
 
 
 __all__ = [

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterable
+
+from refimpl.arguments import ArgumentTypeError, describe, expect_bool, expect_int, expect_name
+
+INCLUDE = ("a category ('params', 'grads', 'optimizer', 'buffers'), a Category, a collection of them, "
+           "or None for all")
 
 
 class Category(enum.Enum):
@@ -26,7 +31,10 @@ class Category(enum.Enum):
         """A category from itself or its name/value (``"params"``, ``"PARAMS"``)."""
         if isinstance(value, Category):
             return value
-        text = str(value).strip().lower()
+        if not isinstance(value, str):
+            raise ArgumentTypeError(f"a state category must be a Category or one of "
+                                    f"{[c.value for c in cls]}, got {describe(value)}")
+        text = value.strip().lower()
         for c in cls:
             if text in (c.value, c.name.lower()):
                 return c
@@ -34,11 +42,13 @@ class Category(enum.Enum):
 
     @classmethod
     def select(cls, include: "Iterable[Category | str] | Category | str | None") -> frozenset["Category"]:
-        """The categories ``include`` names; ``None`` means all of them."""
+        """The categories ``include`` names; ``None`` means all of them (anything else: ArgumentTypeError)."""
         if include is None:
             return frozenset(cls)
         if isinstance(include, (Category, str)):
             include = [include]
+        elif not isinstance(include, Iterable):
+            raise ArgumentTypeError(f"include must be {INCLUDE}, got {describe(include)}")
         return frozenset(cls.parse(c) for c in include)
 
 
@@ -108,6 +118,7 @@ class StoreConfig:
         return self.pin_ahead
 
     def __post_init__(self) -> None:
+        self._check_types()
         a = self.alignment_bytes
         if a < 16 or a & (a - 1):
             raise ValueError(f"StoreConfig.alignment_bytes must be a power of two >= 16, got {a}")
@@ -129,6 +140,16 @@ class StoreConfig:
                              f"got {self.pin_ahead!r}")
         if self.staging_buffers < 1:
             raise ValueError(f"StoreConfig.staging_buffers must be >= 1, got {self.staging_buffers}")
+
+    def _check_types(self) -> None:
+        for f in fields(self):
+            value, where = getattr(self, f.name), "StoreConfig(...)"
+            if f.name == "empty_cache":
+                expect_bool(value, where, f.name)
+            elif f.name in ("pin_fallback", "pin_ahead"):
+                expect_name(value, where, f.name, optional=f.name == "pin_ahead")
+            else:
+                expect_int(value, where, f.name, optional=f.name == "pin_threads")
 
 
 __all__ = ["CATEGORY_ORDER", "Category", "PIN_AHEAD_MODES", "PIN_FALLBACKS", "StoreConfig"]

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import torch
 
@@ -136,6 +136,33 @@ def zero_strides(ndim: int) -> tuple[int, ...]:
     if z is None:
         z = _ZERO_STRIDES[ndim] = (0,) * ndim
     return z
+
+
+class ViewPlace(NamedTuple):
+    """Where a view a client keeps itself (not given to the store) points when it is not parked."""
+
+    tensor: torch.Tensor
+    storage: Any
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def park_views(tensors: Iterable[torch.Tensor]) -> None:
+    """Park tensors a client keeps itself (a torch DDP bucket's ``p.grad``, Megatron's bucket and shard
+    views): each re-pointed at its dtype's placeholder, all strides 0, its autograd identity kept
+    (see [Note: parked tensors]). :func:`repoint_views` points them back."""
+    with torch.no_grad():
+        for t in tensors:
+            st, _ = placeholder(t.device, t.dtype)
+            repoint_tensor(t, st, 0, tuple(t.shape), zero_strides(t.dim()))
+
+
+def repoint_views(places: Iterable[ViewPlace]) -> None:
+    """Point each place's tensor at its storage, offset, size and stride again (after :func:`park_views`)."""
+    with torch.no_grad():
+        for p in places:
+            repoint_tensor(p.tensor, p.storage, p.offset, p.size, p.stride)
 
 
 # --------------------------------------------------------------------------- debug guard

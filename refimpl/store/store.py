@@ -59,12 +59,15 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
+from refimpl.arguments import expect, expect_bool, expect_name
 from refimpl.runtime.base import Runtime
+from refimpl.store.arguments import check_module, check_optimizer, check_runtime, check_tensors
 from refimpl.store.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
 from refimpl.store.grouping import group_by_storage
+from refimpl.store.host_readers import wait_for_host_readers
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.copies import sort_key
-from refimpl.store.errors import StoreError, StoreStateError
+from refimpl.store.errors import StoreClosedError, StoreError, StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.assign import assign_layouts, gc_paused
 from refimpl.store.offload import Offload
@@ -92,7 +95,11 @@ class OffloadStore:
         config: StoreConfig | None = None,
         **backend_options: Any,
     ) -> None:
-        self.rt = runtime
+        call = "OffloadStore(rt, ...)"
+        self.rt = check_runtime(runtime, call)
+        expect_name(backend, call, "backend")
+        expect(config, StoreConfig, call, "config", "a StoreConfig or None", optional=True,
+               hint="build one: StoreConfig(**options)" if isinstance(config, Mapping) else "")
         self.config = config or StoreConfig()
         threads = self.config.pin_threads
         if threads is None:
@@ -107,6 +114,7 @@ class OffloadStore:
         self._lock = threading.Lock()  # one operation at a time (see _exclusive)
         self._owner: int | None = None
         self._busy: str | None = None
+        self._closed = False
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
@@ -117,11 +125,13 @@ class OffloadStore:
 
     def attach_module(self, module: torch.nn.Module, name: str = "model") -> None:
         """Register a module's parameters (plain, DTensor, FSDP2), gradients and buffers."""
-        self._attach(ModuleCollector(module, name))
+        check_module(module, "attach_module(module, name)")
+        self._attach(ModuleCollector(module, expect_name(name, "attach_module(module, name)", "name")))
 
     def attach_optimizer(self, optimizer: Any, name: str = "optim") -> None:
         """Register a ``torch.optim`` optimizer's state (AdamW ``exp_avg``, ``exp_avg_sq``, ``step`` ...)."""
-        self._attach(OptimizerCollector(optimizer, name))
+        check_optimizer(optimizer, "attach_optimizer(optimizer, name)")
+        self._attach(OptimizerCollector(optimizer, expect_name(name, "attach_optimizer(optimizer, name)", "name")))
 
     def attach_tensors(
         self, category: Category | str, tensors: Mapping[str, torch.Tensor], name: str = "tensors",
@@ -139,8 +149,14 @@ class OffloadStore:
         ``StoreStats.skipped_host_resident``, like an optimizer's CPU ``step``)
         instead of refused. ``pin_ahead=False``: no pinning ahead at this
         attach (a client that parks views of its own calls :meth:`pin_ahead`
-        once they are parked).
+        once they are parked). The values of a plain dict are checked here; a live mapping's at each offload.
         """
+        call = "attach_tensors(category, tensors, name)"
+        check_tensors(tensors, call)
+        expect_name(name, call, "name")
+        expect_name(kind, call, "kind", optional=True)
+        expect_bool(host_resident_ok, call, "host_resident_ok")
+        expect_bool(pin_ahead, call, "pin_ahead")
         self._attach(TensorsCollector(Category.parse(category), tensors, name, kind, host_resident_ok), pin_ahead)
 
     def _attach(self, collector: Collector, pin_ahead: bool = True) -> None:
@@ -164,6 +180,9 @@ class OffloadStore:
     def _exclusive(self, op: str) -> Iterator[None]:
         """Serialise store operations: another thread waits; the same thread (a second coroutine on its
         event loop, a callback inside an operation) gets a :class:`StoreStateError` instead of a deadlock."""
+        if self._closed:
+            raise StoreClosedError(f"{op} on a closed OffloadStore: close() freed its host memory; make a new "
+                                   f"OffloadStore and attach the state to it")
         me = threading.get_ident()
         if self._owner == me:
             raise StoreStateError(
@@ -243,7 +262,11 @@ class OffloadStore:
         return out
 
     def close(self) -> None:
-        """Free the host memory (state still offloaded is lost: reload first)."""
+        """Free the host memory (state still offloaded is lost: reload first). Every later operation
+        (offload, reload, attach, pin_ahead) raises :class:`StoreClosedError`; closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self._offloaded:
             logger.warning("closing an offload store while %s are offloaded: that state is dropped",
                            sorted(c.value for c in self._offloaded))
@@ -316,6 +339,7 @@ class OffloadStore:
         some storages were released brings them back first (restored from the
         host copies their completed copies made).
         """
+        expect_bool(drop_grads, "offload(include, drop_grads)", "drop_grads")
         with self._exclusive("offload"):
             await self._offload(include, drop_grads)
 
@@ -324,9 +348,7 @@ class OffloadStore:
         if not cats:
             logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in Category.select(include)))
             return
-        from refimpl.store.checkpoint import wait_for_host_readers
-
-        wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers (Task F)
+        wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers
         rt = self.rt
         offload = Offload(rt, self.backend, self.config, cats=cats, drop_grads=drop_grads,
                           items=functools.partial(self._attached.items, cats),
@@ -420,4 +442,15 @@ class OffloadStore:
             return reload.overwritten
 
 
-__all__ = ["OffloadStore", "StoreStats"]
+def check_store(store: Any, call: str, param: str = "store") -> Any:
+    """``store`` if it is an :class:`~refimpl.store.OffloadStore`; a client of one (``attach_ddp``,
+    ``attach_megatron``) or a model is refused with what to pass instead."""
+    hint = ""
+    if isinstance(getattr(store, "store", None), OffloadStore):
+        hint = "this is a client of a store; pass its .store"
+    elif isinstance(store, torch.nn.Module):
+        hint = "build the store first: store = OffloadStore(TorchRuntime()); then attach the model to it"
+    return expect(store, OffloadStore, call, param, "an OffloadStore", hint=hint)
+
+
+__all__ = ["OffloadStore", "StoreStats", "check_store"]

@@ -59,7 +59,7 @@ _HUGE = 2 << 20
 #: the ways :class:`HostPinner` can fault the pages in before registering them
 PREFAULT_MODES = ("none", "touch", "thp", "populate")
 #: the mode :class:`~refimpl.torch_runtime.TorchRuntime` uses with CUDA unless told otherwise: the fastest
-#: pinning ahead of the store on the 2 x H200 host (bench/results/2026-11-30-h200x2-wave/loop/pin.json,
+#: pinning ahead of the store on the 2 x H200 host (bench/results/2026-11-30-h200x2-all-policies/loop/pin.json,
 #: 8 GiB: touch 12.38, thp 11.31, none 1.92 GB/s; tests/test_recorded_loop.py checks it against the record)
 DEFAULT_CUDA_PREFAULT = "touch"
 

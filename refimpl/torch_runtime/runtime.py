@@ -55,8 +55,10 @@ from refimpl.runtime.base import (
     ReduceOp,
     Runtime,
 )
+from refimpl.torch_runtime import proxy_wake
 from refimpl.torch_runtime.copy_stream import CopyEngine
 from refimpl.torch_runtime.device_cache import DeviceCache
+from refimpl.torch_runtime.foreign_groups import AdoptedGroups, foreign_spec
 from refimpl.torch_runtime.pinning import DEFAULT_CUDA_PREFAULT, PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
 
@@ -94,10 +96,15 @@ class TorchRuntime(Runtime):
     ``device_cache``: what :meth:`empty_cache` gives back and where the store's flat buffers come from
     (:data:`refimpl.torch_runtime.device_cache.DEVICE_CACHE_MODES`; default: the environment variable
     ``TIMESHARE_DEVICE_CACHE``, else ``"shared"``).
+    ``wake_proxies``: destroy NCCL communicators with a :class:`~refimpl.torch_runtime.proxy_wake.ProxyWaker`
+    (the destroy does not wait out its UDS proxy thread's 500 ms poll: 0.017 s instead of 0.24-0.42 s for a
+    one-rank communicator on the H200); default: on with CUDA unless the environment variable
+    ``TIMESHARE_WAKE_PROXIES`` is ``0``. ``proxy_wakes`` counts the proxy threads woken.
     """
 
     def __init__(self, device: torch.device | str | None = None, *, default_backend: str | None = None,
-                 pin_prefault: str | None = None, device_cache: str | None = None) -> None:
+                 pin_prefault: str | None = None, device_cache: str | None = None,
+                 wake_proxies: bool | None = None) -> None:
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
@@ -119,6 +126,10 @@ class TorchRuntime(Runtime):
             pin_prefault = env or (DEFAULT_CUDA_PREFAULT if cuda_present else "none")
         self.pinner = HostPinner(use_cuda=cuda_present, prefault=pin_prefault)
         self.device_cache = DeviceCache(device, device_cache or os.environ.get("TIMESHARE_DEVICE_CACHE") or "shared")
+        if wake_proxies is None:
+            wake_proxies = os.environ.get("TIMESHARE_WAKE_PROXIES", "1").strip() not in ("0", "false", "no", "off")
+        self.wake_proxies = bool(wake_proxies) and self._cuda and proxy_wake.supported()
+        self.proxy_wakes = 0
         self._copies = CopyEngine(device, self.copy_stats)
         self._distributed = dist.is_available() and dist.is_initialized()
         if self._distributed:
@@ -131,6 +142,7 @@ class TorchRuntime(Runtime):
         world_spec = GroupSpec(WORLD, tuple(range(self.world_size)), backend=world_backend)
         self._groups: dict[str, _Group] = {WORLD: _Group(world_spec, world_pg, torch_name=self._pg_name(world_pg))}
         self._point_hooks: dict[str, list[Callable[[], None]]] = {}
+        self._adopted = AdoptedGroups()  # groups a framework made (refimpl.torch_runtime.foreign_groups)
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
 
@@ -244,11 +256,11 @@ class TorchRuntime(Runtime):
         pg, store = self._create_checked(spec)
         self._groups[spec.name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
 
-    def _create_checked(self, spec: GroupSpec) -> tuple[Any, Any]:
+    def _create_checked(self, spec: GroupSpec, extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
         """:meth:`_create`, then, for a group with its own rendezvous port, the members' check-in there
         (see :mod:`refimpl.torch_runtime.rendezvous`); on a failed check-in the new group is destroyed again."""
         port = rendezvous_port(spec)
-        pg = self._create(spec)
+        pg = self._create(spec, extra)
         if port is None or not self._distributed or self.rank not in spec.ranks:
             return pg, None
         try:
@@ -261,12 +273,13 @@ class TorchRuntime(Runtime):
                     logger.warning("destroying group %r after a failed check-in raised %s", spec.name, e)
             raise
 
-    def _create(self, spec: GroupSpec) -> Any:
-        """Build the torch process group for ``spec`` (None on non-members and without dist)."""
+    def _create(self, spec: GroupSpec, extra: dict[str, Any] | None = None) -> Any:
+        """Build the torch process group for ``spec`` (None on non-members and without dist); ``extra``: more
+        ``dist.new_group`` arguments (an adopted group's ``pg_options`` and ``group_desc``)."""
         if not self._distributed:
             return None
         backend = spec.backend or self.default_backend
-        kwargs: dict[str, Any] = dict(timeout=timedelta(seconds=spec.timeout_s), backend=backend)
+        kwargs: dict[str, Any] = dict(timeout=timedelta(seconds=spec.timeout_s), backend=backend, **(extra or {}))
         if backend_options(spec):
             kwargs["pg_options"] = self._pg_options(spec, backend)
         try:
@@ -322,13 +335,19 @@ class TorchRuntime(Runtime):
             raise GroupError(f"group {name!r} is already destroyed; recreate_group({name!r}) rebuilds it")
         pg, g.pg, g.live, g.suspended, g.handles = g.pg, None, False, False, []
         g.store = None  # closes the group's own rendezvous port, if it has one
+        self._adopted.retire(name, pg)  # an adopted group's object: kept until its rebuild re-points it
         return pg
 
-    @staticmethod
-    def _guarded(what: str, name: str, fn: Callable[[Any], Any], pg: Any) -> None:
-        """``fn(pg)``; a failure is logged, not raised: the group is gone from our view either way."""
+    def _guarded(self, what: str, name: str, fn: Callable[[Any], Any], pg: Any) -> None:
+        """``fn(pg)`` (a destroy or abort: with a proxy waker watching this thread where ``wake_proxies``); a
+        failure is logged, not raised: the group is gone from our view either way."""
         try:
-            fn(pg)
+            if self.wake_proxies:
+                with proxy_wake.ProxyWaker() as waker:
+                    fn(pg)
+                self.proxy_wakes += waker.woken
+            else:
+                fn(pg)
         except Exception as e:  # noqa: BLE001
             logger.warning("%s group %r raised %s; treating it as destroyed", what, name, e)
 
@@ -344,7 +363,7 @@ class TorchRuntime(Runtime):
         from a thread pool (each waits for its communicator's proxy poll, [Note: the proxy's 500 ms poll] in
         sim.presets), then torch's bookkeeping (``dist.destroy_process_group``) one by one. On 2 x H200 the 14
         groups of the switch-window benchmark, destroyed right after their first collectives, took 0.51 s so
-        against 2.0-2.5 s one by one (``bench/results/2026-11-30-h200x2-wave4/``). ``abort`` (the failure path)
+        against 2.0-2.5 s one by one (``bench/results/2026-11-30-h200x2-switch-8-steps/``). ``abort`` (the failure path)
         aborts them one by one, as :meth:`destroy_group` does. Errors per group, as
         :meth:`Runtime.destroy_groups <refimpl.runtime.base.Runtime.destroy_groups>`.
         """
@@ -377,9 +396,25 @@ class TorchRuntime(Runtime):
         # the generation is used up even if creation fails, so every rank's next
         # attempt uses the same (fresh) generation, as in the simulator
         g.spec = spec
-        pg, store = self._create_checked(spec)
+        pg, store = self._create_checked(spec, self._adopted.create_kwargs(name))
         self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
+        self._adopted.rebuilt(name, pg)
         return spec
+
+    def foreign_group_spec(self, name: str, handle: Any) -> GroupSpec:
+        """The spec (ranks, backend, timeout as created) of a ``torch.distributed`` process group made outside
+        this runtime, under ``name``."""
+        return foreign_spec(name, handle)[0]
+
+    async def adopt_group(self, spec: GroupSpec, handle: Any) -> None:
+        """Register a group a framework created (``handle``: its ``ProcessGroup`` on members, None elsewhere) as
+        ``spec.name``; a rebuild re-creates it with the arguments it was made with and points every Python
+        reference to the old object at the new one ([Note: rebuilt in place] in
+        :mod:`refimpl.torch_runtime.foreign_groups`)."""
+        if spec.name in self._groups:
+            raise GroupError(f"group {spec.name!r} already exists; adopt a framework's group under a new name")
+        spec = self._adopted.adopt(self.rank, spec, handle)
+        self._groups[spec.name] = _Group(spec, handle, torch_name=self._pg_name(handle))
 
     def foreign_group_ranks(self, handle: Any) -> tuple[int, ...]:
         """The global ranks of a ``torch.distributed`` process group made outside this runtime, sorted."""

@@ -48,6 +48,7 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
+from refimpl.arguments import expect, expect_int, expect_name, expect_seconds
 from refimpl.worker.control import find_meta_info, wants_offload
 from refimpl.worker.role import RoleWorker, registration
 
@@ -97,8 +98,11 @@ class ResourcePool:
 
     def __init__(self, world_size: int, *, device: str = "cuda", roles: int = 2, cpus_per_bundle: float = 1.0,
                  ready_timeout_s: float = 60.0, name: str = "") -> None:
-        if world_size < 1 or roles < 1:
-            raise ValueError(f"ResourcePool needs world_size >= 1 and roles >= 1, got {world_size} and {roles}")
+        call = "ResourcePool(world_size, ...)"
+        expect_int(world_size, call, "world_size", minimum=1)
+        expect_int(roles, call, "roles", minimum=1)
+        expect_seconds(cpus_per_bundle, call, "cpus_per_bundle")
+        expect_seconds(ready_timeout_s, call, "ready_timeout_s")
         if device not in ("cuda", "cpu"):
             raise ValueError(f"ResourcePool(device={device!r}): expected 'cuda' or 'cpu'")
         ray = require_ray()
@@ -202,8 +206,17 @@ class Cluster:
     def __init__(self, role: str, worker_cls: type, pool: ResourcePool, *, config: dict[str, Any] | None = None,
                  max_concurrency: int = 1, call_timeout_s: float = 600.0, settle_s: float = 10.0,
                  start_timeout_s: float = 300.0, env: dict[str, str] | None = None) -> None:
+        call = f"Cluster({role!r}, worker_cls, pool, ...)"
+        expect_name(role, call, "role")
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, RoleWorker)):
             raise TypeError(f"Cluster({role!r}, ...) needs a RoleWorker subclass, got {worker_cls!r}")
+        expect(pool, ResourcePool, call, "pool", "a ResourcePool", hint="ResourcePool(world_size, device=...)")
+        expect(config, dict, call, "config", "a dict or None", optional=True)
+        expect_int(max_concurrency, call, "max_concurrency", minimum=1)
+        expect_seconds(call_timeout_s, call, "call_timeout_s")
+        expect_seconds(settle_s, call, "settle_s", positive=False)
+        expect_seconds(start_timeout_s, call, "start_timeout_s")
+        expect(env, dict, call, "env", "a dict of str to str or None", optional=True)
         ray = require_ray()
         pool.take_role(role)
         self.role, self.worker_cls, self.pool, self.world_size = role, worker_cls, pool, pool.world_size

@@ -21,8 +21,9 @@ import contextlib
 import functools
 import logging
 import threading
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, Protocol, TypeVar
 
+from refimpl.arguments import ArgumentTypeError, describe, expect, expect_bool
 from refimpl.runtime.base import Runtime
 
 logger = logging.getLogger(__name__)
@@ -86,13 +87,21 @@ class WorkerStateControl:
 
     def __init__(self, store: Any, *, include: Iterable[str] | None = None, drop_grads: bool = False,
                  lifecycle: Any = None) -> None:
-        if not hasattr(store, "offload_async") or not hasattr(store, "rt"):
-            raise TypeError(f"WorkerStateControl needs an OffloadStore (with the worker's state attached), "
-                            f"got {type(store).__name__}: build one with OffloadStore(rt) and attach_module(model)")
+        from refimpl.store import Category
+
+        call = "WorkerStateControl(store, ...)"
+        if not hasattr(store, "offload_async") or not isinstance(getattr(store, "rt", None), Runtime):
+            raise ArgumentTypeError(
+                f"{call}: WorkerStateControl needs an OffloadStore (with the worker's state attached) or a client "
+                f"of one, got {describe(store)}: build one with OffloadStore(rt) and attach_module(model)")
         self.store = store
         self.rt: Runtime = store.rt
-        self.include = tuple(include) if include is not None else None
-        self.drop_grads = drop_grads
+        # a single name stays one name ("params", not "p", "a", ...); a typo fails here, not at the first move
+        self.include = tuple(c.value for c in Category.select(include)) if include is not None else None
+        self.drop_grads = expect_bool(drop_grads, call, "drop_grads")
+        if lifecycle is not None and not (callable(getattr(lifecycle, "pause", None))
+                                          and callable(getattr(lifecycle, "resume", None))):
+            raise ArgumentTypeError(f"{call}: lifecycle must be a PGLifecycle or None, got {describe(lifecycle)}")
         self.lifecycle = lifecycle
         self.metrics: dict[str, float] = {}
         #: how many times state actually moved (a no-op offload or reload is not counted)
@@ -225,9 +234,8 @@ def find_meta_info(args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
     return None
 
 
-@contextlib.contextmanager
 def state_offload_manager(control: WorkerStateControl, metrics: dict[str, float] | None = None,
-                          metric_infix: str = "", is_offload_states: bool = True) -> Iterator[None]:
+                          metric_infix: str = "", is_offload_states: bool = True) -> contextlib.AbstractContextManager:
     """Reload the worker's state, run the body, then offload it unless told not to.
 
     Re-entrant and reference-counted: a call made inside another one (one
@@ -237,8 +245,21 @@ def state_offload_manager(control: WorkerStateControl, metrics: dict[str, float]
     ``metrics`` (``time/onload{infix}``, ``time/execute{infix}``,
     ``time/offload{infix}`` in seconds, and driver memory after each phase) for
     the calls that moved state. If the body raises, the state is still
-    offloaded (when asked) and the error propagates: nothing is left half-moved.
+    offloaded (when asked) and the error propagates: nothing is left half-moved. The arguments are
+    checked at the call.
     """
+    call = "state_offload_manager(control, metrics, metric_infix, is_offload_states)"
+    expect(control, WorkerStateControl, call, "control", "a WorkerStateControl",
+           hint="wrap the store: WorkerStateControl(store)" if hasattr(control, "offload_async") else "")
+    expect(metrics, MutableMapping, call, "metrics", "a dict or None", optional=True)
+    expect(metric_infix, str, call, "metric_infix", "a str")
+    expect_bool(is_offload_states, call, "is_offload_states")
+    return _managed(control, metrics, metric_infix, is_offload_states)
+
+
+@contextlib.contextmanager
+def _managed(control: WorkerStateControl, metrics: dict[str, float] | None, metric_infix: str,
+             is_offload_states: bool) -> Iterator[None]:
     rt = control.rt
     m = metrics if metrics is not None else control.metrics
     sfx = f"/{metric_infix}" if metric_infix else ""
@@ -290,7 +311,11 @@ def auto_offload(method: F | None = None, *, control: str = "state") -> Any:
     the outer call. Use as ``@auto_offload`` or ``@auto_offload(control="ctl")``.
     """
     if not isinstance(control, str) or not control.isidentifier():
-        raise TypeError(f"auto_offload(control=...) takes an attribute name, got {control!r}")
+        raise ArgumentTypeError(f"auto_offload(control=...) takes an attribute name, got {control!r}")
+    if method is not None and not callable(method):
+        hint = f"; to name the attribute, write @auto_offload(control={method!r})" if isinstance(method, str) else ""
+        raise ArgumentTypeError(f"auto_offload(method): method must be the function to decorate, got "
+                                f"{describe(method)}{hint}")
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)

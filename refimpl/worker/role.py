@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TypeVar
 
+from refimpl.arguments import expect, expect_int, expect_name
 from refimpl.worker.control import (WorkerStateControl, find_meta_info, log_gpu_memory_usage, state_offload_manager,
                                     wants_offload)
 
@@ -127,6 +128,13 @@ class RoleWorker:
 
     def __init__(self, role: str, rank: int, world_size: int, master_addr: str | None = None,
                  master_port: int | None = None, config: Mapping[str, Any] | None = None) -> None:
+        call = f"{type(self).__name__}(role, rank, world_size, ...)"
+        expect_name(role, call, "role")
+        expect_int(world_size, call, "world_size", minimum=1)
+        expect_int(rank, call, "rank", minimum=0)
+        expect_name(master_addr, call, "master_addr", optional=True)
+        expect_int(master_port, call, "master_port", minimum=0, optional=True)
+        expect(config, Mapping, call, "config", "a mapping or None", optional=True)
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} outside a world of {world_size}")
         if master_addr is None:

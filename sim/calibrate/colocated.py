@@ -112,13 +112,13 @@ def measured_phases(rec: dict[str, Any]) -> dict[str, float]:
 LOOP_CONSTANTS: dict[str, dict[str, Any]] = {
     "gather_per_tensor_1rank_s": {
         "value": 1.795e-4,
-        "source": "fitted on bench/results/2026-11-30-h200x2-wave/loop/rl1/rl_step_1.json: gather_copy_s "
+        "source": "fitted on bench/results/2026-11-30-h200x2-all-policies/loop/rl1/rl_step_1.json: gather_copy_s "
                   "(full_tensor, cast to bf16, copy into the rollout weights) mean of steps 1-2, 0.0436 s over "
                   "243 parameters",
     },
     "gather_per_tensor_multi_s": {
         "value": 4.753e-4,
-        "source": "fitted on bench/results/2026-11-30-h200x2-wave/loop/rl2/rl_step_2.json (2 x H200, mesh [1, 2]): "
+        "source": "fitted on bench/results/2026-11-30-h200x2-all-policies/loop/rl2/rl_step_2.json (2 x H200, mesh [1, 2]): "
                   "gather_copy_s mean of steps 1-2, 0.1211 s, less the bytes received at the preset's NVLink "
                   "rate (5.6 ms), over 243 parameters. The only multi-rank record so far: the 2-rank weight sync "
                   "is fitted, not checked, until another record exists",
@@ -155,14 +155,20 @@ def _sim_times(shape, preset: str, d2h_bps: float, h2d_bps: float, *, gap_s: flo
 
 @functools.lru_cache(maxsize=64)
 def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, train_s: float = 0.0,
-                       rollout_s: float = 0.0, steps: int = 3) -> dict[str, float]:
+                       rollout_s: float = 0.0, steps: int = 3, *, sync_needs_groups: bool = True,
+                       warm_rebuilt: bool = False, proxy_wake: bool = False) -> dict[str, float]:
     """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of the NCCL group
-    ``trainer.dp`` over ``world`` ranks in the steady step (the last of ``steps``), by the real
-    :class:`~refimpl.comm.PGLifecycle` on a :class:`~sim.world.SimWorld` of the preset, driven as
-    bench/rl_loop.py drives it: a training collective on the group (its communicator initialised),
-    ``train_s`` of training, the pause, ``rollout_s`` of rollout, the weight sync, the resume. The preset's
-    NCCL create / init / destroy costs (a destroy waits for the proxy thread's next poll) and the cooldown apply."""
+    ``trainer.dp`` over ``world`` ranks in the steady step (the last of ``steps``), and what training's first
+    all-reduce after the wake takes beyond the same all-reduce in a step without a switch (``first_use_extra``:
+    the lazy init of a rebuilt communicator), by the real :class:`~refimpl.comm.PGLifecycle` on a
+    :class:`~sim.world.SimWorld` of the preset, driven as bench/rl_loop.py drives it: a training collective on
+    the group (its communicator initialised), ``train_s`` of training, the pause, ``rollout_s`` of rollout, the
+    weight sync, the resume. The preset's NCCL create / init / destroy costs (a destroy waits for the proxy
+    thread's next poll unless ``proxy_wake``) and the cooldown apply. ``sync_needs_groups=False``: the plan
+    rules say the sync needs none of the groups (``GroupPlanRules(sync_groups=set())``, as the RL step has
+    them); ``warm_rebuilt``: :class:`~refimpl.comm.LifecycleConfig`'s."""
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
+    from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec
     from sim.models.collectives import NcclComm, TopologyCollectiveCost
     from sim.models.flows import FlowTransport
@@ -175,23 +181,32 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
         raise ValueError(f"train_s and rollout_s must be >= 0, got {train_s} and {rollout_s}")
     topo = Topology.from_preset(preset)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
-                      memory=TopologyMemory(topo, record=False), comm=NcclComm(topo, init_at_collective=True),
-                      trace=False)
+                      memory=TopologyMemory(topo, record=False),
+                      comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)
 
     async def job(rt):
         """The RL step's lifecycle calls, as bench/rl_loop.py makes them."""
         await rt.new_group(GroupSpec("trainer.dp", tuple(range(world)), backend="nccl"))
-        lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
-            policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120, canary_timeout_s=60,
-            control_group="trainer.control"))
+        lc = PGLifecycle(rt, ["trainer.dp"], plan=GroupPlanRules(sync_groups=None if sync_needs_groups else set()),
+                         config=LifecycleConfig(policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120,
+                                                canary_timeout_s=60, control_group="trainer.control",
+                                                warm_rebuilt=warm_rebuilt))
         await lc.start()
+        await _touch(rt, ["trainer.dp"])
+        a = rt.now()
+        await _touch(rt, ["trainer.dp"])
+        steady = rt.now() - a
         out = []
 
         async def no_sync():
             return None
 
         for _ in range(steps):
+            a = rt.now()
             await _touch(rt, ["trainer.dp"])  # the training step's loss all-reduce
+            first = rt.now() - a
+            if out:
+                out[-1]["first_use_extra"] = max(0.0, first - steady)
             await rt.sleep(train_s)
             a = rt.now()
             await lc.pause()
@@ -202,10 +217,24 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
             d = rt.now()
             await lc.resume()
             out.append({"offload": b - a, "weight_sync": d - c, "reload": rt.now() - d})
+        a = rt.now()
+        await _touch(rt, ["trainer.dp"])
+        out[-1]["first_use_extra"] = max(0.0, rt.now() - a - steady)
         return out[-1]
 
     per_rank = world_.run(job)
-    return {ph: max(r[ph] for r in per_rank) for ph in ("offload", "weight_sync", "reload")}
+    return {ph: max(r[ph] for r in per_rank) for ph in ("offload", "weight_sync", "reload", "first_use_extra")}
+
+
+def lifecycle_settings(rec: dict[str, Any]) -> dict[str, Any]:
+    """What of a record decides the lifecycle's simulation besides policy and cooldown: whether the weight sync
+    needs the role's groups (records before the RL step declared it: yes), whether rebuilt groups are warmed in
+    the resume (off the sequential mode, since it was added) and whether destroys wake the NCCL proxy."""
+    cfg = rec.get("config", {})
+    return {"sync_needs_groups": not rec.get("sync_needs_no_group", False),
+            "warm_rebuilt": bool(rec.get("warm_rebuilt", False)),
+            "proxy_wake": bool(rec.get("wake_proxies", False)),
+            "mode": cfg.get("mode", "sequential")}
 
 
 def _nvlink_bps(preset: str) -> float:
@@ -289,9 +318,12 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
     gather_s = tensors * per_tensor + gather_bytes_s(params_b, world)
     cfg = rec.get("config", {})
     lc_preset = preset if world == 1 else MULTI_PRESET  # a preset with enough GPUs for the world
+    settings = lifecycle_settings(rec)
     lifecycle = dict(simulate_lifecycle(lc_preset, world, str(cfg.get("lifecycle_policy", "DESTROY_DEFERRED")),
                                         float(cfg.get("cooldown_s", 0.2)), round(measured["train"], 4),
-                                        round(measured["rollout"], 4)))
+                                        round(measured["rollout"], 4), sync_needs_groups=settings["sync_needs_groups"],
+                                        warm_rebuilt=settings["warm_rebuilt"], proxy_wake=settings["proxy_wake"]))
+    first_use_extra = lifecycle.pop("first_use_extra")
     lifecycle_measured = {
         "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
         "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")
@@ -312,7 +344,8 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
         "kv_bytes": kv_bytes, "line": dict(line),
         "phase_s": {ph: predicted[ph] for ph in PHASES},
         "parts": parts,
-        "lifecycle_s": lifecycle, "lifecycle_preset": lc_preset,
+        "lifecycle_s": lifecycle, "lifecycle_preset": lc_preset, "first_use_extra_s": first_use_extra,
+        "lifecycle_settings": settings,
         "inputs": {"train": measured["train"], "rollout": measured["rollout"]},
         "constants": {"line": "the record's own line rates", "store/scrub/NCCL": f"preset {preset!r} "
                       f"(lifecycle: {lc_preset!r}), each constant's source in the preset file",

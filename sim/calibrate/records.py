@@ -54,8 +54,8 @@ COMM_RAW_OPTIONAL_TIMES = ("create_s", "first_collective_s", "first_collective_a
 #: the held-out records: no calibration may read them (``timeshare sim calibrate`` refuses them), so ``timeshare sim
 #: validate`` scores them apart, as figures the simulator's constants never saw (docs/calibration.md names them)
 HELD_OUT: tuple[str, ...] = (
-    "bench/results/2026-11-30-h200x2-wave4/",
-    "bench/results/2026-11-30-h200x2-wave5/",
+    "bench/results/2026-11-30-h200x2-switch-8-steps/",
+    "bench/results/2026-11-30-h200x2-parallel-walks/",
     "bench/results/2026-11-29-h200-run9/",
 )
 

@@ -17,9 +17,9 @@ resume). This module keeps those parts and composes them the way each mode of
   next training step's forward and backward (``fwd_bwd_share`` of the measured
   training step, an input): reload = resume; the step's wait at the optimizer
   = what is left of the rest's reload after the resume and the forward/backward.
-  Where the benchmark runs the resume in the background too (one rank, or a
-  destroying policy: no canary), reload = 0 and the wait = what is left of
-  max(resume, reload of the rest) after the forward/backward.
+  Where the benchmark runs the resume in the background too (one rank),
+  reload = 0 and the wait = what is left of max(resume, reload of the rest)
+  after the forward/backward.
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -34,12 +34,11 @@ the step (plain training + rollout + switch cost).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from typing import Any
 
-from sim.calibrate.colocated import MULTI_PRESET, RecordError, predict_step
+from sim.calibrate.colocated import RecordError, predict_step
 
 #: the switch modes (bench/switch_modes.py MODES)
 MODES = ("sequential", "overlapped", "streamed")
@@ -47,96 +46,61 @@ MODES = ("sequential", "overlapped", "streamed")
 POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
 
 
-@functools.lru_cache(maxsize=32)
-def first_use_extra_s(preset: str, world: int, policy: str, cooldown_s: float, train_s: float,
-                      rollout_s: float) -> float:
-    """Seconds the training step's first all-reduce on ``trainer.dp`` after the wake takes beyond the same
-    all-reduce in a step without a switch (lazy communicator init of rebuilt groups), by the real lifecycle on
-    a simulated world of the preset."""
-    from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec
-    from sim.calibrate.switch_window import _touch
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
-    from sim.models.topology import Topology
-    from sim.world import SimWorld
-
-    topo = Topology.from_preset(preset)
-    world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
-                      memory=TopologyMemory(topo, record=False), comm=NcclComm(topo, init_at_collective=True),
-                      trace=False)
-
-    async def job(rt):
-        """Steady all-reduce, then pause / sync / resume, then the first all-reduce after the wake."""
-        await rt.new_group(GroupSpec("trainer.dp", tuple(range(world)), backend="nccl"))
-        lc = PGLifecycle(rt, ["trainer.dp"], config=LifecycleConfig(
-            policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120, canary_timeout_s=60,
-            control_group="trainer.control"))
-        await lc.start()
-        await _touch(rt, ["trainer.dp"])
-        a = rt.now()
-        await _touch(rt, ["trainer.dp"])
-        steady = rt.now() - a
-        extra = 0.0
-        for _ in range(2):
-            await rt.sleep(train_s)
-            await lc.pause()
-            await rt.sleep(rollout_s)
-
-            async def no_sync():
-                return None
-            await lc.weight_sync(no_sync)
-            await lc.resume()
-            a = rt.now()
-            await _touch(rt, ["trainer.dp"])
-            extra = max(0.0, rt.now() - a - steady)
-        return extra
-
-    return max(world_.run(job))
-
-
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
-                  fwd_bwd_share: float = 0.8) -> list[dict[str, Any]]:
-    """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record)."""
+                  fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None) -> list[dict[str, Any]]:
+    """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record).
+
+    The lifecycle runs as the record's RL step drives it (:func:`sim.calibrate.colocated.lifecycle_settings`);
+    for a record of the current step (``sync_needs_no_group``) each mode gets the warm-up of rebuilt groups it
+    runs with (off the sequential mode). ``wake_proxies`` overrides whether destroys wake the NCCL proxy
+    (default: the record's).
+    """
     if not 0 <= fwd_bwd_share <= 1:
         raise ValueError(f"fwd_bwd_share must be in [0, 1], got {fwd_bwd_share}")
     rows = []
     line = rec.get("line") or {}
     for policy in policies:
-        r = json.loads(json.dumps(rec))
-        r.setdefault("config", {})["lifecycle_policy"] = policy
-        p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
-        parts, lc = p["parts"], p["lifecycle_s"]
-        off_store = sum(parts["offload"].values())
-        params = parts["weight_sync"]["sim_copies_s"] + parts["weight_sync"]["store_host_s"] + parts["weight_sync"]["scrub_s"]
-        gather = parts["weight_sync"]["gather_s"]
-        rest = sum(parts["reload"].values())
-        train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
-        world = p["world_size"]
-        extra = first_use_extra_s(preset if world == 1 else MULTI_PRESET, world, policy,
-                                  float(r["config"].get("cooldown_s", 0.2)), round(train, 4), round(rollout, 4))
-        copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
         for mode in modes:
-            ws = lc["weight_sync"] + params + gather
-            wait = 0.0
-            if mode == "sequential":
-                off, rel = lc["offload"] + off_store, lc["reload"] + rest
-            elif mode == "overlapped":
-                off, rel = max(lc["offload"], off_store), max(lc["reload"], rest)
-            elif world == 1 or policy in ("DESTROY", "DESTROY_DEFERRED"):  # the resume goes under the next step too
-                off, rel = max(lc["offload"], off_store), 0.0
-                wait = max(0.0, max(lc["reload"], rest) - fwd_bwd_share * train)
-            else:
-                off, rel = max(lc["offload"], off_store), lc["reload"]
-                wait = max(0.0, rest - lc["reload"] - fwd_bwd_share * train)
-            cost = off + ws + rel + extra + wait
-            step = train + rollout + cost
-            rows.append({"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
-                         "first_use_extra_s": extra, "stream_wait_s": wait, "switch_cost_s": cost,
-                         "copy_time_at_line_s": copy_line, "switch_cost_x_copy_time": cost / copy_line,
-                         "step_s": step, "switch_cost_share_of_step": cost / step})
+            r = json.loads(json.dumps(rec))
+            r.setdefault("config", {}).update(lifecycle_policy=policy, mode=mode)
+            if r.get("sync_needs_no_group"):
+                r["warm_rebuilt"] = mode != "sequential"
+            if wake_proxies is not None:
+                r["wake_proxies"] = wake_proxies
+            p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
+            rows.append(_compose(p, policy, mode, fwd_bwd_share, line))
     return rows
+
+
+def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any]) -> dict[str, Any]:
+    """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
+    parts, lc = p["parts"], p["lifecycle_s"]
+    off_store = sum(parts["offload"].values())
+    params = parts["weight_sync"]["sim_copies_s"] + parts["weight_sync"]["store_host_s"] + parts["weight_sync"]["scrub_s"]
+    gather = parts["weight_sync"]["gather_s"]
+    rest = sum(parts["reload"].values())
+    train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
+    extra = p["first_use_extra_s"]
+    copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
+    ws = lc["weight_sync"] + params + gather
+    wait = 0.0
+    rest_left = max(0.0, rest - gather)  # off the sequential mode the rest's reload starts before the gather
+    if mode == "sequential":
+        off, rel = lc["offload"] + off_store, lc["reload"] + rest
+    elif mode == "overlapped":
+        off, rel = max(lc["offload"], off_store), max(lc["reload"], rest_left)
+    elif p["world_size"] == 1:  # the resume goes under the next step too
+        off, rel = max(lc["offload"], off_store), 0.0
+        wait = max(0.0, max(lc["reload"], rest_left) - fwd_bwd_share * train)
+    else:
+        off, rel = max(lc["offload"], off_store), lc["reload"]
+        wait = max(0.0, rest_left - lc["reload"] - fwd_bwd_share * train)
+    cost = off + ws + rel + extra + wait
+    step = train + rollout + cost
+    return {"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
+            "first_use_extra_s": extra, "stream_wait_s": wait, "switch_cost_s": cost,
+            "copy_time_at_line_s": copy_line, "switch_cost_x_copy_time": cost / copy_line,
+            "step_s": step, "switch_cost_share_of_step": cost / step}
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
@@ -173,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["MODES", "POLICIES", "RecordError", "first_use_extra_s", "format_rows", "main", "predict_modes"]
+__all__ = ["MODES", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout (the table is not printed)")
     s.add_argument("--png", metavar="TIMELINE.png", help="write a timeline of the recommended step (needs matplotlib)")
-    s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    s.add_argument("--quiet", action="store_true", help="no progress bar or progress lines on stderr")
 
 
 def _model(text: str | None, args: argparse.Namespace, flag: str = "--model"):
@@ -230,9 +230,10 @@ def inputs_from_args(args: argparse.Namespace):
 MULTI_NODE = {"hgx-h200-8x": "hgx-h200-8x-ib", "calibrated/hgx-h200-8x": "hgx-h200-8x-ib"}
 
 
-def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8)) -> dict | None:
+def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8), tick=None) -> dict | None:
     """When nothing fits: the fewest nodes (of ``tries`` x the plan's) on which something does, with its step time
-    and candidate (the same layout with dp scaled; no layout search), or None."""
+    and candidate (the same layout with dp scaled; no layout search), or None. ``tick(label)``, if given, is called
+    once per candidate evaluated (a progress bar)."""
     from sim.planner.plan import make_plan
 
     cluster = inputs.cluster if inputs.nodes > 1 else MULTI_NODE.get(inputs.cluster)
@@ -243,7 +244,7 @@ def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8)) -> dict | None:
         lay = inputs.layout
         lay = replace(lay, dp=lay.dp * k, fsdp=0 if lay.fsdp in (0, lay.dp) else lay.fsdp, eddp=0)
         try:
-            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None))
+            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None), tick=tick)
         except PlanInputError:
             continue
         rec = plan["recommendation"]
@@ -280,11 +281,13 @@ def run(args: argparse.Namespace) -> int:
               "8xH200 node); see timeshare plan --help", file=info)
     elif args.model is None and args.params_b is None and fc is None:
         print("no --model given: planning Qwen2.5-7B", file=info)
-    with progress_bar(plan_size(inputs), "plan", enabled=not args.quiet) as tick:
+    with progress_bar(plan_size(inputs), "plan", enabled=not (args.quiet or args.json)) as tick:
         plan = make_plan(inputs, None if args.quiet else (lambda m: None) if sys.stderr.isatty() else stderr_progress,
                          tick)
-    if plan["recommendation"] is None:
-        plan["more_nodes"] = more_nodes(inputs)
+    if plan["recommendation"] is None:  # on how many nodes would it fit? (up to three more plans: a bar of its own)
+        with progress_bar(plan_size(replace(inputs, layouts=None)), "plan: on more nodes",
+                          enabled=not (args.quiet or args.json)) as tick:
+            plan["more_nodes"] = more_nodes(inputs, tick=tick)
         if plan["more_nodes"] and fc is not None:
             n = plan["more_nodes"]["nodes"]
             plan["more_nodes"]["keys"] = ({"trainer.nnodes": n} if fc.framework == "verl" else

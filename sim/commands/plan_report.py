@@ -14,6 +14,8 @@ from sim.planner.plan_model import Layout
 #: one colour per kind of timeline segment, the same in every picture (colour-blind-safe palette)
 SEGMENT_COLOURS = {"compute": "#0072B2", "switch": "#E69F00", "switch out": "#D55E00", "weight sync": "#009E73",
                    "first use after wake": "#CC79A7"}
+#: the GPU's capacity in the memory panel: a colour no segment has, so that no mark means two things
+CAPACITY_COLOUR = "#000000"
 
 
 def _step(o: dict[str, Any]) -> str:
@@ -42,6 +44,8 @@ def candidate_table(plan: dict[str, Any], rows: int, wide: bool = False) -> str:
     from refimpl.output import table
 
     tied = set(plan.get("ties", []))
+    if len(tied) < 2:  # the fastest alone is tied with nobody
+        tied = set()
     head = ["#", "candidate", "step (s)", "switch (s)", "peak (GiB)", "KV (GiB)", "host/node (GiB)"]
     if wide:
         head += ["pinned/rank (GiB)", "layout comm (s)"]
@@ -152,10 +156,11 @@ def write_timeline_png(plan: dict[str, Any], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     rec = plan["recommendation"]
-    fig, (ax, sw, mem) = plt.subplots(3, 1, figsize=(12, 6.4), gridspec_kw={"height_ratios": [1, 1.2, 1.6]})
+    fig, (ax, sw, mem) = plt.subplots(3, 1, figsize=(13, 6.4), gridspec_kw={"height_ratios": [1, 1.2, 1.6]})
     t, spans = 0.0, {}
     for seg in rec["timeline"]:
         ax.barh(0, max(seg["s"], rec["step_s"] * 0.002), left=t, color=SEGMENT_COLOURS.get(seg["kind"], "#999999"),
@@ -169,8 +174,9 @@ def write_timeline_png(plan: dict[str, Any], path: str) -> None:
     ax.set_xlim(0, t)
     ax.set_title(f"{plan['inputs']['model']['name']} on {plan['inputs']['cluster']}: {rec['candidate']['label']}"
                  f" (switches {rec['switch_s']:.2f} s of {rec['step_s']:.2f} s)", fontsize=9)
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in SEGMENT_COLOURS.items()], loc="upper right", fontsize=7,
-              ncol=4)
+    # every legend beside its panel, never over the bars it explains
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in SEGMENT_COLOURS.items()], loc="upper left", fontsize=7,
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     # the switches on their own scale: in a long step they are too short to see in the timeline above
     moves = [seg for seg in rec["timeline"] if seg["kind"] != "compute"]
     for i, seg in enumerate(moves):
@@ -187,16 +193,18 @@ def write_timeline_png(plan: dict[str, Any], path: str) -> None:
         if used is not None:
             mem.bar(start, used, width=max(width, t * 0.004), align="edge", color=SEGMENT_COLOURS["compute"], alpha=0.8)
             mem.text(start + width / 2, used, f"{role}\n{used:.0f}", ha="center", va="bottom", fontsize=7)
-    mem.axhline(gpu, color="#CC79A7", linestyle="--", linewidth=1)
+    mem.axhline(gpu, color=CAPACITY_COLOUR, linestyle="--", linewidth=1)
     mem.set_xlim(0, t)
     mem.set_ylim(0, gpu * 1.25)
     mem.set_ylabel("GPU memory (GiB)")
     mem.set_xlabel("time in the step (s)")
     mem.legend(handles=[Patch(color=SEGMENT_COLOURS["compute"], alpha=0.8, label="in use in the turn"),
-                        Patch(color="#CC79A7", label=f"GPU capacity {gpu:.0f} GiB")], loc="upper right", fontsize=7)
+                        Line2D([], [], color=CAPACITY_COLOUR, linestyle="--", linewidth=1,
+                               label=f"GPU capacity {gpu:.0f} GiB")],
+               loc="upper left", fontsize=7, bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-__all__ = ["SEGMENT_COLOURS", "answer_for", "candidate_table", "format_plan", "layout_table", "write_timeline_png"]
+__all__ = ["CAPACITY_COLOUR", "SEGMENT_COLOURS", "answer_for", "candidate_table", "format_plan", "layout_table", "write_timeline_png"]

@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (opens in Perfetto)")
     run.add_argument("--png", metavar="TIMELINE.png", help="write a PNG timeline, one row per rank (needs matplotlib)")
     run.add_argument("--quiet", action="store_true", help="print only the result line, not the per-rank table")
+    run.add_argument("--wide", action="store_true", help="the per-rank table up to 220 columns instead of 100")
     run.add_argument("--max-est-seconds", type=float, default=None, metavar="S",
                      help="refuse a run estimated to take longer (default 900)")
     run.add_argument("--max-est-gb", type=float, default=None, metavar="GB",
@@ -76,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to both scenarios")
     cmp_.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override applied to B only")
     cmp_.add_argument("--json", action="store_true", help="print the comparison as JSON (common envelope)")
+    cmp_.add_argument("--wide", action="store_true", help="the table up to 220 columns instead of 100")
     cal = sub.add_parser("calibrate", help="fit communicator and scrub constants on records; write a preset")
     cal.add_argument("records", nargs="+", metavar="RECORD.json", help="the fit set (multigpu, comm_h200, scrub probe)")
     cal.add_argument("--base", default="hgx-h200-8x", help="preset whose other constants are kept (default hgx-h200-8x)")
@@ -109,7 +111,7 @@ def _run_one(name_or_path: str, out: str | None, trace: str | None, png: str | N
 def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png: str | None, quiet: bool,
                       sets: list[str] | None, as_json: bool, args: argparse.Namespace | None) -> int:
     from refimpl.cli_errors import EXIT_BAD_INPUT, CliInputError, describe_os_error
-    from refimpl.output import envelope
+    from refimpl.output import ProgressBar, envelope
     from sim.scenarios.fold import plan_fold
     from sim.scenarios.scale import (DEFAULT_MAX_GB, DEFAULT_MAX_SECONDS, BudgetError, Progress, SizeError, check_size, estimate,
                            run_auto)
@@ -143,8 +145,11 @@ def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png
         planned = plan_fold(scn) if fold else (None, "folding turned off" if not (trace or png) else
                                                "a trace or timeline needs every rank")
         check(estimate(scn, *planned))
-        with Progress(lambda line: print(line, file=sys.stderr, flush=True),
-                      every_s=getattr(args, "progress_every", 5.0)) as progress:
+        # a bar with the time left on a terminal (off with --quiet or --json); else a line every few seconds
+        with ProgressBar(f"simulating {scn.name}", 0, enabled=not (quiet or as_json)) as bar, \
+                Progress(lambda line: print(line, file=sys.stderr, flush=True), every_s=getattr(args, "progress_every", 5.0),
+                         bar=(lambda done, total, label: bar.update(done, total, label)) if bar.drawing else None,
+                         steps=scn.steps) as progress:
             result, world, plan, _how = run_auto(scn, fold=fold, planned=planned, on_world=progress.watch,
                                                  check_full=check)
     except ScenarioError as exc:  # a check the runner makes on the scenario (e.g. its size)
@@ -157,8 +162,9 @@ def _run_one_scenario(name_or_path: str, out: str | None, trace: str | None, png
     if as_json:
         print(json.dumps(envelope("sim run", result.to_dict(), ok=result.ok), indent=1))
     else:
-        print(result.table().split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
-        print(result.table().split("\n\n", 1)[1])
+        text = result.table(wide=getattr(args, "wide", False))
+        print(text.split("\n\n")[0] if not quiet else "", end="\n\n" if not quiet else "")
+        print(text.split("\n\n", 1)[1])
     try:
         if out:
             Path(out).write_text(json.dumps(result.to_dict(), indent=1))
@@ -197,7 +203,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps(envelope("sim compare", {"a": la, "b": lb, "rows": rows}, ok=bool(a.get("ok") and b.get("ok"))),
                          indent=1))
     else:
-        print(format_compare(la, lb, a, b, rows))
+        print(format_compare(la, lb, a, b, rows, wide=args.wide))
     return 0
 
 
@@ -243,6 +249,13 @@ def _list(wide: bool = False) -> int:
     return 0
 
 
+def _record_name(where: str) -> str:
+    """A record's folder and file (and section), without the directories above: ``run1/comm.json#comm_raw``."""
+    path, _, section = where.partition("#")
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" + (f"#{section}" if section else "")
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from refimpl.cli_errors import EXIT_BAD_INPUT
     from sim.calibrate.fit import calibrated_preset, write_preset
@@ -256,9 +269,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"fitted on {len(records)} record(s), base preset {args.base}:")
-    for o in obs:
-        print(f"  {o.constant:<34} {o.value:>14.6g}  {o.record}: {o.how}")
+    from refimpl.output import table
+
+    rows = [[o.constant, f"{o.value:.6g}", f"{_record_name(o.record)}: {o.how}"] for o in obs]
+    print(table(["constant", "value\n(s, B, B/s)", "fitted from (record: how)"], rows, right=(1,),
+                min_widths={0: max([8] + [len(o.constant) for o in obs])},
+                title=f"fitted on {len(records)} record(s), base preset {args.base}"))
     print(f"wrote {path}")
     return 0
 

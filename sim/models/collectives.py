@@ -256,12 +256,19 @@ class NcclComm:
             lifecycle, the switch-window benchmark) pays the lazy init where
             torch pays it. False (the default) leaves it to the caller, as the
             scenario runner does.
+        proxy_wake: the runtime wakes the proxy thread a destroy joins
+            (:class:`refimpl.torch_runtime.proxy_wake.ProxyWaker`, TorchRuntime's
+            default since 2026-12-02): a destroy costs ``destroy`` without the wait
+            for the poll timeout. False (the default here) models the records
+            taken before, which all waited.
     """
 
-    def __init__(self, topology: "Topology", *, lazy_init: bool = True, init_at_collective: bool = False):
+    def __init__(self, topology: "Topology", *, lazy_init: bool = True, init_at_collective: bool = False,
+                 proxy_wake: bool = False):
         self.params = topology.comm
         self.lazy_init = lazy_init
         self.init_at_collective = init_at_collective
+        self.proxy_wake = proxy_wake
         self._initialized: dict[tuple[str, int], None] = {}
         self._resumed: set[tuple[str, int]] = set()
         #: when each initialised communicator's proxy thread last started a poll period (end of its init)
@@ -323,10 +330,10 @@ class NcclComm:
 
     def destroy_time(self, spec: GroupSpec) -> float:
         """Seconds one rank spends destroying its communicator: for an initialised one, the wait for its proxy
-        thread's next poll timeout (where the preset has ``proxy_poll``) and ``destroy``."""
+        thread's next poll timeout (where the preset has ``proxy_poll`` and the proxy is not woken) and ``destroy``."""
         p = self._p(spec)
         if spec.backend == "nccl" and self.initialized(spec):
-            wait = self.proxy_wait(spec)
+            wait = 0.0 if self.proxy_wake else self.proxy_wait(spec)
             if 0.0 < wait < p.poll_phase_spread_s and self._clock is not None:
                 self.poll_late.append(self._clock())
             return wait + p.destroy_s

@@ -328,7 +328,9 @@ class Planner:
             reasons.append(f"{worst} needs {turns[worst] / GiB:.1f} GiB of a {self.m.gpu_bytes / GiB:.1f} GiB GPU")
         need = self.w.kv_gib * GiB if self.w.kv_gib is not None else self.kv_min
         if kv < need:
-            reasons.append(f"rollout gets {max(kv, 0) / GiB:.1f} GiB of KV cache, needs {need / GiB:.1f}")
+            what = ("needs the {:.1f} asked for" if self.w.kv_gib is not None else
+                    "needs at least {:.1f} for one sequence").format(need / GiB)
+            reasons.append(f"rollout gets {max(kv, 0) / GiB:.1f} GiB of KV cache, {what}")
         if pinned * self.m.per_node > self.m.host_per_node:
             reasons.append(f"pinned host {pinned * self.m.per_node / GiB:.0f} GiB exceeds the node's {self.m.host_per_node / GiB:.0f} GiB")
         kv_used = min(max(kv, 1.0), self.kv_need)

@@ -2,7 +2,7 @@
 
 A preset's description and its constants' sources are read by users (``timeshare sim list``, the JSON of
 ``sim run``). The project's records live under ``bench/results/<date>-<machine>-<name>/``; the names of those
-folders (``run1``, ``wave3``) and of the development notes mean nothing to a user, so :func:`in_user_words`
+folders (``run1``, ``walk-probes``) and of the development notes mean nothing to a user, so :func:`in_user_words`
 says instead which machine and which date a figure came from ("the project's 2 x H200 measurements of
 2026-11-30"), names the public sources by their titles (the Relax report, the verl articles, ROLL's guide)
 and drops commit hashes and issue numbers. :func:`basis` sums up a preset's constants by where they come from.
@@ -23,7 +23,7 @@ def _record(m: re.Match) -> str:
 
 
 _RULES: tuple[tuple[re.Pattern, Any], ...] = (
-    # bench/results/2026-11-30-h200x2-wave3/x/y.json#key  ->  the project's 2 x H200 measurements of 2026-11-30
+    # bench/results/2026-11-30-h200x2-walk-probes/x/y.json#key  ->  the project's 2 x H200 measurements of 2026-11-30
     (re.compile(r"(?:mean of )?bench/results/(?P<date>\d{4}-\d\d-\d\d)-(?P<machine>[a-z0-9]+)(?:-[\w.-]+)?(?:/[\w./#-]+)?"),
      _record),
 

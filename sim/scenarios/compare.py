@@ -59,21 +59,22 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def format_compare(label_a: str, label_b: str, a: dict[str, Any], b: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    """The side-by-side table."""
+def format_compare(label_a: str, label_b: str, a: dict[str, Any], b: dict[str, Any], rows: list[dict[str, Any]],
+                   wide: bool = False) -> str:
+    """The side-by-side table (:func:`refimpl.output.table`: units in the headers, at most 100 columns unless
+    ``wide``)."""
+    from refimpl.output import table, wrap
+
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.4f}"
 
-    lines = [f"A: {label_a}: scenario {a.get('scenario')!r}, {a.get('world_size')} ranks, pg_policy {a.get('pg_policy')}, "
-             f"backend {a.get('offload_backend')}, ok {a.get('ok')}",
-             f"B: {label_b}: scenario {b.get('scenario')!r}, {b.get('world_size')} ranks, pg_policy {b.get('pg_policy')}, "
-             f"backend {b.get('offload_backend')}, ok {b.get('ok')}", ""]
-    head = f"{'':<24}{'A':>14}{'B':>14}{'B/A':>9}"
-    lines += [head, "-" * len(head)]
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        lines.append(f"{r['what'] + ' (' + r['unit'] + ')':<24}{f(r['a']):>14}{f(r['b']):>14}{ratio:>9}")
-    lines.append("phases: mean over finished ranks of the last step")
+    lines = [wrap(f"{side}: {label}: scenario {d.get('scenario')!r}, {d.get('world_size')} ranks, pg_policy "
+                  f"{d.get('pg_policy')}, backend {d.get('offload_backend')}, ok {d.get('ok')}", wide=wide)
+             for side, label, d in (("A", label_a, a), ("B", label_b, b))]
+    body = [[f"{r['what']} ({r['unit']})", f(r["a"]), f(r["b"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}"]
+            for r in rows]
+    lines += ["", table(["what (unit)", "A", "B", "B/A (x)"], body, wide=wide, right=(1, 2, 3)),
+              "phases: mean over finished ranks of the last step"]
     return "\n".join(lines)
 
 

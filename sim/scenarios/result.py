@@ -66,32 +66,51 @@ class ScenarioResult:
         """The JSON-ready result."""
         return {**self.data, "ok": self.ok, "violations": list(self.violations)}
 
-    def table(self, max_ranks: int = 64) -> str:
-        """A plain-text table: one line per rank with the last step's phase times and memory peaks."""
+    def table(self, max_rows: int = 64, *, wide: bool = False) -> str:
+        """The per-rank table (the last step's phase times, memory peaks), a blank line, then the summary lines.
+
+        Consecutive ranks with the same figures share a row (``0-7``); the status column is left out when every
+        rank finished, the PG-state column when no rank has a lifecycle (pg ``none``). One library draws every
+        ``timeshare`` table (:func:`refimpl.output.table`): units in every header, at most 100 columns unless
+        ``wide``."""
+        from refimpl.output import table, wrap
+
         ranks = self.data["ranks"]
         cols = [p for p in PHASE_ORDER if any(p in r["phases"] for r in ranks)]
-        head = f"{'rank':>4}  {'status':<9} {'state':<12}" + "".join(f"{c:>15}" for c in cols)
-        head += f"{'peak GPU':>11}{'rollout GPU':>13}{'pinned host':>13}  bitwise"
-        lines = [head, "-" * len(head)]
-        for r in ranks[:max_ranks]:
-            row = f"{r['rank']:>4}  {r['status']:<9} {r['lifecycle_state']:<12}"
-            for c in cols:
-                v = r["phases"].get(c)
-                row += f"{v:>13.4f} s" if v is not None else f"{'-':>15}"
-            row += f"{_gib(r['peak_device_bytes']):>11}{_gib(r['phase_peak_device_bytes'].get('rollout')):>13}"
-            row += f"{_gib(r['peak_host_pinned_bytes']):>13}  {_bit(r['bitwise_equal'])}"
-            lines.append(row)
-        if len(ranks) > max_ranks:
-            lines.append(f"... {len(ranks) - max_ranks} more ranks (see the JSON result)")
+        words = [k for k, keep in (("status", any(r["status"] != "finished" for r in ranks)),
+                                   ("lifecycle_state", any(r["lifecycle_state"] != "-" for r in ranks))) if keep]
+        # headers of a few short lines, so that the phase and memory columns fit in 100
+        head = ["rank", *({"status": "status", "lifecycle_state": "PG state"}[k] for k in words),
+                *(f"{c.replace('_', '_' + chr(10))}\n(s)" for c in cols), "peak\nGPU\n(GiB)", "rollout\nGPU\n(GiB)",
+                "pinned\nhost\n(GiB)", "bitwise"]
+        groups: list[tuple[list[int], list[str]]] = []
+        for r in ranks:
+            phases = ["-" if r["phases"].get(c) is None else f"{r['phases'][c]:.4f}" for c in cols]
+            cells = [*(str(r[k]) for k in words), *phases, _gib(r["peak_device_bytes"]),
+                     _gib(r["phase_peak_device_bytes"].get("rollout")), _gib(r["peak_host_pinned_bytes"]),
+                     _bit(r["bitwise_equal"])]
+            if groups and groups[-1][1] == cells and groups[-1][0][-1] == r["rank"] - 1:
+                groups[-1][0].append(r["rank"])
+            else:
+                groups.append(([r["rank"]], cells))
+        rows = [[f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]), *cells] for g, cells in groups[:max_rows]]
+        text_cols = (0, *range(1, 1 + len(words)), len(head) - 1)  # words never folded: as wide as the longest
+        widths = {i: max([len(head[i].split()[-1])] + [len(row[i]) for row in rows]) for i in text_cols}
+        first = 1 + len(words)
+        lines = [table(head, rows, wide=wide, right=tuple(range(first, first + len(cols) + 3)), min_widths=widths)]
+        if len(groups) > max_rows:
+            lines.append(f"... {sum(len(g) for g, _ in groups[max_rows:])} more ranks (see the JSON result)")
+        if "status" not in words:
+            lines.append("every rank finished")
         d = self.data
         lines.append("")
-        lines.append(
+        lines.append(wrap(
             f"scenario {d['scenario']!r} on {d['topology']['name']} ({d['world_size']} ranks, {d['payload']} payload, "
             f"pg_policy {d['pg_policy']}, backend {d['offload_backend']}): simulated {d['simulated_time_s']:.3f} s "
-            f"in {d['wall_time_s']:.2f} s wall, {d['events']} events"
-        )
-        lines.append("phase times are the last step's; GPU/host figures are peaks in GiB")
-        lines.append("result: OK" if self.ok else "result: INVARIANT VIOLATED\n  " + "\n  ".join(self.violations))
+            f"in {d['wall_time_s']:.2f} s wall, {d['events']} events", wide=wide))
+        lines.append("phase times are the last step's; GPU and host memory are peaks")
+        lines.append("result: OK" if self.ok else "result: INVARIANT VIOLATED\n" + "\n".join(
+            wrap(v, wide=wide, indent="  ") for v in self.violations))
         return "\n".join(lines)
 
 

@@ -165,6 +165,10 @@ async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.
     share = sum(t.nbytes for t in ctx.state if t.category == "params")
     buckets = max(1, math.ceil(share * n / ex.bucket_bytes))
     per = math.ceil(share / buckets)
+    for fam in ex.also_uses:  # e.g. the expert weights' broadcast: its first collective after a rebuild
+        other = ctx.layout.member[rt.rank].get(fam)
+        if other is not None:
+            await _use_group(rt, world, other)
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
         await rt.sleep(first_use(world.resolve_backend(rt.group_spec(group))))
@@ -194,15 +198,18 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
             reference[spec.name] = t.clone()
         tensors.setdefault(spec.category, {})[spec.name] = t
     lifecycle = None
-    if scn.pg_policy != "none":
+    managed = [s for s in ctx.layout.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
+    if len(managed) < len(ctx.layout.specs):  # the groups outside the lifecycle: created once, as torch creates them
+        inside = {s.name for s in managed}
+        for spec in ctx.layout.specs:
+            if spec.name not in inside:
+                await rt.new_group(spec)
+    if managed:
         lc_mod = ctx.lifecycle_cls
         cfg = lc_mod.LifecycleConfig(policy=lc_mod.PGPolicy(scn.pg_policy), cooldown_s=scn.lifecycle.cooldown_s,
                                      two_phase=scn.lifecycle.two_phase)
-        lifecycle = lc_mod.PGLifecycle(rt, ctx.layout.specs, config=cfg)
+        lifecycle = lc_mod.PGLifecycle(rt, managed, config=cfg)
         await lifecycle.start()
-    else:
-        for spec in ctx.layout.specs:
-            await rt.new_group(spec)
     store = None
     if scn.offload.backend != "tms":
         from refimpl.store import OffloadStore

@@ -139,29 +139,64 @@ def estimate(scn: "Scenario", fold: Any = None, reason: str | None = None) -> Es
 
 
 class Progress:
-    """Reports a running world's simulated time and events every ``every_s`` seconds of wall time.
+    """Reports a running world's progress: a line every ``every_s`` seconds of wall time, or a bar.
 
-    ``report(line)`` gets each line (the CLI prints it to stderr). Use as a
-    context manager; pass :meth:`watch` as ``on_world`` to the run.
+    ``report(line)`` gets each line (the CLI prints it to stderr). With ``bar``, lines are not made;
+    instead ``bar(done, total, label)`` is called every ``bar_every_s`` seconds with the RL phases the
+    ranks have finished (:data:`sim.scenarios.result.PHASE_ORDER`, one per rank per step) against
+    all of them (``steps`` per rank), the CLI's bar with the time left. Use as a context manager;
+    pass :meth:`watch` as ``on_world`` to the run.
     """
 
-    def __init__(self, report: Callable[[str], None], every_s: float = 5.0, label: str = ""):
+    def __init__(self, report: Callable[[str], None], every_s: float = 5.0, label: str = "", *,
+                 bar: Callable[[int, int, str], None] | None = None, steps: int = 1, bar_every_s: float = 0.2):
         if not every_s > 0:
             raise ValueError(f"every_s must be > 0 seconds, got {every_s}")
         self.report, self.every_s, self.label = report, every_s, label
+        self.bar, self.steps, self.bar_every_s = bar, max(int(steps), 1), bar_every_s
         self._world: "SimWorld | None" = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sim-progress", daemon=True)
         self._t0 = time.perf_counter()
+        self._seen: list[int] = []  # per rank: spans already looked at
+        self._phases_done = 0
+        self._counting = threading.Lock()  # watch() (the run's thread) against phases() (this one's)
         self.lines = 0
 
     def watch(self, world: "SimWorld") -> None:
         """Follow ``world``'s engine from now on."""
-        self._world = world
+        with self._counting:
+            self._seen, self._phases_done = [], 0
+            self._world = world
+
+    def phases(self) -> tuple[int, int]:
+        """(RL phases the ranks have finished, all of them): the bar's count and total."""
+        from sim.scenarios.result import PHASE_ORDER
+
+        with self._counting:
+            w = self._world
+            if w is None:
+                return 0, 0
+            runtimes = list(w.runtimes)
+            self._seen += [0] * (len(runtimes) - len(self._seen))
+            for i, rt in enumerate(runtimes):  # only the spans recorded since the last look (the list only grows)
+                new = rt.spans[self._seen[i]:]
+                self._seen[i] += len(new)
+                self._phases_done += sum(1 for name, _s, _e in new if name in PHASE_ORDER)
+            return self._phases_done, len(runtimes) * self.steps * len(PHASE_ORDER)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        every = self.every_s if self.bar is None else min(self.every_s, self.bar_every_s)
+        while not self._stop.wait(every):
             w = self._world
+            if self.bar is not None:
+                try:
+                    done, total = self.phases()
+                    self.bar(done, total, "building the world" if w is None else f"{w.engine.now:.2f} s simulated")
+                except Exception:  # noqa: BLE001 - a progress bar must never stop a run or print a traceback
+                    log.debug("progress bar stopped", exc_info=True)
+                    return
+                continue
             wall = time.perf_counter() - self._t0
             if w is None:
                 line = f"{self.label}building the simulated world ({wall:.0f} s)"

@@ -71,6 +71,9 @@ class ExportConfig:
     group: str
     bucket_bytes: int = 512 << 20
     ipc_s: float = 0.0
+    #: families the export also runs a collective on (Relax broadcasts the expert weights over the expert-parallel
+    #: group before its TP all-gather): on a rebuilt group that first collective pays the lazy NCCL init
+    also_uses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ class LifecycleSettings:
 
     cooldown_s: float = 2.0
     two_phase: bool = True
+    #: groups of fewer ranks stay outside the lifecycle, created once and never destroyed (Relax's
+    #: ReloadableProcessGroup wraps only the NCCL groups of two or more ranks); 1: every group goes through it
+    min_ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -383,11 +389,15 @@ def _workload(raw: Any, families: tuple[GroupFamily, ...]) -> WorkloadConfig:
         raise ScenarioError(f"{w}: give rollout_memory_fraction or rollout_memory_gib, not both")
     export = None
     if raw.get("export") is not None:
-        e = _obj(raw["export"], f"{w}.export", {"group", "bucket_bytes", "ipc_s"})
-        if e.get("group") not in {f.name for f in families}:
-            raise ScenarioError(f"{w}.export.group: {e.get('group')!r} is not a group family {[f.name for f in families]}")
+        e = _obj(raw["export"], f"{w}.export", {"group", "bucket_bytes", "ipc_s", "also_uses"})
+        names = [f.name for f in families]
+        also = tuple(e.get("also_uses", ()))
+        for key, got in (("group", [e.get("group")]), ("also_uses", also)):
+            for g in got:
+                if g not in names:
+                    raise ScenarioError(f"{w}.export.{key}: {g!r} is not a group family {names}")
         export = ExportConfig(e["group"], _int(e, "bucket_bytes", f"{w}.export", 512 << 20, lo=1),
-                              _num(e, "ipc_s", f"{w}.export", 0.0))
+                              _num(e, "ipc_s", f"{w}.export", 0.0), also)
     return WorkloadConfig(
         train_s=_num(raw, "train_s", w, 0.0),
         rollout_s=_num(raw, "rollout_s", w, 0.0),
@@ -438,8 +448,9 @@ def parse_scenario(raw: Any) -> Scenario:
                 f"(limit {REAL_PAYLOAD_LIMIT / 2**30:.0f} GiB); use payload 'meta' or shrink with model.scale"
             )
     pg_policy = _choice(raw, "pg_policy", "", PG_POLICIES, "none")
-    lc = _obj(raw.get("lifecycle", {}), "lifecycle", {"cooldown_s", "two_phase"})
-    lifecycle = LifecycleSettings(_num(lc, "cooldown_s", "lifecycle", 2.0), _bool(lc, "two_phase", "lifecycle", True))
+    lc = _obj(raw.get("lifecycle", {}), "lifecycle", {"cooldown_s", "two_phase", "min_ranks"})
+    lifecycle = LifecycleSettings(_num(lc, "cooldown_s", "lifecycle", 2.0), _bool(lc, "two_phase", "lifecycle", True),
+                                  _int(lc, "min_ranks", "lifecycle", 1, lo=1))
     transport = _obj(raw.get("transport", {}), "transport", {"streams"})
     comm = _obj(raw.get("comm", {}), "comm", {"lazy_init", "watchdog"})
     try:

@@ -2,7 +2,7 @@
 
 Every destroy of an initialised NCCL communicator waits for its proxy thread's next 500 ms poll timeout, so a walk
 over groups the training step has just initialised takes whole poll periods one group after the other and about
-one period with the destroys overlapped (2 x H200: ``bench/results/2026-11-30-h200x2-wave4/`` and ``-wave5/``).
+one period with the destroys overlapped (2 x H200: ``bench/results/2026-11-30-h200x2-switch-8-steps/`` and ``-parallel-walks/``).
 These tests check that the parallel walk does what the ordered one does (every group once, every rank, one
 agreement, groups right after the wake), that a rank dying in it fails the others together, what the simulator
 charges for it, and the real ``TorchRuntime.destroy_groups`` on Gloo processes.
@@ -68,7 +68,7 @@ def test_a_parallel_walk_does_what_the_ordered_walk_does(policy):
 
 def test_on_the_calibrated_preset_a_parallel_walk_takes_one_poll_period():
     """The 2 x H200 benchmark's settings: SUSPEND_PLANNED's weight sync walk (14 groups, right after the training
-    step's inits) 1.51 s ordered, 0.51 s parallel; DESTROY_DEFERRED's pause the same. wave5 measured 0.518 s for
+    step's inits) 1.51 s ordered, 0.51 s parallel; DESTROY_DEFERRED's pause the same. parallel-walks measured 0.518 s for
     both parallel walks (tests/sim/test_validate_records.py holds the prediction to the record)."""
     from bench import switch_window as sw
 

@@ -1,4 +1,4 @@
-"""``SwitchCosts`` (the SUSPEND_PLANNED cost row's inputs) against the 2 x H200 wave2 record.
+"""``SwitchCosts`` (the SUSPEND_PLANNED cost row's inputs) against the 2 x H200 lazy-wake record.
 
 The defaults are the costs measured there (suspend 1.02 s/GiB, resume 0.55 s/GiB, two-rank destroy 0.247 s and
 init 0.175 s, one-rank destroy 0.034 s and init 0.033 s). Every communicator measured on 2 x H200 gets the choice
@@ -16,15 +16,15 @@ import pytest
 from refimpl.comm.group_plan import SwitchCosts, cheaper_to_destroy
 
 ROOT = Path(__file__).resolve().parents[2]
-WAVE2 = ROOT / "bench" / "results" / "2026-11-30-h200x2-wave2" / "multigpu-2026-11-30-nvidia-h200x2.json"
+LAZY_WAKE = ROOT / "bench" / "results" / "2026-11-30-h200x2-lazy-wake" / "multigpu-2026-11-30-nvidia-h200x2.json"
 MiB = 2**20
 
 
 def measured_costs() -> SwitchCosts:
-    """The cost row's inputs from wave2: per communicator suspend/resume over its suspendable GiB (comm_raw.per_comm,
+    """The cost row's inputs from lazy-wake: per communicator suspend/resume over its suspendable GiB (comm_raw.per_comm,
     480 MiB two-rank), the two-rank init (first collective) and destroy (after suspend and resume, so at a random
     poll phase) of comm_raw, and the one-rank init and destroy of the lifecycle's walk (comm_raw.mesh_walk)."""
-    raw = json.loads(WAVE2.read_text())["comm_raw"]
+    raw = json.loads(LAZY_WAKE.read_text())["comm_raw"]
     per = raw["per_comm"]
     gib = statistics.mean(r["suspendable_bytes"] for r in per) / 2**30
     one = [g for m in raw["mesh_walk"] for g in m["groups"] if g["member"] and g["size"] == 1]
@@ -39,7 +39,7 @@ def measured_costs() -> SwitchCosts:
 
 
 OLD = SwitchCosts(suspend_s_per_gib=0.8, resume_s_per_gib=0.3, destroy_s_single=0.036, destroy_s_multi=0.2,
-                  init_s_single=0.25, init_s_multi=0.18)  # the defaults before the wave2 record
+                  init_s_single=0.25, init_s_multi=0.18)  # the defaults before the lazy-wake record
 
 
 def test_the_defaults_are_the_measured_costs():

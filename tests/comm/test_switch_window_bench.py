@@ -25,11 +25,11 @@ def test_every_rank_is_in_the_relax_reports_14_groups():
 
 
 RECORD = (Path(__file__).resolve().parents[2]
-          / "bench/results/2026-11-30-h200x2-wave/multigpu-2026-11-30-nvidia-h200x2.json")
+          / "bench/results/2026-11-30-h200x2-all-policies/multigpu-2026-11-30-nvidia-h200x2.json")
 
 
 def test_simulated_switch_window_against_the_2xh200_record():
-    """The recorded settings on the calibrated preset, checked against what 2 x H200 measured (the wave record,
+    """The recorded settings on the calibrated preset, checked against what 2 x H200 measured (the all-policies record,
     outside the preset's fit set; tests/sim/test_validate_records.py checks every phase).
 
     The order of the policies, the inline cooldown (DESTROY sleeps the 2 s that DESTROY_DEFERRED defers),
@@ -79,8 +79,8 @@ def test_cli_prints_ratios_and_writes_json(tmp_path, capsys):
     assert sw.run(parser.parse_args(["--steps", "2", "--warmup", "2"])) == 2
 
 
-WAVE = (Path(__file__).resolve().parents[2]
-        / "bench/results/2026-11-30-h200x2-wave/multigpu-2026-11-30-nvidia-h200x2.json")
+ALL_POLICIES = (Path(__file__).resolve().parents[2]
+        / "bench/results/2026-11-30-h200x2-all-policies/multigpu-2026-11-30-nvidia-h200x2.json")
 
 
 def test_variant_rows_resolve_and_every_wake_is_checked_bitwise():
@@ -105,10 +105,10 @@ def test_variant_rows_resolve_and_every_wake_is_checked_bitwise():
 
 
 def test_suspend_planned_on_2xh200_meets_the_goal_and_the_simulator_ranks_it_the_same():
-    """The wave record (2 x H200, 13:27-13:45 UTC): SUSPEND_PLANNED's window against DESTROY_DEFERRED's in
+    """The all-policies record (2 x H200, 13:27-13:45 UTC): SUSPEND_PLANNED's window against DESTROY_DEFERRED's in
     the same run (goal <= 0.5 x) and its NCCL memory in the rollout (goal <= 2% of PAUSED_LIVE's); the
     simulator on the shipped calibrated preset orders them the same and holds the same memory."""
-    rec = json.loads(WAVE.read_text())
+    rec = json.loads(ALL_POLICIES.read_text())
     st = rec["switch_window"]["settings"]
     m = {r["policy"]: r for r in rec["switch_window"]["results"]}
     assert m["SUSPEND_PLANNED"]["total"] <= 0.5 * m["DESTROY_DEFERRED"]["total"]
@@ -122,7 +122,7 @@ def test_suspend_planned_on_2xh200_meets_the_goal_and_the_simulator_ranks_it_the
 
 
 RECORDS = [Path(__file__).resolve().parents[2] / "bench/results" / d / "multigpu-2026-11-30-nvidia-h200x2.json"
-           for d in ("2026-11-30-h200x2-wave", "2026-11-30-h200x2-wave2", "2026-11-30-h200x2-wave3")]
+           for d in ("2026-11-30-h200x2-all-policies", "2026-11-30-h200x2-lazy-wake", "2026-11-30-h200x2-walk-probes")]
 
 
 def test_simulated_suspend_planned_window_within_its_range_on_every_two_gpu_record():
@@ -139,6 +139,6 @@ def test_simulated_suspend_planned_window_within_its_range_on_every_two_gpu_reco
         got = sw.summarize("SUSPEND_PLANNED", sw.simulate("SUSPEND_PLANNED", **kw), warmup=st["warmup"])
         assert got.poll_late == ("update_weights",)
         assert got.total - 0.01 < measured["total"] < got.total + 0.5 + 0.01, path
-    wave3 = json.loads(RECORDS[-1].read_text())
-    m = {r["policy"]: r for r in wave3["switch_window"]["results"]}
+    probes = json.loads(RECORDS[-1].read_text())
+    m = {r["policy"]: r for r in probes["switch_window"]["results"]}
     assert got.total == pytest.approx(m["SUSPEND_PLANNED"]["total"], rel=0.01)

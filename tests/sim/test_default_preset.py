@@ -23,7 +23,7 @@ def test_plan_uses_the_calibrated_preset_of_its_cluster():
 
 
 def test_bench_switch_window_on_the_machine_name_predicts_the_measured_two_gpu_pause(capsys):
-    """The 2 x H200 pause of DESTROY_DEFERRED (its destroy walk), 1.513 s measured on wave2 and wave5: the
+    """The 2 x H200 pause of DESTROY_DEFERRED (its destroy walk), 1.513 s measured on lazy-wake and parallel-walks: the
     datasheet preset's communicator figures gave 0.50 s; the machine's name now gets the calibrated preset."""
     assert main(["bench", "switch-window", "--dp", "2", "--tp", "1", "--steps", "3", "--warmup", "1",
                  "--rollout-s", "3", "--topology", "hgx-h200-8x", "--policy", "destroy_deferred"]) == 0
@@ -40,5 +40,5 @@ def test_sim_list_marks_the_calibrated_presets_with_what_they_were_fitted_on(cap
     assert {line.split()[0] for line in lines} == set(list_calibrated())
     for line in lines:
         assert line.split(None, 1)[1].startswith("fitted on NCCL communicator costs on") and "2 x H200" in line
-        assert "bench/" not in line and "seeds/" not in line and "wave" not in line and ".json" not in line
+        assert "bench/" not in line and "seeds/" not in line and "h200x2-" not in line and ".json" not in line
     assert "(plan and bench use calibrated/hgx-h200-8x for it)" in out

@@ -1,8 +1,8 @@
-"""The destroy walks of the 2 x H200 records: the proxy-poll rule replayed group by group on wave2's mesh walk, the
-walks that ended one poll period late, the destroy-walk probe records of wave3 (the poll phase spread is fitted on
+"""The destroy walks of the 2 x H200 records: the proxy-poll rule replayed group by group on the lazy-wake record's mesh walk, the
+walks that ended one poll period late, the destroy-walk probe records of the walk-probes record (the poll phase spread is fitted on
 them) and NCCL's own log of its UDS proxy threads (issues 11 and 12).
 
-Nothing of the wave2 record is in the calibrated presets' fit set; these tests read it, fit nothing.
+Nothing of the lazy-wake record is in the calibrated presets' fit set; these tests read it, fit nothing.
 """
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from sim.calibrate.destroy_walks import (WalkRecordError, init_passes, main, mes
 from sim.presets import load_preset_data
 
 ROOT = Path(__file__).resolve().parents[2]
-WAVE2 = ROOT / "bench" / "results" / "2026-11-30-h200x2-wave2" / "multigpu-2026-11-30-nvidia-h200x2.json"
+LAZY_WAKE = ROOT / "bench" / "results" / "2026-11-30-h200x2-lazy-wake" / "multigpu-2026-11-30-nvidia-h200x2.json"
 PRESET = "calibrated/hgx-h200-8x"
 
 
 @pytest.fixture(scope="module")
-def wave2() -> dict:
-    return json.loads(WAVE2.read_text())
+def lazy_wake() -> dict:
+    return json.loads(LAZY_WAKE.read_text())
 
 
-def test_wave2_is_outside_the_fit_set():
-    assert "h200x2-wave2" not in json.dumps(load_preset_data(PRESET))
+def test_lazy_wake_is_outside_the_fit_set():
+    assert "h200x2-lazy-wake" not in json.dumps(load_preset_data(PRESET))
 
 
 def test_replay_waits_for_each_communicators_own_poll_timeout():
@@ -42,10 +42,10 @@ def test_replay_waits_for_each_communicators_own_poll_timeout():
     assert [d.predicted for d in got] == pytest.approx([0.41, 0.002, 0.098])
 
 
-def test_the_proxy_poll_rule_predicts_every_destroy_of_the_measured_mesh_walk(wave2):
+def test_the_proxy_poll_rule_predicts_every_destroy_of_the_measured_mesh_walk(lazy_wake):
     """28 destroys (14 groups on each of 2 ranks) as the lifecycle walks them, first used one after the other:
     each within 25 ms with the preset's constants (fitted on the commsplit probe), each walk within 1%."""
-    replay = replay_record(wave2, PRESET)
+    replay = replay_record(lazy_wake, PRESET)
     members = [d for d in replay if d.member]
     assert len(members) == 28 and {d.size for d in members} == {1, 2}
     assert max(abs(d.predicted - d.measured) for d in members) < 0.025
@@ -58,11 +58,11 @@ def test_the_proxy_poll_rule_predicts_every_destroy_of_the_measured_mesh_walk(wa
                                                                                                      abs=0.005)
 
 
-def test_suspend_planned_sync_walk_ends_one_poll_period_later_than_the_pause_walks(wave2):
+def test_suspend_planned_sync_walk_ends_one_poll_period_later_than_the_pause_walks(lazy_wake):
     """The same 14 groups, initialised by the training step right before the pause, destroyed in the same order:
     DESTROY_DEFERRED's pause walk ends 3 poll periods (1.51 s) after the pause in every steady step,
     SUSPEND_PLANNED's weight-sync walk 4 (2.01 s) in every step; the lazy variant's pause walk (13 groups) 3 or 4."""
-    tw = training_walks(walks_from_spans(wave2, str(WAVE2)))
+    tw = training_walks(walks_from_spans(lazy_wake, str(LAZY_WAKE)))
     periods = {k: [math.floor(a / 0.5) for s, a in v if s >= 1] for k, v in tw.items()}
     assert periods[("DESTROY_DEFERRED", "sleep")] == [3, 3, 3]
     assert periods[("SUSPEND_PLANNED", "update_weights")] == [4, 4, 4]
@@ -72,12 +72,12 @@ def test_suspend_planned_sync_walk_ends_one_poll_period_later_than_the_pause_wal
     assert min(sp) - max(dd) == pytest.approx(0.5, abs=0.01)
 
 
-def test_the_weight_syncs_collective_does_not_restart_the_synced_groups_poll(wave2):
+def test_the_weight_syncs_collective_does_not_restart_the_synced_groups_poll(lazy_wake):
     """The lazy variant's sync walk destroys only the sync's own group, right after the sync's collective on it:
     it ends 0.08-0.09 s after the sync started (the group's timeout, 2 periods after its training init), where a poll
     restarted by that collective would hold the destroy ~0.5 s. So the extra period of SUSPEND_PLANNED's sync walk is
     not the sync's collective on that group."""
-    lazy = [w for w in walks_from_spans(wave2) if w.policy == "SUSPEND_PLANNED_LAZY" and w.phase == "update_weights"
+    lazy = [w for w in walks_from_spans(lazy_wake) if w.policy == "SUSPEND_PLANNED_LAZY" and w.phase == "update_weights"
             and not w.rebuilt_first]
     assert len(lazy) == 6 and all(0.05 < w.after_sync_start < 0.15 for w in lazy)
 
@@ -93,7 +93,7 @@ def test_missing_sections_are_named(tmp_path, capsys):
 
 
 def test_command_prints_the_walks_and_the_replay(capsys):
-    assert main([str(WAVE2)]) == 0
+    assert main([str(LAZY_WAKE)]) == 0
     out = capsys.readouterr().out
     assert "SUSPEND_PLANNED       update_weights  step 1: 2.014 s (4)" in out
     assert "rank 0: walk 1.5082 s measured, 1.5132 s predicted" in out
@@ -131,7 +131,7 @@ def test_command_takes_several_records(tmp_path, capsys):
     assert capsys.readouterr().out.count("DESTROY_DEFERRED (weight sync collective: none)") == 2
 
 
-PROBES = ROOT / "bench" / "results" / "2026-11-30-h200x2-wave3" / "destroy-walk"
+PROBES = ROOT / "bench" / "results" / "2026-11-30-h200x2-walk-probes" / "destroy-walk"
 
 
 def _probe(policy: str, sync: str) -> dict:
@@ -149,9 +149,9 @@ def _walk_lengths(rec: dict) -> list[float]:
     return out
 
 
-def test_wave3_probe_suspend_planned_walks_end_on_time_and_destroy_deferred_once_late():
-    """wave3 (2 x H200, 15:08 UTC): SUSPEND_PLANNED's walk over the 14 groups after the weight sync took 3 poll
-    periods in every step, with and without the sync's collective (the wave and wave2 records: 4 in every step);
+def test_walk_probes_suspend_planned_walks_end_on_time_and_destroy_deferred_once_late():
+    """The walk-probes record (2 x H200, 15:08 UTC): SUSPEND_PLANNED's walk over the 14 groups after the weight sync took 3 poll
+    periods in every step, with and without the sync's collective (the all-policies and lazy-wake records: 4 in every step);
     DESTROY_DEFERRED's pause walk one period more in one of six steps. The same walk, late in some runs and steps."""
     for sync in ("tp", "none"):
         sp = _walk_lengths(_probe("suspend_planned", sync))

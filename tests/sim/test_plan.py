@@ -195,7 +195,7 @@ def test_one_gpu_store_switch_is_within_10_percent_of_the_h200_measurement():
 
 
 def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
-    # the 2 x H200 measurement the calibrated preset was not fitted on (bench/results/2026-11-30-h200x2-wave, every
+    # the 2 x H200 measurement the calibrated preset was not fitted on (bench/results/2026-11-30-h200x2-all-policies, every
     # PGPolicy): 14 NCCL groups per rank (mesh_groups(2, 1)), cooldown 2 s, rollout 3 s, 4 steps, the first 2 left
     # out; sleep + update + wake per policy
     from pathlib import Path
@@ -203,7 +203,7 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     from sim.planner.plan_model import GpuSpec
     from sim.calibrate.switch_window import mesh_groups
 
-    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-wave"
+    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-all-policies"
                          / "multigpu-2026-11-30-nvidia-h200x2.json").read_text())["switch_window"]
     st = report["settings"]
     assert (st["dp"], st["tp"], st["train_s"]) == (2, 1, 0.0)

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-REC = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-wave/loop/rl1_alloc/rl_step_1.json"
+REC = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-all-policies/loop/rl1_alloc/rl_step_1.json"
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +43,21 @@ def test_the_command_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert out.count("| PAUSED_LIVE |") == 2 and "switch_cost_s" in out
     assert main([str(REC), "--fwd-bwd-share", "2"]) == 2
+
+
+def test_the_current_step_hides_the_lifecycle_under_the_copies():
+    """The RL step as it runs now (the sync needs none of the lifecycle's groups, destroys wake the NCCL proxy,
+    rebuilt groups warmed in the resume off the sequential mode): the overlapped switch of a policy that frees the
+    NCCL memory costs about the copies; the sequential one still pays the lazy init at the first use."""
+    from sim.calibrate.switch_modes import predict_modes
+
+    rec = json.loads(REC.read_text())
+    rec.update(sync_needs_no_group=True, wake_proxies=True)
+    rows = {(r["policy"], r["mode"]): r for r in predict_modes(rec, policies=("DESTROY_DEFERRED", "SUSPEND_PLANNED"))}
+    for policy in ("DESTROY_DEFERRED", "SUSPEND_PLANNED"):
+        seq, ovl = rows[(policy, "sequential")], rows[(policy, "overlapped")]
+        assert seq["first_use_extra_s"] > 0.005 and ovl["first_use_extra_s"] < 1e-6
+        assert ovl["switch_cost_x_copy_time"] <= 1.1
+    old = {(r["policy"], r["mode"]): r for r in predict_modes(json.loads(REC.read_text()),
+                                                               policies=("DESTROY_DEFERRED",))}
+    assert rows[("DESTROY_DEFERRED", "sequential")]["offload_s"] < old[("DESTROY_DEFERRED", "sequential")]["offload_s"] - 0.2

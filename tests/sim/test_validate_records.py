@@ -6,9 +6,9 @@ Fit set (``timeshare sim calibrate``): one-rank communicator costs of H200 run 1
 ``--canary-from``), group creation, first collective and destroy of the commsplit
 probe, the scrub probe of run 7, the agreement probe and the destroy-walk probes
 (the poll phase spread and the late-walk rate). Validation set (``timeshare sim
-validate``, blind: no part of a validated file is in the fit set): the wave
-record (every PGPolicy), wave2, wave3, the held-out wave4 and wave5, the stock-NCCL
-wave record (switch window and dedup), the lazy lifecycle-bind record, and the
+validate``, blind: no part of a validated file is in the fit set): the all-policies
+record (every PGPolicy), lazy-wake, walk-probes, the held-out switch-8-steps and parallel-walks, the stock-NCCL
+all-policies record (switch window and dedup), the lazy lifecycle-bind record, and the
 store's offload/reload of runs 6 (back to back) and 9 (held out: reload right
 after another role freed 40 GB).
 """
@@ -36,31 +36,32 @@ SPLIT = [RESULTS / "2026-11-30-h200x2-commsplit" / f"2026-11-30-h200x2-comm-spli
 MULTIGPU = RESULTS / "2026-11-30-h200x2-multigpu" / "multigpu-2026-11-30-nvidia-h200x2.json"
 #: the 2 x H200 record of 13:27-13:45 UTC (NCCL 2.32.3): every PGPolicy's switch window (validated), comm_raw with
 #: the split fields (fitted); and its stock-NCCL run (switch window without the suspending policies, dedup)
-WAVE = RESULTS / "2026-11-30-h200x2-wave" / "multigpu-2026-11-30-nvidia-h200x2.json"
-WAVE_STOCK = RESULTS / "2026-11-30-h200x2-wave" / "stock-nccl" / "multigpu-2026-11-30-nvidia-h200x2.json"
+ALL_POLICIES = RESULTS / "2026-11-30-h200x2-all-policies" / "multigpu-2026-11-30-nvidia-h200x2.json"
+STOCK = RESULTS / "2026-11-30-h200x2-all-policies" / "stock-nccl" / "multigpu-2026-11-30-nvidia-h200x2.json"
 #: the 2 x H200 record of 14:00 UTC (NCCL 2.32.3, lazy wake): DESTROY_DEFERRED, PAUSED_LIVE, SUSPEND_PLANNED and its
 #: lazy variant, every lifecycle span, comm_raw.mesh_walk; nothing of it is in the fit set
-WAVE2 = RESULTS / "2026-11-30-h200x2-wave2" / "multigpu-2026-11-30-nvidia-h200x2.json"
-WAVE3 = RESULTS / "2026-11-30-h200x2-wave3"
+LAZY_WAKE = RESULTS / "2026-11-30-h200x2-lazy-wake" / "multigpu-2026-11-30-nvidia-h200x2.json"
+WALK_PROBES = RESULTS / "2026-11-30-h200x2-walk-probes"
 #: bench/agreement_probe.py on the 2 x H200 host: one lifecycle agreement on the Gloo control group
-AGREEMENT = WAVE3 / "agreement-2026-11-30-h200x2-host.json"
+AGREEMENT = WALK_PROBES / "agreement-2026-11-30-h200x2-host.json"
 #: bench/gpu/destroy_walk_probe.py on 2 x H200 (NCCL 2.32.3): every destroy and collective of 6 steps of
 #: SUSPEND_PLANNED and DESTROY_DEFERRED, with and without the weight sync's collective; gives the poll phase spread
-PROBES = sorted((WAVE3 / "destroy-walk").glob("destroy-walk-*.json"))
+PROBES = sorted((WALK_PROBES / "destroy-walk").glob("destroy-walk-*.json"))
 #: the 2 x H200 record of 15:12 UTC (main at 7e3982b): DESTROY_DEFERRED, PAUSED_LIVE, SUSPEND_PLANNED and its lazy
 #: variant; nothing of it is in the fit set
-WAVE3_SWITCH = WAVE3 / "multigpu-2026-11-30-nvidia-h200x2.json"
+PROBES_SWITCH = WALK_PROBES / "multigpu-2026-11-30-nvidia-h200x2.json"
 FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB, AGREEMENT, *PROBES]
 #: whose SUSPEND wake_up gives the canary after resume (needs a base of 2 GPUs or more)
-CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "h200-1x": []}
+CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "hgx-h20-8x": [MULTIGPU], "h200-1x": []}
 OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
 
 
-@pytest.mark.parametrize("base", ["hgx-h200-8x", "h200-1x"])
-def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path):
+@pytest.mark.parametrize("base", ["hgx-h200-8x", "hgx-h20-8x", "h200-1x"])
+def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path, capsys):
     out = tmp_path / "p.json"
     canary = [a for p in CANARY_FROM[base] for a in ("--canary-from", str(p))]
     assert main(["sim", "calibrate", *map(str, FIT_SET), *canary, "--base", base, "--out", str(out)]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 100  # a table of 100 columns
     assert json.loads(out.read_text()) == json.loads((PRESET_DIR / "calibrated" / f"{base}.json").read_text())
 
 
@@ -135,9 +136,9 @@ def test_validate_refuses_records_of_the_fit_set(capsys, tmp_path):
 def test_calibrate_refuses_the_held_out_records(tmp_path, capsys):
     from sim.calibrate.records import HELD_OUT, held_out
 
-    assert held_out(str(WAVE5.relative_to(ROOT))) and not held_out(str(WAVE3_SWITCH.relative_to(ROOT)))
+    assert held_out(str(PARALLEL_WALKS.relative_to(ROOT))) and not held_out(str(PROBES_SWITCH.relative_to(ROOT)))
     assert any("run9" in d for d in HELD_OUT)
-    assert main(["sim", "calibrate", *map(str, FIT_SET), str(WAVE5), "--out", str(tmp_path / "p.json")]) == 2
+    assert main(["sim", "calibrate", *map(str, FIT_SET), str(PARALLEL_WALKS), "--out", str(tmp_path / "p.json")]) == 2
     assert "held out" in capsys.readouterr().err
 
 
@@ -193,11 +194,11 @@ def _long(rows):
     return {r.what: r for r in rows if not r.short}
 
 
-def test_every_policy_of_the_wave_record_blind():
-    """The 2 x H200 wave record (every PGPolicy, NCCL 2.32.3), no part of it fitted: every figure of 0.1 s and more
+def test_every_policy_of_the_all_policies_record_blind():
+    """The 2 x H200 all-policies record (every PGPolicy, NCCL 2.32.3), no part of it fitted: every figure of 0.1 s and more
     within 15% but SUSPEND_PLANNED's, whose walk over the groups just initialised was a poll period late in both
     steps: its mean lies inside the predicted range (on time to late in every step), 22% over the expectation."""
-    rows, facts = validate_switch_window(load_record(WAVE), "calibrated/hgx-h200-8x")
+    rows, facts = validate_switch_window(load_record(ALL_POLICIES), "calibrated/hgx-h200-8x")
     assert facts["predicted_order"] == facts["measured_order"] == [
         "PAUSED_LIVE", "SUSPEND_PLANNED", "DESTROY_DEFERRED", "DESTROY", "SUSPEND"]
     assert facts["ranked_by"] == "window"  # this record did not time the first collectives after the wake
@@ -222,8 +223,8 @@ def test_a_late_walk_is_predicted_from_the_fit_records_not_from_the_validated_on
     fitted on the probe records (0.125) of a period, whatever the validated record measured; and a phase the model
     does not mark (DESTROY_DEFERRED's weight sync, a destroy right after its group's init) half a second slower is
     outside. Before, the correction counted the late steps of the validated record itself."""
-    rows, _ = validate_switch_window(load_record(WAVE3_SWITCH), "calibrated/hgx-h200-8x")
-    raw = json.loads(WAVE3_SWITCH.read_text())
+    rows, _ = validate_switch_window(load_record(PROBES_SWITCH), "calibrated/hgx-h200-8x")
+    raw = json.loads(PROBES_SWITCH.read_text())
     for r in raw["switch_window"]["results"]:
         if r["policy"] == "SUSPEND_PLANNED":  # as if its walk had been late in both steps
             r["update_weights"] += 0.5
@@ -243,31 +244,31 @@ def test_a_late_walk_is_predicted_from_the_fit_records_not_from_the_validated_on
     assert "rate fitted on probe records" in by["SUSPEND_PLANNED update_weights"].note
 
 
-def test_wave2_and_wave3_switch_costs_and_rankings():
-    """wave2 and wave3 timed the first collectives after the wake: the switch cost (window + the first use's extra)
-    is compared and ranks the policies. wave3 (every walk on time): every switch cost within 6%, ranking equal.
-    wave2 (SUSPEND_PLANNED's walk late in both steps): its switch cost 15.5% under, and ranked before its lazy
+def test_lazy_wake_and_walk_probes_switch_costs_and_rankings():
+    """lazy-wake and walk-probes timed the first collectives after the wake: the switch cost (window + the first use's extra)
+    is compared and ranks the policies. walk-probes (every walk on time): every switch cost within 6%, ranking equal.
+    lazy-wake (SUSPEND_PLANNED's walk late in both steps): its switch cost 15.5% under, and ranked before its lazy
     variant where the measurement put it after."""
-    rows, facts = validate_switch_window(load_record(WAVE3_SWITCH), "calibrated/hgx-h200-8x")
+    rows, facts = validate_switch_window(load_record(PROBES_SWITCH), "calibrated/hgx-h200-8x")
     by = _long(rows)
     assert facts["ranked_by"] == "switch cost" and facts["measured_order"] == facts["predicted_order"]
     costs = {w: r for w, r in by.items() if w.endswith("switch cost")}
     assert len(costs) == 3 and all(abs(r.rel_error) < 0.06 for r in costs.values())
     assert by["SUSPEND_PLANNED switch cost"].measured == pytest.approx(1.515 + 1.257 - 0.010, abs=0.005)
-    rows, facts = validate_switch_window(load_record(WAVE2), "calibrated/hgx-h200-8x")
+    rows, facts = validate_switch_window(load_record(LAZY_WAKE), "calibrated/hgx-h200-8x")
     assert facts["measured_order"] == ["PAUSED_LIVE", "SUSPEND_PLANNED_LAZY", "SUSPEND_PLANNED", "DESTROY_DEFERRED"]
     assert facts["predicted_order"] == ["PAUSED_LIVE", "SUSPEND_PLANNED", "SUSPEND_PLANNED_LAZY", "DESTROY_DEFERRED"]
     assert _long(rows)["SUSPEND_PLANNED switch cost"].rel_error == pytest.approx(-0.155, abs=0.01)
 
 
-WAVE4 = RESULTS / "2026-11-30-h200x2-wave4" / "multigpu-2026-11-30-nvidia-h200x2.json"
-WAVE5 = RESULTS / "2026-11-30-h200x2-wave5" / "multigpu-2026-11-30-nvidia-h200x2.json"
+EIGHT_STEPS = RESULTS / "2026-11-30-h200x2-switch-8-steps" / "multigpu-2026-11-30-nvidia-h200x2.json"
+PARALLEL_WALKS = RESULTS / "2026-11-30-h200x2-parallel-walks" / "multigpu-2026-11-30-nvidia-h200x2.json"
 
 
-def test_the_held_out_parallel_walks_of_wave5():
-    """wave5 (held out): every figure of 0.1 s and more within 15%, ranking by switch cost equal; SUSPEND_PLANNED_PARALLEL
+def test_the_held_out_parallel_walks():
+    """parallel-walks (held out): every figure of 0.1 s and more within 15%, ranking by switch cost equal; SUSPEND_PLANNED_PARALLEL
     costs 1.74 s measured (0.33 x DESTROY_DEFERRED's 5.27 s), 1.76 s predicted."""
-    rows, facts = validate_switch_window(load_record(WAVE5), "calibrated/hgx-h200-8x")
+    rows, facts = validate_switch_window(load_record(PARALLEL_WALKS), "calibrated/hgx-h200-8x")
     by = _long(rows)
     assert all(r.ok for r in by.values()), [f"{w} {r.rel_error:+.1%}" for w, r in by.items() if not r.ok]
     assert facts["measured_order"] == facts["predicted_order"] == [
@@ -277,19 +278,19 @@ def test_the_held_out_parallel_walks_of_wave5():
     assert cost.measured / by["DESTROY_DEFERRED switch cost"].measured == pytest.approx(0.33, abs=0.005)
 
 
-def test_wave4_held_out_the_lazy_sync_walk_not():
-    """wave4 (held out, six measured steps): every figure of 0.1 s and more within 15% but the lazy variant's sync
+def test_switch_8_steps_held_out_the_lazy_sync_walk_not():
+    """switch-8-steps (held out, six measured steps): every figure of 0.1 s and more within 15% but the lazy variant's sync
     walk (one destroy, of the sync group, whose wait is the spacing between its init and the others': 0.208 s
     against 0.165 s) and its window (-15.3%)."""
-    rows, facts = validate_switch_window(load_record(WAVE4), "calibrated/hgx-h200-8x")
+    rows, facts = validate_switch_window(load_record(EIGHT_STEPS), "calibrated/hgx-h200-8x")
     by = _long(rows)
     assert {w for w, r in by.items() if not r.ok} == {"SUSPEND_PLANNED_LAZY update_weights", "SUSPEND_PLANNED_LAZY window"}
     assert facts["measured_order"] == facts["predicted_order"]
 
 
 def test_the_stock_nccl_record():
-    """The wave's stock-NCCL run (no suspend): every figure of 0.1 s and more within 15%, ranking equal."""
-    rows, facts = validate_switch_window(load_record(WAVE_STOCK), "calibrated/hgx-h200-8x")
+    """The all-policies record's stock-NCCL run (no suspend): every figure of 0.1 s and more within 15%, ranking equal."""
+    rows, facts = validate_switch_window(load_record(STOCK), "calibrated/hgx-h200-8x")
     assert facts["predicted_order"] == facts["measured_order"] and len(rows) == 12
     assert all(r.ok for r in _long(rows).values())
 
@@ -300,12 +301,13 @@ def test_validate_cli_prints_predicted_against_measured_and_fails_outside_tolera
     assert "DESTROY wake_up" in out and "OUTSIDE" in out and "predicted PAUSED_LIVE < DESTROY_DEFERRED" in out
     assert "bound to a device" in out  # the transcribed table's run initialised NCCL eagerly
     assert "score: >= 0.1 s: " in out and "; < 0.1 s: " in out
+    assert max(len(line) for line in out.splitlines()) <= 100 and "measured (s)" in out  # one table library
     # a tolerance wide enough for every figure passes
     assert main(["sim", "validate", str(TWO_GPU), "--tolerance", "1.0"]) == 0
 
 
 def test_validate_scores_the_held_out_records_apart(capsys):
-    assert main(["sim", "validate", str(WAVE3_SWITCH), str(WAVE5), "--no-dedup"]) == 1
+    assert main(["sim", "validate", str(PROBES_SWITCH), str(PARALLEL_WALKS), "--no-dedup"]) == 1
     out = capsys.readouterr().out
     assert out.count("(same)") == 2
     assert "held-out records (no calibration read them): >= 0.1 s: 14 of 14 within tolerance" in out
@@ -351,7 +353,7 @@ def test_dedup_reload_of_the_two_gpu_record_within_10_percent():
     from bench.validate import validate_dedup
     from bench.validate_dedup import predict_dedup
 
-    rec = load_record(WAVE_STOCK)
+    rec = load_record(STOCK)
     rows = validate_dedup(rec, "calibrated/hgx-h200-8x", "calibrated/h200-1x")
     assert [r.what for r in rows] == ["dedup g=2 local reload", "dedup g=2 dedup reload", "dedup g=2 one_gather reload"]
     assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.1%}" for r in rows]

@@ -1,6 +1,7 @@
 """The client tests on a real GPU with NCCL (one rank: the world one GPU allows), no device shim:
 torch DDP in both ``gradient_as_bucket_view`` modes and Megatron-core (distributed optimizer and not,
-dense and MoE with its all-to-all dispatcher on EP=1), bitwise equal to training without offload."""
+dense and MoE with its all-to-all dispatcher on EP=1), bitwise equal to training without offload, and
+Megatron's process groups through the lifecycle (destroyed and rebuilt on NCCL)."""
 import pytest
 import torch
 
@@ -47,3 +48,18 @@ def test_megatron_on_cuda_nccl_bitwise():
     for case, r in out.items():
         assert r["n"] > 20 and r["parked"], case
         assert r["losses"] and r["diffs"] == [], f"{case}: {r['diffs']} differ from the run without offload"
+
+
+def _megatron_groups(rank, world_size):
+    from tests.store.test_clients_megatron_groups import lifecycle_rank
+
+    return lifecycle_rank(rank, world_size, 1, "cuda")
+
+
+@needs_megatron
+def test_megatron_groups_through_the_lifecycle_on_cuda_nccl():
+    """Megatron's groups destroyed and rebuilt by the lifecycle on NCCL, where a destroyed communicator
+    no longer works: training after each wake is bitwise the run without the lifecycle."""
+    from tests.store.test_clients_megatron_groups import check_lifecycle
+
+    check_lifecycle(run_distributed(_megatron_groups, 1, backend="nccl", timeout=500))

@@ -38,10 +38,13 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import torch
 
+from refimpl.arguments import ArgumentTypeError, expect_name
 from refimpl.runtime.base import CopyKind
+from refimpl.store.arguments import check_optimizer
+from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
-from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
+from refimpl.store.parking import ViewPlace, park_views, repoint_views
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +95,16 @@ class DDPClient:
     """A DDP model (and optionally its optimizer) attached to ``store``; made by :func:`attach_ddp`."""
 
     def __init__(self, store: Any, ddp: Any, optimizer: Any = None, name: str = "model") -> None:
+        call = "attach_ddp(store, ddp, optimizer, name)"
+        check_store(store, call)
         module = getattr(ddp, "module", None)
         if not isinstance(module, torch.nn.Module) or not hasattr(ddp, "gradient_as_bucket_view"):
-            raise TypeError(f"attach_ddp expects a torch DistributedDataParallel, got {type(ddp).__name__}")
+            hint = ("; wrap it in DistributedDataParallel first, or attach a plain model with store.attach_module"
+                    if isinstance(ddp, torch.nn.Module) else "")
+            raise ArgumentTypeError(
+                f"{call}: ddp must be a torch DistributedDataParallel, got {type(ddp).__name__}{hint}")
+        check_optimizer(optimizer, call, optional=True)
+        expect_name(name, call, "name")
         self.store, self.ddp, self.module, self.name = store, ddp, module, name
         self.bucket_view = bool(ddp.gradient_as_bucket_view)
         self._buckets: list[_Bucket] = []
@@ -166,12 +176,9 @@ class DDPClient:
             if not drop_grads:
                 b.host = rt.alloc_host(b.nbytes, torch.uint8, tag="ddp.bucket")
                 await rt.copy_async(b.host, _bytes(b.storage), CopyKind.D2H)
-        with torch.no_grad():
-            for b in buckets:
-                for v in b.views:
-                    st, _ = placeholder(v.tensor.device, v.tensor.dtype)
-                    repoint_tensor(v.tensor, st, 0, v.size, zero_strides(len(v.size)))
-                rt.release(_bytes(b.storage))
+        for b in buckets:
+            park_views(v.tensor for v in b.views)
+            rt.release(_bytes(b.storage))
         self._buckets = buckets
         logger.debug("%s: released %d DDP bucket storages in place (%d bytes)", self.name, len(buckets),
                      sum(b.nbytes for b in buckets))
@@ -187,9 +194,7 @@ class DDPClient:
                 await rt.copy_async(flat, b.host, CopyKind.H2D)
                 rt.free_host(b.host)
                 b.host = None
-            with torch.no_grad():
-                for v in b.views:
-                    repoint_tensor(v.tensor, b.storage, v.offset, v.size, v.stride)
+            repoint_views(ViewPlace(v.tensor, b.storage, v.offset, v.size, v.stride) for v in b.views)
         self._buckets = []
 
 

@@ -48,10 +48,12 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import torch
 
+from refimpl.arguments import expect_name
+from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.dedup import DedupConfig
 from refimpl.store.errors import StoreError
-from refimpl.store.parking import placeholder, repoint_tensor, zero_strides
+from refimpl.store.parking import ViewPlace, park_views, repoint_views
 from refimpl.store.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 
 logger = logging.getLogger(__name__)
@@ -230,6 +232,8 @@ class MegatronClient:
     """A Megatron-core model and optimizer attached to a store; made by :func:`attach_megatron`."""
 
     def __init__(self, store: Any, model: Any, optimizer: Any = None, name: str = "megatron") -> None:
+        check_store(store, "attach_megatron(store, model, optimizer, name)")
+        expect_name(name, "attach_megatron(store, model, optimizer, name)", "name")
         self.store, self.name = store, name
         self.state = MegatronState(model, optimizer, name)
         self._plan: _Plan | None = None
@@ -336,16 +340,13 @@ def _buffer_params(buffer: Any) -> list[Any]:
 
 
 def _park(views: list[_View]) -> None:
-    with torch.no_grad():
-        for v in views:
-            st, _ = placeholder(v.tensor.device, v.tensor.dtype)
-            repoint_tensor(v.tensor, st, 0, v.size, zero_strides(len(v.size)))
+    park_views(v.tensor for v in views)
 
 
 def _repoint(views: list[_View]) -> None:
-    with torch.no_grad():
-        for v in views:
-            repoint_tensor(v.tensor, v.base.untyped_storage(), v.base.storage_offset() + v.offset, v.size, v.stride)
+    # the base is where the store put it (a view of its flat buffer after a reload): read it now
+    repoint_views(ViewPlace(v.tensor, v.base.untyped_storage(), v.base.storage_offset() + v.offset, v.size, v.stride)
+                  for v in views)
 
 
 def megatron_replica_policy(rt: Any, model: Any, optimizer: Any = None, name: str = "megatron") -> ReplicaPolicy:
