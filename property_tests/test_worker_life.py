@@ -72,13 +72,9 @@ class ArmedFaults:
     def __init__(self):
         self.armed: tuple[int, str, str] | None = None
         self.fired: list[tuple[int, str, str]] = []
-        # store points fire only inside the lifecycle's agreed pause (see [Known limitation] below)
-        self.store_points_live = False
 
     def on_point(self, rank, name):
         if self.armed is None or (rank, name) != self.armed[:2]:
-            return None
-        if not name.startswith("lifecycle.") and not self.store_points_live:
             return None
         kind = self.armed[2]
         self.fired.append(self.armed)
@@ -225,11 +221,7 @@ class WorkerLife(RuleBasedStateMachine):
         async def fn(rt, r):
             return await r["lc"].pause(lambda: r["store"].offload_async(), policy=policy)
 
-        self.faults.store_points_live = True
-        try:
-            self._run("pause", fn)
-        finally:
-            self.faults.store_points_live = False
+        self._run("pause", fn)
         self.phase, self.offloaded_once = "paused", True
 
     @precondition(lambda self: self._healthy() and self.phase == "paused")
@@ -316,17 +308,7 @@ class WorkerLife(RuleBasedStateMachine):
         self.recovered = True
 
         offloaded = [any(self.ranks[r]["store"].is_offloaded(c) for c in ALL) for r in range(self.n)]
-        if len(set(offloaded)) > 1:
-            # [Known limitation] an offload that failed on some ranks but completed on their replica peers
-            # leaves local_dedup split: the peers hold 1/N slices, the failed ranks their whole state on the
-            # device, and a reload on the peers waits in an all-gather the others never join (the store
-            # does not agree on an offload's outcome; the lifecycle agrees only on its own steps). Checked
-            # here: the ranks that kept their state on the device still have every byte.
-            event("split offload across a replica group (known limitation)")
-            for rank in (r for r in range(self.n) if not offloaded[r]):
-                for name, t in self.ranks[rank]["tensors"].items():
-                    assert torch.equal(t, self._expected(rank, *_split(name), self.step)), f"rank {rank}: {name}"
-            return
+        assert len(set(offloaded)) == 1, f"an offload or reload ended differently on the ranks: {offloaded}"
 
         async def fn(rt, r):
             store = r["store"]

@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -34,12 +34,14 @@ from sim.models.allocator import RankAllocator
 from sim.kernel.engine import Crash, Process, SimFuture, Timeout
 from sim.kernel.errors import SimUsageError
 from sim.models.model_protocols import FaultAction, FaultKind
+from refimpl.runtime.votes import Ballot, Verdict
 from sim.rendezvous import CREATE_SEQ, HangBlocker, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.kernel.engine import Engine
     from sim.models.model_protocols import CommModel, FaultHooks, MemoryModel, Transport
     from sim.rendezvous import Rendezvous
+    from sim.votes import VoteBox
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class RankHost(Protocol):
     faults: "FaultHooks | None"
     comm: "CommModel"
     rendezvous: "Rendezvous"
+    votes: "VoteBox"
 
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
         """``spec`` with its backend filled in."""
@@ -470,6 +473,31 @@ class SimRuntime(Runtime):
         """Return once every member has entered the barrier."""
         rg = self._collective_group(group, "barrier")
         await self._collective(rg, "barrier", ("barrier",), "barrier()", None, 0, timeout_s)
+
+    # ---- votes and arrivals -------------------------------------------------
+
+    async def vote(self, key: str, ranks: Sequence[int], point: str, code: int = 0, marks: Iterable[int] = (), *,
+                   timeout_s: float, wait: bool = True) -> Verdict | None:
+        """Cast a ballot in the world's :class:`sim.votes.VoteBox`; see :meth:`Runtime.vote`."""
+        ranks = tuple(ranks)
+        if self.rank not in ranks:
+            raise GroupError(f"rank {self.rank}: vote {key!r} among ranks {ranks} it is not one of")
+        self.last_op = f"vote {key!r} at {point!r}"
+        box = self.world.votes
+        v = box.cast(key, ranks, Ballot(self.rank, point, code, frozenset(marks)), timeout_s)
+        if not wait:
+            return v.verdict
+        if v.verdict is None:
+            box.arm_timeout(v, self.rank, timeout_s)
+        return await v.future
+
+    def mark_arrival(self, group: str, point: str) -> None:
+        """Count this arrival (a counter in the world's vote box)."""
+        self.world.votes.mark(self._group(group).spec, point, self.rank)
+
+    def absent_ranks(self, group: str, point: str) -> tuple[int, ...] | None:
+        """Members whose count at ``point`` is below this rank's."""
+        return self.world.votes.absent(self._group(group).spec, point, self.rank)
 
     # ---- time, faults, spans ------------------------------------------------
 

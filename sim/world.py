@@ -38,6 +38,7 @@ from sim.models.model_protocols import (
 )
 from sim.rendezvous import Rendezvous
 from sim.runtime import SimRuntime
+from sim.votes import VoteBox
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class SimWorld:
             if bind is not None:
                 bind(self)
         self.rendezvous = Rendezvous(self)
+        self.votes = VoteBox(self)
         self.runtimes = [SimRuntime(self, r) for r in range(world_size)]
         world_spec = GroupSpec(WORLD, tuple(range(world_size)), backend=default_backend)
         for rt in self.runtimes:

@@ -22,6 +22,10 @@ import traceback
 from typing import Any, Callable, Sequence
 
 
+EXITED = "exited without reporting"
+"""The result of a rank in ``may_exit`` whose process ended without reporting."""
+
+
 class DistributedTestError(AssertionError):
     """A rank raised, or did not finish in time."""
 
@@ -68,10 +72,13 @@ def run_distributed(
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
     backend: str = "gloo",
+    may_exit: Sequence[int] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
 
     ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (tests/multigpu uses it); the default is Gloo on CPU.
+    ``may_exit``: ranks whose process may end without reporting (a test that kills a rank on purpose);
+    their result is :data:`EXITED`.
     """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -101,9 +108,12 @@ def run_distributed(
             try:
                 rank, ok, payload = queue.get(timeout=min(remaining, 1.0))
             except _q.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results and r not in errors]
-                for r in dead:
-                    errors[r] = f"process exited with code {procs[r].exitcode} without reporting"
+                gone = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in results and r not in errors]
+                for r in gone:
+                    if r in may_exit:
+                        results[r] = EXITED
+                    elif procs[r].exitcode != 0:
+                        errors[r] = f"process exited with code {procs[r].exitcode} without reporting"
                 continue
             (results if ok else errors)[rank] = payload
             if errors:

@@ -86,6 +86,8 @@ CASES = [
     ("offload-drop-grads-str", lambda: _store().offload(drop_grads="yes"), ArgumentTypeError,
      r"drop_grads must be True or False"),
     ("reload-include-float", lambda: _store().reload(include=3.0), ArgumentTypeError, r"include must be"),
+    ("reload-local-only-str", lambda: _store().reload(local_only="yes"), ArgumentTypeError,
+     r"local_only must be True or False"),
     ("offload-after-close", lambda: _closed().offload(), StoreClosedError,
      r"offload on a closed OffloadStore.*make a new OffloadStore"),
     ("reload-after-close", lambda: _closed().reload(), StoreClosedError, r"reload on a closed OffloadStore"),

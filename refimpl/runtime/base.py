@@ -30,166 +30,28 @@ Rules protocol code follows:
    never ``time.time()`` or ``time.sleep()`` (the simulator has no wall clock).
 5. Nothing under ``refimpl/`` except the runtime adapters imports
    ``torch.distributed`` or calls ``torch.cuda``; a test enforces it.
+6. An outcome every rank must share (did an offload commit on every rank, or
+   roll back on every rank) is settled by :meth:`Runtime.vote`, never read off
+   a collective with a timeout (see :mod:`refimpl.runtime.votes`).
 """
 from __future__ import annotations
 
 import abc
 import contextlib
-import enum
-import functools
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Coroutine, Generator, Iterator, Sequence, TypeVar
+from typing import Any, Awaitable, Coroutine, Generator, Iterable, Iterator, Sequence, TypeVar
 
 import torch
+
+from refimpl.runtime.types import (
+    AddressInUseError, CollectiveFailedError, CollectiveTimeoutError, CommMemory, CopyKind, CopyStats, GroupError,
+    GroupSpec, GroupSuspendedError, MemoryInfo, PinningError, ReduceOp, RuntimeSeamError,
+)
+from refimpl.runtime.votes import Ballot, Verdict, single_rank_verdict
 
 T = TypeVar("T")
 
 WORLD = "world"
 """Name of the group of all ranks; it exists from the start and is never destroyed."""
-
-
-class ReduceOp(enum.Enum):
-    """Reductions supported by :meth:`Runtime.all_reduce`."""
-
-    SUM = "sum"
-    MIN = "min"
-    MAX = "max"
-
-
-class CopyKind(enum.Enum):
-    """Direction of a :meth:`Runtime.copy_async`."""
-
-    D2H = "d2h"
-    H2D = "h2d"
-    D2D = "d2d"
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class RuntimeSeamError(RuntimeError):
-    """Base class of errors raised through the runtime seam."""
-
-
-class GroupError(RuntimeSeamError):
-    """A group operation was invalid: unknown name, duplicate, not a member, destroyed."""
-
-
-class GroupSuspendedError(GroupError):
-    """A collective was issued on a group whose communicator is suspended."""
-
-
-class CollectiveTimeoutError(RuntimeSeamError):
-    """A collective did not complete within its ``timeout_s``."""
-
-
-class CollectiveFailedError(RuntimeSeamError):
-    """A collective failed (NCCL error, peer gone, injected fault)."""
-
-
-class PinningError(RuntimeSeamError):
-    """Host memory could not be pinned (ulimit -l, out of memory, driver error)."""
-
-
-class AddressInUseError(RuntimeSeamError):
-    """A group rebuild failed because its rendezvous port is still in TIME_WAIT."""
-
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """Everything needed to (re)create a process group with the same arguments.
-
-    ``ranks`` are global ranks, sorted. ``backend`` is ``"nccl"``, ``"gloo"`` or
-    ``None`` for the runtime's default. ``generation`` counts rebuilds; each
-    generation uses a fresh store prefix so stale keys of an earlier one are
-    never read.
-    """
-
-    name: str
-    ranks: tuple[int, ...]
-    backend: str | None = None
-    timeout_s: float = 600.0
-    options: tuple[tuple[str, Any], ...] = ()
-    generation: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise GroupError("a group needs a non-empty name")
-        if len(set(self.ranks)) != len(self.ranks) or not self.ranks:
-            raise GroupError(f"group {self.name!r}: ranks must be distinct and non-empty, got {self.ranks}")
-        if tuple(sorted(self.ranks)) != self.ranks:
-            object.__setattr__(self, "ranks", tuple(sorted(self.ranks)))
-        if self.timeout_s <= 0:
-            raise GroupError(f"group {self.name!r}: timeout_s must be > 0, got {self.timeout_s}")
-
-    @property
-    def size(self) -> int:
-        """Number of ranks in the group."""
-        return len(self.ranks)
-
-    def group_rank(self, global_rank: int) -> int:
-        """Position of ``global_rank`` within this group."""
-        pos = self._positions.get(global_rank)
-        if pos is None:
-            raise GroupError(f"rank {global_rank} is not a member of group {self.name!r} {self.ranks}")
-        return pos
-
-    @functools.cached_property
-    def _positions(self) -> dict[int, int]:
-        # rank -> position, built on first use: ``ranks.index`` made every member's
-        # lookup O(size), so installing a 16,384-rank world group was O(n^2)
-        return {r: i for i, r in enumerate(self.ranks)}
-
-    @property
-    def store_prefix(self) -> str:
-        """``"<name>/gen<generation>"``: this generation's key prefix in the rendezvous store."""
-        return f"{self.name}/gen{self.generation}"
-
-
-@dataclass(frozen=True)
-class MemoryInfo:
-    """Device memory as the driver sees it (``cudaMemGetInfo``), in bytes."""
-
-    free: int
-    total: int
-
-    @property
-    def used(self) -> int:
-        """``total - free``: bytes in use on the device as the driver counts them (other processes' included)."""
-        return self.total - self.free
-
-
-@dataclass(frozen=True)
-class CommMemory:
-    """Memory a group's communicator holds on this rank, in bytes.
-
-    ``suspendable`` is what a suspend frees (``ncclStatGpuMemSuspend``);
-    ``persistent`` stays allocated while suspended.
-    """
-
-    suspendable: int = 0
-    persistent: int = 0
-
-
-@dataclass
-class CopyStats:
-    """Counts of copies issued through a runtime, by kind (for tests and benchmarks)."""
-
-    count: dict[CopyKind, int] = field(default_factory=lambda: {k: 0 for k in CopyKind})
-    bytes: dict[CopyKind, int] = field(default_factory=lambda: {k: 0 for k in CopyKind})
-
-    def record(self, kind: CopyKind, nbytes: int) -> None:
-        """Count one copy of ``kind`` and its ``nbytes``."""
-        self.count[kind] += 1
-        self.bytes[kind] += nbytes
-
-    @property
-    def host_copies(self) -> int:
-        """Number of copies that crossed to or from the host (D2H plus H2D)."""
-        return self.count[CopyKind.D2H] + self.count[CopyKind.H2D]
 
 
 # --------------------------------------------------------------------------- awaitables
@@ -419,6 +281,38 @@ class Runtime(abc.ABC):
     async def sleep(self, seconds: float) -> None:
         """Let ``seconds`` pass."""
 
+    # ---- votes and arrivals (refimpl.runtime.votes) --------------------------
+
+    async def vote(self, key: str, ranks: Sequence[int], point: str, code: int = 0, marks: Iterable[int] = (), *,
+                   timeout_s: float, wait: bool = True) -> Verdict | None:
+        """Cast this rank's ballot in the vote ``key`` among ``ranks`` and return the :class:`Verdict` every rank reads.
+
+        Settled by the last ballot in (complete) or by the first rank that waits ``timeout_s`` in vain (timed out,
+        naming the absent ranks); see :mod:`refimpl.runtime.votes`. ``wait=False``: cast and return at once (the
+        verdict if this ballot settled it, else None). The default serves a vote among this rank alone.
+        """
+        ballot = Ballot(self.rank, point, code, frozenset(marks))
+        if tuple(ranks) != (self.rank,):
+            raise GroupError(f"{type(self).__name__} cannot hold a vote among ranks {tuple(ranks)}")
+        return single_rank_verdict(key, ballot, timeout_s)
+
+    def vote_space(self, kind: str) -> str:
+        """A fresh key space for votes of ``kind`` (``"local_dedup"``): ``"<kind>.<n>"``, ``n`` counting this rank's
+        spaces of that kind (per runtime here; per process in TorchRuntime, whose vote store every runtime of the
+        process shares). Ranks that create them in the same order get the same names."""
+        counts = self.__dict__.setdefault("_vote_spaces", {})
+        n = counts[kind] = counts.get(kind, -1) + 1
+        return f"{kind}.{n}"
+
+    def mark_arrival(self, group: str, point: str) -> None:
+        """Note that this rank reached ``point`` on ``group`` (its current generation) once more, before a collective
+        whose timeout should name the members that never came (:meth:`absent_ranks`). Default: nothing."""
+
+    def absent_ranks(self, group: str, point: str) -> tuple[int, ...] | None:
+        """Members of ``group`` that reached ``point`` (this generation) fewer times than this rank, or None where the
+        runtime cannot tell (the default)."""
+        return None
+
     # ---- observability and fault points ------------------------------------
 
     async def point(self, name: str) -> None:
@@ -542,6 +436,8 @@ __all__ = [
     "ReduceOp",
     "Runtime",
     "RuntimeSeamError",
+    "Ballot",
+    "Verdict",
     "check_same_shape",
     "gather",
     "run_sync",

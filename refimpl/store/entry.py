@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from refimpl.store.config import Category
+from refimpl.store.guard import unguard
 
 
 def itemsize(dtype: torch.dtype) -> int:
@@ -63,6 +64,12 @@ class TensorRef:
             self._weak_dtensor = weakref.ref(self.dtensor) if self.dtensor is not None else None
             self.tensor = None
             self.dtensor = None
+
+    def unguard(self) -> None:
+        """Take the access guard off the tensor and its DTensor (see :mod:`refimpl.store.guard`)."""
+        unguard(self.tensor)
+        if self.dtensor is not None:
+            unguard(self.dtensor)
 
     def live(self) -> torch.Tensor | None:
         """The tensor, if it is still alive (strong or weak)."""

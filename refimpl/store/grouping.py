@@ -93,6 +93,8 @@ class CollectReport:
 
     skipped_zero_size: list[str] = field(default_factory=list)
     skipped_host_resident: list[str] = field(default_factory=list)
+    #: the host-resident tensors left in place, with their category and name (guarded while offloaded)
+    host_resident: list[tuple[Category, str, torch.Tensor]] = field(default_factory=list)
     #: the store's own flat buffers that tensor objects it does not know also view: storage id -> the
     #: ids of the tensors it knows there (those views are parked at the release, see park_strays)
     stray_views: dict[int, set[int]] = field(default_factory=dict)
@@ -166,7 +168,7 @@ class StorageGrouper:
                     f"them) are supported"
                 )
             if t.device != device and not same_device(t.device, device):
-                self._skip_host_resident(name, t, flags)  # or raise
+                self._skip_host_resident(category, name, t, flags)  # or raise
                 continue
             try:
                 storage = t.untyped_storage()
@@ -221,11 +223,12 @@ class StorageGrouper:
             )
         return g
 
-    def _skip_host_resident(self, name: str, t: torch.Tensor, flags: int) -> None:
+    def _skip_host_resident(self, category: Category, name: str, t: torch.Tensor, flags: int) -> None:
         """A tensor on another device: left out if it may stay in host memory, else refused."""
         device = self.device
         if flags & HOST_RESIDENT_OK and t.device.type == "cpu" and device.type != "cpu":
             self.report.skipped_host_resident.append(name)
+            self.report.host_resident.append((category, name, t))
             return
         raise WrongDeviceError(
             f"{name} is on {t.device} but this store's runtime works on {device}; move it to "

@@ -24,12 +24,12 @@ One word, one meaning, across :mod:`refimpl.store`:
 * **steady**: an offload that finds every ref of every resident layout where
   the reload put it (see [Note: steady offload check] in
   :mod:`refimpl.store.residency`): the layout leaves in one copy of its flat.
-* **placeholder**: the one-element storage per dtype and device that parked
-  tensors point at (:func:`refimpl.store.parking.placeholder`).
-* **parked**: a ref re-pointed at the placeholder with all strides 0 while its
-  bytes are (or are about to be) in host memory (see [Note: parked tensors] in
-  :mod:`refimpl.store.parking`); **unpark** undoes it, **repark** parks refs
-  again after a reload re-pointed them and failed.
+* **placeholder**: the read-only one-element storage per store, dtype and
+  device that parked tensors point at (:class:`refimpl.store.parking.Parking`).
+* **parked**: a ref re-pointed at the placeholder with all strides 0 and
+  guarded while its bytes are (or are about to be) in host memory (see [Note:
+  parked tensors] in :mod:`refimpl.store.parking`); **unpark** undoes it,
+  **repark** parks refs again after a reload re-pointed them and failed.
 * **adopted**: a resident layout taken as it is into the next offload (its
   refs held strongly again, its entries given bases into the flat buffer).
 * **stray view**: a tensor object the store does not know that views a flat
@@ -68,9 +68,10 @@ from refimpl.store.config import Category
 from refimpl.store.entry import EarlyRelease, EntryOrigin, StorageEntry, TensorRef, itemsize, storage_id
 from refimpl.store.layout_key import LayoutKey, LayoutKeys
 from refimpl.store.errors import StoreStateError
-from refimpl.store.parking import GUARDED_CLASSES as _GUARDED
+from refimpl.store.guard import GUARDED_CLASSES as _GUARDED
+from refimpl.store.guard import guard, guard_enabled
 from refimpl.store.parking import ZERO_STRIDES as _ZEROS
-from refimpl.store.parking import debug_mode, guard, own_view, placeholder, repoint_tensor, unguard, zero_strides
+from refimpl.store.parking import Parking, own_view, repoint_tensor, zero_strides
 
 
 class LayoutState(enum.Enum):
@@ -175,6 +176,9 @@ class FlatLayout:
     _parked_from: tuple[torch.Tensor | None, list[EntryOrigin] | None] | None = field(default=None, repr=False)
     #: while PARKED: the one view of the flat buffer the release frees (see :meth:`keep_one_base`)
     _release_view: torch.Tensor | None = field(default=None, repr=False)
+    #: from park to the end of the next reload: the placeholder storage the refs are parked on, its
+    #: storage id and the debug site for the guard (see :meth:`park`)
+    _parked_on: tuple[Any, int, str | None] | None = field(default=None, repr=False)
 
     @property
     def category(self) -> Category:
@@ -269,12 +273,18 @@ class FlatLayout:
     # stage that calls them for every layout. Each transition checks its row of LAYOUT_TRANSITIONS inline (one comparison, no call: the steady
     # path's budget is counted in Python calls); tests/store/test_store_layout.py checks they agree.
 
+    @property
+    def placeholder_id(self) -> int | None:
+        """Storage id of the placeholder the refs are parked on (None while no ref is parked)."""
+        return self._parked_on[1] if self._parked_on is not None else None
+
     def _refuse(self, transition: str) -> None:
         raise StoreStateError(f"layout {self.key.label()}: cannot {transition} a layout that is "
                               f"{self.state.value}; this is a bug in the store's stage order")
 
-    def park(self, flat: torch.Tensor | None) -> None:
-        """Point every ref at its placeholder (see [Note: parked tensors]); ON_DEVICE -> PARKED.
+    def park(self, flat: torch.Tensor | None, parking: Parking) -> None:
+        """Point every ref at ``parking``'s placeholder and guard it (and its DTensor), see [Note: parked
+        tensors]; ON_DEVICE -> PARKED.
 
         Runs once every copy is issued, while they run: the copies read the store's
         own views. ``flat``: the flat buffer the refs point into when the layout is
@@ -295,10 +305,12 @@ class FlatLayout:
         self._parked_from = (flat, origins)
         if not self.entries:
             return
-        guarding = debug_mode()
-        st, _ = placeholder(self.entries[0].refs[0].tensor.device, self.dtype)
+        st, sid = parking.placeholder(self.entries[0].refs[0].tensor.device, self.dtype)
+        where = parking.site
+        self._parked_on = (st, sid, where)
+        guarding = guard_enabled()
         zs = _ZEROS
-        for e in self.entries:  # the hot loop of a steady offload: keep it to one set_ per tensor
+        for e in self.entries:  # the hot loop of a steady offload: one set_ and one guard per tensor
             for r in e.refs:
                 t, size = r.tensor, r.size
                 z = zs.get(len(size)) or zero_strides(len(size))
@@ -307,7 +319,9 @@ class FlatLayout:
                 else:
                     t.set_(st, 0, size, z)
                 if guarding:
-                    guard(t, r.name)
+                    guard(t, r.name, where=where)
+                    if r.dtensor is not None:  # DTensor's dispatch unwraps below the local tensor's guard
+                        guard(r.dtensor, r.name, where=where)
 
     def unpark(self) -> None:
         """Undo :meth:`park`: every ref back on its original storage (which must hold its bytes again);
@@ -316,17 +330,17 @@ class FlatLayout:
             self._refuse("unpark")
         self.state = LayoutState.ON_DEVICE
         flat, origins = self._parked_from or (None, None)
-        self._parked_from = self._release_view = None
+        self._parked_from = self._release_view = self._parked_on = None
         if flat is not None:
             st, at0 = flat.untyped_storage(), flat.storage_offset()
             for e in self.entries:
                 for r in e.refs:
-                    unguard(r.tensor)
+                    r.unguard()
                     repoint_tensor(r.tensor, st, at0 + e.offset + r.offset, r.size, r.stride)
             return
         for e, (st, at0) in zip(self.entries, origins or ()):
             for r in e.refs:
-                unguard(r.tensor)
+                r.unguard()
                 if st is not None:
                     repoint_tensor(r.tensor, st, at0 + r.offset, r.size, r.stride)
 
@@ -357,7 +371,7 @@ class FlatLayout:
             for r in e.refs:
                 t = r.tensor
                 if type(t) in _GUARDED:
-                    unguard(t)
+                    r.unguard()
                 if t.requires_grad:  # keep its gradient accumulator (see [Note: autograd identity])
                     repoint_tensor(t, st, at + r.offset, r.size, r.stride)
                 else:
@@ -372,17 +386,19 @@ class FlatLayout:
         if self.state is not LayoutState.REPOINTED:
             self._refuse("repark")
         self.state = LayoutState.OFFLOADED
-        guarding = debug_mode()
+        st, _, where = self._parked_on or (None, 0, None)
+        guarding = guard_enabled()
         for e in self.entries:
             for r in e.refs:
                 t = r.live()
-                if t is None:
+                if t is None or st is None:
                     continue
-                st, _ = placeholder(t.device, self.dtype)
                 repoint_tensor(t, st, 0, r.size, zero_strides(len(r.size)))
                 r.strengthen()
                 if guarding:
-                    guard(t, r.name)
+                    guard(t, r.name, where=where)
+                    if r.dtensor is not None:
+                        guard(r.dtensor, r.name, where=where)
         self.resident_views = -1
 
     def mark_resident(self, flat: torch.Tensor) -> int:
@@ -392,6 +408,7 @@ class FlatLayout:
             self._refuse("mark_resident")
         self.state = LayoutState.ON_DEVICE
         self.flat_storage = flat.untyped_storage()._cdata
+        self._parked_on = None
         moved = 0 if self.dropped else self.data_nbytes
         self.dropped = False
         return moved

@@ -17,11 +17,14 @@ Read :meth:`Offload.run` top to bottom (as FSDP2's ``FSDPParamGroup.pre_forward`
 6. :meth:`~Offload.wait` (phase ``wait``): storages released as their copies
    complete (``early_release``), every finisher awaited.
 7. :meth:`~Offload.release` (phase ``release``): the device memory goes
-   (:mod:`refimpl.store.release`), every layout marked offloaded.
+   (:mod:`refimpl.store.release`), every layout marked offloaded, the
+   host-resident tensors left in place guarded (:meth:`~Offload.guard_left_in_place`).
 
 Anything failing in stages 1-6 runs :meth:`~Offload.roll_back`, which undoes
-them in reverse: the state stays on the device, every byte in its place.
-Nothing fails in stage 7.
+them in reverse: the state stays on the device, every byte in its place. Then
+the backend settles the outcome (``settle_offload``): ``local_dedup`` votes, so
+an offload that failed on one rank is rolled back on every rank (the store
+then raises there too). Nothing fails in stage 7.
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ from refimpl.store.copies import OffloadCopies
 from refimpl.store.grouping import ViewCount
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
+from refimpl.store.guard import guard, guard_enabled
+from refimpl.store.parking import Parking
 from refimpl.store.release import park_kept_views, release_layouts
 from refimpl.store.residency import ItemSignature, steady_unchanged
 
@@ -54,18 +59,18 @@ class Offload:
     layouts of ``cats`` resident in one flat buffer; ``signature``: what the last
     full collection saw; ``streams``: the backend implements
     :class:`~refimpl.store.backends.base.StreamingBackend`; ``counters``: the
-    store's counters, updated as the stages pass.
+    store's counters, updated as the stages pass; ``parking``: the store's placeholders.
     """
 
     def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, *, cats: frozenset[Category],
                  drop_grads: bool, items: ItemSource, tensor_objects: Callable[[], Iterator[Any]],
                  check_phase: Callable[[], None], resident: list[FlatLayout], signature: ItemSignature | None,
-                 lookahead: int, streams: bool, counters: dict[str, Any]) -> None:
+                 lookahead: int, streams: bool, counters: dict[str, Any], parking: Parking) -> None:
         self.rt, self.backend, self.config = rt, backend, config
         self.cats, self.drop_grads = cats, drop_grads
         self.items, self.tensor_objects, self.check_phase = items, tensor_objects, check_phase
         self.resident, self.last_signature, self.lookahead, self.streams = resident, signature, lookahead, streams
-        self.counters = counters
+        self.counters, self.parking = counters, parking
         #: seconds of each phase (``offload.<phase>``), on the runtime's clock
         self.laps: dict[str, float] = {}
         self._last = rt.now()
@@ -77,19 +82,34 @@ class Offload:
         #: views of the flat buffers the user kept (parked at release), and the bytes the offload moves
         self.strays: dict[int, set[int]] = {}
         self.moved = 0
+        #: ``(category, tensor)`` of the host-resident tensors guarded in place (see :meth:`guard_left_in_place`)
+        self.left_in_place: list[tuple[Category, Any]] = []
 
     async def run(self) -> int:
-        """Stages 1-7 in order (rolled back on failure); returns the bytes moved."""
+        """Stages 1-7 in order (rolled back on failure); returns the bytes moved.
+
+        Between stage 6 and 7 the backend settles the offload's outcome (``StoreBackend.settle_offload``):
+        a backend whose ranks agree on it may raise there because a peer failed; this rank then rolls back
+        too, so the offload is done on every rank or on none. A failure here tells the backend too.
+        """
         rt = self.rt
-        await rt.point("store.offload.begin")
-        self._last = rt.now()
         try:
+            await rt.point("store.offload.begin")
+            self._last = rt.now()
             await self.copy_ahead()
             await self.collect()
             await self.lay_out()
             await self.issue_copies()
             self.park()
             await self.wait()
+        except GeneratorExit:  # the coroutine is being closed (its rank is gone): nothing may await any more
+            raise
+        except BaseException as error:
+            await self.roll_back()
+            await self.backend.settle_offload(error)
+            raise
+        try:
+            await self.backend.settle_offload(None)
         except BaseException:
             await self.roll_back()
             raise
@@ -123,11 +143,12 @@ class Offload:
         self._lap("issue")
 
     def park(self) -> None:
-        """Stage 5, while the copies run: every ref parked; the release's per-entry work done."""
+        """Stage 5, while the copies run: every ref parked and guarded; the release's per-entry work done."""
         flats, self.strays = self.path.park_flats(self.copies), self.path.stray_views()
+        parking = self.parking
         with torch.no_grad():
             for lay in self.ordered:
-                lay.park(flats.get(lay.key))
+                lay.park(flats.get(lay.key), parking)
         for lay in self.ordered:
             lay.keep_one_base()
         grads_dropped = self.drop_grads
@@ -150,13 +171,26 @@ class Offload:
         """Stage 7 (nothing fails from here on): stray views parked, the device memory released, every
         layout marked offloaded. Returns the bytes moved."""
         await self.copies.close()
-        park_kept_views(self.strays, self.ordered, self.copies.flats)
+        park_kept_views(self.strays, self.ordered, self.copies.flats, self.parking)
         release_layouts(self.rt, self.ordered, self.drop_grads)
+        self.guard_left_in_place()
         self._lap("release")
         if self.config.empty_cache:
             self.rt.empty_cache()
         self._lap("empty_cache")
         return self.moved
+
+    def guard_left_in_place(self) -> None:
+        """Guard the host-resident tensors the offload left in place (an optimizer's CPU ``step`` counters
+        on a GPU store): they are state of an offloaded category, so ``opt.step()`` while offloaded raises
+        before it changes any of them. :attr:`left_in_place` lists them for the reload to unguard."""
+        report = self.path.report if self.path is not None else None
+        if report is None or not report.host_resident or not guard_enabled():
+            return
+        site = self.parking.site
+        for _, name, t in report.host_resident:
+            guard(t, name, where=site)
+        self.left_in_place = [(cat, t) for cat, _, t in report.host_resident]
 
     # ------------------------------------------------------------------ rollback
 

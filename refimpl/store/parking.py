@@ -4,29 +4,35 @@
 Releasing a storage (``Runtime.release``: resize to 0 bytes) returns its
 memory, but a tensor that still has its shape on a 0-byte storage reads
 through a null or dangling pointer: ``p.sum()``, ``repr(p)``, ``opt.step()``
-killed the process with SIGSEGV. So before anything is released, every
-registered tensor is *parked*: re-pointed (``set_``, or ``.data`` for a tensor that
-requires grad: see [Note: autograd identity]) at a one-element
-placeholder storage of its dtype and device with all strides 0. Shape, dtype,
-device, ``requires_grad`` and the tensor object stay; every element reads the
-placeholder's one value (NaN for floating dtypes, so a stray read shows);
-in-place writes raise torch's "more than one element of the written-to tensor
-refers to a single memory location"; the placeholder storage is not resizable,
-so ``resize_`` raises too. Nothing can crash the process.
+killed the process with SIGSEGV (a 0-byte storage with the tensor's shape
+does the same). So before anything is released, every registered tensor is
+*parked*: re-pointed (``set_``, or ``.data`` for a tensor that requires grad:
+see [Note: autograd identity]) at a one-element placeholder storage of its
+dtype and device with all strides 0, and *guarded* (see [Note: offload guard]
+in :mod:`refimpl.store.guard`): every torch call on it but a metadata read
+raises :class:`OffloadedTensorError` naming it and saying ``reload() first``.
+Shape, dtype, device, ``requires_grad`` and the tensor object stay.
 
-In debug mode (env ``TIMESHARE_DEBUG=1``) a parked tensor also changes class
-to a subclass whose ``__torch_function__`` raises :class:`OffloadedTensorError`
-naming the tensor and saying ``reload() first`` for any torch call but reading
-metadata (shape, dtype, device, ...). The class goes back on reload.
+The placeholder is the floor under the guard, for what does not pass through
+``__torch_function__`` (C++ callers, code with torch functions disabled): it
+is read-only (``_set_throw_on_mutable_data_ptr``: any write raises, the
+autograd engine's gradient accumulation included), not resizable (a DLPack
+import: ``resize_`` raises, never grows it), and reads NaN for floating dtypes
+(0 otherwise), so a stray read shows. Placeholders are per store
+(:class:`Parking`, one per device and dtype): nothing one store parks can be
+changed through another store's tensors, even by a write that got past both
+floors. A store's placeholders go when the store goes, unless a tensor still
+points at one (then it stays for the life of the process, so its storage id
+is never reused while :func:`is_parked` could see it).
 
 Parking happens while the offload's copies run (the copies read the store's
 own views of the storages, not the registered tensors); a failure before the
-release *unparks* (re-points every tensor at its original storage), so nothing
-moved. Placeholders are shared by every store of the process, one per (device,
-dtype), kept for the life of the process.
+release *unparks* (re-points every tensor at its original storage and
+unguards it), so nothing moved.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -35,10 +41,13 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 import torch
 
+from refimpl.store.guard import GUARDED_CLASSES, OffloadedTensorError, guard, is_guarded, unguard
+
 logger = logging.getLogger(__name__)
 
 DEBUG_ENV = "TIMESHARE_DEBUG"
-"""Environment variable that turns on debug mode (guarded parked tensors, replica checks at every offload)."""
+"""Environment variable that turns on debug mode (where each offload was called from in the guard's
+errors, replica checks at every offload)."""
 
 
 def debug_mode() -> bool:
@@ -46,19 +55,32 @@ def debug_mode() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-class OffloadedTensorError(RuntimeError):
-    """A parked (offloaded) tensor was used in debug mode; its bytes are in host memory."""
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_LOCK = threading.Lock()
+def caller_site() -> str:
+    """``file:line in function`` of the innermost caller outside this package (debug mode's detail for
+    the guard's errors: where the offload was called from)."""
+    here = inspect.currentframe()
+    f = here.f_back if here is not None else None
+    while f is not None and f.f_code.co_filename.startswith(_PACKAGE):
+        f = f.f_back
+    if f is None:
+        return "an offload inside the store"
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}()"
+
+
 class _Placeholder(NamedTuple):
     tensor: torch.Tensor
     storage: Any
     storage_id: int
+    #: references to the storage with nothing parked on it (the placeholder tensor and ``storage``)
+    own_uses: int
 
 
-_PLACEHOLDERS: dict[tuple[str, torch.dtype], _Placeholder] = {}
+_LOCK = threading.Lock()
 _PLACEHOLDER_IDS: set[int] = set()
+_KEPT: list[_Placeholder] = []  # placeholders of stores gone while tensors still pointed at them
 _ZERO_STRIDES: dict[int, tuple[int, ...]] = {}
 ZERO_STRIDES: Mapping[int, tuple[int, ...]] = _ZERO_STRIDES
 """All-zero strides by dimension count, filled by :func:`zero_strides` (read it, never write it: a hot
@@ -73,24 +95,55 @@ def _make_placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if device.type == "meta":
         return t
     try:  # a DLPack-imported storage is not resizable: resize_ of a parked tensor raises, never grows it
-        return torch.utils.dlpack.from_dlpack(t.__dlpack__())
+        t = torch.utils.dlpack.from_dlpack(t.__dlpack__())
     except Exception:  # noqa: BLE001 - dtypes DLPack does not carry: a resizable placeholder still never crashes
-        return t
+        pass
+    read_only = getattr(torch._C, "_set_throw_on_mutable_data_ptr", None)
+    if read_only is not None:  # every write through a data pointer raises, C++ callers included
+        read_only(t)
+    return t
 
 
-def placeholder(device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
-    """``(storage, storage id)`` of the shared one-element placeholder for ``(device, dtype)``."""
-    key = (str(device), dtype)
-    hit = _PLACEHOLDERS.get(key)
-    if hit is None:
-        with _LOCK:
-            hit = _PLACEHOLDERS.get(key)
-            if hit is None:
-                t = _make_placeholder(device, dtype)
-                st = t.untyped_storage()
-                hit = _PLACEHOLDERS[key] = _Placeholder(t, st, st._cdata)
-                _PLACEHOLDER_IDS.add(st._cdata)
-    return hit.storage, hit.storage_id
+def _retire(spots: dict[Any, _Placeholder]) -> None:
+    """A store's :class:`Parking` is gone: drop its placeholders nothing points at, keep the others."""
+    with _LOCK:
+        for ph in spots.values():
+            if storage_use_count is not None and storage_use_count(ph.storage_id) <= ph.own_uses:
+                _PLACEHOLDER_IDS.discard(ph.storage_id)
+            else:  # a tensor still parked on it: its id must stay a placeholder's
+                _KEPT.append(ph)
+        spots.clear()
+
+
+class Parking:
+    """One store's placeholders: a read-only one-element storage per (device, dtype) that its parked
+    tensors point at (see [Note: parked tensors]); ``site`` is, in debug mode, where the offload in
+    progress was called from (the guard's errors name it)."""
+
+    def __init__(self) -> None:
+        self._spots: dict[tuple[torch.device, torch.dtype], _Placeholder] = {}
+        #: debug mode: where the offload in progress was called from; None otherwise
+        self.site: str | None = None
+        weakref.finalize(self, _retire, self._spots)
+
+    def placeholder(self, device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
+        """``(storage, storage id)`` of this store's placeholder for ``(device, dtype)``."""
+        hit = self._spots.get((device, dtype))
+        if hit is None:
+            with _LOCK:
+                hit = self._spots.get((device, dtype))
+                if hit is None:
+                    t = _make_placeholder(device, dtype)
+                    st = t.untyped_storage()
+                    sid = st._cdata
+                    uses = storage_use_count(sid) if storage_use_count is not None else 0
+                    hit = self._spots[(device, dtype)] = _Placeholder(t, st, sid, uses)
+                    _PLACEHOLDER_IDS.add(sid)
+        return hit.storage, hit.storage_id
+
+    def storage_ids(self) -> set[int]:
+        """Storage ids of this store's placeholders."""
+        return {ph.storage_id for ph in self._spots.values()}
 
 
 def is_placeholder(storage_id: int) -> bool:
@@ -101,7 +154,8 @@ def is_placeholder(storage_id: int) -> bool:
 def is_parked(t: torch.Tensor) -> bool:
     """True while ``t`` is parked by an offload store (its bytes are in host memory); False for a
     tensor with elements on memory of its own."""
-    return t.untyped_storage()._cdata in _PLACEHOLDER_IDS
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.untyped_storage()._cdata in _PLACEHOLDER_IDS
 
 
 # [Note: autograd identity]
@@ -148,110 +202,25 @@ class ViewPlace(NamedTuple):
     stride: tuple[int, ...]
 
 
-def park_views(tensors: Iterable[torch.Tensor]) -> None:
+def park_views(parking: Parking, views: Iterable[tuple[str, torch.Tensor]], where: str | None = None) -> None:
     """Park tensors a client keeps itself (a torch DDP bucket's ``p.grad``, Megatron's bucket and shard
-    views): each re-pointed at its dtype's placeholder, all strides 0, its autograd identity kept
-    (see [Note: parked tensors]). :func:`repoint_views` points them back."""
+    views), each given with its name: re-pointed at ``parking``'s placeholder of its dtype, all strides 0,
+    its autograd identity kept (see [Note: parked tensors]), and guarded under its name (``where``: the
+    debug site). :func:`repoint_views` points them back."""
     with torch.no_grad():
-        for t in tensors:
-            st, _ = placeholder(t.device, t.dtype)
+        for name, t in views:
+            st, _ = parking.placeholder(t.device, t.dtype)
             repoint_tensor(t, st, 0, tuple(t.shape), zero_strides(t.dim()))
+            guard(t, name, where=where)
 
 
 def repoint_views(places: Iterable[ViewPlace]) -> None:
-    """Point each place's tensor at its storage, offset, size and stride again (after :func:`park_views`)."""
+    """Unguard each place's tensor and point it at its storage, offset, size and stride again (after
+    :func:`park_views`)."""
     with torch.no_grad():
         for p in places:
+            unguard(p.tensor)
             repoint_tensor(p.tensor, p.storage, p.offset, p.size, p.stride)
-
-
-# --------------------------------------------------------------------------- debug guard
-
-_ALLOWED_NAMES = frozenset({
-    "shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "ndim", "dim", "size", "numel",
-    "nelement", "is_cuda", "is_meta", "is_sparse", "layout", "names", "name", "grad", "_is_view",
-    "is_floating_point", "is_complex", "element_size", "itemsize", "nbytes", "__hash__", "_base", "data_ptr",
-    "untyped_storage", "storage_offset", "stride", "is_contiguous", "requires_grad_", "_backward_hooks",
-    "is_nested", "is_quantized", "_post_accumulate_grad_hooks", "__set__",
-})
-_GUARD_CLASSES: dict[type, type] = {}
-_ORIGINAL_CLASS: dict[type, type] = {}
-GUARDED_CLASSES: Mapping[type, type] = _ORIGINAL_CLASS
-"""Guarded tensor class -> the class it replaced (read it, never write it: ``type(t) in GUARDED_CLASSES``
-is :func:`is_guarded` without the call)."""
-
-
-def _func_name(func: Any) -> str:
-    name = getattr(func, "__name__", "") or str(func)
-    if name == "__get__":  # a property read: the descriptor's name (``shape``, ``data`` ...)
-        name = getattr(getattr(func, "__self__", None), "__name__", name)
-    return name
-
-
-def _guarded_torch_function(cls, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch protocol
-    kwargs = kwargs or {}
-    name = _func_name(func)
-    if name not in _ALLOWED_NAMES:
-        offenders = [a for a in _flatten((args, kwargs)) if type(a) in _ORIGINAL_CLASS]
-        if offenders:
-            names = ", ".join(getattr(a, "_timeshare_parked", "<unnamed>") for a in offenders[:3])
-            raise OffloadedTensorError(
-                f"{names} is offloaded (its bytes are in host memory) and was used by {name}(); "
-                f"reload() first. Shape, dtype and device are safe to read while offloaded")
-    with torch._C.DisableTorchFunctionSubclass():
-        return func(*args, **kwargs)
-
-
-def _flatten(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _flatten(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _flatten(x)
-
-
-def _guard_class(cls: type) -> type | None:
-    """The debug-mode subclass of ``cls`` parked tensors take (None if ``cls`` cannot be swapped)."""
-    g = _GUARD_CLASSES.get(cls)
-    if g is None:
-        own = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
-        if cls is not torch.nn.Parameter and own is not torch.Tensor.__torch_function__.__func__:
-            return None  # a subclass with its own torch-function protocol: leave it alone
-        g = type(f"Offloaded{cls.__name__}", (cls,), {"__torch_function__": classmethod(_guarded_torch_function)})
-        _GUARD_CLASSES[cls] = g
-        _ORIGINAL_CLASS[g] = cls
-    return g
-
-
-def guard(t: torch.Tensor, name: str) -> None:
-    """Debug mode: make torch calls on the parked ``t`` raise :class:`OffloadedTensorError` naming ``name``."""
-    g = _guard_class(type(t))
-    if g is None:
-        return
-    try:
-        t.__class__ = g
-        t._timeshare_parked = name  # type: ignore[attr-defined]
-    except (TypeError, AttributeError) as e:
-        logger.debug("cannot guard %s (%s): it stays parked without the debug guard", name, e)
-
-
-def unguard(t: torch.Tensor) -> None:
-    """Undo :func:`guard` (no-op for a tensor that is not guarded)."""
-    orig = _ORIGINAL_CLASS.get(type(t))
-    if orig is not None:
-        t.__class__ = orig
-        try:
-            del t._timeshare_parked  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
-
-
-def is_guarded(t: torch.Tensor) -> bool:
-    """True if ``t`` carries the debug guard."""
-    return type(t) in _ORIGINAL_CLASS
 
 
 # --------------------------------------------------------------------------- aliases
@@ -334,19 +303,25 @@ def describe_aliases(storage_id: int, known: set[int], limit: int = 3) -> list[s
             for t in find_views(storage_id, known)[:limit]]
 
 
-def park_strays(storage_id: int, known: set[int]) -> list[str]:
-    """Park every tensor that views ``storage_id`` but is not in ``known`` (views of the store's own flat
-    buffer made after a reload and kept, or kept by a runtime); returns their descriptions."""
+def park_strays(storage_id: int, known: set[int], parking: Parking, owner: str = "") -> list[str]:
+    """Park and guard every tensor that views ``storage_id`` but is not in ``known`` (views of the store's own
+    flat buffer made after a reload and kept, or kept by a runtime) on ``parking``'s placeholders; ``owner``
+    names the registered tensor they viewed, for the guard's error. Returns their descriptions."""
     found = find_views(storage_id, known)
     out = []
     with torch.no_grad():
         for t in found:
-            out.append(f"{type(t).__name__} of shape {tuple(t.shape)}")
-            st, _ = placeholder(t.device, t.dtype)
+            shape = tuple(t.shape)
+            out.append(f"{type(t).__name__} of shape {shape}")
+            st, _ = parking.placeholder(t.device, t.dtype)
             try:
-                repoint_tensor(t, st, 0, tuple(t.shape), zero_strides(t.dim()))
+                repoint_tensor(t, st, 0, shape, zero_strides(t.dim()))
             except RuntimeError as e:  # e.g. a view that autograd guards: left as it is
                 logger.warning("could not park a stray view of an offloaded flat buffer (%s)", e)
+                continue
+            of = f" of {owner}" if owner else ""
+            guard(t, f"a view of shape {shape}{of} kept across an offload (it stays offloaded after reload(); "
+                     f"take views after reload() instead)", where=parking.site)
     return out
 
 
@@ -358,6 +333,8 @@ __all__ = [
     "debug_mode",
     "describe_aliases",
     "find_views",
+    "Parking",
+    "caller_site",
     "park_strays",
     "guard",
     "own_view",
@@ -367,7 +344,6 @@ __all__ = [
     "is_guarded",
     "is_parked",
     "is_placeholder",
-    "placeholder",
     "repoint_tensor",
     "storage_use_count",
     "unguard",

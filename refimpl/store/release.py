@@ -27,7 +27,7 @@ from refimpl.store.backends.base import StoreBackend
 from refimpl.store.grouping import storage_view
 from refimpl.store.config import Category
 from refimpl.store.layout import EarlyRelease, FlatLayout
-from refimpl.store.parking import park_strays
+from refimpl.store.parking import Parking, park_strays
 from refimpl.store.source import DeviceLayoutSource
 
 logger = logging.getLogger(__name__)
@@ -86,18 +86,20 @@ async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: li
                    len(early))
 
 
-def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor]) -> None:
-    """Park the views of the store's flat buffers that tensor objects it does not know kept (``strays``:
-    storage id -> ids of the tensors it knows there), with a warning; the store's own views are not
-    strays. Nothing can fail any more when this runs."""
+def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor],
+                    parking: Parking) -> None:
+    """Park and guard the views of the store's flat buffers that tensor objects it does not know kept
+    (``strays``: storage id -> ids of the tensors it knows there) on ``parking``'s placeholders, with a
+    warning; the store's own views are not strays. Nothing can fail any more when this runs."""
     if not strays:
         return
     ours = {id(t) for t in flats.values()} | {id(lay.release_view) for lay in layouts if lay.release_view is not None}
     ours |= {id(e.base) for lay in layouts for e in lay.entries if e.base is not None}
     for sid, known in strays.items():
-        found = park_strays(sid, known | ours)
-        logger.warning("views of an attached tensor kept across the offload (%s) are parked: they read "
-                       "NaN/0 and do not come back on reload; take views after reload() instead",
+        owner = next((lay.key.label() for lay in layouts if lay.flat_storage == sid), "")
+        found = park_strays(sid, known | ours, parking, owner)
+        logger.warning("views of an attached tensor kept across the offload (%s) are parked: using them raises "
+                       "OffloadedTensorError and they do not come back on reload; take views after reload() instead",
                        "; ".join(found[:3]) or "none reachable from Python")
 
 

@@ -14,7 +14,10 @@ Read :meth:`Reload.run` top to bottom:
 5. :meth:`~Reload.mark_resident`: every layout resident in its flat buffer.
 
 A failure in 1-4 runs :meth:`~Reload.roll_back` (refs parked again, flat
-buffers freed): the state stays offloaded, the host copy kept.
+buffers freed): the state stays offloaded, the host copy kept. The backend
+prepares a reload before stage 1 and settles its outcome after stage 4
+(``prepare_reload`` / ``settle_reload``; ``local_dedup`` votes there, so a
+reload that failed on one rank stays offloaded on every rank).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 
 from refimpl.runtime.base import Runtime
 from refimpl.store.backends.base import StoreBackend
+from refimpl.store.config import Category
 from refimpl.store.copies import ReloadCopies, sort_key
 from refimpl.store.errors import TensorChangedError
 from refimpl.store.layout import FlatLayout, LayoutState
@@ -40,8 +44,9 @@ class Reload:
     #: ``reload`` or ``recover``, for logs
     name: ClassVar[str] = "reload"
 
-    def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout]) -> None:
-        self.rt = rt
+    def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout],
+                 cats: frozenset[Category] = frozenset(), *, agreed: bool = True) -> None:
+        self.rt, self.backend, self.cats, self.agreed = rt, backend, cats, agreed
         self.layouts = sorted(layouts, key=sort_key)
         self.copies = ReloadCopies(rt, backend)
         self.clock = PhaseClock(rt, "reload")
@@ -49,20 +54,38 @@ class Reload:
         self.overwritten: list[str] = []
 
     async def run(self) -> int:
-        """Stages 1-5 in order (rolled back on failure); returns the bytes brought back."""
-        await self.rt.point("store.reload.begin")
+        """Stages 1-5 in order (rolled back on failure); returns the bytes brought back.
+
+        The backend settles the outcome before stage 5 (``settle_reload``), as it does for an offload: a
+        peer's failure makes this rank roll back too (``agreed=False``, a reload of layouts that need no
+        peer by one rank alone: no hooks).
+        """
         try:
+            await self.rt.point("store.reload.begin")
             await self.issue_copies()
             self.check()
             self.repoint()
             await self.wait()
-        except BaseException:
-            await self.roll_back()
+        except GeneratorExit:  # the coroutine is being closed (its rank is gone): nothing may await any more
             raise
+        except BaseException as error:
+            await self.roll_back()
+            if self.agreed:
+                await self.backend.settle_reload(self.cats, error)
+            raise
+        if self.agreed:
+            try:
+                await self.backend.settle_reload(self.cats, None)
+            except BaseException:
+                await self.roll_back()
+                raise
         return self.mark_resident()
 
     async def issue_copies(self) -> None:
-        """Stage 1: allocate each layout's flat buffer and have the backend fill it."""
+        """Stage 1: the backend prepares (``prepare_reload``), then each layout's flat buffer is allocated and
+        filled."""
+        if self.agreed:
+            await self.backend.prepare_reload(self.cats, self.layouts)
         await self.copies.issue(self.layouts)
         self.clock.lap("issue")
 

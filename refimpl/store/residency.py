@@ -21,7 +21,7 @@ import torch
 from refimpl.store.collect import Item, plain_tensor
 from refimpl.store.grouping import StorageGroup, ViewCount, storage_view
 from refimpl.store.layout import FlatLayout
-from refimpl.store.parking import own_view_mark, placeholder, storage_use_count, unguard, zero_strides
+from refimpl.store.parking import own_view_mark, storage_use_count, zero_strides
 
 
 def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
@@ -50,12 +50,17 @@ def adopt_if_unchanged(layout: FlatLayout, group: StorageGroup) -> bool:
 
 def changed_tensors(layouts: list[FlatLayout]) -> list[str]:
     """Descriptions of registered tensors that are no longer parked the way the offload left them."""
+    with torch._C.DisableTorchFunctionSubclass():  # metadata of guarded tensors, without a Python call each
+        return _changed(layouts)
+
+
+def _changed(layouts: list[FlatLayout]) -> list[str]:
     problems = []
     for layout in layouts:
         dtype = layout.dtype
         if not layout.entries:
             continue
-        sid, off = placeholder(layout.entries[0].refs[0].tensor.device, dtype)[1], 0
+        sid, off = layout.placeholder_id, 0
         for e in layout.entries:
             for r in e.refs:
                 t = r.tensor
@@ -86,7 +91,7 @@ def force_repoint_prepare(layouts: list[FlatLayout]) -> list[str]:
             for e in layout.entries:
                 for r in e.refs:
                     t = r.tensor
-                    unguard(t)
+                    r.unguard()
                     if t.dtype != layout.dtype:
                         t.data = torch.empty(0, dtype=layout.dtype, device=t.device)
     return changed

@@ -29,8 +29,10 @@ Invariants:
   it was); a failure after a storage was released early restores it from its
   host copy before the error propagates. A failed reload leaves the state
   offloaded (the host copy is kept).
-* While offloaded every registered tensor is parked on a placeholder (see
-  :mod:`refimpl.store.parking`): touching it never crashes the process.
+* While offloaded every registered tensor is parked on one of the store's
+  read-only placeholders and guarded (see :mod:`refimpl.store.parking` and
+  :mod:`refimpl.store.guard`): using it raises ``OffloadedTensorError``, never
+  crashes the process, never reads a wrong value.
 * One operation at a time: other threads wait; the same thread gets a
   :class:`StoreStateError`.
 * Every finisher a backend returned is awaited, also on the error path, in
@@ -71,6 +73,8 @@ from refimpl.store.errors import StoreClosedError, StoreError, StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.assign import assign_layouts, gc_paused
 from refimpl.store.offload import Offload
+from refimpl.store.guard import unguard
+from refimpl.store.parking import Parking, caller_site, debug_mode
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.backends.base import streams
 from refimpl.store.registry import create_backend
@@ -111,6 +115,8 @@ class OffloadStore:
         self._layouts: dict[LayoutKey, FlatLayout] = {}
         self._offloaded: set[Category] = set()
         self._signature: ItemSignature | None = None  # what the last full collection saw
+        self._parking = Parking()  # this store's placeholders: nothing another store parks shares them
+        self._left_in_place: list[tuple[Category, Any]] = []  # host-resident tensors guarded while offloaded
         self._lock = threading.Lock()  # one operation at a time (see _exclusive)
         self._owner: int | None = None
         self._busy: str | None = None
@@ -201,6 +207,11 @@ class OffloadStore:
     def _collectors(self) -> list[Collector]:
         # the attached collectors in attach order (tests reach FSDP2's parameters through them)
         return self._attached.collectors
+
+    @property
+    def parking(self) -> Parking:
+        """The store's placeholders (a client that parks views of its own parks them here)."""
+        return self._parking
 
     @property
     def in_progress(self) -> str | None:
@@ -320,9 +331,10 @@ class OffloadStore:
         """Move the state of ``include`` (default: all categories) to host memory; see :meth:`offload_async`."""
         self.rt.run(self.offload_async(include, drop_grads=drop_grads))
 
-    def reload(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
+    def reload(self, include: Iterable[Category | str] | Category | str | None = None, *,
+               local_only: bool = False) -> None:
         """Bring the state of ``include`` (default: all) back to the device; see :meth:`reload_async`."""
-        self.rt.run(self.reload_async(include))
+        self.rt.run(self.reload_async(include, local_only=local_only))
 
     # ------------------------------------------------------------------ offload
 
@@ -344,17 +356,26 @@ class OffloadStore:
             await self._offload(include, drop_grads)
 
     async def _offload(self, include: Iterable[Category | str] | Category | str | None, drop_grads: bool) -> None:
+        partly = sorted(c.value for c in Category.select(include) & self._offloaded
+                        if any(lay.category is c and lay.state is LayoutState.ON_DEVICE for lay in self._layouts.values()))
+        if partly:
+            raise StoreStateError(
+                f"cannot offload {partly}: partly offloaded (a reload(local_only=True) brought back their rank-local "
+                f"layouts, the replicated ones are still offloaded); reload them on every rank first"
+            )
         cats = Category.select(include) - self._offloaded
         if not cats:
             logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in Category.select(include)))
             return
         wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers
         rt = self.rt
+        self._parking.site = caller_site() if debug_mode() else None
         offload = Offload(rt, self.backend, self.config, cats=cats, drop_grads=drop_grads,
                           items=functools.partial(self._attached.items, cats),
                           tensor_objects=functools.partial(self._attached.tensor_objects, cats),
                           check_phase=self._attached.check_phase, resident=self._resident(cats), signature=self._signature,
-                          lookahead=self.pool.pin_threads, streams=self._streams, counters=self._counters)
+                          lookahead=self.pool.pin_threads, streams=self._streams, counters=self._counters,
+                          parking=self._parking)
         with rt.span("offload"), gc_paused():  # no collector pass in the switch window
             t0, free_before = rt.now(), rt.memory_info().free
             try:
@@ -362,6 +383,7 @@ class OffloadStore:
             finally:
                 self._signature = offload.signature or self._signature
             self._install(cats, offload.layouts)
+            self._left_in_place += offload.left_in_place
             self._count_offload(offload, cats, moved, rt.now() - t0, rt.memory_info().free - free_before)
 
     def _install(self, cats: frozenset[Category], layouts: dict[LayoutKey, FlatLayout]) -> None:
@@ -385,13 +407,28 @@ class OffloadStore:
             logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
                         len(offload.ordered), moved / 1e9, seconds, offload.path_name, c["copies"])
 
+    def _fully_back(self, cats: Iterable[Category]) -> set[Category]:
+        """The categories of ``cats`` none of whose layouts is still offloaded."""
+        left = {lay.category for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED}
+        return set(cats) - left
+
+    def _settle_back(self, cats: Iterable[Category]) -> None:
+        """The categories of ``cats`` that are fully back: no longer offloaded, and their host-resident tensors
+        guarded in place at offload (``Offload.guard_left_in_place``) usable again."""
+        back = self._fully_back(cats)
+        self._offloaded -= back
+        for _, t in [x for x in self._left_in_place if x[0] in back]:
+            unguard(t)
+        self._left_in_place = [x for x in self._left_in_place if x[0] not in back]
+
     def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
         return [lay for lay in self._layouts.values()
                 if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
 
     # ------------------------------------------------------------------ reload
 
-    async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
+    async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None, *,
+                           local_only: bool = False) -> None:
         """Allocate one flat device buffer per offloaded layout, fill it, re-point every tensor into it.
 
         Raises :class:`TensorChangedError` (state stays offloaded, nothing
@@ -399,9 +436,17 @@ class OffloadStore:
         :meth:`recover` then brings every byte back. Any other failure (a
         backend's collective, a copy) leaves the state offloaded too; call
         reload again (on every rank, for a backend with collectives).
+
+        ``local_only``: bring back only the layouts that need no other rank
+        (``StoreBackend.needs_peers``: for ``local_dedup`` everything but the
+        1/N slices of replicated layouts), on this rank alone, with no
+        collective: a rank's own state when its peers are gone. Categories
+        whose replicated layouts stay offloaded stay offloaded (reload them
+        with every rank, or restart).
         """
+        expect_bool(local_only, "reload(include, local_only)", "local_only")
         with self._exclusive("reload"):
-            await self._reload(include, force=False)
+            await self._reload(include, force=False, local_only=local_only)
 
     def recover(self, include: Iterable[Category | str] | Category | str | None = None) -> list[str]:
         """Reload whatever a registered tensor was changed to meanwhile: every offloaded byte comes back.
@@ -420,18 +465,23 @@ class OffloadStore:
         with self._exclusive("recover"):
             return await self._reload(include, force=True)
 
-    async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool) -> list[str]:
+    async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool,
+                      local_only: bool = False) -> list[str]:
         cats = Category.select(include)
         offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
-        if not offloaded:
-            self._offloaded -= cats
+        chosen = frozenset(cats & self._offloaded)  # the same on every rank: offloads end alike everywhere
+        agreed = not local_only and self.backend.agrees_on_reload(chosen)
+        if local_only:
+            offloaded = [lay for lay in offloaded if not self.backend.needs_peers(lay)]
+        if not offloaded and not agreed:
+            self._settle_back(cats)
             return []
         rt = self.rt
-        reload = (Recover if force else Reload)(rt, self.backend, offloaded)
+        reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
         with rt.span("reload"), gc_paused():
             t0 = rt.now()
             moved = await reload.run()
-            self._offloaded -= cats
+            self._settle_back(cats)
             c = self._counters
             c["reloads"] += 1
             c["last_reload_s"] = rt.now() - t0

@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,12 +55,14 @@ from refimpl.runtime.base import (
     ReduceOp,
     Runtime,
 )
+from refimpl.runtime.votes import Ballot, Verdict
 from refimpl.torch_runtime import proxy_wake
 from refimpl.torch_runtime.copy_stream import CopyEngine
 from refimpl.torch_runtime.device_cache import DeviceCache
 from refimpl.torch_runtime.foreign_groups import AdoptedGroups, foreign_spec
 from refimpl.torch_runtime.pinning import DEFAULT_CUDA_PREFAULT, PREFAULT_MODES, HostPinner, host_memory
 from refimpl.torch_runtime.rendezvous import backend_options, check_in, rendezvous_port
+from refimpl.torch_runtime.votes import StoreBallotBox, next_space
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,7 @@ class TorchRuntime(Runtime):
         world_spec = GroupSpec(WORLD, tuple(range(self.world_size)), backend=world_backend)
         self._groups: dict[str, _Group] = {WORLD: _Group(world_spec, world_pg, torch_name=self._pg_name(world_pg))}
         self._point_hooks: dict[str, list[Callable[[], None]]] = {}
+        self._ballots = StoreBallotBox(_default_store if self._distributed else lambda: None, self.rank)
         self._adopted = AdoptedGroups()  # groups a framework made (refimpl.torch_runtime.foreign_groups)
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
@@ -170,6 +173,28 @@ class TorchRuntime(Runtime):
         """Run the hooks :meth:`on_point` registered for ``name`` (nothing else happens at a point here)."""
         for fn in tuple(self._point_hooks.get(name, ())):
             fn()
+
+    # ------------------------------------------------------------------ votes and arrivals
+
+    async def vote(self, key: str, ranks: Sequence[int], point: str, code: int = 0, marks: Iterable[int] = (), *,
+                   timeout_s: float, wait: bool = True) -> Verdict | None:
+        """:meth:`Runtime.vote` through the job's rendezvous store (see :mod:`refimpl.torch_runtime.votes`)."""
+        ballot = Ballot(self.rank, point, code, frozenset(marks))
+        if not self._distributed:
+            return await super().vote(key, ranks, point, code, marks, timeout_s=timeout_s, wait=wait)
+        return self._ballots.vote(key, tuple(ranks), ballot, timeout_s, wait)
+
+    def vote_space(self, kind: str) -> str:
+        """A key space numbered per process: every TorchRuntime of the process votes in the same store."""
+        return next_space(kind)
+
+    def mark_arrival(self, group: str, point: str) -> None:
+        """Count this arrival in the rendezvous store (one ``add``)."""
+        self._ballots.mark(self._entry(group).spec, point)
+
+    def absent_ranks(self, group: str, point: str) -> tuple[int, ...] | None:
+        """Members whose count at ``point`` is below this rank's (read from the rendezvous store)."""
+        return self._ballots.absent(self._entry(group).spec, point)
 
     # ------------------------------------------------------------------ memory
 
@@ -519,8 +544,9 @@ class TorchRuntime(Runtime):
             raise
         except Exception as e:  # noqa: BLE001 - every backend failure is classified
             if _is_timeout(e):
+                limit = timeout_s if timeout_s is not None else self._entry(name).spec.timeout_s
                 raise CollectiveTimeoutError(
-                    f"{what} on group {name!r} did not complete within {timeout_s}s: {e}. A peer is slow, "
+                    f"{what} on group {name!r} did not complete within {limit:g} s: {e}. A peer is slow, "
                     f"hung or gone; the group should be torn down."
                 ) from e
             raise CollectiveFailedError(f"{what} on group {name!r} failed: {e}") from e
@@ -601,6 +627,14 @@ class TorchRuntime(Runtime):
         if seconds < 0:
             raise ValueError(f"sleep: seconds must be >= 0, got {seconds}")
         time.sleep(seconds)
+
+
+def _default_store() -> Any:
+    """The store ``init_process_group`` set up (votes and arrival marks live there); None if there is none."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no default group (destroyed), or a torch without the helper
+        return None
 
 
 def _abort(pg: Any) -> None:

@@ -279,6 +279,12 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       'return f"{noun}" + (f" (not {lo})" if strict else "")',
       ("tests/sim/test_scenario.py",),
       "a scenario value out of its range is refused without saying the range"),
+    B("vote_never_times_out", "sim/votes.py",
+      "        if v.verdict is None:\n            self._world.engine.record(",
+      "        if False:\n            self._world.engine.record(",
+      ("tests/runtime/test_contract_sim.py", "tests/store/test_dedup_outcome_sim.py"),
+      "a vote a rank never joins is never settled: its peers wait for ever instead of naming it",
+      ci_tests=("tests/runtime/test_contract_sim.py::test_contract_in_simulator[votes-2]",)),
 )
 
 #: planted in modules a user relies on but not caught by the suite yet: kept out of COMM_SIM_BREAKS (so that

@@ -273,6 +273,34 @@ async def check_clock(rt: Runtime) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
+# --------------------------------------------------------------------------- votes
+
+
+async def check_votes(rt: Runtime) -> dict[str, Any]:
+    """A vote every rank joins is complete, with every ballot's code and marks; a vote the last rank joins late is
+    settled timed out by a rank that waited, naming it, and the late rank reads that same verdict; arrival marks
+    name the members that arrived fewer times."""
+    ranks, last = tuple(range(rt.world_size)), rt.world_size - 1
+    full = await rt.vote("contract/0", ranks, "contract.vote", int(rt.rank == last), {rt.rank}, timeout_s=30.0)
+    assert full is not None and full.complete and full.marks == frozenset(ranks), full
+    assert full.failures == {last: 1} and list(full.points) == ["contract.vote"], full
+    late = None
+    if rt.world_size > 1:
+        if rt.rank == last:
+            await rt.sleep(0.6)
+        late = await rt.vote("contract/1", ranks, "contract.vote", timeout_s=0.2)
+        assert late is not None and not late.complete and late.absent == (last,), late
+        await rt.barrier()
+    rt.mark_arrival(WORLD, "contract.arrive")
+    if rt.rank == 0:
+        rt.mark_arrival(WORLD, "contract.arrive")
+    await rt.barrier()
+    absent = rt.absent_ranks(WORLD, "contract.arrive")
+    assert absent is None or absent == (ranks[1:] if rt.rank == 0 else ()), absent
+    await rt.barrier()
+    return {"full": full.encode(), "late": None if late is None else (late.absent, late.decided_by, late.points)}
+
+
 # --------------------------------------------------------------------------- all together
 
 CHECKS = {
@@ -283,6 +311,7 @@ CHECKS = {
     "collectives": check_collectives,
     "group_rebuild": check_group_rebuild,
     "clock": check_clock,
+    "votes": check_votes,
 }
 
 
@@ -308,3 +337,5 @@ def verify_agreement(name: str, per_rank: list[Any], world_size: int) -> None:
         assert all(obs["cases"] == len(COPY_DTYPES) * len(COPY_SIZES) for obs in per_rank)
     elif name == "release":
         assert per_rank == [0] * world_size
+    elif name == "votes":
+        assert all(obs == per_rank[0] for obs in per_rank), f"ranks read different verdicts: {per_rank}"

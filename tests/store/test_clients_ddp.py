@@ -14,6 +14,7 @@ def _train(rank, bucket_view, set_to_none, offload, device="cpu"):
     from refimpl.runtime import TorchRuntime
     from refimpl.store import OffloadStore
     from refimpl.store.clients import attach_ddp
+    from refimpl.store.guard import is_guarded
     from refimpl.store.parking import is_parked
 
     torch.manual_seed(0)
@@ -32,8 +33,8 @@ def _train(rank, bucket_view, set_to_none, offload, device="cpu"):
         if client is not None:
             client.offload()
             grads = [p.grad for p in net.parameters() if p.grad is not None]
-            facts.append((all(is_parked(p) for p in net.parameters()), all(is_parked(x) for x in grads),
-                          client.buckets_offloaded))
+            facts.append((all(is_parked(p) and is_guarded(p) for p in net.parameters()),
+                          all(is_parked(x) and is_guarded(x) for x in grads), client.buckets_offloaded))
             client.reload()
     ddp(torch.randn(6, 8, generator=g).to(device)).square().mean().backward()  # grads of one more step, not zeroed
     state = [p.detach().clone() for p in net.parameters()] + [p.grad.clone() for p in net.parameters()]
@@ -64,7 +65,7 @@ def check_ddp(results):
             assert got["params"] == results[0][(bucket_view, set_to_none)]["params"], \
                 f"{case}: the ranks' parameters differ (gradients were not all-reduced)"
             buckets = [b for *_, b in got["facts"]]
-            assert all(p and g for p, g, _ in got["facts"]), f"{case}: not everything parked while offloaded"
+            assert all(p and g for p, g, _ in got["facts"]), f"{case}: not everything parked and guarded while offloaded"
             if bucket_view and not set_to_none:  # grads are the reducer's buckets: released in place
                 assert buckets[0] >= 1 and min(buckets[1:]) >= 3, f"{case}: bucket storages released {buckets}"
             else:

@@ -19,6 +19,7 @@ def _train(rank, dist_opt, experts, backend, device="cpu"):
     from refimpl.runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.clients.megatron import attach_megatron, megatron_dedup_config
+    from refimpl.store.guard import is_guarded
     from refimpl.store.parking import is_parked
     from tests._megatron import build, state_bytes, step
 
@@ -36,8 +37,8 @@ def _train(rank, dist_opt, experts, backend, device="cpu"):
         losses.append(step(model, opt, g, device).numpy().tobytes())
         if client is not None:
             client.offload()
-            out["parked"] = all(is_parked(p) for p in model.parameters()) and all(
-                is_parked(p.main_grad) for p in model.parameters())
+            out["parked"] = all(is_parked(p) and is_guarded(p) for p in model.parameters()) and all(
+                is_parked(p.main_grad) and is_guarded(p.main_grad) for p in model.parameters())
             if backend == "local_dedup":
                 out["shares"] = [(s.group.ranks, s.layout, s.host_bytes, s.layout_bytes) for s in store.backend.shares()]
             client.reload()

@@ -6,6 +6,7 @@ from refimpl.runtime import TorchRuntime
 from refimpl.store import (
     Category,
     MixedDtypeError,
+    OffloadedTensorError,
     OffloadStore,
     SharedStorageError,
     StoreConfig,
@@ -93,8 +94,10 @@ def test_tensor_resized_while_offloaded_is_refused_and_the_copy_kept():
     b = torch.full((3,), 7.0)
     store = _store(a=a, b=b)
     store.offload()
-    with pytest.raises(RuntimeError, match="not resizable"):
-        a.resize_(8)  # the parked tensor's placeholder storage cannot grow under the store's feet
+    with pytest.raises(OffloadedTensorError, match=r"t\.a is offloaded.*resize_\(\)"):
+        a.resize_(8)
+    with pytest.raises(RuntimeError, match="not resizable"), torch._C.DisableTorchFunctionSubclass():
+        a.resize_(8)  # past the guard, the parked tensor's placeholder storage cannot grow under the store's feet
     a.set_(torch.zeros(8))  # re-pointed elsewhere instead
     with pytest.raises(TensorChangedError, match=r"t\.a.*recover\(\)"):
         store.reload()

@@ -92,7 +92,9 @@ def test_every_layout_transition_follows_its_row_of_the_table_and_refuses_any_ot
     from refimpl.store.layout import LAYOUT_TRANSITIONS, FlatLayout, LayoutKey, LayoutState
 
     flat = torch.zeros(0)
-    calls = {"park": lambda lay: lay.park(None), "unpark": FlatLayout.unpark,
+    from refimpl.store.parking import Parking
+
+    calls = {"park": lambda lay: lay.park(None, Parking()), "unpark": FlatLayout.unpark,
              "mark_offloaded": lambda lay: lay.mark_offloaded(False), "repoint": lambda lay: lay.repoint(flat),
              "repark": FlatLayout.repark, "mark_resident": lambda lay: lay.mark_resident(flat)}
     assert {op for op, _ in LAYOUT_TRANSITIONS} == set(calls)

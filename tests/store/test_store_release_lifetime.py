@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from refimpl.store import Category, OffloadStore, StoreConfig
+from refimpl.store.parking import is_placeholder
 from refimpl.torch_runtime import TorchRuntime
 
 
@@ -26,6 +27,8 @@ def _live_tensors_on(ptrs: set[int]) -> list[str]:
         try:
             st = t.untyped_storage()
         except Exception:  # noqa: BLE001 - wrappers without a storage
+            continue
+        if is_placeholder(st._cdata):  # read-only: data_ptr() raises (it holds none of the state's bytes)
             continue
         if st.nbytes() and st.data_ptr() in ptrs:
             out.append(f"{tuple(t.shape)} {t.dtype} ({st.nbytes()} bytes)")

@@ -33,7 +33,11 @@ later copies still run (the ``local`` backend does).
 
 ``prepare(layouts)`` runs once per offload after collection, with all layouts
 to copy (sorted), before any of them is issued, for backends that need
-collective setup. A backend that sets ``speculative_offload`` (no collectives
+collective setup. ``settle_offload(error)`` ends every offload exactly once
+(``prepare_reload`` / ``settle_reload`` do the same for a reload), so a backend
+whose ranks must end an operation the same way can agree on its outcome there
+(``local_dedup``'s outcome votes, [Note: the outcome votes] in
+:mod:`refimpl.store.backends.dedup_outcome`). A backend that sets ``speculative_offload`` (no collectives
 in ``offload``) may see ``offload`` of an unchanged layout issued before
 collection and ``prepare``; the store awaits and discards it if the layout
 turns out to have changed.
@@ -61,7 +65,7 @@ from typing import Awaitable, ClassVar, Hashable, Iterator, Protocol, Sequence, 
 import torch
 
 from refimpl.runtime.base import Completion, Runtime
-from refimpl.store.config import StoreConfig
+from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.parking import own_view
 from refimpl.store.pool import HostBuffer, PinnedHostPool
@@ -165,6 +169,32 @@ class StoreBackend(abc.ABC):
 
     async def prepare(self, layouts: Sequence[FlatLayout]) -> None:
         """Called once per offload, before any layout is issued, with all of them (sorted)."""
+
+    async def settle_offload(self, error: BaseException | None) -> None:
+        """Called exactly once per offload, on every rank: with ``error=None`` once every copy completed (before any
+        device memory is released), with the error after a failure (the offload rolled back here).
+
+        A backend whose ranks must end an offload the same way agrees here: on success it may raise (a peer
+        failed; the store then rolls this rank back too); on failure it tells the peers and must not raise.
+        The default (rank-local backends) does nothing.
+        """
+
+    async def prepare_reload(self, cats: frozenset[Category], layouts: Sequence[FlatLayout]) -> None:
+        """Called once per reload of the categories ``cats`` (offloaded, the same on every rank) before any layout is
+        issued, with this rank's layouts to reload (sorted; possibly none)."""
+
+    async def settle_reload(self, cats: frozenset[Category], error: BaseException | None) -> None:
+        """Called exactly once per reload, as :meth:`settle_offload` is per offload (``error=None``: every layout
+        filled, before the reload is marked done; else the reload rolled back here)."""
+
+    def needs_peers(self, layout: FlatLayout) -> bool:
+        """Whether reloading ``layout`` takes other ranks (a slice kept here, the rest on peers). Default: no."""
+        return False
+
+    def agrees_on_reload(self, cats: frozenset[Category]) -> bool:
+        """Whether a reload of ``cats`` involves other ranks on any rank (then every rank calls the reload hooks,
+        also one holding no layout of ``cats``). Default: no."""
+        return False
 
     def reserve(self, layout: FlatLayout) -> None:
         """Start allocating (pinning) the host memory ``layout`` will need, without copying anything.

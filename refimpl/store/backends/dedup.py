@@ -15,18 +15,27 @@ to ``align_bytes`` (:class:`~refimpl.store.backends.dedup_config.MemberSlice`). 
   host bytes per rank are at most ``ceil(bytes/N)`` plus alignment.
 * Reload: the flat device buffer holds ``N*chunk`` elements (the store asks
   :meth:`DedupBackend.padded_numel`); each member copies its host slice (H2D)
-  into its own chunk, then one in-place ``all_gather_into_tensor`` per layout,
-  i.e. per (category, dtype, group), rebuilds the other chunks. Bytes come
-  back bitwise.
+  into its own chunk, then all-gathers per layout, i.e. per (category, dtype,
+  group), rebuild the other chunks, piece by piece as the H2D lands
+  (:mod:`refimpl.store.backends.dedup_gather`). Bytes come back bitwise.
+  Layouts without a group take the local path: no collective at all.
 * Groups: :func:`~refimpl.store.replica_sync.agree_on_groups` tells every rank
   every other rank's groups, and every rank creates the union in one sorted
   order (torch requires all ranks to create every group). Layouts are
   processed in sorted key order, one global order, so no two ranks wait on
   each other's groups in opposite orders.
-* Layout agreement (always): before anything moves, each member's layout
-  signature for each group is compared over the group; a mismatch means the
-  replica inference is wrong and the all-gather would splice unrelated
-  bytes, so the offload is refused.
+* Outcomes: every offload and reload ends the same way on every rank, settled
+  by votes among all ranks (``offload.begin`` / ``offload.commit``,
+  ``reload.begin`` / ``reload.commit``; [Note: the outcome votes] in
+  :mod:`refimpl.store.backends.dedup_outcome`). A failure on one rank after the
+  replica checks rolls the offload back on every rank; a rank that does not
+  take part is named in every rank's error within ``DedupConfig.timeout_s``.
+  The first vote of an operation also says which groups some rank saw
+  destroyed (a lifecycle's teardown, a failed all-gather), and every rank
+  rebuilds those, in one order.
+* Layout agreement (always): each member's layout signature for each group is
+  compared over the group; a mismatch means the replica inference is wrong and
+  the all-gather would splice unrelated bytes, so the offload is refused.
 * Content check (``verify_replicas``, on by default): when a layout is first
   deduplicated and whenever it changes (a new layout object), each replicated
   tensor's bytes are hashed on the device
@@ -36,33 +45,27 @@ to ``align_bytes`` (:class:`~refimpl.store.backends.dedup_config.MemberSlice`). 
   otherwise silently overwrite one rank's weights with another's on reload.
   Whether a group checks is agreed inside the layout-signature collective (a
   flag reduced with MAX), so members never disagree on running the check.
-* A reload that some member does not join fails on the members that did (the
-  group's timeout, ``DedupConfig.timeout_s``) with the state still in host
-  memory; the failed member tears its group down, and the next reload on every
-  rank rebuilds it (a member whose collective fails because a peer tore the
-  group down rebuilds it and retries once) and brings the state back.
-* Either check ends in one ``all_reduce(MAX)`` of a failure code over
-  ``world``, so every rank raises together (nothing has moved yet) instead of
-  some ranks waiting in collectives the others never join.
+  Either check's result is cast at ``offload.commit``, so every rank refuses
+  together, before any device memory is released.
 """
 from __future__ import annotations
 
 import logging
-import math
 import weakref
-from typing import Any, Awaitable, Hashable, NamedTuple, Sequence
+from typing import Any, Awaitable, Hashable, Sequence
 
 import torch
 
-from refimpl.runtime.base import (
-    WORLD, CollectiveFailedError, CollectiveTimeoutError, Completion, CopyKind, ReduceOp, Runtime, gather,
-)
+from refimpl.runtime.base import CollectiveTimeoutError, CopyKind, Runtime, gather
 from refimpl.store.backends.base import LayoutSource, StoreBackend
 from refimpl.store.backends.dedup_config import (
-    DedupConfig, DedupError, LayoutMismatchError, MemberSlice, ReplicaMismatchError, ReplicaShare, SlicePlan,
+    DedupConfig, DedupError, LayoutMismatchError, MemberSlice, OperationMismatchError, PeerFailedError,
+    PeerUnavailableError, ReplicaMismatchError, ReplicaShare, SlicePlan,
 )
+from refimpl.store.backends.dedup_gather import SegmentCopy, SliceGather
+from refimpl.store.backends.dedup_outcome import Code, OutcomeVotes, Stage, peer_error
 from refimpl.store.backends.local import LocalBackend
-from refimpl.store.config import StoreConfig
+from refimpl.store.config import CATEGORY_ORDER, Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.pool import HostBuffer, PinnedHostPool
 from refimpl.store.replica import ReplicaGroup
@@ -76,15 +79,8 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- the backend
 
-_LAYOUT_MISMATCH, _CONTENT_MISMATCH = 1, 2
-
-
-class SegmentCopy(NamedTuple):
-    """An H2D copy of one host segment of this rank's slice, in flight."""
-
-    #: the segment's first element in the chunk
-    start: int
-    completion: Completion
+_NEW_GROUPS = 0  # offload.begin mark: this rank found replica groups not agreed yet (group i destroyed: i + 1)
+_NCAT = len(CATEGORY_ORDER)  # offload.commit marks: group i holds category c -> i * _NCAT + c
 
 
 class DedupBackend(StoreBackend):
@@ -118,6 +114,13 @@ class DedupBackend(StoreBackend):
         #: seconds the last offload spent on the content check (digests and their comparison), 0 if none ran
         self.last_verify_s = 0.0
         self._verified: weakref.WeakSet = weakref.WeakSet()  # layout objects whose content was checked
+        # [Note: the outcome votes] in dedup_outcome
+        self._votes = OutcomeVotes(runtime, self.dedup.timeout_s)
+        self._gather = SliceGather(runtime, config, self.dedup)
+        self._stage = Stage.IDLE
+        self._checked: tuple[Code, list[str]] = (Code.OK, [])  # this offload's replica checks: worst code, problems
+        self._prepared: list[FlatLayout] = []
+        self._group_cats: dict[ReplicaGroup, int] = {}  # agreed: categories each group held at an offload, as bits
 
     # ---- layout keys --------------------------------------------------------
 
@@ -159,24 +162,47 @@ class DedupBackend(StoreBackend):
     # ---- offload ------------------------------------------------------------
 
     async def prepare(self, layouts: Sequence[FlatLayout]) -> None:
-        """Create replica groups, then check layouts (and, with ``verify``, contents) agree per group."""
+        """Vote ``offload.begin``, rebuild or create the replica groups it calls for, then check that layouts (and,
+        with ``verify``, contents) agree per group; the checks' result is cast at ``offload.commit``."""
         grouped = [lay for lay in layouts if isinstance(lay.key.placement, ReplicaGroup)]
-        await self._ensure_groups({lay.key.placement for lay in grouped})
-        await self._check(grouped)
+        mine = {lay.key.placement for lay in grouped}
+        new = self.dedup.groups is None and any(g not in self._groups for g in mine)
+        destroyed = {1 + i for i, g in enumerate(self._groups) if not self.rt.group_live(g.name)}
+        verdict = await self._votes.begin("offload.begin", 0, ({_NEW_GROUPS} if new else set()) | destroyed)
+        if not verdict.agreed:
+            self._stage = Stage.SETTLED
+            self._votes.raise_unless_agreed(verdict, "offload")
+        self._stage = Stage.BEGUN
+        await self._rebuild(sorted(m - 1 for m in verdict.marks if m > _NEW_GROUPS))
+        await self._ensure_groups(mine, _NEW_GROUPS in verdict.marks)
+        self._prepared = grouped
+        self._checked = await self._check(grouped)
 
-    async def _ensure_groups(self, mine: set) -> None:
+    async def _rebuild(self, indices: Sequence[int]) -> None:
+        """Recreate the agreed groups ``indices`` on every rank, in order (a live one is torn down first: some rank
+        saw it destroyed, so it is broken for the group)."""
+        for i in indices:
+            g = self._groups[i]
+            if self.rt.group_live(g.name):
+                await self.rt.destroy_group(g.name, abort=True)
+            await self.rt.recreate_group(g.name)
+            log.info("rank %d: local_dedup rebuilt replica group %s", self.rt.rank, g)
+
+    async def _ensure_groups(self, mine: set, exchange: bool) -> None:
+        """Create the declared groups, or (``exchange``: some rank found new ones) every rank's union of them."""
         rt = self.rt
         if self.dedup.groups is not None:
             wanted = list(self.dedup.groups)
+        elif not exchange:
+            return
         else:
-            new = [g for g in mine if g not in self._groups]
             if rt.device.type == "meta":
                 raise DedupError(
                     "local_dedup on a runtime whose collectives move no data (meta payloads) cannot exchange "
                     "replica groups between ranks; declare them with DedupConfig(groups=...) "
                     "(e.g. MeshTopology.groups_over(['ddp']))"
                 )
-            found = await agree_on_groups(rt, new)
+            found = await agree_on_groups(rt, [g for g in mine if g not in self._groups])
             wanted = sorted(set(self._groups) | set(found))
         if wanted != self._groups:
             await ensure_groups(rt, [g for g in wanted if g not in self._groups], backend=self.dedup.group_backend,
@@ -184,14 +210,14 @@ class DedupBackend(StoreBackend):
             self._groups = wanted
             log.info("rank %d: local_dedup replica groups %s", rt.rank, [str(g) for g in wanted])
 
-    async def _check(self, grouped: Sequence[FlatLayout]) -> None:
-        """Per member group: layout signatures (always) and content hashes (``verify``) agree; else raise."""
+    async def _check(self, grouped: Sequence[FlatLayout]) -> tuple[Code, list[str]]:
+        """Per member group: layout signatures (always) and content hashes (``verify``) compared; the worst code."""
         rt = self.rt
         by_group: dict[ReplicaGroup, list[FlatLayout]] = {}
         for lay in grouped:
             by_group.setdefault(lay.key.placement, []).append(lay)  # type: ignore[arg-type]
         problems: list[str] = []
-        code = 0
+        code = Code.OK
         every, changed = self.dedup.verify, self.dedup.verify_changed
         verified = False
         self.last_verify_s = 0.0
@@ -201,9 +227,13 @@ class DedupBackend(StoreBackend):
             lays = by_group.get(g, [])
             need = every or (changed and any(lay not in self._verified for lay in lays))
             sig = torch.tensor(layout_signature(lays, self._signatures), dtype=torch.int64)
-            same, anyone = await members_agree_any(rt, sig, need, g.name)
+            rt.mark_arrival(g.name, "offload.check")
+            try:
+                same, anyone = await members_agree_any(rt, sig, need, g.name)
+            except CollectiveTimeoutError as e:
+                raise peer_error(rt, g.name, "offload.check", e) from e
             if same is False:
-                code = max(code, _LAYOUT_MISMATCH)
+                code = max(code, Code.LAYOUT_MISMATCH)
                 problems.append(
                     f"replica group {g}: members laid out different tensors ({sum(len(x.entries) for x in lays)} "
                     f"storages in {[x.key.label() for x in lays]} here). The replica inference is wrong for this "
@@ -219,27 +249,36 @@ class DedupBackend(StoreBackend):
                 verified = True
                 if equal is not None and not all(equal):
                     bad = [entries[i // 2].name for i, ok in enumerate(equal) if not ok][:5]
-                    code = max(code, _CONTENT_MISMATCH)
+                    code = max(code, Code.CONTENT_MISMATCH)
                     problems.append(f"replica group {g}: tensors {sorted(set(bad))} differ between members")
                     continue
                 self._verified.update(lays)
         if verified:
             self.verified_offloads += 1
             release_digest_weights()  # their device memory goes back with the state's
-        await self._raise_together(code, problems)
+        return code, problems
 
-    async def _raise_together(self, code: int, problems: list[str]) -> None:
-        """One ``all_reduce(MAX)`` of the failure code over ``world``: every rank raises, or none."""
-        rt = self.rt
-        flag = rt.alloc_device(1, torch.int64, tag="dedup.flag")
-        flag.fill_(code)
-        await rt.all_reduce(flag, ReduceOp.MAX, WORLD)
-        worst = 0 if rt.device.type == "meta" else int(flag.item())
-        if worst:
-            err = LayoutMismatchError if worst == _LAYOUT_MISMATCH else ReplicaMismatchError
-            detail = "; ".join(problems) if problems else "a replica group of other ranks failed the check"
-            raise err(f"rank {rt.rank}: local_dedup refused to offload (nothing moved): {detail}. A wrong replica "
-                      f"inference would overwrite one rank's state with another's on reload.")
+    async def settle_offload(self, error: BaseException | None) -> None:
+        """Vote ``offload.commit`` (or cast this rank's failure where the offload stopped); raise unless every rank
+        committed. See [Note: the outcome votes]."""
+        stage, self._stage = self._stage, Stage.IDLE
+        if error is not None:
+            if stage is not Stage.SETTLED:
+                begun = stage is Stage.BEGUN
+                await self._votes.cast_failure("offload.commit" if begun else "offload.begin", error, begun=begun)
+            return
+        if stage is not Stage.BEGUN:
+            raise DedupError(f"rank {self.rt.rank}: local_dedup offload settled without its offload.begin vote "
+                             f"(stage {stage.value}); the store must call prepare before settle_offload")
+        code, problems = self._checked
+        marks = {self._groups.index(lay.key.placement) * _NCAT + CATEGORY_ORDER[lay.category]
+                 for lay in self._prepared}
+        verdict = await self._votes.commit("offload.commit", code, marks)
+        if not verdict.agreed:
+            self._votes.raise_unless_agreed(verdict, "offload", problems)
+        for m in verdict.marks:
+            g = self._groups[m // _NCAT]
+            self._group_cats[g] = self._group_cats.get(g, 0) | 1 << (m % _NCAT)
 
     async def offload(self, layout: FlatLayout, source: LayoutSource) -> Awaitable[None]:
         """Copy this rank's slice of a replicated layout (the whole layout on the local path)."""
@@ -280,10 +319,51 @@ class DedupBackend(StoreBackend):
 
     # ---- reload -------------------------------------------------------------
 
+    def needs_peers(self, layout: FlatLayout) -> bool:
+        """Replicated layouts: only a slice is here, the rest comes from the members."""
+        return isinstance(layout.key.placement, ReplicaGroup)
+
+    def agrees_on_reload(self, cats: frozenset[Category]) -> bool:
+        """True with other ranks and something offloaded: every reload's outcome is agreed, also one of rank-local
+        layouts only (it runs no collective and rebuilds no group, but its ranks end alike). Alone, without peers:
+        ``reload(local_only=True)``."""
+        return bool(cats) and self.rt.world_size > 1
+
+    def _groups_for(self, cats: frozenset[Category]) -> list[int]:
+        """Indices of the agreed groups that held layouts of ``cats`` on some rank."""
+        mask = sum(1 << CATEGORY_ORDER[c] for c in cats)
+        return [i for i, g in enumerate(self._groups) if self._group_cats.get(g, 0) & mask]
+
+    async def prepare_reload(self, cats: frozenset[Category], layouts: Sequence[FlatLayout]) -> None:
+        """Vote ``reload.begin``; rebuild the groups of ``cats`` that any rank sees destroyed (on every rank)."""
+        need = self._groups_for(cats)
+        destroyed = {i for i in need if not self.rt.group_live(self._groups[i].name)}
+        verdict = await self._votes.begin("reload.begin", 0, destroyed)
+        if not verdict.agreed:
+            self._stage = Stage.SETTLED
+            self._votes.raise_unless_agreed(verdict, "reload")
+        self._stage = Stage.BEGUN
+        await self._rebuild(sorted(verdict.marks))
+
+    async def settle_reload(self, cats: frozenset[Category], error: BaseException | None) -> None:
+        """Vote ``reload.commit`` (or cast this rank's failure); raise unless every rank's reload completed."""
+        stage, self._stage = self._stage, Stage.IDLE
+        if error is not None:
+            if stage is not Stage.SETTLED:
+                begun = stage is Stage.BEGUN
+                await self._votes.cast_failure("reload.commit" if begun else "reload.begin", error, begun=begun)
+            return
+        if stage is not Stage.BEGUN:
+            raise DedupError(f"rank {self.rt.rank}: local_dedup reload settled without its reload.begin vote "
+                             f"(stage {stage.value}); the store must call prepare_reload first")
+        verdict = await self._votes.commit("reload.commit")
+        if not verdict.agreed:
+            self._votes.raise_unless_agreed(verdict, "reload")
+
     async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
-        """H2D of this rank's slice into its chunk, then one in-place all-gather over the group."""
+        """Local layouts: the local path (no collective). Replicated ones: the H2D of this rank's slice into its
+        chunk, then the all-gathers over the group (:class:`~refimpl.store.backends.dedup_gather.SliceGather`)."""
         key = layout.key
-        await self._revive_groups()
         if not isinstance(key.placement, ReplicaGroup):
             return await self._local.reload(layout, device_flat)
         part = self._slices.get(key)
@@ -301,86 +381,7 @@ class DedupBackend(StoreBackend):
                            for i, (a, b) in enumerate(host.ranges()) if b > a]
         if part.valid < part.chunk:
             mine[part.valid:].zero_()
-        return self._gather(completions, device_flat, part, key.placement)
-
-    def _piece_numel(self, part: MemberSlice, dtype: torch.dtype) -> int:
-        """Elements of each rank's chunk all-gathered at once: the staging buffer (N pieces) is at most
-        ``segment_bytes``; a chunk that fits in one piece is gathered in place, as one collective."""
-        align = math.lcm(self.dedup.align_bytes, dtype.itemsize) // dtype.itemsize
-        piece = max(align, self.config.segment_bytes // dtype.itemsize // part.group_size // align * align)
-        return min(part.chunk, piece)
-
-    async def _gather(self, completions: list[SegmentCopy], device_flat: torch.Tensor, part: MemberSlice,
-                      group: ReplicaGroup) -> None:
-        """Rebuild the other members' chunks, piece by piece as this rank's H2D lands.
-
-        [Note: pipelined reload] One all-gather of the whole chunk waits for the
-        whole H2D, so the reload costs H2D + all-gather. Pieces of the chunk (the
-        same boundaries on every member, so every rank issues the same
-        collectives) are all-gathered into a staging buffer as soon as the H2D
-        segments under them have landed, and copied into place on the device:
-        the all-gather of piece k runs over NVLink while the H2D of piece k+1
-        uses PCIe, so the reload costs about the H2D plus one piece's
-        all-gather. A chunk of one piece is gathered in place, as before.
-        """
-        rt, n, chunk = self.rt, part.group_size, part.chunk
-        mine = own_view(device_flat[part.index * chunk:(part.index + 1) * chunk])
-        piece = self._piece_numel(part, device_flat.dtype)
-        pending = list(completions)
-
-        async def landed(upto: int) -> None:
-            """Wait for every H2D segment that starts before element ``upto`` of the chunk."""
-            with rt.span("dedup.h2d"):
-                while pending and pending[0].start < upto:
-                    await pending.pop(0).completion
-
-        if piece >= chunk:
-            await landed(chunk)
-            await rt.point("dedup.reload.all_gather")
-            with rt.span("dedup.all_gather"):
-                await self._all_gather(device_flat, mine, group)
-            return
-        stage = rt.alloc_device(n * piece, device_flat.dtype, tag="dedup.gather_stage")
-        try:
-            for a in range(0, chunk, piece):
-                b = min(a + piece, chunk)
-                await landed(b)
-                await rt.point("dedup.reload.all_gather")
-                k = b - a
-                with rt.span("dedup.all_gather"):
-                    await self._all_gather(stage[:n * k], mine[a:b], group)
-                    for r in range(n):
-                        if r != part.index:
-                            device_flat[r * chunk + a:r * chunk + b].copy_(stage[r * k:(r + 1) * k])
-        finally:
-            await _drain_all(pending)
-            rt.release(stage)
-
-    async def _all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: ReplicaGroup) -> None:
-        """The reload's all-gather; a failure tears the group down (see the module docstring)."""
-        try:
-            await self.rt.all_gather_into_tensor(out, inp, group.name)
-        except CollectiveTimeoutError:
-            await self._tear_down(group, "timed out (did every member call reload?)")
-            raise
-        except CollectiveFailedError as e:
-            # a peer tore the group down after its own failed reload: rebuild (it rebuilds too) and retry once
-            await self._tear_down(group, f"failed ({e})")
-            await self.rt.recreate_group(group.name)
-            await self.rt.all_gather_into_tensor(out, inp, group.name)
-
-    async def _tear_down(self, group: ReplicaGroup, why: str) -> None:
-        """Destroy a replica group whose collective failed; the next reload on every rank rebuilds it."""
-        log.warning("rank %d: reload all-gather over replica group %s %s; the state stays in host memory and the "
-                    "group is torn down: call reload on every rank to rebuild it and retry", self.rt.rank, group, why)
-        if self.rt.group_live(group.name):
-            await self.rt.destroy_group(group.name, abort=True)
-
-    async def _revive_groups(self) -> None:
-        """Recreate agreed replica groups someone destroyed (all ranks, sorted order)."""
-        for g in self._groups:
-            if not self.rt.group_live(g.name):
-                await self.rt.recreate_group(g.name)
+        return self._gather.run(completions, device_flat, part, key.placement)
 
     # ---- host memory --------------------------------------------------------
 
@@ -389,6 +390,16 @@ class DedupBackend(StoreBackend):
         if isinstance(layout.key.placement, ReplicaGroup):
             return None
         return self._local.host_view(layout, start, stop)
+
+    def host_slice(self, layout: FlatLayout) -> tuple[MemberSlice, torch.Tensor] | None:
+        """This rank's part of an offloaded replicated layout: its slice and a copy of the slice's real elements
+        (layout elements ``[slice.start, slice.stop)``), for checks; None for other layouts."""
+        part, host = self._slices.get(layout.key), self._held.get(layout.key)
+        if part is None or not isinstance(layout.key.placement, ReplicaGroup):
+            return None
+        if host is None:
+            return part, torch.empty(0, dtype=layout.dtype)
+        return part, torch.cat([host.segment(i).reshape(-1) for i in range(len(host.ranges()))])[:part.valid].clone()
 
     def host_bytes(self) -> int:
         """Bytes of every host buffer held (local layouts whole, replicated ones as slices)."""
@@ -422,15 +433,6 @@ class DedupBackend(StoreBackend):
         self._local.close()
 
 
-async def _drain_all(pending: list[SegmentCopy]) -> None:
-    """Await H2D copies still in flight (after a failed gather) so their buffers are not freed under them."""
-    while pending:
-        try:
-            await pending.pop(0).completion
-        except BaseException as e:  # noqa: BLE001 - the gather's own error is the one raised
-            log.error("an H2D copy of a failed local_dedup reload also failed: %s", e)
-
-
 __all__ = [
     "DEBUG_ENV",
     "DedupBackend",
@@ -438,6 +440,9 @@ __all__ = [
     "DedupError",
     "LayoutMismatchError",
     "MemberSlice",
+    "OperationMismatchError",
+    "PeerFailedError",
+    "PeerUnavailableError",
     "ReplicaMismatchError",
     "ReplicaShare",
     "SlicePlan",

@@ -3,6 +3,7 @@
 * :class:`DedupConfig`: the backend's options (replica policy, alignment, content check, timeouts).
 * :class:`MemberSlice`: which elements of a replicated layout one member of its replica group keeps.
 * :class:`ReplicaShare`: what one rank holds of a replicated layout (for stats).
+* The backend's errors: :class:`DedupError` and its kinds.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from refimpl.runtime.base import CollectiveTimeoutError
 from refimpl.store.parking import debug_mode
 from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
 
@@ -24,6 +26,30 @@ class ReplicaMismatchError(DedupError):
 
 class LayoutMismatchError(DedupError):
     """Members of a replica group laid out different tensors for the same layout."""
+
+
+class PeerUnavailableError(DedupError, CollectiveTimeoutError):
+    """Other ranks did not take part in a ``local_dedup`` step within ``DedupConfig.timeout_s``.
+
+    ``ranks``: the ranks that never arrived (dead, hung, or not making the same call); empty when every
+    member arrived and one died or hung inside the collective.
+    """
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class PeerFailedError(DedupError):
+    """A ``local_dedup`` offload or reload failed on other ranks (``ranks``); this rank undid its part too."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class OperationMismatchError(DedupError):
+    """Ranks met at different ``local_dedup`` operations: they called offload and reload in different orders."""
 
 
 @dataclass(frozen=True)
@@ -166,5 +192,5 @@ class ReplicaShare:
 SlicePlan = MemberSlice
 """The old name of :class:`MemberSlice`."""
 
-__all__ = ["DedupConfig", "DedupError", "LayoutMismatchError", "MemberSlice", "ReplicaMismatchError", "ReplicaShare",
-           "SlicePlan"]
+__all__ = ["DedupConfig", "DedupError", "LayoutMismatchError", "MemberSlice", "OperationMismatchError",
+           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare", "SlicePlan"]

@@ -74,8 +74,9 @@ class _Named(Mapping):
 
 
 class _GradView(NamedTuple):
-    """Where a parked ``p.grad`` pointed into its bucket storage."""
+    """Where a parked ``p.grad`` pointed into its bucket storage, and its name for the guard."""
 
+    name: str
     tensor: torch.Tensor
     offset: int
     size: tuple[int, ...]
@@ -155,8 +156,8 @@ class DDPClient:
     def _find_buckets(self) -> list[_Bucket]:
         """The bucket storages the defined ``p.grad`` view, each with its views (module order)."""
         by_storage: dict[int, _Bucket] = {}
-        params = {id(p): p for p in self.module.parameters()}
-        for p in params.values():
+        params = {id(p): (n, p) for n, p in self.module.named_parameters()}
+        for pname, p in params.values():
             g = p.grad
             if g is None:
                 continue
@@ -166,7 +167,8 @@ class DDPClient:
             b = by_storage.get(st._cdata)
             if b is None:
                 b = by_storage[st._cdata] = _Bucket(st, st.nbytes())
-            b.views.append(_GradView(g, g.storage_offset(), tuple(g.shape), tuple(g.stride())))
+            b.views.append(_GradView(f"{self.name}.{pname}.grad", g, g.storage_offset(), tuple(g.shape),
+                                     tuple(g.stride())))
         return list(by_storage.values())
 
     async def _offload_buckets(self, drop_grads: bool) -> None:
@@ -176,8 +178,9 @@ class DDPClient:
             if not drop_grads:
                 b.host = rt.alloc_host(b.nbytes, torch.uint8, tag="ddp.bucket")
                 await rt.copy_async(b.host, _bytes(b.storage), CopyKind.D2H)
+        parking = self.store.parking
         for b in buckets:
-            park_views(v.tensor for v in b.views)
+            park_views(parking, ((v.name, v.tensor) for v in b.views), where=parking.site)
             rt.release(_bytes(b.storage))
         self._buckets = buckets
         logger.debug("%s: released %d DDP bucket storages in place (%d bytes)", self.name, len(buckets),

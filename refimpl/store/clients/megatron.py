@@ -53,7 +53,7 @@ from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.dedup import DedupConfig
 from refimpl.store.errors import StoreError
-from refimpl.store.parking import ViewPlace, park_views, repoint_views
+from refimpl.store.parking import Parking, ViewPlace, park_views, repoint_views
 from refimpl.store.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,8 @@ class _View(NamedTuple):
     size: tuple[int, ...]
     stride: tuple[int, ...]
     category: Category
+    #: for the guard's errors: ``a view of <the name its base was given to the store under>``
+    name: str
 
 
 class _Plan:
@@ -119,7 +121,7 @@ class _Plan:
         self.store: dict[Category, dict[str, torch.Tensor]] = {c: {} for c in Category}
         self.views: list[_View] = []
         self._ids: set[int] = set()
-        self.by_storage: dict[int, tuple[torch.Tensor, Category]] = {}
+        self.by_storage: dict[int, tuple[torch.Tensor, Category, str]] = {}
 
     def add(self, category: Category, name: str, t: Any) -> None:
         """Give ``t`` to the store under ``name`` (once per tensor object; the first name wins)."""
@@ -127,7 +129,7 @@ class _Plan:
             return
         self._ids.add(id(t))
         self.store[category][name] = t
-        self.by_storage.setdefault(t.untyped_storage()._cdata, (t, category))
+        self.by_storage.setdefault(t.untyped_storage()._cdata, (t, category, name))
 
     def view(self, t: torch.Tensor) -> None:
         """Keep ``t`` as a client-side view if it views a storage given to the store and is not given itself."""
@@ -137,9 +139,9 @@ class _Plan:
         if hit is None:
             return
         self._ids.add(id(t))
-        base, category = hit
+        base, category, name = hit
         self.views.append(_View(t, base, t.storage_offset() - base.storage_offset(), tuple(t.shape),
-                                tuple(t.stride()), category))
+                                tuple(t.stride()), category, f"a view of {name}"))
 
 
 def _chunks(model: Any) -> list[Any]:
@@ -250,7 +252,7 @@ class MegatronClient:
         if self.store.config.pin_ahead_mode(self.store.rt.device.type) != "background":
             return
         self._plan = plan = self.state.plan()
-        _park(plan.views)
+        _park(plan.views, self.store.parking)
         try:
             self.store.pin_ahead()
         except (StoreError, RuntimeError, ValueError) as e:  # the offload reports it, where nothing moves
@@ -290,7 +292,7 @@ class MegatronClient:
         self._plan = plan = self.state.plan()
         parked = {id(v.tensor) for v in self._parked}
         views = [v for v in plan.views if v.category in cats and id(v.tensor) not in parked]
-        _park(views)
+        _park(views, self.store.parking)
         try:
             await self.store.offload_async(include, drop_grads=drop_grads)
         except BaseException:
@@ -339,8 +341,8 @@ def _buffer_params(buffer: Any) -> list[Any]:
     return list(params)
 
 
-def _park(views: list[_View]) -> None:
-    park_views(v.tensor for v in views)
+def _park(views: list[_View], parking: Parking) -> None:
+    park_views(parking, ((v.name, v.tensor) for v in views))  # before the store's offload: no debug site yet
 
 
 def _repoint(views: list[_View]) -> None:
