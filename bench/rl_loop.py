@@ -123,6 +123,8 @@ class _Clock:
         self.device = device
         self.t0 = time.perf_counter()
         self.spans: list[tuple[int, str, float, float]] = []
+        #: per "step.phase": the caching allocator's counters' change inside the phase (CUDA only)
+        self.allocator: dict[str, dict[str, int]] = {}
 
     def sync(self) -> None:
         """Wait for the device's queued work, every stream (a no-op on CPU)."""
@@ -144,10 +146,24 @@ class _Clock:
         """
         waits = {"device": self.sync, "stream": self.stream_sync, "none": lambda: None}
         waits[start]()
+        before = self._allocator()
         a = time.perf_counter() - self.t0
         yield
         waits[end]()
-        self.spans.append((step, name, a, time.perf_counter() - self.t0))
+        b = time.perf_counter() - self.t0
+        self.spans.append((step, name, a, b))
+        after = self._allocator()
+        if after:  # what the caching allocator did inside the phase (a cudaFree synchronises the whole device)
+            self.allocator[f"{step}.{name}"] = {k: after[k] - before.get(k, 0) for k in after}
+
+    #: caching-allocator counters read around each phase (outside its timed span)
+    ALLOCATOR_KEYS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+    def _allocator(self) -> dict[str, int]:
+        if self.device.type != "cuda":
+            return {}
+        st = torch.cuda.memory_stats(self.device)
+        return {k: int(st.get(k, 0)) for k in self.ALLOCATOR_KEYS}
 
 
 def _line_rates(device: torch.device, nbytes: int, rt) -> dict[str, float]:
@@ -376,6 +392,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     def quiet_point(synced: dict[str, Any] | None) -> dict[str, int]:
         """Untimed, after a training step: check the last sync's rollout weights (``synced``: its step record, which
         holds the trainer digests taken before that switch's offload); return the trainer's digests now."""
+        driver.after_train()  # a streamed reload's untouched tensors handed over (none: the step touched them all)
         t = time.perf_counter()
         if synced is not None:
             synced["weight_check"] = check_weights(synced.pop("_trainer_digests"))
@@ -445,6 +462,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["runtime_spans"] = runtime_spans(rt, rt_t0)
     rec["lifecycle_stats"] = asdict(lc.stats)
     rec["store_phases"] = dict(store.stats().phases)
+    rec["allocator_by_phase"] = clock.allocator
     rec["summary"] = summarize(rec)
     store.close()
     return rec

@@ -5,25 +5,24 @@ Modes (``--mode``):
 ``sequential``  the lifecycle's pause walk, then the store's offload; the
                 weight sync (params reload, gather); the resume's cooldown and
                 rebuild, then the reload of the rest. One after the other.
-``overlapped``  the same work with the memory moves on a worker thread
-                (:class:`refimpl.comm.overlap.OverlappedSwitch`): the offload
-                runs beside the pause's walk; the reload of the rest starts as
-                soon as the params are back, inside the weight sync, so its
-                copies run under the gather and then beside the resume's
-                cooldown, rebuild and the warm-up of the rebuilt groups
-                (``LifecycleConfig.warm_rebuilt``); joined (and agreed) at the
-                end of the reload phase. The bitwise weight check runs at a
-                quiet point after the next training step, when no copy is in
-                flight for it to hide under.
+``overlapped``  the offload on a worker thread beside the pause's walk
+                (:class:`refimpl.comm.overlap.OverlappedSwitch`); in the weight
+                sync both reloads streamed (``reload(stream=True)``) and issued
+                at once, the params' copies first: each parameter's gather
+                waits on the device for its own bytes, and the rest's copies
+                run under the gather and then beside the resume's cooldown,
+                rebuild and the warm-up of the rebuilt groups
+                (``LifecycleConfig.warm_rebuilt``); waited for at the end of the
+                reload phase. The bitwise weight check runs at a quiet point
+                after the next training step, when no copy is in flight for it
+                to hide under.
 ``streamed``    as ``overlapped``, but the reload of the rest (the optimizer
                 state) is not waited for in the switch: it streams under the
-                next training step's forward and backward, and the optimizer's
-                step waits for it (a step pre-hook joins it and agrees on it).
-                On one rank the resume (its cooldown, rebuild and warm-up)
-                runs under that forward and backward too, joined at the same
-                hook, before the step's first collective on the trainer's
-                group; on several it runs in the reload phase (its collectives
-                must not interleave with training's on other communicators).
+                next training step's forward and backward (the forward's use of
+                each parameter waits on the device for its bytes), and a step
+                pre-hook finishes it before the optimizer step.
+                The resume (cooldown, rebuild, warm-up) runs in the reload
+                phase, beside the copies.
 
 [Note: switch cost]
 ``switch_cost_s``: everything the pause, the weight sync and the wake add to a
@@ -38,14 +37,11 @@ and name as the simulator's.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
 #: the switch modes of the RL step
 MODES = ("sequential", "overlapped", "streamed")
-#: the background move of the rest of the state (after the params)
-REST = "reload_rest"
 
 
 class SwitchDriver:
@@ -53,9 +49,11 @@ class SwitchDriver:
 
     ``clock``: the step's clock (``sync``: every stream; ``stream_sync``: the current stream). The attributes
     ``sync_end``, ``reload_end`` and ``train_start`` say what the step's phases wait for at their ends (see
-    ``_Clock.phase`` in :mod:`bench.rl_loop`): off the sequential mode the reload of the rest runs on the
-    store's copy stream past the weight sync's end (and, streamed, into the next training step), so those
-    phases end on the compute stream, and the time the copies still take lands in the phase that waits for them.
+    ``_Clock.phase`` in :mod:`bench.rl_loop`): off the sequential mode the reloads are streamed
+    (``OffloadStore.reload(stream=True)``: each tensor's first use waits on the device for its own bytes), so
+    the weight sync's gather runs beside the params' copies and the rest's copies run on past the weight sync
+    (and, streamed, into the next training step); those phases end on the compute stream, and the time the
+    copies still take lands in the phase that waits for them.
     """
 
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any) -> None:
@@ -70,17 +68,16 @@ class SwitchDriver:
         self.current: dict[str, Any] = {}
         self.sync_end = "device" if mode == "sequential" else "stream"
         self.reload_end = "stream" if mode == "streamed" else "device"
-        #: what the next training step waits for when it starts (a streamed reload is waited for at its optimizer step)
+        #: what the next training step waits for when it starts (a streamed reload is waited for tensor by tensor)
         self.train_start = "device"
-        self._hook = None
-        if mode == "streamed":
-            self._hook = optimizer.register_step_pre_hook(self._before_step)
+        self._hook = optimizer.register_step_pre_hook(self._before_step) if mode == "streamed" else None
 
     def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
-        if self.switch is not None and self.switch.pending:
-            t = time.perf_counter()
-            self.switch.join()
-            self.current["stream_wait_s"] = self.current.get("stream_wait_s", 0.0) + time.perf_counter() - t
+        """Streamed: the reload still streaming under the forward and backward is finished before the optimizer
+        step (the host waits for its last copies; the step then finds its state resident and unguarded)."""
+        t = time.perf_counter()
+        self.store.finish_reload()
+        self.current["stream_wait_s"] = self.current.get("stream_wait_s", 0.0) + time.perf_counter() - t
 
     def pause(self, s: dict[str, Any]) -> str:
         """The offload phase: the lifecycle's pause and the store's offload (beside it unless sequential)."""
@@ -95,15 +92,18 @@ class SwitchDriver:
         return self.switch.pause(release, issued_point="store.offload.wait").name
 
     def weight_sync(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
-        """The weight-sync phase: params back, then the gather into the rollout copy; off the sequential mode the
-        reload of the rest is started between the two, so its copies run under the gather."""
+        """The weight-sync phase: params back, then the gather into the rollout copy. Off the sequential mode both
+        reloads are streamed and issued first (the params' copies, the rest's behind them), so each parameter's
+        gather waits on the device for its own bytes while later ones are still copying."""
         def fn() -> None:
             t = time.perf_counter()
-            self.store.reload("params")
-            self.stream_sync()
-            s["reload_params_store_s"] = time.perf_counter() - t
-            if self.switch is not None:
-                self._start_rest(s)
+            if self.switch is None:
+                self.store.reload("params")
+                self.stream_sync()
+            else:
+                self.store.reload("params", stream=True)
+                self.store.reload(stream=True)
+            s["reload_params_store_s"] = time.perf_counter() - t  # streamed: the time to issue both
             t = time.perf_counter()
             sync_weights()
             self.stream_sync()
@@ -113,47 +113,34 @@ class SwitchDriver:
 
     def resume(self, s: dict[str, Any]) -> None:
         """The reload phase: the groups come back; the rest of the state too (streamed: still on its way)."""
+        t = time.perf_counter()
         if self.switch is None:
             self.life.resume()
             t = time.perf_counter()
             self.store.reload()
             self.sync()
-            s["reload_rest_store_s"] = time.perf_counter() - t
-            return
-        if self.mode == "overlapped":
+        elif self.mode == "overlapped":
             self.switch.resume()
-            return
-        # beside the next step only on one rank: elsewhere the resume runs collectives (a canary, the warm-up of
-        # rebuilt groups) that must not interleave with training's on other communicators
-        self.switch.resume(join=False, background=self.lc.rt.world_size == 1)
-        self.train_start = "stream"
+            self.store.finish_reload()
+        else:  # the resume (and the warm-up of rebuilt groups) beside the copies; the rest streams on into training
+            self.switch.resume()
+            self.train_start = "stream"
+        s["reload_rest_store_s"] = time.perf_counter() - t
 
-    def finish(self) -> None:
-        """Join a move still streaming (after the last step, outside the timed phases); remove the hook."""
+    def after_train(self) -> None:
+        """After a training step (untimed): a resume still beside it joined, a streamed reload's tensors that
+        the step did not touch handed over and its layouts made resident."""
         if self.switch is not None and self.switch.pending:
             self.switch.join()
+        if self.switch is not None:
+            self.store.finish_reload()
+
+    def finish(self) -> None:
+        """After the last step: as :meth:`after_train`; the step hook removed."""
+        self.after_train()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-
-    def _start_rest(self, s: dict[str, Any]) -> None:
-        """Start the reload of the rest on a worker thread; return once its copies are issued (what the caller
-        queues next must run beside them, not before them) or it ended."""
-        issued = threading.Event()
-        remove = self.store.rt.on_point("store.reload.wait", issued.set) if hasattr(self.store.rt, "on_point") else None
-
-        def rest() -> None:
-            t = time.perf_counter()
-            try:
-                self.store.reload()  # returns once its own copies are done (no wait on the compute stream's work)
-            finally:
-                s["reload_rest_store_s"] = time.perf_counter() - t
-
-        bg = self.switch.start(REST, rest)
-        while remove is not None and not issued.wait(0.0005) and not bg.done():
-            pass
-        if remove is not None:
-            remove()
 
 
 def switch_costs(rec: dict[str, Any]) -> dict[str, Any]:
@@ -177,4 +164,4 @@ def switch_costs(rec: dict[str, Any]) -> dict[str, Any]:
             "switch_cost_s": mean("switch_cost_s") if rows else None}
 
 
-__all__ = ["MODES", "REST", "SwitchDriver", "switch_costs"]
+__all__ = ["MODES", "SwitchDriver", "switch_costs"]

@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown shape(s) {unknown} (known: {sorted(SHAPES)})" if unknown else "--cycles must be >= 1")
     device = torch.device(a.device)
     if device.type == "cuda":
+        if device.index is None:  # "cuda": the current device, named by its index from here on
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     records = []
     for name in names:

@@ -10,7 +10,8 @@
 #   rl_dd_*     the RL step with DESTROY_DEFERRED in each mode
 #   peers       timeshare bench offload --model qwen2-0.85b: the store, verl's way, verl's functions (if installed)
 #   rl_live_*   the RL step with PAUSED_LIVE (keeps NCCL memory: the floor), sequential and streamed
-# PARTS (default: all of the above, by prefix) picks parts, e.g. PARTS="rl_auto steady"; BUDGET_S (default 520)
+# PARTS (default: all of the above, by prefix) picks parts, e.g. PARTS="rl_auto steady"; MODES (default
+# "sequential overlapped streamed") the RL step's modes; BUDGET_S (default 520)
 # bounds when a part may still start; NEW_TOKENS (default 16) the rollout length.
 # Writes $OUT/switch.tgz (every record and the log), $OUT/records/*.json and $OUT/summary.txt.
 set -u
@@ -49,12 +50,13 @@ rl() {  # rl NAME POLICY MODE
   step "$1" 75 env CUDA_VISIBLE_DEVICES=0 $PY -m torch.distributed.run --standalone --nproc-per-node=1 bench/gpu/rl_step.py \
     --steps 3 --policy "$2" --mode "$3" --new-tokens "$NT" --out "$W/$1"
 }
-if on rl_auto; then for m in sequential overlapped streamed; do rl "rl_auto_$m" auto "$m"; done; fi
+MODES=${MODES:-sequential overlapped streamed}
+if on rl_auto; then for m in $MODES; do rl "rl_auto_$m" auto "$m"; done; fi
 on steady && step steady 150 env CUDA_VISIBLE_DEVICES=0 $PY bench/gpu/steady_profile.py --skip-baseline --cycles 3 \
   --cache-modes shared,keep,private --out "$W/steady"
-if on rl_dd; then for m in sequential overlapped streamed; do rl "rl_dd_$m" DESTROY_DEFERRED "$m"; done; fi
+if on rl_dd; then for m in $MODES; do rl "rl_dd_$m" DESTROY_DEFERRED "$m"; done; fi
 on peers && step peers 150 env CUDA_VISIBLE_DEVICES=0 $PY -m refimpl bench offload --model qwen2-0.85b --cycles 2 --out "$W/peers"
-if on rl_live; then for m in sequential overlapped streamed; do rl "rl_live_$m" PAUSED_LIVE "$m"; done; fi
+if on rl_live; then for m in $MODES; do rl "rl_live_$m" PAUSED_LIVE "$m"; done; fi
 $PY bench/gpu/switch_summary.py "$W" >"$W/summary.txt" 2>&1
 echo "total $(elapsed)s" >>"$W/summary.txt"
 cat "$W/summary.txt"

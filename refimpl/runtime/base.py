@@ -68,6 +68,12 @@ class Completion(abc.ABC):
     def __await__(self) -> Generator[Any, None, None]:
         ...
 
+    def order_on_device(self) -> bool:
+        """Make what the calling thread queues next on its current device stream run after this copy, without
+        blocking the host; True where that is done (or the copy is already complete), False where the runtime
+        cannot order device work on a copy and the caller must await it instead (the default)."""
+        return self.done()
+
 
 class Ready(Completion):
     """A completion that is already done (used by synchronous paths)."""
@@ -107,6 +113,9 @@ class Runtime(abc.ABC):
     device: torch.device
     #: copy counters; tests use them to prove no host traffic happened
     copy_stats: CopyStats
+    #: whether :meth:`Completion.order_on_device` orders device work after a copy without blocking the host
+    #: (TorchRuntime; the simulator does not, so a streamed reload there waits for its copies at once)
+    orders_on_device: bool = False
 
     # ---- memory -------------------------------------------------------------
 

@@ -99,6 +99,10 @@ class StoreConfig:
 
     ``empty_cache``: after an offload, return the freed blocks to the driver so
     that ``cudaMemGetInfo`` (and the next role on the GPU) sees them.
+
+    ``stream_chunk_bytes``: a streamed reload (``reload(stream=True)``) copies
+    in pieces of at most this many bytes, each with its own completion; a
+    tensor's first use waits (on the device) for the pieces holding its bytes.
     """
 
     alignment_bytes: int = 512
@@ -110,6 +114,7 @@ class StoreConfig:
     staging_buffers: int = 2
     empty_cache: bool = True
     pin_ahead: str | None = None
+    stream_chunk_bytes: int = 64 << 20
 
     def pin_ahead_mode(self, device_type: str) -> str:
         """The effective :attr:`pin_ahead` mode on a device of this type (``None`` resolved)."""
@@ -140,6 +145,9 @@ class StoreConfig:
                              f"got {self.pin_ahead!r}")
         if self.staging_buffers < 1:
             raise ValueError(f"StoreConfig.staging_buffers must be >= 1, got {self.staging_buffers}")
+        if self.stream_chunk_bytes < a:
+            raise ValueError(f"StoreConfig.stream_chunk_bytes ({self.stream_chunk_bytes}) must be >= alignment_bytes "
+                             f"({a})")
 
     def _check_types(self) -> None:
         for f in fields(self):

@@ -24,8 +24,8 @@ from typing import Awaitable, Iterable, NamedTuple
 
 import torch
 
-from refimpl.runtime.base import Runtime
-from refimpl.store.backends.base import StoreBackend
+from refimpl.runtime.base import Runtime, gather
+from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.layout import FlatLayout, LayoutKey
@@ -156,12 +156,18 @@ class OffloadCopies:
 
 
 class ReloadCopies:
-    """A reload's flat device buffers, one per layout (``flats``, by key), and the backend finishers that fill them."""
+    """A reload's flat device buffers, one per layout (``flats``, by key), and the backend finishers that fill them.
 
-    def __init__(self, rt: Runtime, backend: StoreBackend) -> None:
-        self.rt, self.backend = rt, backend
+    ``chunk_bytes`` (a streamed reload): each layout is filled in pieces of at most that many bytes where the
+    backend can (``StoreBackend.reload_pieces``); ``pieces`` then holds them by key (a layout the backend fills
+    in one step, or a dropped one, has none).
+    """
+
+    def __init__(self, rt: Runtime, backend: StoreBackend, chunk_bytes: int | None = None) -> None:
+        self.rt, self.backend, self.chunk_bytes = rt, backend, chunk_bytes
         self.flats: dict[LayoutKey, torch.Tensor] = {}
         self.pending: list[Awaitable[None]] = []
+        self.pieces: dict[LayoutKey, list[Piece]] = {}
 
     async def issue(self, layouts: list[FlatLayout]) -> None:
         """Allocate each layout's flat buffer and have the backend fill it (zeros for dropped layouts)."""
@@ -171,8 +177,16 @@ class ReloadCopies:
             self.flats[layout.key] = flat
             if layout.dropped:
                 flat.zero_()
-            else:
+                continue
+            pieces = None
+            if self.chunk_bytes:
+                chunk = max(1, self.chunk_bytes // layout.dtype.itemsize)
+                pieces = await self.backend.reload_pieces(layout, flat, chunk)
+            if pieces is None:
                 self.pending.append(await self.backend.reload(layout, flat))
+            else:
+                self.pieces[layout.key] = pieces
+                self.pending.append(gather(*(p.completion for p in pieces)))
 
     async def wait(self) -> None:
         """Await every backend finisher, in layout order."""

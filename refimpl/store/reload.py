@@ -21,16 +21,18 @@ reload that failed on one rank stays offloaded on every rank).
 """
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import ClassVar
 
 import torch
 
 from refimpl.runtime.base import Runtime
-from refimpl.store.backends.base import StoreBackend
+from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.config import Category
 from refimpl.store.copies import ReloadCopies, sort_key
 from refimpl.store.errors import TensorChangedError
+from refimpl.store.guard import OnAccess, guard, unguard
 from refimpl.store.layout import FlatLayout, LayoutState
 from refimpl.store.residency import changed_tensors, force_repoint_prepare
 from refimpl.store.stats import PhaseClock
@@ -127,6 +129,122 @@ class Reload:
         self.copies.release_flats()
 
 
+class StreamedReload(Reload):
+    """A reload that hands each tensor over as its bytes land (``OffloadStore.reload(stream=True)``).
+
+    [Note: streamed reload]
+    :meth:`run` stops after stage 3: the copies are issued in pieces of at most
+    ``chunk_bytes`` bytes (``StoreBackend.reload_pieces``), every ref is
+    re-pointed into its flat buffer, and then guarded again (see [Note:
+    offload guard] in :mod:`refimpl.store.guard`) with an ``on_access`` that
+    orders the caller's device stream after the pieces holding that tensor's
+    bytes (``Completion.order_on_device``: a wait on the device, not on the
+    host) and drops the guard. So the first torch call that touches a tensor,
+    however early (a forward that reaches a layer before its copy ended, a
+    gather into another model, an optimizer step), runs after its bytes are
+    there, and what touches later-copied tensors queues behind their pieces
+    while the host goes on. :meth:`finish` (stages 4-5: every copy awaited,
+    the guards left on untouched tensors dropped, the layouts resident) runs
+    at the store's next operation or ``OffloadStore.finish_reload()``.
+
+    What reads a ref's bytes without a torch call (a C++ kernel given its data
+    pointer, a collective called on the ProcessGroup directly) would not wait:
+    those meet the guard's checks as before (see the guard's Note), and the
+    store finishes a streamed reload before anything of its own reads them.
+    Where the backend fills layouts in one step (``local_dedup``, whose reload
+    gathers across ranks) or the runtime cannot order device work on a copy
+    (the simulator), :meth:`run` is a whole reload.
+    """
+
+    name: ClassVar[str] = "reload (streamed)"
+
+    def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout], chunk_bytes: int) -> None:
+        super().__init__(rt, backend, layouts, agreed=False)
+        self.copies = ReloadCopies(rt, backend, chunk_bytes=chunk_bytes)
+        #: True while copies are in flight behind the guards (set by :meth:`run`, cleared by :meth:`finish`)
+        self.streaming = False
+
+    async def run(self) -> int:
+        """Stages 1-3 and the arrival guards (or, where nothing can stream, the whole reload); returns the bytes
+        brought back so far (0 while streaming: :meth:`finish` returns them)."""
+        if not self.rt.orders_on_device:
+            return await super().run()
+        try:
+            await self.rt.point("store.reload.begin")
+            await self.issue_copies()
+            if len(self.copies.pieces) < sum(1 for lay in self.layouts if not lay.dropped):
+                self.check()
+                self.repoint()
+                await self.wait()
+                return self.mark_resident()
+            self.check()
+            self.repoint()
+            self.arm()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            await self.roll_back()
+            raise
+        self.streaming = True
+        return 0
+
+    def arm(self) -> None:
+        """Guard every ref of every layout with its pieces' device wait (see the class Note)."""
+        for lay in self.layouts:
+            pieces = self.copies.pieces.get(lay.key)
+            if not pieces:
+                continue
+            starts = [p.start for p in pieces]
+            for e in lay.entries:
+                first = max(0, bisect.bisect_right(starts, e.offset) - 1)
+                mine = tuple(p for p in pieces[first:] if p.start < e.offset + e.numel)
+                wait = _arrival(mine)
+                for r in e.refs:
+                    t = r.live()
+                    if t is None:
+                        continue
+                    guard(t, r.name, on_access=wait)
+                    dt = r.live_dtensor()
+                    if dt is not None:  # DTensor's dispatch unwraps below the local tensor's guard
+                        guard(dt, r.name, on_access=wait)
+        self.clock.lap("arm")
+
+    async def finish(self) -> int:
+        """Stages 4-5 of a streamed reload: every copy awaited, untouched refs unguarded, the layouts resident;
+        returns the bytes brought back. A failure leaves the state offloaded (see :meth:`Reload.roll_back`)."""
+        if not self.streaming:
+            return 0
+        self.streaming = False
+        try:
+            await self.wait()
+        except BaseException:
+            self._drop_arrival_guards()
+            await self.roll_back()
+            raise
+        self._drop_arrival_guards()
+        return self.mark_resident()
+
+    def _drop_arrival_guards(self) -> None:
+        for lay in self.layouts:
+            for e in lay.entries:
+                for r in e.refs:
+                    for x in (r.live(), r.live_dtensor()):
+                        if x is not None:
+                            unguard(x)
+
+
+def _arrival(pieces: tuple[Piece, ...]) -> OnAccess:
+    """The guard's ``on_access`` for a tensor whose bytes are in ``pieces``: order the caller's device stream
+    after them (block the host only where a completion cannot be ordered on the device)."""
+    def wait(_t: torch.Tensor) -> None:
+        for p in pieces:
+            if not p.completion.order_on_device():
+                for _ in p.completion.__await__():  # TorchRuntime's completions finish without yielding
+                    raise RuntimeError("a streamed reload's copy cannot be waited for here")
+
+    return wait
+
+
 class Recover(Reload):
     """A reload that overwrites changes: every registered tensor gets its offloaded bytes back."""
 
@@ -142,4 +260,4 @@ class Recover(Reload):
         self.overwritten = problems
 
 
-__all__ = ["Recover", "Reload"]
+__all__ = ["Recover", "Reload", "StreamedReload"]

@@ -78,7 +78,7 @@ from refimpl.store.parking import Parking, caller_site, debug_mode
 from refimpl.store.pool import PinnedHostPool
 from refimpl.store.backends.base import streams
 from refimpl.store.registry import create_backend
-from refimpl.store.reload import Recover, Reload
+from refimpl.store.reload import Recover, Reload, StreamedReload
 from refimpl.store.residency import ItemSignature
 from refimpl.store.stats import StoreStats
 
@@ -121,6 +121,8 @@ class OffloadStore:
         self._owner: int | None = None
         self._busy: str | None = None
         self._closed = False
+        #: streamed reloads whose copies may still be in flight, oldest first (see :meth:`finish_reload`)
+        self._streams: list[StreamedReload] = []
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
@@ -277,6 +279,8 @@ class OffloadStore:
         (offload, reload, attach, pin_ahead) raises :class:`StoreClosedError`; closing twice does nothing."""
         if self._closed:
             return
+        if self._streams:  # the copies of a streamed reload must end before their host buffers are freed
+            self.rt.run(self._finish_streams())
         self._closed = True
         if self._offloaded:
             logger.warning("closing an offload store while %s are offloaded: that state is dropped",
@@ -299,6 +303,8 @@ class OffloadStore:
             return self._pin_ahead(include, wait)
 
     def _pin_ahead(self, include: Iterable[Category | str] | Category | str | None, wait: bool) -> int:
+        if self._streams:
+            self.rt.run(self._finish_streams())
         cats = Category.select(include) - self._offloaded
         groups, _ = group_by_storage(self._attached.items(cats), self.rt.device)
         try:
@@ -332,9 +338,28 @@ class OffloadStore:
         self.rt.run(self.offload_async(include, drop_grads=drop_grads))
 
     def reload(self, include: Iterable[Category | str] | Category | str | None = None, *,
-               local_only: bool = False) -> None:
+               local_only: bool = False, stream: bool = False) -> None:
         """Bring the state of ``include`` (default: all) back to the device; see :meth:`reload_async`."""
-        self.rt.run(self.reload_async(include, local_only=local_only))
+        self.rt.run(self.reload_async(include, local_only=local_only, stream=stream))
+
+    def finish_reload(self) -> int:
+        """Wait for the streamed reloads still in flight (``reload(stream=True)``) and make their layouts
+        resident; returns the bytes they brought back. Every other store operation does this first."""
+        with self._exclusive("finish_reload"):
+            return self.rt.run(self._finish_streams())
+
+    async def _finish_streams(self) -> int:
+        """Finish every streamed reload in flight, oldest first (see :class:`StreamedReload`)."""
+        moved = 0
+        while self._streams:
+            reload = self._streams[0]
+            try:
+                moved += await reload.finish()
+            finally:
+                self._streams.pop(0)
+        if moved:
+            self._counters["last_reload_bytes"] = moved
+        return moved
 
     # ------------------------------------------------------------------ offload
 
@@ -356,6 +381,7 @@ class OffloadStore:
             await self._offload(include, drop_grads)
 
     async def _offload(self, include: Iterable[Category | str] | Category | str | None, drop_grads: bool) -> None:
+        await self._finish_streams()
         partly = sorted(c.value for c in Category.select(include) & self._offloaded
                         if any(lay.category is c and lay.state is LayoutState.ON_DEVICE for lay in self._layouts.values()))
         if partly:
@@ -428,7 +454,7 @@ class OffloadStore:
     # ------------------------------------------------------------------ reload
 
     async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None, *,
-                           local_only: bool = False) -> None:
+                           local_only: bool = False, stream: bool = False) -> None:
         """Allocate one flat device buffer per offloaded layout, fill it, re-point every tensor into it.
 
         Raises :class:`TensorChangedError` (state stays offloaded, nothing
@@ -443,10 +469,18 @@ class OffloadStore:
         collective: a rank's own state when its peers are gone. Categories
         whose replicated layouts stay offloaded stay offloaded (reload them
         with every rank, or restart).
+
+        ``stream``: return once the copies are issued and every tensor re-pointed; each tensor's first torch
+        call waits on the device for its own bytes (see [Note: streamed reload] in
+        :mod:`refimpl.store.reload`), so the caller's next work (a forward, a gather, an optimizer step) runs
+        beside the copies. :meth:`finish_reload`, or the store's next operation, waits for the rest. A
+        backend whose reload runs collectives (``local_dedup``) or a runtime that cannot order device work on
+        a copy reloads whole instead.
         """
         expect_bool(local_only, "reload(include, local_only)", "local_only")
+        expect_bool(stream, "reload(include, stream)", "stream")
         with self._exclusive("reload"):
-            await self._reload(include, force=False, local_only=local_only)
+            await self._reload(include, force=False, local_only=local_only, stream=stream)
 
     def recover(self, include: Iterable[Category | str] | Category | str | None = None) -> list[str]:
         """Reload whatever a registered tensor was changed to meanwhile: every offloaded byte comes back.
@@ -466,8 +500,10 @@ class OffloadStore:
             return await self._reload(include, force=True)
 
     async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool,
-                      local_only: bool = False) -> list[str]:
+                      local_only: bool = False, stream: bool = False) -> list[str]:
         cats = Category.select(include)
+        if self._streams and not stream:
+            await self._finish_streams()
         offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
         chosen = frozenset(cats & self._offloaded)  # the same on every rank: offloads end alike everywhere
         agreed = not local_only and self.backend.agrees_on_reload(chosen)
@@ -477,10 +513,16 @@ class OffloadStore:
             self._settle_back(cats)
             return []
         rt = self.rt
-        reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
+        if stream and not force and not agreed:
+            reload = StreamedReload(rt, self.backend, offloaded, self.config.stream_chunk_bytes)
+        else:
+            reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
         with rt.span("reload"), gc_paused():
             t0 = rt.now()
             moved = await reload.run()
+            if getattr(reload, "streaming", False):
+                self._streams.append(reload)
+                moved = sum(lay.data_nbytes for lay in reload.layouts if not lay.dropped)  # on their way
             self._settle_back(cats)
             c = self._counters
             c["reloads"] += 1

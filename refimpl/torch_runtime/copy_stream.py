@@ -36,6 +36,14 @@ class StreamCopy(Completion):
         """True once the copy has finished on the device."""
         return self._event.query()
 
+    def order_on_device(self) -> bool:
+        """The calling thread's current stream on the copy's device waits for the copy's event (the host does
+        not); the copy's buffers are kept until the copy is awaited."""
+        if self._dst_on_device:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+            return True
+        return self.done()
+
     def __await__(self) -> Generator[Any, None, None]:
         self._event.synchronize()
         if self._dst_on_device:

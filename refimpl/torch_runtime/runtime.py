@@ -130,6 +130,7 @@ class TorchRuntime(Runtime):
         self.device_cache = DeviceCache(device, device_cache or os.environ.get("TIMESHARE_DEVICE_CACHE") or "shared")
         if wake_proxies is None:
             wake_proxies = os.environ.get("TIMESHARE_WAKE_PROXIES", "1").strip() not in ("0", "false", "no", "off")
+        self.orders_on_device = True  # a copy's completion orders the caller's stream after it (copy_stream.py)
         self.wake_proxies = bool(wake_proxies) and self._cuda and proxy_wake.supported()
         self.proxy_wakes = 0
         self._copies = CopyEngine(device, self.copy_stats)

@@ -12,14 +12,15 @@ resume). This module keeps those parts and composes them the way each mode of
 * ``sequential``: offload = pause walk + store offload; weight sync = bring-up
   + params reload + gather + post-sync walk; reload = resume + reload of the rest.
 * ``overlapped``: the store's moves run beside the lifecycle's: offload =
-  max(pause walk, store offload); reload = max(resume, reload of the rest).
+  max(pause walk, store offload); the weight sync's reloads are streamed
+  (each gather waits for its own bytes): weight sync = max(params' copies,
+  gather); the rest's copies follow the params' and run on: reload =
+  max(resume, what is left of the rest).
 * ``streamed``: as overlapped, but the reload of the rest streams under the
   next training step's forward and backward (``fwd_bwd_share`` of the measured
   training step, an input): reload = resume; the step's wait at the optimizer
   = what is left of the rest's reload after the resume and the forward/backward.
-  Where the benchmark runs the resume in the background too (one rank),
-  reload = 0 and the wait = what is left of max(resume, reload of the rest)
-  after the forward/backward.
+  The resume runs in the reload phase, beside the copies.
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -82,16 +83,17 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
     train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
     extra = p["first_use_extra_s"]
     copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
-    ws = lc["weight_sync"] + params + gather
     wait = 0.0
-    rest_left = max(0.0, rest - gather)  # off the sequential mode the rest's reload starts before the gather
+    if mode == "sequential":
+        ws = lc["weight_sync"] + params + gather
+        rest_left = rest
+    else:  # streamed reloads issued at once: each gather waits for its own bytes, the rest's copies follow
+        ws = lc["weight_sync"] + max(params, gather)
+        rest_left = max(0.0, rest - max(0.0, gather - params))
     if mode == "sequential":
         off, rel = lc["offload"] + off_store, lc["reload"] + rest
     elif mode == "overlapped":
         off, rel = max(lc["offload"], off_store), max(lc["reload"], rest_left)
-    elif p["world_size"] == 1:  # the resume goes under the next step too
-        off, rel = max(lc["offload"], off_store), 0.0
-        wait = max(0.0, max(lc["reload"], rest_left) - fwd_bwd_share * train)
     else:
         off, rel = max(lc["offload"], off_store), lc["reload"]
         wait = max(0.0, rest_left - lc["reload"] - fwd_bwd_share * train)

@@ -21,7 +21,9 @@ def test_the_modes_compose_the_same_parts(rows):
         seq, ovl, stm = (rows[(policy, m)] for m in ("sequential", "overlapped", "streamed"))
         # beside each other a walk and a copy cost their maximum, never more than one after the other
         assert ovl["offload_s"] <= seq["offload_s"] and ovl["reload_s"] <= seq["reload_s"]
-        assert stm["reload_s"] <= ovl["reload_s"] and stm["weight_sync_s"] == seq["weight_sync_s"]
+        assert stm["reload_s"] <= ovl["reload_s"]
+        # off the sequential mode the gather runs beside the params' streamed copies: the larger of the two
+        assert stm["weight_sync_s"] == ovl["weight_sync_s"] < seq["weight_sync_s"]
         for r in (seq, ovl, stm):  # switch_cost_s: the window plus the first step's extra and the stream's wait
             assert r["switch_cost_s"] == pytest.approx(r["offload_s"] + r["weight_sync_s"] + r["reload_s"]
                                                        + r["first_use_extra_s"] + r["stream_wait_s"])

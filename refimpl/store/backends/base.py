@@ -60,7 +60,7 @@ from __future__ import annotations
 import abc
 import bisect
 import logging
-from typing import Awaitable, ClassVar, Hashable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Awaitable, ClassVar, Hashable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -210,6 +210,14 @@ class StoreBackend(abc.ABC):
     async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
         """Issue the fill of ``device_flat`` (``layout.numel`` elements); return an awaitable that completes it."""
 
+    async def reload_pieces(self, layout: FlatLayout, device_flat: torch.Tensor,
+                            chunk_numel: int) -> list[Piece] | None:
+        """Optional: issue the fill of ``device_flat`` as pieces of at most ``chunk_numel`` elements, each with
+        its own completion, so a streamed reload can hand each tensor over as its piece lands (see
+        :class:`refimpl.store.reload.StreamedReload`). None (the default): not supported (a backend with
+        collectives in its reload, or one that fills the buffer in one step); :meth:`reload` is used."""
+        return None
+
     def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
         """Host memory holding layout elements ``[start, stop)`` while offloaded, or None if not held whole here."""
         return None
@@ -223,6 +231,14 @@ class StoreBackend(abc.ABC):
 
     def close(self) -> None:
         """Free everything the backend holds."""
+
+
+class Piece(NamedTuple):
+    """Layout elements ``[start, stop)`` of a reload and the completion of their copy."""
+
+    start: int
+    stop: int
+    completion: Completion
 
 
 @runtime_checkable
@@ -253,4 +269,4 @@ def streams(backend: StoreBackend) -> bool:
     return isinstance(backend, StreamingBackend)
 
 
-__all__ = ["LayoutSource", "StoreBackend", "StreamingBackend", "streams"]
+__all__ = ["LayoutSource", "Piece", "StoreBackend", "StreamingBackend", "streams"]

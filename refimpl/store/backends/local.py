@@ -6,7 +6,7 @@ from typing import Awaitable
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
-from refimpl.store.backends.base import LayoutSource, StoreBackend
+from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend
 from refimpl.store.config import StoreConfig
 from refimpl.store.errors import StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey
@@ -65,20 +65,37 @@ class LocalBackend(StoreBackend):
             raise
         return gather(*completions)
 
-    async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
-        """One host-to-device copy per host segment into ``device_flat``."""
+    def _host_copy(self, layout: FlatLayout) -> HostBuffer:
         host = self._held.get(layout.key)
         if host is None or host.numel != layout.numel:
             raise StoreStateError(
                 f"local backend holds no host copy of layout {layout.key.label()}; it was never offloaded "
                 f"through this backend or was discarded"
             )
+        return host
+
+    async def reload(self, layout: FlatLayout, device_flat: torch.Tensor) -> Awaitable[None]:
+        """One host-to-device copy per host segment into ``device_flat``."""
+        host = self._host_copy(layout)
         completions = [
             self.rt.copy_async(own_view(device_flat[a:b]), host.segment(i), CopyKind.H2D)
             for i, (a, b) in enumerate(host.ranges())
             if b > a
         ]
         return gather(*completions)
+
+    async def reload_pieces(self, layout: FlatLayout, device_flat: torch.Tensor, chunk_numel: int) -> list[Piece]:
+        """:meth:`reload` cut into host-to-device copies of at most ``chunk_numel`` elements, each a piece."""
+        host = self._host_copy(layout)
+        step = max(1, int(chunk_numel))
+        pieces = []
+        for i, (a, b) in enumerate(host.ranges()):
+            seg = host.segment(i)
+            for lo in range(a, b, step):
+                hi = min(b, lo + step)
+                done = self.rt.copy_async(own_view(device_flat[lo:hi]), seg[lo - a:hi - a], CopyKind.H2D)
+                pieces.append(Piece(lo, hi, done))
+        return pieces
 
     def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
         """A view of the pinned buffer (no copy)."""
