@@ -15,7 +15,7 @@ import pytest
 from tests.planted import BREAKS, REPO, Break, BreakDriftError, apply_break, copy_repo, revert_break, run_selection
 
 
-def test_there_are_at_least_fifteen_named_breaks_with_selections():
+def test_the_named_breaks_are_unique_and_each_has_a_selection():
     names = [b.name for b in BREAKS]
     assert len(names) >= 15 and len(set(names)) == len(names)
     for b in BREAKS:
@@ -24,15 +24,21 @@ def test_there_are_at_least_fifteen_named_breaks_with_selections():
             assert (REPO / sel.split("::")[0]).is_file(), f"{b.name}: selection {sel} does not exist"
 
 
-def test_every_module_of_comm_and_sim_has_a_break_or_says_why_not():
-    from tests.planted.comm_sim import EXEMPT, NOT_YET_CAUGHT
+def test_every_module_of_store_comm_and_sim_has_a_break_or_says_why_not():
+    from tests.planted.comm_sim import EXEMPT as COMM_SIM_EXEMPT, NOT_YET_CAUGHT
+    from tests.planted.store import EXEMPT as STORE_EXEMPT
 
+    exempt = {**COMM_SIM_EXEMPT, **STORE_EXEMPT}
     gaps = {b.path for b in NOT_YET_CAUGHT}  # planted, not caught yet: visible gaps, not silent ones
     planted = {b.path for b in BREAKS} | gaps
-    modules = sorted(str(p.relative_to(REPO)) for pkg in ("refimpl/comm", "sim") for p in (REPO / pkg).rglob("*.py"))
-    missing = [m for m in modules if m not in planted and m not in EXEMPT]
-    assert not missing, f"modules with no planted break (add one in tests/planted/comm_sim.py, or exempt it): {missing}"
-    assert not [m for m in EXEMPT if not (REPO / m).is_file()], "an exempt module no longer exists"
+    modules = sorted(str(p.relative_to(REPO)) for pkg in ("refimpl/store", "refimpl/comm", "sim")
+                     for p in (REPO / pkg).rglob("*.py"))
+    missing = [m for m in modules if m not in planted and m not in exempt]
+    assert not missing, ("modules with no planted break (add one in tests/planted/store.py or comm_sim.py, or exempt "
+                         f"it there saying why): {missing}")
+    assert not [m for m in exempt if not (REPO / m).is_file()], "an exempt module no longer exists"
+    assert not [m for m in exempt if m in planted], "an exempt module has a break: take it off the exempt list"
+    assert all(len(why) > 10 for why in exempt.values()), "every exemption says why"
 
 
 @pytest.mark.parametrize("brk", BREAKS, ids=[b.name for b in BREAKS])
@@ -59,6 +65,16 @@ def test_breaks_are_never_applied_to_the_working_tree():
 @pytest.fixture(scope="module")
 def repo_copy(tmp_path_factory) -> Path:
     return copy_repo(tmp_path_factory.mktemp("planted"))
+
+
+def test_the_copy_has_every_record_the_tests_read(repo_copy):
+    """Tests read recorded NCCL logs and their archives, not only JSON: a copy without them fails its baseline."""
+    from tests.planted import RECORD_MAX_BYTES
+
+    records = [p.relative_to(REPO) for p in (REPO / "bench" / "results").rglob("*")
+               if p.is_file() and p.stat().st_size < RECORD_MAX_BYTES]
+    assert {p.suffix for p in records} >= {".json", ".tgz"}
+    assert not [str(p) for p in records if not (repo_copy / p).is_file()]
 
 
 CI_BREAKS = [b for b in BREAKS if b.ci]

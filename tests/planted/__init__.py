@@ -19,9 +19,12 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: records under bench/results larger than this are not copied (none is today; the largest is an NCCL log archive of 0.75 MB)
+RECORD_MAX_BYTES = 2_000_000
 
 
 class BreakDriftError(RuntimeError):
@@ -90,14 +93,14 @@ def copy_repo(dest: Path, src: Path = REPO) -> Path:
                  if p.is_file() and ".git" not in p.parts and "__pycache__" not in p.parts]
     for f in files:
         if f.startswith("bench/results/"):
-            continue  # records, not code (kept small: tests that read them get them below)
+            continue  # records, not code (copied below, the small ones)
         out = dest / f
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / f, out)
     results = src / "bench" / "results"
-    if results.is_dir():  # tests read recorded JSON; copy only the small text records
+    if results.is_dir():  # tests read the records (JSON, NCCL logs and their archives): every small file
         for p in results.rglob("*"):
-            if p.is_file() and p.suffix in (".json", ".txt", ".md") and p.stat().st_size < 2_000_000:
+            if p.is_file() and p.stat().st_size < RECORD_MAX_BYTES:
                 out = dest / p.relative_to(src)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(p, out)
@@ -114,7 +117,7 @@ def run_selection(root: Path, tests: tuple[str, ...], *, timeout_s: float = 600.
     """
     env = dict(os.environ, PYTHONPATH=str(root), HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "ci"),
                PYTHONDONTWRITEBYTECODE="1", **(extra_env or {}))
-    cmd = ["python", "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE", f"--maxfail={maxfail}",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE", f"--maxfail={maxfail}",
            "-W", "ignore", *tests]
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -283,8 +286,9 @@ BREAKS: tuple[Break, ...] = (
 
 
 from tests.planted.comm_sim import COMM_SIM_BREAKS  # noqa: E402 - it needs Break, defined above
+from tests.planted.store import STORE_BREAKS  # noqa: E402 - it needs Break, defined above
 
-BREAKS = BREAKS + COMM_SIM_BREAKS
+BREAKS = BREAKS + COMM_SIM_BREAKS + STORE_BREAKS
 
 
 def by_name(names: list[str] | None = None) -> list[Break]:

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from refimpl.cli import main
-from sim.planner.plan import PG_POLICIES, Candidate, PlanInputs, Planner, default_inputs, make_plan, pareto, rank
+from sim.planner.plan import (PG_POLICIES, Candidate, PlanInputs, Planner, default_inputs, make_plan, pareto, rank,
+                             recommend)
 from sim.planner.plan_model import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
                             shape_from_sizes)
 
@@ -237,3 +238,57 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
             assert total - predicted[name] == pytest.approx(0.5, abs=0.05), (predicted[name], total)
         else:
             assert predicted[name] == pytest.approx(total, rel=0.15), (name, predicted[name], total)
+
+
+def test_a_moe_models_dense_parameters_leave_its_experts_out():
+    moe = model_preset("Qwen3-30B-A3B")
+    assert moe.dense_params + moe.expert_params == moe.params
+    assert 1.4e9 < moe.dense_params < 1.7e9  # attention, norms, routers and embeddings; 29.0B are in the experts
+    # dp 8 (FSDP over all of it) and ep 8: eight ranks hold each parameter once, so their shards add up to the model
+    lay = Layout(dp=8, ep=8).resolved(moe, 8, 141e9)
+    st = role_state(moe, lay, trained=True)
+    assert st.replicas == 1
+    assert st.bytes["params"] * 8 == pytest.approx(moe.params * 2, rel=1e-6)
+    assert st.bytes["optimizer"] * 8 == pytest.approx(moe.params * 12, rel=1e-6)
+
+
+def test_a_candidate_that_fits_ranks_before_a_faster_one_that_does_not():
+    # a strict 100 GiB KV need: offloading nothing leaves 98 GiB (does not fit) and skips the switch (faster)
+    p = Planner(PlanInputs(model=model_preset("Qwen2.5-7B"), layout=Layout(dp=8), workload=Workload(kv_gib=100.0)))
+    order = p.orders()[0]
+    resident = p.evaluate(Candidate((), "local", False, "none", order))
+    offloaded = p.evaluate(Candidate(("params", "grads", "optimizer"), "local", False, "none", order))
+    assert not resident.feasible and offloaded.feasible and resident.step_s < offloaded.step_s
+    ranked = rank([resident, offloaded])
+    assert ranked == [offloaded, resident]
+    best, why = recommend(ranked)
+    assert best is offloaded and "offloading nothing does not fit" in why
+
+
+def test_plan_fills_in_dp_as_the_gpus_left_over_by_tp_pp_and_cp():
+    import argparse
+
+    from sim.commands.plan import add_arguments, inputs_from_args
+
+    def layout(*argv):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return inputs_from_args(parser.parse_args(["--model", "Qwen3-4B", *argv]))[0].layout
+
+    assert layout().dp == 8  # one node of 8 GPUs
+    assert layout("--tp", "2").dp == 4
+    assert layout("--tp", "2", "--pp", "2").dp == 2
+    assert layout("--pp", "2", "--cp", "2").dp == 2
+
+
+def test_a_layout_within_the_models_error_of_the_fastest_keeps_the_users_own():
+    # Qwen3-4B on 2 GPUs, all state offloaded: FSDP over both is a few hundredths of a second faster than the user's
+    # DDP layout, far inside the model's error, so the plan keeps the user's layout (less to change)
+    everything = ("params", "grads", "optimizer")
+    inputs = PlanInputs(model=model_preset("Qwen3-4B"), cluster="hgx-h200-8x", gpus_per_node=2,
+                        layout=Layout(dp=2, fsdp=1), layouts=[Layout(dp=2, fsdp=2)], workload=Workload(reference=False),
+                        allow=lambda off, backend, score, pg: off == everything and pg == "none" and not score)
+    rows = {r["layout"]: r for r in make_plan(inputs)["layouts"] if "layout" in r}
+    mine, other = rows["dp 2 hsdp 1x2"], rows["dp 2 fsdp 2"]
+    assert mine["mine"] and other["step_s"] < mine["step_s"]
+    assert mine.get("chosen") and not other.get("chosen")

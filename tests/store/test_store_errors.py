@@ -138,3 +138,59 @@ def test_attach_while_offloaded_and_unknown_backend_are_refused():
         store.reload() or store.attach_tensors("params", {}, name="t")
     with pytest.raises(UnknownBackendError, match="nvme"):
         OffloadStore(TorchRuntime("cpu"), backend="nvme")
+
+
+def test_every_refusal_is_a_store_error_one_except_clause_catches():
+    """A worker wraps its switch in ``except StoreError``: each refusal the store raises is one, state kept."""
+    from refimpl.store import StoreError
+
+    w = torch.ones(8)
+    store = _store(w=w)
+    store.offload()
+    w.set_(torch.zeros(4))  # the framework re-pointed a parked tensor
+    with pytest.raises(StoreError) as info:
+        store.reload()
+    assert isinstance(info.value, TensorChangedError) and store.is_offloaded("params")
+    shared = torch.zeros(6)
+    other = OffloadStore(TorchRuntime("cpu"))
+    other.attach_tensors(Category.PARAMS, {"a": shared[:3]}, name="p")
+    other.attach_tensors(Category.OPTIMIZER, {"b": shared[3:]}, name="o")
+    with pytest.raises(StoreError) as info:
+        other.offload()
+    assert isinstance(info.value, SharedStorageError) and not is_parked(shared)
+    with pytest.raises(StoreError):
+        OffloadStore(TorchRuntime("cpu"), backend="nvme")
+
+
+def test_a_backend_is_found_by_its_name_and_a_registered_factory_builds_it():
+    import subprocess
+    import sys
+
+    from refimpl.store import LocalBackend, register_backend
+    from refimpl.store.registry import registered_backends
+
+    class Counting(LocalBackend):
+        reloads = 0
+
+        async def reload(self, layout, device_flat):
+            Counting.reloads += 1
+            return await super().reload(layout, device_flat)
+
+    register_backend("counting", Counting)
+    x = torch.arange(6.0)
+    store = OffloadStore(TorchRuntime("cpu"), backend="counting")
+    store.attach_tensors(Category.PARAMS, {"x": x})
+    store.offload()
+    store.reload()
+    assert Counting.reloads == 1 and torch.equal(x, torch.arange(6.0)) and "counting" in registered_backends()
+    register_backend("not_a_backend", lambda *args, **kw: object())
+    with pytest.raises(UnknownBackendError, match="not a StoreBackend"):
+        OffloadStore(TorchRuntime("cpu"), backend="not_a_backend")
+    # local_dedup lives in a module of its own, imported when a store first names it
+    code = ("import sys\nfrom refimpl.store import OffloadStore\nfrom refimpl.store.registry import registered_backends\n"
+            "from refimpl.torch_runtime import TorchRuntime\n"
+            "assert 'refimpl.store.backends.dedup' not in sys.modules and 'local_dedup' not in registered_backends()\n"
+            "store = OffloadStore(TorchRuntime('cpu'), backend='local_dedup')\n"
+            "assert type(store.backend).__name__ == 'DedupBackend', type(store.backend)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

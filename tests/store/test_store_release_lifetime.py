@@ -75,3 +75,26 @@ def test_no_device_buffer_of_the_offload_holds_bytes_when_empty_cache_runs(monke
         assert not alive, f"cycle {cycle}: device buffers the offload made still hold bytes at empty_cache: {alive}"
         assert not holding, f"cycle {cycle}: state storages still hold bytes at empty_cache: {holding[:5]}"
     assert all(torch.equal(tensors[k], want[k]) for k in want)
+
+
+def test_after_a_reload_the_store_lets_go_of_tensors_the_framework_drops():
+    """After a reload the store holds registered tensors only weakly: gradients set to None (``zero_grad``) are freed,
+    and the next cycle goes on without them."""
+    import weakref
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    model(torch.randn(2, 64)).sum().backward()
+    store = OffloadStore(TorchRuntime("cpu"))
+    store.attach_module(model)
+    store.offload()
+    store.reload()
+    grads = [weakref.ref(p.grad) for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert [g() for g in grads] == [None, None], "the store kept the dropped gradients alive"
+    want = [p.detach().clone() for p in model.parameters()]
+    store.offload()
+    store.reload()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), want))
