@@ -88,22 +88,27 @@ def joined_thread(tid: int) -> int | None:
     return target
 
 
+def _read_mem(address: int, fmt: str) -> tuple[int, ...] | None:
+    """``struct.unpack(fmt, ...)`` of this process's memory at ``address``, read through ``/proc/self/mem`` (an
+    error, never a fault, where the address is no longer mapped); None if it cannot be read whole."""
+    size = struct.calcsize(fmt)
+    try:
+        with open("/proc/self/mem", "rb", buffering=0) as mem:
+            mem.seek(address)
+            raw = mem.read(size)
+    except (OSError, OverflowError, ValueError):
+        return None
+    return struct.unpack(fmt, raw) if len(raw) == size else None
+
+
 def poll_fd(tid: int) -> int | None:
     """The descriptor thread ``tid`` is polling, if it is in ``poll``/``ppoll`` on exactly one descriptor."""
     _, poll, ppoll = _SYSCALLS.get(platform.machine(), (None, None, None))
     call = _syscall(tid)
     if call is None or call[0] not in (poll, ppoll) or call[2] != 1:
         return None
-    try:
-        with open("/proc/self/mem", "rb", buffering=0) as mem:
-            mem.seek(call[1])
-            raw = mem.read(4)
-    except (OSError, OverflowError, ValueError):
-        return None
-    if len(raw) != 4:
-        return None
-    (fd,) = struct.unpack("i", raw)
-    return fd if fd >= 0 else None
+    got = _read_mem(call[1], "i")  # struct pollfd starts with its descriptor
+    return got[0] if got is not None and got[0] >= 0 else None
 
 
 def _poll_timeout_ms(call: list[int]) -> int | None:
@@ -111,16 +116,8 @@ def _poll_timeout_ms(call: list[int]) -> int | None:
     _, poll, _ = _SYSCALLS.get(platform.machine(), (None, None, None))
     if call[0] == poll:
         return call[3]
-    try:
-        with open("/proc/self/mem", "rb", buffering=0) as mem:
-            mem.seek(call[3])
-            raw = mem.read(16)
-    except (OSError, OverflowError, ValueError):
-        return None
-    if len(raw) != 16:
-        return None
-    sec, nsec = struct.unpack("qq", raw)
-    return sec * 1000 + nsec // 1_000_000
+    got = _read_mem(call[3], "qq")
+    return None if got is None else got[0] * 1000 + got[1] // 1_000_000
 
 
 def uds_poll_fd(tid: int) -> int | None:

@@ -42,6 +42,7 @@ from refimpl.arguments import ArgumentTypeError, expect_name
 from refimpl.runtime.base import CopyKind
 from refimpl.store.arguments import check_optimizer
 from refimpl.store.store import check_store
+from refimpl.store.clients.base import StoreClient
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
 from refimpl.store.parking import ViewPlace, park_views, repoint_views
@@ -92,7 +93,7 @@ class _Bucket:
         self.host: torch.Tensor | None = None
 
 
-class DDPClient:
+class DDPClient(StoreClient):
     """A DDP model (and optionally its optimizer) attached to ``store``; made by :func:`attach_ddp`."""
 
     def __init__(self, store: Any, ddp: Any, optimizer: Any = None, name: str = "model") -> None:
@@ -121,24 +122,6 @@ class DDPClient:
     def buckets_offloaded(self) -> int:
         """How many reducer bucket storages are released in place now (``gradient_as_bucket_view=True``)."""
         return len(self._buckets)
-
-    @property
-    def rt(self) -> Any:
-        """The store's runtime (so a :class:`~refimpl.worker.WorkerStateControl` can drive this client)."""
-        return self.store.rt
-
-    def is_offloaded(self, category: Category | str) -> bool:
-        """:meth:`OffloadStore.is_offloaded`."""
-        return self.store.is_offloaded(category)
-
-    def offload(self, include: Iterable[Category | str] | Category | str | None = None,
-                drop_grads: bool = False) -> None:
-        """:meth:`OffloadStore.offload`, then (bucket-view mode) the reducer's buckets; see the module doc."""
-        self.store.rt.run(self.offload_async(include, drop_grads=drop_grads))
-
-    def reload(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
-        """The buckets back (bucket-view mode), then :meth:`OffloadStore.reload`."""
-        self.store.rt.run(self.reload_async(include))
 
     async def offload_async(self, include: Iterable[Category | str] | Category | str | None = None,
                             drop_grads: bool = False) -> None:

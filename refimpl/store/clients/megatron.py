@@ -50,6 +50,7 @@ import torch
 
 from refimpl.arguments import expect_name
 from refimpl.store.store import check_store
+from refimpl.store.clients.base import StoreClient
 from refimpl.store.config import Category
 from refimpl.store.dedup import DedupConfig
 from refimpl.store.errors import StoreError
@@ -230,7 +231,7 @@ class MegatronState:
 
 
 
-class MegatronClient:
+class MegatronClient(StoreClient):
     """A Megatron-core model and optimizer attached to a store; made by :func:`attach_megatron`."""
 
     def __init__(self, store: Any, model: Any, optimizer: Any = None, name: str = "megatron") -> None:
@@ -266,24 +267,6 @@ class MegatronClient:
         return self._plan if self._plan is not None else self.state.plan()
 
     # ------------------------------------------------------------------ offload / reload
-
-    @property
-    def rt(self) -> Any:
-        """The store's runtime (so a :class:`~refimpl.worker.WorkerStateControl` can drive this client)."""
-        return self.store.rt
-
-    def is_offloaded(self, category: Category | str) -> bool:
-        """:meth:`OffloadStore.is_offloaded`."""
-        return self.store.is_offloaded(category)
-
-    def offload(self, include: Iterable[Category | str] | Category | str | None = None,
-                drop_grads: bool = False) -> None:
-        """Park the client's views, then :meth:`OffloadStore.offload`; see the module docstring."""
-        self.store.rt.run(self.offload_async(include, drop_grads=drop_grads))
-
-    def reload(self, include: Iterable[Category | str] | Category | str | None = None) -> None:
-        """:meth:`OffloadStore.reload`, then the client's views back into their buffers."""
-        self.store.rt.run(self.reload_async(include))
 
     async def offload_async(self, include: Iterable[Category | str] | Category | str | None = None,
                             drop_grads: bool = False) -> None:
