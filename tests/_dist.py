@@ -78,8 +78,29 @@ def run_distributed(
 
     ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (tests/multigpu uses it); the default is Gloo on CPU.
     ``may_exit``: ranks whose process may end without reporting (a test that kills a rank on purpose);
-    their result is :data:`EXITED`.
+    their result is :data:`EXITED`. The rendezvous port is picked free and released before rank 0 binds
+    it, so another process may take it in between: a launch whose rank 0 could not bind it is started
+    again on a new port (up to three times), as a job launcher would.
     """
+    for attempt in range(3):
+        try:
+            return _launch(fn, world_size, args, timeout=timeout, env=env, backend=backend, may_exit=may_exit)
+        except _PortTaken:
+            if attempt == 2:
+                raise DistributedTestError("the rendezvous port was taken by another process three times")
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(Exception):
+    """Rank 0 could not bind the rendezvous port (another process took it after it was picked)."""
+
+
+def _port_taken(tb: str) -> bool:
+    return "init_process_group" in tb and ("EADDRINUSE" in tb or "Address already in use" in tb)
+
+
+def _launch(fn, world_size, args, *, timeout, env, backend, may_exit) -> list[Any]:
+    """One launch of :func:`run_distributed` on one port."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
@@ -116,6 +137,8 @@ def run_distributed(
                         errors[r] = f"process exited with code {procs[r].exitcode} without reporting"
                 continue
             (results if ok else errors)[rank] = payload
+            if not ok and _port_taken(payload) and not results:
+                raise _PortTaken(payload)
             if errors:
                 # give the others a moment to report, then stop waiting for ranks that may now hang
                 deadline = min(deadline, time.monotonic() + 10.0)
