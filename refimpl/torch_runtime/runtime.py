@@ -56,7 +56,7 @@ from refimpl.runtime.base import (
     Runtime,
 )
 from refimpl.runtime.votes import Ballot, Verdict
-from refimpl.torch_runtime import proxy_wake
+from refimpl.torch_runtime.proxy_wake import ProxyWaker, supported as proxy_wake_supported
 from refimpl.torch_runtime.copy_stream import CopyEngine
 from refimpl.torch_runtime.device_cache import DeviceCache
 from refimpl.torch_runtime.foreign_groups import AdoptedGroups, foreign_spec
@@ -131,7 +131,7 @@ class TorchRuntime(Runtime):
         if wake_proxies is None:
             wake_proxies = os.environ.get("TIMESHARE_WAKE_PROXIES", "1").strip() not in ("0", "false", "no", "off")
         self.orders_on_device = True  # a copy's completion orders the caller's stream after it (copy_stream.py)
-        self.wake_proxies = bool(wake_proxies) and self._cuda and proxy_wake.supported()
+        self.wake_proxies = bool(wake_proxies) and self._cuda and proxy_wake_supported()
         self.proxy_wakes = 0
         self._copies = CopyEngine(device, self.copy_stats)
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -369,7 +369,7 @@ class TorchRuntime(Runtime):
         failure is logged, not raised: the group is gone from our view either way."""
         try:
             if self.wake_proxies:
-                with proxy_wake.ProxyWaker() as waker:
+                with ProxyWaker() as waker:
                     fn(pg)
                 self.proxy_wakes += waker.woken
             else:
