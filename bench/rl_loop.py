@@ -92,6 +92,8 @@ class StepConfig:
     cooldown_s: float = 0.2
     line_mib: int = 1024
     mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
+    stream_window_mib: int | None = None  # a streamed reload's copies queued at once (None: the store's default; 0: all)
+    profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -321,7 +323,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         p.requires_grad_(False)
     rparams = dict(rollout.named_parameters())
 
-    store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver")))
+    window = StoreConfig.stream_window_bytes if cfg.stream_window_mib is None else (cfg.stream_window_mib << 20) or None
+    store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver"), stream_window_bytes=window))
     store.attach_module(trainer, name="model")
     store.attach_optimizer(optim, name="optim")
     rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)
@@ -370,6 +373,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
     steps: list[dict[str, Any]] = []
     driver = SwitchDriver(cfg.mode, lc, store, optim, clock)
+    profiler = _Profile(cfg.profile and rank == 0, cfg.out, cuda)
 
     def train(step: int, s: dict[str, Any], phase: str = "train") -> None:
         """One training step (a streamed reload of the optimizer state is waited for at its optimizer step)."""
@@ -426,6 +430,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 data = data.repeat(-(-cfg.batch // data.shape[0]), 1)[:cfg.batch]
             if cuda and cfg.free == "driver":
                 torch.cuda.empty_cache()
+        if step == cfg.steps - 1:  # --profile: the last switch's weight sync and reload and the training step after
+            profiler.start(f"switch_tail_{step}")
         # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy (the rest's
         # reload starts beside the gather unless sequential, so the phase ends on the compute stream only)
         with clock.phase(step, "weight_sync", end=driver.sync_end):
@@ -449,10 +455,14 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     # the training step after the last switch (its cost belongs to that switch), then steps after no switch
     tail = [{"step": cfg.steps}]
     train(cfg.steps, tail[0])
+    profiler.stop()
     quiet_point(steps[-1])
     for i in (1, 2):
         tail.append({"step": cfg.steps + i})
+        if i == 1:
+            profiler.start(f"train_plain_{cfg.steps + i}")
         train(cfg.steps + i, tail[-1], phase="train_plain")
+        profiler.stop()
     driver.finish()
     rec["after_steps"] = tail
     rec["mode"] = cfg.mode
@@ -466,6 +476,38 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["summary"] = summarize(rec)
     store.close()
     return rec
+
+
+class _Profile:
+    """``--profile``: ``torch.profiler`` over a stretch of the run (rank 0), written as ``profile_<name>.json`` (a
+    Chrome trace) and ``profile_<name>.txt`` (the ops by device time) into ``out``; a no-op otherwise."""
+
+    def __init__(self, on: bool, out: str, cuda: bool) -> None:
+        self.on, self.out, self.cuda = on, out, cuda
+        self._prof: Any = None
+        self._name = ""
+
+    def start(self, name: str) -> None:
+        """Start profiling the stretch ``name``."""
+        if not self.on:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self._prof, self._name = profile(activities=acts), name
+        self._prof.__enter__()
+
+    def stop(self) -> None:
+        """Stop and write the stretch's trace and table."""
+        if self._prof is None:
+            return
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        os.makedirs(self.out, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(self.out, f"profile_{self._name}.json"))
+        with open(os.path.join(self.out, f"profile_{self._name}.txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by="cuda_time_total" if self.cuda else "cpu_time_total",
+                                              row_limit=40))
 
 
 def _rollout(model, mcfg, cfg: StepConfig, device, dtype, freed: int, g) -> dict[str, Any]:
@@ -549,6 +591,12 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="how the switch runs its memory moves beside the lifecycle (bench/switch_modes.py)")
     ap.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto",
                     help="FSDP2 bf16 params and a bf16 rollout copy (auto: on CUDA only)")
+    ap.add_argument("--stream-window-mib", type=int, default=None,
+                    help="MiB of a streamed reload's copies queued on the device at once (StoreConfig."
+                    "stream_window_bytes; default and 0: all at once)")
+    ap.add_argument("--profile", action="store_true",
+                    help="write torch.profiler traces of the last switch's weight sync, reload and the training "
+                    "step after it, and of a plain training step")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -556,7 +604,8 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
           if getattr(a, k) is not None}
     return StepConfig(device=a.device, tiny=a.tiny, steps=a.steps, kv_gb=a.kv_gb, free=a.free, shard=a.shard,
                       out=a.out, lifecycle_policy=a.policy, mode=a.mode, line_mib=(4 if a.tiny else 1024),
-                      mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision], **{**small, **kw})
+                      mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision],
+                      profile=a.profile, stream_window_mib=a.stream_window_mib, **{**small, **kw})
 
 
 def main(argv: list[str] | None = None) -> int:

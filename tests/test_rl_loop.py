@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarnin
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def _rank(rank, world_size, out_dir, mode="sequential"):
+def _rank(rank, world_size, out_dir, mode="sequential", extra=()):
     from bench.rl_loop import parse_args, run_step, write_outputs
 
     cfg = parse_args(["--device", "cpu", "--tiny", "--steps", "2", "--out", out_dir, "--policy", "DESTROY_DEFERRED",
-                      "--mode", mode])
+                      "--mode", mode, *extra])
     rec = run_step(rank, world_size, cfg)
     if rank == 0:
         write_outputs(rec, out_dir)
@@ -114,7 +114,7 @@ def test_step_config_refuses_bad_values():
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
     """The streamed mode: the optimizer state's reload runs under the next step; every sync still bitwise,
     the training continues from the same state on both ranks, and the switch cost counts the step after."""
-    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed"), timeout=240)
+    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", ("--profile",)), timeout=240)
     for rec in recs:
         assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
         # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
@@ -126,3 +126,11 @@ def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
         assert sm["switch_cost_x_copy_time"] > 0 and 0 < sm["switch_cost_share_of_step"] < 1
         assert all(s["reload_rest_store_s"] >= 0 for s in rec["steps"])
     assert recs[0]["after_steps"][-1]["loss"] == recs[1]["after_steps"][-1]["loss"]  # same state on every rank
+    # --profile: rank 0 traced the last switch's tail with the step after it, and a plain step; trace_gaps reads them
+    from bench.gpu.trace_gaps import analyse, load, report
+
+    traces = sorted(p.name for p in tmp_path.glob("profile_*.json"))
+    assert traces == ["profile_switch_tail_1.json", "profile_train_plain_3.json"]
+    for name in traces:
+        a = analyse(load(str(tmp_path / name)))
+        assert a["span_ms"] > 0 and "span" in report(name, a)

@@ -103,6 +103,20 @@ class StoreConfig:
     ``stream_chunk_bytes``: a streamed reload (``reload(stream=True)``) copies
     in pieces of at most this many bytes, each with its own completion; a
     tensor's first use waits (on the device) for the pieces holding its bytes.
+
+    ``stream_window_bytes``: a streamed reload keeps at most this many bytes
+    of its pieces queued on the device, a feeder thread issuing the next
+    window once the last has completed (``Runtime.paced_copies``), so the
+    caller's own host-to-device copies wait behind one window at most instead
+    of the whole reload (the copy engine serves a stream's queued copies before
+    another stream's: see [Note: paced copies] in
+    :mod:`refimpl.torch_runtime.copy_stream`). ``None`` (default): every piece
+    queued at once. Off by default because the one end-to-end measurement lost:
+    in the RL step on one H200, whose training step is bound by the host, the
+    feeder thread slowed the step's Python more than the shorter device stall
+    saved (switch cost 0.514 s against 0.436 s unpaced,
+    ``bench/results/2026-12-02-h200-streamed-copy-engine``). Try it where the
+    step after a streamed reload is bound by the device and copies to it.
     """
 
     alignment_bytes: int = 512
@@ -115,6 +129,7 @@ class StoreConfig:
     empty_cache: bool = True
     pin_ahead: str | None = None
     stream_chunk_bytes: int = 64 << 20
+    stream_window_bytes: int | None = None
 
     def pin_ahead_mode(self, device_type: str) -> str:
         """The effective :attr:`pin_ahead` mode on a device of this type (``None`` resolved)."""
@@ -145,6 +160,9 @@ class StoreConfig:
                              f"got {self.pin_ahead!r}")
         if self.staging_buffers < 1:
             raise ValueError(f"StoreConfig.staging_buffers must be >= 1, got {self.staging_buffers}")
+        if self.stream_window_bytes is not None and self.stream_window_bytes < self.stream_chunk_bytes:
+            raise ValueError(f"StoreConfig.stream_window_bytes ({self.stream_window_bytes}) must be None or >= "
+                             f"stream_chunk_bytes ({self.stream_chunk_bytes}): a window holds at least one piece")
         if self.stream_chunk_bytes < a:
             raise ValueError(f"StoreConfig.stream_chunk_bytes ({self.stream_chunk_bytes}) must be >= alignment_bytes "
                              f"({a})")
@@ -157,7 +175,7 @@ class StoreConfig:
             elif f.name in ("pin_fallback", "pin_ahead"):
                 expect_name(value, where, f.name, optional=f.name == "pin_ahead")
             else:
-                expect_int(value, where, f.name, optional=f.name == "pin_threads")
+                expect_int(value, where, f.name, optional=f.name in ("pin_threads", "stream_window_bytes"))
 
 
 __all__ = ["CATEGORY_ORDER", "Category", "PIN_AHEAD_MODES", "PIN_FALLBACKS", "StoreConfig"]

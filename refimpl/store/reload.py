@@ -147,6 +147,12 @@ class StreamedReload(Reload):
     the guards left on untouched tensors dropped, the layouts resident) runs
     at the store's next operation or ``OffloadStore.finish_reload()``.
 
+    The pieces are fed to the device ``window_bytes`` at a time
+    (``Runtime.paced_copies``): the copy engine serves queued copies in order,
+    so without a window a small copy of the caller's own (a batch moved to the
+    device) would wait behind the whole reload (see [Note: paced copies] in
+    :mod:`refimpl.torch_runtime.copy_stream`).
+
     What reads a ref's bytes without a torch call (a C++ kernel given its data
     pointer, a collective called on the ProcessGroup directly) would not wait:
     those meet the guard's checks as before (see the guard's Note), and the
@@ -158,9 +164,12 @@ class StreamedReload(Reload):
 
     name: ClassVar[str] = "reload (streamed)"
 
-    def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout], chunk_bytes: int) -> None:
+    def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout], chunk_bytes: int,
+                 window_bytes: int | None = None) -> None:
         super().__init__(rt, backend, layouts, agreed=False)
         self.copies = ReloadCopies(rt, backend, chunk_bytes=chunk_bytes)
+        #: at most this many bytes of the pieces queued on the device at once (``Runtime.paced_copies``)
+        self.window_bytes = window_bytes
         #: True while copies are in flight behind the guards (set by :meth:`run`, cleared by :meth:`finish`)
         self.streaming = False
 
@@ -171,7 +180,8 @@ class StreamedReload(Reload):
             return await super().run()
         try:
             await self.rt.point("store.reload.begin")
-            await self.issue_copies()
+            with self.rt.paced_copies(self.window_bytes):
+                await self.issue_copies()
             if len(self.copies.pieces) < sum(1 for lay in self.layouts if not lay.dropped):
                 self.check()
                 self.repoint()

@@ -28,6 +28,7 @@ drives protocol code to completion synchronously.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import logging
 import os
@@ -248,6 +249,11 @@ class TorchRuntime(Runtime):
         On CUDA the copy runs on this runtime's copy stream (see :mod:`refimpl.torch_runtime.copy_stream`).
         """
         return self._copies.copy(dst, src, kind)
+
+    def paced_copies(self, window_bytes: int | None) -> contextlib.AbstractContextManager[None]:
+        """See :meth:`Runtime.paced_copies`: on CUDA, copies asked for inside are fed to the device ``window_bytes``
+        at a time by a feeder thread."""
+        return self._copies.paced(window_bytes)
 
     async def synchronize(self) -> None:
         """Wait for all queued work on :attr:`device`."""

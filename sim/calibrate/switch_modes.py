@@ -16,11 +16,19 @@ resume). This module keeps those parts and composes them the way each mode of
   (each gather waits for its own bytes): weight sync = max(params' copies,
   gather); the rest's copies follow the params' and run on: reload =
   max(resume, what is left of the rest).
-* ``streamed``: as overlapped, but the reload of the rest streams under the
-  next training step's forward and backward (``fwd_bwd_share`` of the measured
-  training step, an input): reload = resume; the step's wait at the optimizer
-  = what is left of the rest's reload after the resume and the forward/backward.
-  The resume runs in the reload phase, beside the copies.
+* ``streamed``: as overlapped, but the reload of the rest streams into the
+  next training step: reload = resume (in the reload phase, beside the
+  copies). What the step pays for it depends on the copy engine
+  (``copy_engine``): ``"in_order"`` (measured on the H200,
+  ``bench/gpu/copy_queue_probe.py``: the engine serves the copies queued on a
+  stream before another stream's, so the step's first host-to-device copy,
+  its batch, waits for the rest's copies): the step's device work starts only
+  once they are done, and the step pays what is left of them after the resume
+  (an upper bound: a step bound by the host runs ahead of its device by a
+  little before it blocks). ``"shared"`` (the ideal the first prediction
+  assumed): the rest's copies run under the forward and backward
+  (``fwd_bwd_share`` of the measured training step), and the step pays only
+  what is left of them after those, at the optimizer.
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -45,17 +53,22 @@ from sim.calibrate.colocated import RecordError, predict_step
 MODES = ("sequential", "overlapped", "streamed")
 #: policies a prediction covers by default: the two that free NCCL memory on NCCL >= 2.29.7 and the one that keeps it
 POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
+#: how the copy engine shares itself between a streamed reload's copies and the next step's own (module docstring)
+COPY_ENGINES = ("in_order", "shared")
 
 
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
-                  fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None) -> list[dict[str, Any]]:
+                  fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
+                  copy_engine: str = "in_order") -> list[dict[str, Any]]:
     """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record).
 
     The lifecycle runs as the record's RL step drives it (:func:`sim.calibrate.colocated.lifecycle_settings`);
     for a record of the current step (``sync_needs_no_group``) each mode gets the warm-up of rebuilt groups it
     runs with (off the sequential mode). ``wake_proxies`` overrides whether destroys wake the NCCL proxy
-    (default: the record's).
+    (default: the record's). ``copy_engine``: ``"in_order"`` or ``"shared"`` (see the module docstring).
     """
+    if copy_engine not in COPY_ENGINES:
+        raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
     if not 0 <= fwd_bwd_share <= 1:
         raise ValueError(f"fwd_bwd_share must be in [0, 1], got {fwd_bwd_share}")
     rows = []
@@ -69,11 +82,12 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
             if wake_proxies is not None:
                 r["wake_proxies"] = wake_proxies
             p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
-            rows.append(_compose(p, policy, mode, fwd_bwd_share, line))
+            rows.append(_compose(p, policy, mode, fwd_bwd_share, line, copy_engine))
     return rows
 
 
-def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any]) -> dict[str, Any]:
+def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
+             copy_engine: str = "in_order") -> dict[str, Any]:
     """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
@@ -96,7 +110,8 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
         off, rel = max(lc["offload"], off_store), max(lc["reload"], rest_left)
     else:
         off, rel = max(lc["offload"], off_store), lc["reload"]
-        wait = max(0.0, rest_left - lc["reload"] - fwd_bwd_share * train)
+        under = 0.0 if copy_engine == "in_order" else fwd_bwd_share * train
+        wait = max(0.0, rest_left - lc["reload"] - under)
     cost = off + ws + rel + extra + wait
     step = train + rollout + cost
     return {"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
@@ -125,13 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--fwd-bwd-share", type=float, default=0.8,
                     help="share of the training step that is forward and backward (the streamed reload runs under it)")
+    ap.add_argument("--copy-engine", choices=COPY_ENGINES, default="in_order",
+                    help="in_order: the next step's copies wait behind a streamed reload's (measured on the H200); "
+                    "shared: the reload's copies run under the forward and backward")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
         with open(a.record) as f:
             rec = json.load(f)
         rows = predict_modes(rec, preset=a.preset, policies=tuple(a.policies.split(",")),
-                             modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share)
+                             modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share,
+                             copy_engine=a.copy_engine)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -139,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["MODES", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+__all__ = ["COPY_ENGINES", "MODES", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -63,3 +63,21 @@ def test_the_current_step_hides_the_lifecycle_under_the_copies():
     old = {(r["policy"], r["mode"]): r for r in predict_modes(json.loads(REC.read_text()),
                                                                policies=("DESTROY_DEFERRED",))}
     assert rows[("DESTROY_DEFERRED", "sequential")]["offload_s"] < old[("DESTROY_DEFERRED", "sequential")]["offload_s"] - 0.2
+
+
+def test_a_streamed_reload_in_order_on_the_copy_engine_hides_nothing_the_step_needs_first():
+    """The copy engine serves a stream's queued copies before another stream's (bench/gpu/copy_queue_probe.py on
+    the H200): the step after a streamed reload waits for what is left of it, so the streamed switch costs what
+    the overlapped one does; with the engine shared (the ideal), the forward and backward hide that part."""
+    from sim.calibrate.switch_modes import predict_modes
+
+    rec = json.loads(REC.read_text())
+    rec.update(sync_needs_no_group=True, wake_proxies=True)
+    kw = dict(policies=("PAUSED_LIVE",), modes=("overlapped", "streamed"))
+    in_order = {r["mode"]: r for r in predict_modes(rec, **kw)}
+    shared = {r["mode"]: r for r in predict_modes(rec, copy_engine="shared", **kw)}
+    assert in_order["streamed"]["stream_wait_s"] > 0.05
+    assert in_order["streamed"]["switch_cost_s"] == pytest.approx(in_order["overlapped"]["switch_cost_s"], rel=0.02)
+    assert shared["streamed"]["switch_cost_s"] < in_order["streamed"]["switch_cost_s"] - 0.05
+    with pytest.raises(ValueError, match="copy_engine"):
+        predict_modes(rec, copy_engine="fast", **kw)

@@ -123,17 +123,26 @@ def test_stream_must_be_a_bool():
         store.reload(stream="yes")
 
 
+def test_a_window_smaller_than_a_piece_is_refused():
+    with pytest.raises(ValueError, match="stream_window_bytes"):
+        StoreConfig(stream_chunk_bytes=64 << 20, stream_window_bytes=32 << 20)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda():
-    """The forward starts while the copies run (256 MiB of weights in 4 MiB pieces): each layer's first use
-    waits on the device for its own bytes, so the result is bitwise the one before the offload."""
+@pytest.mark.parametrize("window", [None, 8 << 20, 512 << 20])
+def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window):
+    """The forward starts while the copies run (256 MiB of weights in 4 MiB pieces, all queued at once or fed
+    through a window of 8 MiB, where a layer's pieces are still held on the host when the forward reaches it):
+    each layer's first use waits on the device for its own bytes, so the result is bitwise the one before the
+    offload."""
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda()
     x = torch.randn(64, 4096, device="cuda")
     with torch.no_grad():
         want = m(x)
-    store = OffloadStore(TorchRuntime("cuda"), config=StoreConfig(stream_chunk_bytes=4 << 20))
+    store = OffloadStore(TorchRuntime("cuda"), config=StoreConfig(stream_chunk_bytes=4 << 20,
+                                                                  stream_window_bytes=window))
     store.attach_module(m)
     for _ in range(3):
         store.offload()
