@@ -114,7 +114,7 @@ class StoreConfig:
     queued at once. Off by default because the one end-to-end measurement lost:
     in the RL step on one H200, whose training step is bound by the host, the
     feeder thread slowed the step's Python more than the shorter device stall
-    saved (switch cost 0.514 s against 0.436 s unpaced,
+    saved (switch cost 0.488-0.510 s against 0.404-0.431 s unpaced in three rounds,
     ``bench/results/2026-12-02-h200-streamed-copy-engine``). Try it where the
     step after a streamed reload is bound by the device and copies to it.
     """

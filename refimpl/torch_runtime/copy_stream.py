@@ -28,8 +28,8 @@ sleeps in ``cudaEventSynchronize`` on a blocking-sync event, without the GIL
 and without spinning): the engine idles for a moment between windows, the
 only point at which it turns to another stream's copies (keeping the window
 topped up piece by piece left the other stream waiting as long as before:
-141 ms), so another stream's copy waits behind one window at most (1.5-4.4 ms
-for windows of 2-8 pieces of 64 MiB, the bulk 2-4% slower). Each
+141 ms), so another stream's copy waits behind one window at most (2.4-3.8 ms
+for windows of 2-8 pieces of 64 MiB, the bulk 2-4% slower at 4-8 pieces). Each
 held copy keeps the ordering of an immediate one: an event recorded on the
 caller's stream when it was asked for is what the copy stream waits for
 before it runs. A held copy's completion blocks the host until it is issued
