@@ -115,8 +115,8 @@ class HeldCopy(StreamCopy):
 
 class Pacer:
     """Keeps at most ``window_bytes`` of an engine's held copies queued on the device; a feeder thread (one per
-    engine, started at the first paced copy, asleep while nothing is held) issues them in order as earlier ones
-    complete (see [Note: paced copies])."""
+    engine, started at the first paced copy, asleep while nothing is held) issues them in order, a window at a
+    time, each once the window before it has completed (see [Note: paced copies])."""
 
     def __init__(self, engine: "CopyEngine") -> None:
         self.engine = engine
