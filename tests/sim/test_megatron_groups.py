@@ -9,7 +9,8 @@ from sim.calibrate.switch_window import MeshError, megatron_groups, mesh_groups
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # no Transformer Engine / Apex here: megatron-core says so on import
-    from megatron.core.parallel_state import RankGenerator
+    RankGenerator = pytest.importorskip(  # the optional `megatron` extra
+        "megatron.core.parallel_state", reason="needs megatron-core (pip install -e '.[megatron]')").RankGenerator
 
 #: our family -> megatron-core's token (dense generator, order tp-cp-ep-dp-pp)
 DENSE = {"tp": "tp", "dp": "dp", "dp_cp": "dp-cp", "mp": "tp-pp", "tp_dp": "tp-dp", "tp_dp_cp": "tp-dp-cp",
