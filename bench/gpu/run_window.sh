@@ -4,7 +4,8 @@
 # Runs the paced-copy and streamed-reload CUDA tests (TESTS=0: not), then ROUNDS rounds of
 # bench/gpu/rl_step.py --mode streamed per window (MiB; 0: every piece queued at once; the windows interleaved
 # so a drift of the machine's speed falls on each alike), printing each run's summary line; records under
-# $OUT/w<MiB>_r<round>/.
+# $OUT/w<MiB>_r<round>/. EXTRA: more arguments for rl_step.py (e.g. "--batch 32 --seq 1024": a step bound by
+# the device).
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -18,7 +19,7 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
     d="$OUT/w${w}_r$r"
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=1 \
       bench/gpu/rl_step.py --steps "${STEPS:-3}" --policy "${POLICY:-PAUSED_LIVE}" --mode "${MODE:-streamed}" \
-      --new-tokens 16 --stream-window-mib "$w" --out "$d" >"$d.log" 2>&1
+      --new-tokens 16 --stream-window-mib "$w" ${EXTRA:-} --out "$d" >"$d.log" 2>&1
     echo "== window ${w} MiB, round $r: rc=$?"; grep -E "^rl_step world|Error" "$d.log" | tail -n 2
     rm -f "$d"/*.png "$d.log"
   done
