@@ -115,8 +115,9 @@ class StoreConfig:
     in the RL step on one H200, whose training step is bound by the host, the
     feeder thread slowed the step's Python more than the shorter device stall
     saved (switch cost 0.488-0.510 s against 0.404-0.431 s unpaced in three rounds,
-    ``bench/results/2026-12-02-h200-streamed-copy-engine``). Try it where the
-    step after a streamed reload is bound by the device and copies to it.
+    ``bench/results/2026-12-02-h200-streamed-copy-engine``), and with a step
+    bound by the device it did not win either (0.472 s against 0.454 s, one
+    run each).
     """
 
     alignment_bytes: int = 512
