@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sim.models.faults import FaultPlan, FaultPlanError
-from sim.presets import PresetError, list_presets, load_preset_data
+from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
 from sim.presets.models import ARCHITECTURES, CATEGORIES, DTYPES, ModelConfig, TensorSpec, build_state
 from sim.presets.schemas import check, check_fields
 from sim.models.topology import Topology
@@ -187,13 +187,19 @@ def _topology(raw: Any) -> tuple[Mapping[str, Any], str, int | None]:
     if not isinstance(raw, Mapping):
         raise ScenarioError("topology: expected a preset name, {\"preset\": name, \"nodes\": n} or a topology object")
     if "preset" in raw:
-        _obj(raw, "topology", {"preset", "nodes"})
+        _obj(raw, "topology", {"preset", "nodes", "calibrated"})
+        calibrated = raw.get("calibrated", True)
+        if not isinstance(calibrated, bool):
+            raise ScenarioError(f"topology.calibrated: expected true or false, got {calibrated!r}")
+        # a machine's calibrated variant where one is shipped (measured constants beat datasheet ones), unless
+        # the scenario asks for the datasheet preset itself
+        name = preferred_preset(raw["preset"]) if calibrated else raw["preset"]
         try:
-            data = load_preset_data(raw["preset"])
+            data = load_preset_data(name)
         except PresetError:
             raise ScenarioError(f"topology.preset: unknown preset {raw['preset']!r}; built-in: {list_presets()}") from None
         nodes = _int(raw, "nodes", "topology", 1, lo=1) if "nodes" in raw else None
-        return data, str(raw["preset"]), nodes
+        return data, str(name), nodes
     if "constants" not in raw:
         raise ScenarioError("topology: an inline topology needs 'constants', 'node', 'copy', 'collective' and 'comm'")
     return raw, str(raw.get("name", "inline")), None

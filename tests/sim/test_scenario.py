@@ -67,14 +67,31 @@ _DROP = object()
     ({"payload": "real", "model": {"preset": "dense-7b"}}, r"^payload: 'real' would allocate"),
     # issue 11: a link that does not exist is named, not a FlowError traceback from inside the run
     ({"faults": [{"kind": "slow_link", "link": "n0/pcisw9", "factor": 0.5, "at_time": 0.0}]},
-     r"^faults\[0\]\.link: 'n0/pcisw9' is not a link or element of topology 'hgx-h200-8x'"),
+     r"^faults\[0\]\.link: 'n0/pcisw9' is not a link or element of topology 'hgx-h200-8x-calibrated'"),
     # issue 11: ranks on nodes without NICs, named as such (was a deadlock "waiting for ranks []")
     ({"world_size": 16, "mesh": {"dp": 8, "tp": 2}, "topology": {"preset": "hgx-h200-8x", "nodes": 2},
-      "payload": "meta"}, r"^topology\.nodes: 2 nodes of 'hgx-h200-8x' have no NICs"),
+      "payload": "meta"}, r"^topology\.nodes: 2 nodes of 'calibrated/hgx-h200-8x' have no NICs"),
+    ({"topology": {"preset": "hgx-h200-8x", "calibrated": "no"}}, r"^topology\.calibrated: expected true or false"),
 ])
 def test_a_bad_scenario_gets_an_error_naming_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
         parse_scenario(_with(**changes))
+
+
+def test_a_machine_with_a_calibrated_preset_gets_it_unless_the_scenario_asks_for_the_datasheet():
+    """`timeshare sim list` marks the calibrated presets; a scenario naming the machine runs on its measured
+    constants, as `plan` and `bench switch-window` do; `"calibrated": false` keeps the datasheet preset."""
+    from sim.presets import load_preset_data
+
+    cal, data = load_preset_data("calibrated/hgx-h200-8x"), load_preset_data("hgx-h200-8x")
+    assert cal["comm"] != data["comm"]  # else the test below could not tell them apart
+    for topology in ("hgx-h200-8x", {"preset": "hgx-h200-8x", "nodes": 1}):
+        scn = parse_scenario(_with(topology=topology))
+        assert scn.topology_name == "calibrated/hgx-h200-8x" and scn.topology["comm"] == cal["comm"]
+    scn = parse_scenario(_with(topology={"preset": "hgx-h200-8x", "calibrated": False}))
+    assert scn.topology_name == "hgx-h200-8x" and scn.topology["comm"] == data["comm"]
+    # a machine without a calibrated variant is itself
+    assert parse_scenario(_with(topology="hgx-h200-8x-ib")).topology_name == "hgx-h200-8x-ib"
 
 
 def test_unreadable_and_malformed_files(tmp_path):

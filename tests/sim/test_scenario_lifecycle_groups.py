@@ -10,7 +10,7 @@ from sim.scenarios.scenario import ScenarioError, parse_scenario
 
 BASE = {
     "name": "groups",
-    "topology": "hgx-h200-8x",
+    "topology": {"preset": "hgx-h200-8x", "calibrated": False},  # the datasheet constants COMM reads
     "world_size": 4,
     "mesh": {"dp": 2, "tp": 2},
     "groups": [{"name": "tp", "dims": ["tp"]}, {"name": "dp", "dims": ["dp"]}, {"name": "solo", "dims": []}],
