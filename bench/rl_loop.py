@@ -323,7 +323,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         p.requires_grad_(False)
     rparams = dict(rollout.named_parameters())
 
-    window = StoreConfig.stream_window_bytes if cfg.stream_window_mib is None else (cfg.stream_window_mib << 20) or None
+    window = ((cfg.stream_window_mib or 0) << 20) or None  # None and 0: every piece queued at once (the default)
     store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver"), stream_window_bytes=window))
     store.attach_module(trainer, name="model")
     store.attach_optimizer(optim, name="optim")

@@ -258,18 +258,26 @@ class DedupBackend(StoreBackend):
             release_digest_weights()  # their device memory goes back with the state's
         return code, problems
 
-    async def settle_offload(self, error: BaseException | None) -> None:
-        """Vote ``offload.commit`` (or cast this rank's failure where the offload stopped); raise unless every rank
-        committed. See [Note: the outcome votes]."""
+    async def _settle_stage(self, op: str, error: BaseException | None, hint: str) -> bool:
+        """The common head of :meth:`settle_offload` and :meth:`settle_reload`: the stage back to idle; on ``error``
+        this rank's failure cast at the vote the operation stopped before (unless a vote already settled it) and
+        False; True when the operation began and may vote its commit; a settle without a begin raises."""
         stage, self._stage = self._stage, Stage.IDLE
         if error is not None:
             if stage is not Stage.SETTLED:
                 begun = stage is Stage.BEGUN
-                await self._votes.cast_failure("offload.commit" if begun else "offload.begin", error, begun=begun)
-            return
+                await self._votes.cast_failure(f"{op}.commit" if begun else f"{op}.begin", error, begun=begun)
+            return False
         if stage is not Stage.BEGUN:
-            raise DedupError(f"rank {self.rt.rank}: local_dedup offload settled without its offload.begin vote "
-                             f"(stage {stage.value}); the store must call prepare before settle_offload")
+            raise DedupError(f"rank {self.rt.rank}: local_dedup {op} settled without its {op}.begin vote "
+                             f"(stage {stage.value}); {hint}")
+        return True
+
+    async def settle_offload(self, error: BaseException | None) -> None:
+        """Vote ``offload.commit`` (or cast this rank's failure where the offload stopped); raise unless every rank
+        committed. See [Note: the outcome votes]."""
+        if not await self._settle_stage("offload", error, "the store must call prepare before settle_offload"):
+            return
         code, problems = self._checked
         marks = {self._groups.index(lay.key.placement) * _NCAT + CATEGORY_ORDER[lay.category]
                  for lay in self._prepared}
@@ -347,15 +355,8 @@ class DedupBackend(StoreBackend):
 
     async def settle_reload(self, cats: frozenset[Category], error: BaseException | None) -> None:
         """Vote ``reload.commit`` (or cast this rank's failure); raise unless every rank's reload completed."""
-        stage, self._stage = self._stage, Stage.IDLE
-        if error is not None:
-            if stage is not Stage.SETTLED:
-                begun = stage is Stage.BEGUN
-                await self._votes.cast_failure("reload.commit" if begun else "reload.begin", error, begun=begun)
+        if not await self._settle_stage("reload", error, "the store must call prepare_reload first"):
             return
-        if stage is not Stage.BEGUN:
-            raise DedupError(f"rank {self.rt.rank}: local_dedup reload settled without its reload.begin vote "
-                             f"(stage {stage.value}); the store must call prepare_reload first")
         verdict = await self._votes.commit("reload.commit")
         if not verdict.agreed:
             self._votes.raise_unless_agreed(verdict, "reload")
