@@ -92,7 +92,7 @@ class StepConfig:
     cooldown_s: float = 0.2
     line_mib: int = 1024
     mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
-    stream_window_mib: int | None = None  # a streamed reload's copies queued at once (None: the store's default; 0: all)
+    stream_window_mib: int | None = None  # a streamed reload's copies queued at once (None, 0: all, the default)
     profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
 
     def __post_init__(self) -> None:
@@ -596,7 +596,8 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "stream_window_bytes; default and 0: all at once)")
     ap.add_argument("--profile", action="store_true",
                     help="write torch.profiler traces of the last switch's weight sync, reload and the training "
-                    "step after it, and of a plain training step")
+                    "step after it, and of a plain training step (their times then hold the profiler's overhead: "
+                    "take switch costs from a run without it)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}

@@ -147,11 +147,12 @@ class StreamedReload(Reload):
     the guards left on untouched tensors dropped, the layouts resident) runs
     at the store's next operation or ``OffloadStore.finish_reload()``.
 
-    The pieces are fed to the device ``window_bytes`` at a time
-    (``Runtime.paced_copies``): the copy engine serves queued copies in order,
-    so without a window a small copy of the caller's own (a batch moved to the
-    device) would wait behind the whole reload (see [Note: paced copies] in
-    :mod:`refimpl.torch_runtime.copy_stream`).
+    The copy engine serves one stream's queued copies before another's, so a
+    small copy of the caller's own (a batch moved to the device) waits behind
+    every piece still queued. With ``window_bytes``
+    (``StoreConfig.stream_window_bytes``, off by default) the pieces are fed
+    to the device that many bytes at a time (``Runtime.paced_copies``; see
+    [Note: paced copies] in :mod:`refimpl.torch_runtime.copy_stream`).
 
     What reads a ref's bytes without a torch call (a C++ kernel given its data
     pointer, a collective called on the ProcessGroup directly) would not wait:

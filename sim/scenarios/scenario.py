@@ -189,8 +189,6 @@ def _topology(raw: Any) -> tuple[Mapping[str, Any], str, int | None]:
     if "preset" in raw:
         _obj(raw, "topology", {"preset", "nodes", "calibrated"})
         calibrated = raw.get("calibrated", True)
-        if not isinstance(calibrated, bool):
-            raise ScenarioError(f"topology.calibrated: expected true or false, got {calibrated!r}")
         # a machine's calibrated variant where one is shipped (measured constants beat datasheet ones), unless
         # the scenario asks for the datasheet preset itself
         name = preferred_preset(raw["preset"]) if calibrated else raw["preset"]
