@@ -5,7 +5,8 @@
 # bench/gpu/rl_step.py --mode streamed per window (MiB; 0: every piece queued at once; the windows interleaved
 # so a drift of the machine's speed falls on each alike), printing each run's summary line; records under
 # $OUT/w<MiB>_r<round>/. EXTRA: more arguments for rl_step.py (e.g. "--batch 32 --seq 1024": a step bound by
-# the device).
+# the device). AHEADS: the batch's placement per run, interleaved with the windows ("1": on the device at the
+# rollout's end, the default; "0": --no-batch-ahead, copied at the training step's start).
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -16,11 +17,13 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 for r in $(seq 1 "${ROUNDS:-1}"); do
   for w in ${WINDOWS:-0 256 512 1024}; do
-    d="$OUT/w${w}_r$r"
+   for a in ${AHEADS:-1}; do
+    if [ "$a" = 1 ]; then ahead=--batch-ahead; d="$OUT/w${w}_r$r"; else ahead=--no-batch-ahead; d="$OUT/w${w}_behind_r$r"; fi
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=1 \
       bench/gpu/rl_step.py --steps "${STEPS:-3}" --policy "${POLICY:-PAUSED_LIVE}" --mode "${MODE:-streamed}" \
-      --new-tokens 16 --stream-window-mib "$w" ${EXTRA:-} --out "$d" >"$d.log" 2>&1
-    echo "== window ${w} MiB, round $r: rc=$?"; grep -E "^rl_step world|Error" "$d.log" | tail -n 2
+      --new-tokens 16 --stream-window-mib "$w" $ahead ${EXTRA:-} --out "$d" >"$d.log" 2>&1
+    echo "== window ${w} MiB, $ahead, round $r: rc=$?"; grep -E "^rl_step world|Error" "$d.log" | tail -n 2
     rm -f "$d"/*.png "$d.log"
+   done
   done
 done

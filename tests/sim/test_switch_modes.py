@@ -81,3 +81,27 @@ def test_a_streamed_reload_in_order_on_the_copy_engine_hides_nothing_the_step_ne
     assert shared["streamed"]["switch_cost_s"] < in_order["streamed"]["switch_cost_s"] - 0.05
     with pytest.raises(ValueError, match="copy_engine"):
         predict_modes(rec, copy_engine="fast", **kw)
+
+
+def test_a_batch_on_the_device_ahead_lets_the_forward_run_under_the_streamed_reload():
+    """With the batch copied before the switch's reloads are queued, the step's first own host-to-device copy is
+    FSDP2's post-backward one: the forward runs under the rest's copies and the step pays only what is left after
+    it (and the default follows the record's config)."""
+    from sim.calibrate.switch_modes import FIRST_COPY_SHARE_AHEAD, predict_modes
+
+    rec = json.loads(REC.read_text())
+    rec.update(sync_needs_no_group=True, wake_proxies=True)
+    kw = dict(policies=("PAUSED_LIVE",), modes=("overlapped", "streamed"))
+    behind = {r["mode"]: r for r in predict_modes(rec, batch_ahead=False, **kw)}
+    ahead = {r["mode"]: r for r in predict_modes(rec, batch_ahead=True, **kw)}
+    train = rec["summary"]["phase_s"]["train"]
+    assert 0 < FIRST_COPY_SHARE_AHEAD < 0.5
+    assert ahead["overlapped"] == {**behind["overlapped"], "batch_ahead": True}  # only the streamed mode changes
+    assert ahead["streamed"]["batch_ahead"] and not behind["streamed"]["batch_ahead"]
+    saved = behind["streamed"]["stream_wait_s"] - ahead["streamed"]["stream_wait_s"]
+    assert saved > 0.01
+    assert ahead["streamed"]["switch_cost_s"] == pytest.approx(behind["streamed"]["switch_cost_s"] - saved)
+    # the forward's stretch of the record's training step, or all that was left
+    assert saved == pytest.approx(min(FIRST_COPY_SHARE_AHEAD * train, behind["streamed"]["stream_wait_s"]), rel=0.2)
+    rec["config"]["batch_ahead"] = True  # a record that ran with the batch ahead is predicted that way by default
+    assert {r["mode"]: r for r in predict_modes(rec, **kw)}["streamed"] == ahead["streamed"]
