@@ -20,14 +20,7 @@ One step, every phase timed between device synchronisations:
                loss is averaged over the trainer's group ``trainer.dp``.
 ``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
                offload of params, grads and optimizer state.
-``rollout``    the rollout role allocates its KV cache, generates, frees it,
-               and hands its sequences to the trainer through the host (as
-               a single-controller framework does); with ``batch_ahead``
-               (the default) the next training batch goes to the device at
-               the rollout's end, before the switch queues its reloads: the
-               copy engine serves one stream's queued copies before
-               another's, so a batch copied at the training step's start
-               waits behind a streamed reload (docs/comm.md)
+``rollout``    the rollout role allocates its KV cache, generates, frees it
                (``--free allocator``, the default: the store runs with
                ``empty_cache=False`` and the reload reuses the blocks the KV
                cache gave back to torch's allocator, 1.005 x line on the H200;
@@ -100,8 +93,8 @@ class StepConfig:
     line_mib: int = 1024
     mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
     stream_window_mib: int | None = None  # a streamed reload's copies queued at once (None, 0: all, the default)
+    stream_sm_ctas: int | None = None  # a streamed reload's copies made by a kernel of this many programs (None: engine)
     profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
-    batch_ahead: bool = True  # the next training batch copied to the device at the rollout's end, before the reloads
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -332,10 +325,16 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rparams = dict(rollout.named_parameters())
 
     window = ((cfg.stream_window_mib or 0) << 20) or None  # None and 0: every piece queued at once (the default)
-    store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver"), stream_window_bytes=window))
+    store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver"), stream_window_bytes=window,
+                                                stream_sm_ctas=cfg.stream_sm_ctas or None))
     store.attach_module(trainer, name="model")
     store.attach_optimizer(optim, name="optim")
     rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)
+    from refimpl.store.config import FIRST_USE_ORDER
+
+    # the order the store issues a reload in (sim.calibrate.switch_modes reads it): a training step's first use
+    rec["reload_order"] = "first_use"
+    rec["reload_categories"] = [c.value for c in sorted(FIRST_USE_ORDER, key=FIRST_USE_ORDER.get)]
 
     def sync_weights() -> None:
         """Copy the trainer's full weights (``full_tensor``: an all-gather over the mesh) into the rollout's."""
@@ -379,8 +378,6 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["initial_sync"] = check_weights(trainer_digests())
     g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own prompts and batch
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
-    if cfg.batch_ahead:
-        data = data.to(device)
     steps: list[dict[str, Any]] = []
     driver = SwitchDriver(cfg.mode, lc, store, optim, clock)
     profiler = _Profile(cfg.profile and rank == 0, cfg.out, cuda)
@@ -438,8 +435,6 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 data = data.repeat(1, -(-cfg.seq // data.shape[1]))[:, :cfg.seq]
             if data.shape[0] < cfg.batch:
                 data = data.repeat(-(-cfg.batch // data.shape[0]), 1)[:cfg.batch]
-            if cfg.batch_ahead:  # before the switch's reloads are queued on the copy engine
-                data = data.to(device)
             if cuda and cfg.free == "driver":
                 torch.cuda.empty_cache()
         if step == cfg.steps - 1:  # --profile: the last switch's weight sync and reload and the training step after
@@ -485,6 +480,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["lifecycle_stats"] = asdict(lc.stats)
     rec["store_phases"] = dict(store.stats().phases)
     rec["allocator_by_phase"] = clock.allocator
+    rec["sm_copies"] = int(getattr(rt, "sm_copies", 0))  # host-to-device copies made on SMs (--stream-sm-ctas)
     rec["summary"] = summarize(rec)
     store.close()
     return rec
@@ -606,13 +602,14 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--stream-window-mib", type=int, default=None,
                     help="MiB of a streamed reload's copies queued on the device at once (StoreConfig."
                     "stream_window_bytes; default and 0: all at once)")
+    ap.add_argument("--stream-sm-ctas", type=int, default=None,
+                    help="a streamed reload's host-to-device copies made by a kernel of this many programs reading "
+                    "the pinned host buffers, leaving the copy engine to the training step (StoreConfig."
+                    "stream_sm_ctas; default and 0: the copy engine)")
     ap.add_argument("--profile", action="store_true",
                     help="write torch.profiler traces of the last switch's weight sync, reload and the training "
                     "step after it, and of a plain training step (their times then hold the profiler's overhead: "
                     "take switch costs from a run without it)")
-    ap.add_argument("--batch-ahead", action=argparse.BooleanOptionalAction, default=True,
-                    help="copy the next training batch to the device at the rollout's end, before the switch's "
-                    "reloads (default); --no-batch-ahead: at the training step's start, behind a streamed reload")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -621,7 +618,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     return StepConfig(device=a.device, tiny=a.tiny, steps=a.steps, kv_gb=a.kv_gb, free=a.free, shard=a.shard,
                       out=a.out, lifecycle_policy=a.policy, mode=a.mode, line_mib=(4 if a.tiny else 1024),
                       mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision],
-                      profile=a.profile, stream_window_mib=a.stream_window_mib, batch_ahead=a.batch_ahead,
+                      profile=a.profile, stream_window_mib=a.stream_window_mib, stream_sm_ctas=a.stream_sm_ctas,
                       **{**small, **kw})
 
 

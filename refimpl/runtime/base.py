@@ -173,6 +173,14 @@ class Runtime(abc.ABC):
         ``None`` or 0: copies are issued as asked for."""
         return contextlib.nullcontext()
 
+    def copies_on_sms(self, ctas: int | None) -> contextlib.AbstractContextManager[None]:
+        """A context in which :meth:`copy_async`'s host-to-device copies from pinned host memory are made by a kernel
+        of ``ctas`` programs instead of the copy engine, which then serves the caller's own copies without making
+        them wait behind these (TorchRuntime: [Note: copies on SMs] in :mod:`refimpl.torch_runtime.sm_copy`; a
+        device that cannot read host memory directly falls back to the engine). The default, and ``None`` or 0:
+        copies are made as outside."""
+        return contextlib.nullcontext()
+
     @abc.abstractmethod
     async def synchronize(self) -> None:
         """Wait for all queued device work (compute and copies) of this rank."""

@@ -42,6 +42,12 @@ def sort_key(layout: FlatLayout) -> tuple[int, str, str]:
     return layout.key.sort_key()
 
 
+def reload_order(layout: FlatLayout) -> tuple[int, int, str, str]:
+    """The order a reload issues (and awaits) layouts in: a training step's first use of their category, then
+    :func:`sort_key`; identical on every rank."""
+    return layout.key.reload_key()
+
+
 class CopyAhead(NamedTuple):
     """A copy issued before collection for a layout resident in one flat buffer, and its finisher."""
 
@@ -213,4 +219,4 @@ async def drain(finishers: Iterable[Awaitable[None]]) -> None:
             logger.error("while unwinding a failed store operation, a backend finisher also failed: %s", e)
 
 
-__all__ = ["CopyAhead", "OffloadCopies", "ReloadCopies", "drain", "sort_key"]
+__all__ = ["CopyAhead", "OffloadCopies", "ReloadCopies", "drain", "reload_order", "sort_key"]

@@ -7,7 +7,7 @@ from typing import Any, Hashable
 
 import torch
 
-from refimpl.store.config import CATEGORY_ORDER, Category
+from refimpl.store.config import CATEGORY_ORDER, FIRST_USE_ORDER, Category
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,11 @@ class LayoutKey:
     def sort_key(self) -> tuple[int, str, str]:
         """A total order identical on every rank (layouts are processed in it)."""
         return CATEGORY_ORDER[self.category], str(self.dtype), repr(self.placement)
+
+    def reload_key(self) -> tuple[int, int, str, str]:
+        """The order a reload issues layouts in: a training step's first use of the category, then
+        :meth:`sort_key` (identical on every rank)."""
+        return (FIRST_USE_ORDER[self.category], *self.sort_key())
 
     def label(self) -> str:
         """Short human-readable name, e.g. ``params/bfloat16`` or ``params/bfloat16@<placement>``."""

@@ -3,7 +3,9 @@
 Read :meth:`Reload.run` top to bottom:
 
 1. :meth:`~Reload.issue_copies` (phase ``issue``): one flat device buffer per
-   offloaded layout, filled by the backend (:class:`~refimpl.store.copies.ReloadCopies`).
+   offloaded layout, filled by the backend (:class:`~refimpl.store.copies.ReloadCopies`),
+   in the order a training step first uses them (params, buffers, grads,
+   optimizer state: ``FIRST_USE_ORDER``; [Note: streamed reload] says why).
 2. :meth:`~Reload.check` (phase ``validate``): every ref still parked as the
    offload left it (:func:`~refimpl.store.residency.changed_tensors`); a changed
    one raises :class:`TensorChangedError` with the state still offloaded
@@ -30,7 +32,7 @@ import torch
 from refimpl.runtime.base import Runtime
 from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.config import Category
-from refimpl.store.copies import ReloadCopies, sort_key
+from refimpl.store.copies import ReloadCopies, reload_order
 from refimpl.store.errors import TensorChangedError
 from refimpl.store.guard import OnAccess, guard, unguard
 from refimpl.store.layout import FlatLayout, LayoutState
@@ -49,7 +51,7 @@ class Reload:
     def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout],
                  cats: frozenset[Category] = frozenset(), *, agreed: bool = True) -> None:
         self.rt, self.backend, self.cats, self.agreed = rt, backend, cats, agreed
-        self.layouts = sorted(layouts, key=sort_key)
+        self.layouts = sorted(layouts, key=reload_order)  # params, buffers, grads, optimizer state
         self.copies = ReloadCopies(rt, backend)
         self.clock = PhaseClock(rt, "reload")
         #: names of the refs whose change the reload overwrote (only :class:`Recover` overwrites)
@@ -147,9 +149,23 @@ class StreamedReload(Reload):
     the guards left on untouched tensors dropped, the layouts resident) runs
     at the store's next operation or ``OffloadStore.finish_reload()``.
 
+    Layouts are issued in the order a training step first uses them (params,
+    buffers, grads, optimizer state: ``FIRST_USE_ORDER`` in
+    :mod:`refimpl.store.config`), so what the forward touches lands first.
+    Before, buffers came after the optimizer state: in the colocated RL step
+    Qwen2's rotary ``inv_freq``, read in the first layer, made the training
+    step after a streamed switch wait on the device for the whole rest of the
+    reload (145 ms, the compute stream's wait on its pieces' event).
+
     The copy engine serves one stream's queued copies before another's, so a
-    small copy of the caller's own (a batch moved to the device) waits behind
-    every piece still queued. With ``window_bytes``
+    pinned copy of the caller's own (FSDP2's in backward) waits behind every
+    piece still queued; a small pageable copy (a batch moved to the device)
+    and a device-to-device one do not (``bench/gpu/copy_queue_probe.py``,
+    ``bench/gpu/sm_copy_probe.py``). With ``sm_ctas``
+    (``StoreConfig.stream_sm_ctas``) a kernel of that many programs makes the
+    copies instead, reading the pinned host buffers, and the engine stays free
+    for the caller's copies ([Note: copies on SMs] in
+    :mod:`refimpl.torch_runtime.sm_copy`). With ``window_bytes``
     (``StoreConfig.stream_window_bytes``, off by default) the pieces are fed
     to the device that many bytes at a time (``Runtime.paced_copies``; see
     [Note: paced copies] in :mod:`refimpl.torch_runtime.copy_stream`).
@@ -166,11 +182,13 @@ class StreamedReload(Reload):
     name: ClassVar[str] = "reload (streamed)"
 
     def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout], chunk_bytes: int,
-                 window_bytes: int | None = None) -> None:
+                 window_bytes: int | None = None, sm_ctas: int | None = None) -> None:
         super().__init__(rt, backend, layouts, agreed=False)
         self.copies = ReloadCopies(rt, backend, chunk_bytes=chunk_bytes)
         #: at most this many bytes of the pieces queued on the device at once (``Runtime.paced_copies``)
         self.window_bytes = window_bytes
+        #: the host-to-device copies made by a kernel of this many programs (``Runtime.copies_on_sms``), or None
+        self.sm_ctas = sm_ctas
         #: True while copies are in flight behind the guards (set by :meth:`run`, cleared by :meth:`finish`)
         self.streaming = False
 
@@ -181,7 +199,7 @@ class StreamedReload(Reload):
             return await super().run()
         try:
             await self.rt.point("store.reload.begin")
-            with self.rt.paced_copies(self.window_bytes):
+            with self.rt.paced_copies(self.window_bytes), self.rt.copies_on_sms(self.sm_ctas):
                 await self.issue_copies()
             if len(self.copies.pieces) < sum(1 for lay in self.layouts if not lay.dropped):
                 self.check()

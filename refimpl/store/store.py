@@ -515,7 +515,7 @@ class OffloadStore:
         rt = self.rt
         if stream and not force and not agreed:
             reload = StreamedReload(rt, self.backend, offloaded, self.config.stream_chunk_bytes,
-                                    self.config.stream_window_bytes)
+                                    self.config.stream_window_bytes, self.config.stream_sm_ctas)
         else:
             reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
         with rt.span("reload"), gc_paused():

@@ -47,6 +47,7 @@ from typing import Any, Generator, Iterator
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, CopyStats, Ready, check_same_shape
+from refimpl.torch_runtime.sm_copy import SmCopier
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +176,23 @@ class CopyEngine:
         self._stream: "torch.cuda.Stream | None" = None
         self._pacer: Pacer | None = None
         self._pacing = 0
+        self._sm_ctas = 0
+        #: host-to-device copies made by SMs inside :meth:`on_sms` (see [Note: copies on SMs])
+        self.sm = SmCopier()
+
+    @contextlib.contextmanager
+    def on_sms(self, ctas: int | None) -> Iterator[None]:
+        """Host-to-device copies asked for inside the block from pinned, contiguous host memory are made by a kernel
+        of ``ctas`` programs instead of the copy engine ([Note: copies on SMs] in :mod:`refimpl.torch_runtime.sm_copy`);
+        ``None`` or 0, or without CUDA: as outside. Leaving the block does not wait for them."""
+        if not ctas or self.device.type != "cuda":
+            yield
+            return
+        before, self._sm_ctas = self._sm_ctas, int(ctas)
+        try:
+            yield
+        finally:
+            self._sm_ctas = before
 
     @contextlib.contextmanager
     def paced(self, window_bytes: int | None) -> Iterator[None]:
@@ -214,6 +232,11 @@ class CopyEngine:
                 f"{src.device} and dst on {dst.device}; pass the kind that matches the tensors"
             )
         stream = self.stream
+        if self._sm_ctas and kind is CopyKind.H2D and self.sm.can_copy(dst, src):
+            done = self._copy_on_sms(dst, src, stream)
+            if done is not None:
+                self.stats.record(kind, nbytes)
+                return done
         if self._pacer is not None and (self._pacing or self._pacer.holding()):  # held ones go first: keep the order
             after = torch.cuda.Event()
             after.record(torch.cuda.current_stream(self.device))  # what an immediate copy would wait for
@@ -233,6 +256,17 @@ class CopyEngine:
             if t.device.type == "cuda":
                 t.record_stream(stream)
         self.stats.record(kind, nbytes)
+        return StreamCopy(event, dst, src, self.device)
+
+    def _copy_on_sms(self, dst: torch.Tensor, src: torch.Tensor, stream: "torch.cuda.Stream") -> StreamCopy | None:
+        """The copy as a kernel on the copy stream, ordered like an engine copy; None if the device cannot."""
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            if not self.sm.copy(dst, src, self._sm_ctas):
+                return None
+            event = torch.cuda.Event()
+            event.record(stream)
+        dst.record_stream(stream)
         return StreamCopy(event, dst, src, self.device)
 
     def issue(self, held: HeldCopy) -> None:

@@ -255,6 +255,17 @@ class TorchRuntime(Runtime):
         at a time by a feeder thread."""
         return self._copies.paced(window_bytes)
 
+    def copies_on_sms(self, ctas: int | None) -> contextlib.AbstractContextManager[None]:
+        """See :meth:`Runtime.copies_on_sms`: on CUDA, host-to-device copies from pinned host memory asked for inside
+        are made by a Triton kernel of ``ctas`` programs ([Note: copies on SMs] in
+        :mod:`refimpl.torch_runtime.sm_copy`)."""
+        return self._copies.on_sms(ctas)
+
+    @property
+    def sm_copies(self) -> int:
+        """Host-to-device copies made on SMs so far (inside :meth:`copies_on_sms`)."""
+        return self._copies.sm.copies
+
     async def synchronize(self) -> None:
         """Wait for all queued work on :attr:`device`."""
         if self._cuda:

@@ -21,22 +21,31 @@ resume). This module keeps those parts and composes them the way each mode of
   copies). What the step pays for it depends on the copy engine
   (``copy_engine``): ``"in_order"`` (measured on the H200,
   ``bench/gpu/copy_queue_probe.py``: the engine serves the copies queued on a
-  stream before another stream's, so the step's first host-to-device copy
-  waits for the rest's copies): the step's device work runs up to that copy,
-  and the step pays what is left of the rest after the resume and that
-  stretch (an upper bound: a step bound by the host runs ahead of its device
-  by a little before it blocks). Where that copy comes is the step's
-  ``first_copy_share``: 0 when the step copies its batch at its start, the
-  forward's share when the batch is on the device ahead (``batch_ahead`` in
-  the record's config): FSDP2's post-backward of the last layer copies a
-  pinned buffer (its ``_chunk_cat`` metadata) on the compute stream, 61.8 ms
-  into a 200.3 ms plain step on the H200 (``FIRST_COPY_SHARE_AHEAD``, read
-  from the profiled plain step of
+  stream before another stream's, so the step's first pinned host-to-device
+  copy waits for the rest's copies): the step's device work runs up to its
+  first wait, and the step pays what is left of the rest after the resume and
+  that stretch (an upper bound: a step bound by the host runs ahead of its
+  device by a little before it blocks). Where the first wait comes depends on
+  the order the store issues the reload in (``reload_order``): ``"category"``
+  (the store before it issued layouts in first-use order: buffers after the
+  optimizer state) made the forward's first layer wait for the whole rest on
+  its rotary buffer, so nothing ran under it; ``"first_use"`` (params,
+  buffers, grads, optimizer state) leaves nothing of the rest for the forward,
+  and the first wait is FSDP2's post-backward of the last layer, which copies
+  a pinned buffer (its ``_chunk_cat`` metadata) on the compute stream, 61.8
+  ms into a 200.3 ms plain step on the H200 (``FIRST_WAIT_SHARE``, read from
+  the profiled plain step of
   ``bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/``).
   ``"shared"`` (the ideal the first prediction
   assumed): the rest's copies run under the forward and backward
   (``fwd_bwd_share`` of the measured training step), and the step pays only
-  what is left of them after those, at the optimizer.
+  what is left of them after those, at the optimizer. ``"sms"`` (the store's
+  ``stream_sm_ctas``: a kernel on a few SMs makes the streamed reloads'
+  host-to-device copies, reading the pinned host buffers, and the engine
+  serves the step's own copies at once): as ``"shared"``, with every streamed
+  copy at the kernel's rate, ``SM_COPY_RATE`` of the engine's (50.7 against
+  54.8 GB/s on the H200, ``bench/gpu/sm_copy_probe.py``), and the step's own
+  compute taken as not slowed by the kernel (a step bound by the host).
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -62,25 +71,30 @@ MODES = ("sequential", "overlapped", "streamed")
 #: policies a prediction covers by default: the two that free NCCL memory on NCCL >= 2.29.7 and the one that keeps it
 POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
 #: how the copy engine shares itself between a streamed reload's copies and the next step's own (module docstring)
-COPY_ENGINES = ("in_order", "shared")
-#: share of a training step before its first own host-to-device copy when its batch is on the device ahead: FSDP2's
-#: first post-backward copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of the record named in
-#: the module docstring)
-FIRST_COPY_SHARE_AHEAD = 61.8 / 200.3
+COPY_ENGINES = ("in_order", "shared", "sms")
+#: host-to-device copies made on SMs against the copy engine's rate: 8 GB in 64 MiB pieces on one H200, 16 to 132
+#: programs 50.7 GB/s, the engine 54.8 GB/s (bench/results/2026-12-02-h200-sm-copies/sm_copy.json)
+SM_COPY_RATE = 50.7 / 54.8
+#: the orders a reload may issue its layouts in (module docstring)
+RELOAD_ORDERS = ("first_use", "category")
+#: share of a training step before its first wait on a streamed reload issued in first-use order: FSDP2's first
+#: post-backward pinned copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of the record named
+#: in the module docstring)
+FIRST_WAIT_SHARE = 61.8 / 200.3
 
 
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
-                  copy_engine: str = "in_order", batch_ahead: bool | None = None) -> list[dict[str, Any]]:
+                  copy_engine: str = "in_order", reload_order: str | None = None) -> list[dict[str, Any]]:
     """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record).
 
     The lifecycle runs as the record's RL step drives it (:func:`sim.calibrate.colocated.lifecycle_settings`);
     for a record of the current step (``sync_needs_no_group``) each mode gets the warm-up of rebuilt groups it
     runs with (off the sequential mode). ``wake_proxies`` overrides whether destroys wake the NCCL proxy
     (default: the record's). ``copy_engine``: ``"in_order"`` or ``"shared"`` (see the module docstring).
-    ``batch_ahead``: whether the step's batch is on the device before the switch's reloads are queued (default: the
-    record's ``config.batch_ahead``, False where the record predates it); with the ``in_order`` engine the streamed
-    reload's rest then runs under the step's forward (:data:`FIRST_COPY_SHARE_AHEAD`).
+    ``reload_order``: the order the store issued the reload in, ``"first_use"`` or ``"category"`` (default: the
+    record's ``reload_order``, ``"category"`` where the record predates it); with the ``in_order`` engine and
+    ``"first_use"`` the streamed reload's rest runs under the step's forward (:data:`FIRST_WAIT_SHARE`).
     """
     if copy_engine not in COPY_ENGINES:
         raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
@@ -88,8 +102,10 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
         raise ValueError(f"fwd_bwd_share must be in [0, 1], got {fwd_bwd_share}")
     rows = []
     line = rec.get("line") or {}
-    ahead = bool((rec.get("config") or {}).get("batch_ahead", False)) if batch_ahead is None else batch_ahead
-    first_copy = FIRST_COPY_SHARE_AHEAD if ahead else 0.0
+    order = rec.get("reload_order", "category") if reload_order is None else reload_order
+    if order not in RELOAD_ORDERS:
+        raise ValueError(f"reload_order must be one of {RELOAD_ORDERS}, got {order!r}")
+    first_wait = FIRST_WAIT_SHARE if order == "first_use" else 0.0
     for policy in policies:
         for mode in modes:
             r = json.loads(json.dumps(rec))
@@ -99,18 +115,21 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
             if wake_proxies is not None:
                 r["wake_proxies"] = wake_proxies
             p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
-            rows.append(_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_copy))
+            rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait),
+                         "reload_order": order})
     return rows
 
 
 def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
-             copy_engine: str = "in_order", first_copy_share: float = 0.0) -> dict[str, Any]:
+             copy_engine: str = "in_order", first_wait_share: float = 0.0) -> dict[str, Any]:
     """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
-    params = parts["weight_sync"]["sim_copies_s"] + parts["weight_sync"]["store_host_s"] + parts["weight_sync"]["scrub_s"]
-    gather = parts["weight_sync"]["gather_s"]
-    rest = sum(parts["reload"].values())
+    slow = 1.0 / SM_COPY_RATE if copy_engine == "sms" and mode != "sequential" else 1.0  # streamed copies on SMs
+    ws_parts = parts["weight_sync"]
+    params = ws_parts["sim_copies_s"] * slow + ws_parts["store_host_s"] + ws_parts["scrub_s"]
+    gather = ws_parts["gather_s"]
+    rest = parts["reload"]["sim_copies_s"] * slow + parts["reload"]["store_host_s"]
     train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
     extra = p["first_use_extra_s"]
     copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
@@ -127,14 +146,14 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
         off, rel = max(lc["offload"], off_store), max(lc["reload"], rest_left)
     else:
         off, rel = max(lc["offload"], off_store), lc["reload"]
-        under = (first_copy_share if copy_engine == "in_order" else fwd_bwd_share) * train
+        under = (first_wait_share if copy_engine == "in_order" else fwd_bwd_share) * train  # shared, sms
         wait = max(0.0, rest_left - lc["reload"] - under)
     cost = off + ws + rel + extra + wait
     step = train + rollout + cost
     return {"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
             "first_use_extra_s": extra, "stream_wait_s": wait, "switch_cost_s": cost,
             "copy_time_at_line_s": copy_line, "switch_cost_x_copy_time": cost / copy_line,
-            "step_s": step, "switch_cost_share_of_step": cost / step, "batch_ahead": first_copy_share > 0}
+            "step_s": step, "switch_cost_share_of_step": cost / step}
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
@@ -159,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of the training step that is forward and backward (the streamed reload runs under it)")
     ap.add_argument("--copy-engine", choices=COPY_ENGINES, default="in_order",
                     help="in_order: the next step's copies wait behind a streamed reload's (measured on the H200); "
-                    "shared: the reload's copies run under the forward and backward")
-    ap.add_argument("--batch-ahead", action=argparse.BooleanOptionalAction, default=None,
-                    help="the step's batch on the device before the switch's reloads (default: as the record ran)")
+                    "shared: the reload's copies run under the forward and backward; sms: as shared, the streamed "
+                    "copies made on SMs at their measured rate (StoreConfig.stream_sm_ctas)")
+    ap.add_argument("--reload-order", choices=RELOAD_ORDERS, default=None,
+                    help="the order the store issues a reload in (default: the record's; category where the record "
+                    "predates first_use)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -169,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             rec = json.load(f)
         rows = predict_modes(rec, preset=a.preset, policies=tuple(a.policies.split(",")),
                              modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share,
-                             copy_engine=a.copy_engine, batch_ahead=a.batch_ahead)
+                             copy_engine=a.copy_engine, reload_order=a.reload_order)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -177,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_COPY_SHARE_AHEAD", "MODES", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

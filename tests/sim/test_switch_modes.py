@@ -83,25 +83,47 @@ def test_a_streamed_reload_in_order_on_the_copy_engine_hides_nothing_the_step_ne
         predict_modes(rec, copy_engine="fast", **kw)
 
 
-def test_a_batch_on_the_device_ahead_lets_the_forward_run_under_the_streamed_reload():
-    """With the batch copied before the switch's reloads are queued, the step's first own host-to-device copy is
-    FSDP2's post-backward one: the forward runs under the rest's copies and the step pays only what is left after
-    it (and the default follows the record's config)."""
-    from sim.calibrate.switch_modes import FIRST_COPY_SHARE_AHEAD, predict_modes
+def test_a_reload_in_first_use_order_lets_the_forward_run_under_the_streamed_rest():
+    """With the forward's tensors issued first, the step's first wait on the streamed rest is FSDP2's post-backward
+    pinned copy: the forward runs under the rest's copies and the step pays only what is left after it. The order
+    the store used before (buffers behind the optimizer state) made the forward wait at once. The default follows
+    the record."""
+    from sim.calibrate.switch_modes import FIRST_WAIT_SHARE, predict_modes
 
     rec = json.loads(REC.read_text())
     rec.update(sync_needs_no_group=True, wake_proxies=True)
     kw = dict(policies=("PAUSED_LIVE",), modes=("overlapped", "streamed"))
-    behind = {r["mode"]: r for r in predict_modes(rec, batch_ahead=False, **kw)}
-    ahead = {r["mode"]: r for r in predict_modes(rec, batch_ahead=True, **kw)}
+    old = {r["mode"]: r for r in predict_modes(rec, reload_order="category", **kw)}
+    new = {r["mode"]: r for r in predict_modes(rec, reload_order="first_use", **kw)}
     train = rec["summary"]["phase_s"]["train"]
-    assert 0 < FIRST_COPY_SHARE_AHEAD < 0.5
-    assert ahead["overlapped"] == {**behind["overlapped"], "batch_ahead": True}  # only the streamed mode changes
-    assert ahead["streamed"]["batch_ahead"] and not behind["streamed"]["batch_ahead"]
-    saved = behind["streamed"]["stream_wait_s"] - ahead["streamed"]["stream_wait_s"]
+    assert 0 < FIRST_WAIT_SHARE < 0.5
+    assert {**old["overlapped"], "reload_order": "first_use"} == new["overlapped"]  # only the streamed mode changes
+    saved = old["streamed"]["stream_wait_s"] - new["streamed"]["stream_wait_s"]
     assert saved > 0.01
-    assert ahead["streamed"]["switch_cost_s"] == pytest.approx(behind["streamed"]["switch_cost_s"] - saved)
+    assert new["streamed"]["switch_cost_s"] == pytest.approx(old["streamed"]["switch_cost_s"] - saved)
     # the forward's stretch of the record's training step, or all that was left
-    assert saved == pytest.approx(min(FIRST_COPY_SHARE_AHEAD * train, behind["streamed"]["stream_wait_s"]), rel=0.2)
-    rec["config"]["batch_ahead"] = True  # a record that ran with the batch ahead is predicted that way by default
-    assert {r["mode"]: r for r in predict_modes(rec, **kw)}["streamed"] == ahead["streamed"]
+    assert saved == pytest.approx(min(FIRST_WAIT_SHARE * train, old["streamed"]["stream_wait_s"]), rel=0.2)
+    assert predict_modes(rec, **kw)[1] == old["streamed"]  # a record without reload_order: the order of its time
+    rec["reload_order"] = "first_use"
+    assert predict_modes(rec, **kw)[1] == new["streamed"]
+    with pytest.raises(ValueError, match="reload_order"):
+        predict_modes(rec, reload_order="random", **kw)
+
+
+def test_copies_on_sms_hide_the_rest_under_the_step_at_their_own_rate():
+    """With the streamed copies made on SMs the engine serves the step's own copies at once: the rest runs under the
+    forward and backward as with a shared engine, but every streamed copy (the params' under the gather too) at the
+    kernel's measured rate."""
+    from sim.calibrate.switch_modes import SM_COPY_RATE, predict_modes
+
+    rec = json.loads(REC.read_text())
+    rec.update(sync_needs_no_group=True, wake_proxies=True, reload_order="first_use")
+    kw = dict(policies=("PAUSED_LIVE",), modes=("sequential", "overlapped", "streamed"))
+    eng = {r["mode"]: r for r in predict_modes(rec, **kw)}
+    sms = {r["mode"]: r for r in predict_modes(rec, copy_engine="sms", **kw)}
+    shared = {r["mode"]: r for r in predict_modes(rec, copy_engine="shared", **kw)}
+    assert 0.85 < SM_COPY_RATE < 1
+    assert sms["sequential"] == eng["sequential"]  # nothing streamed, nothing on SMs
+    assert sms["overlapped"]["reload_s"] > eng["overlapped"]["reload_s"]  # the same copies, slower
+    assert sms["streamed"]["stream_wait_s"] < eng["streamed"]["stream_wait_s"]
+    assert shared["streamed"]["switch_cost_s"] <= sms["streamed"]["switch_cost_s"] < eng["streamed"]["switch_cost_s"]

@@ -100,6 +100,39 @@ def test_a_streamed_reload_hands_each_tensor_over_at_its_first_use():
     assert not any(is_guarded(p) for p in params)
 
 
+def test_a_reload_issues_its_copies_in_the_order_a_training_step_first_uses_them():
+    """Params, then buffers, then the optimizer state: a forward right after a streamed reload reads a buffer in its
+    first layer (a rotary ``inv_freq``), and buffers queued behind the optimizer state made it wait for all of it."""
+    m, opt = _model()
+    m.register_buffer("scale", torch.arange(64, dtype=torch.float32))  # a buffer the forward would read first
+    want = {**_snapshot(m, opt), "scale": m.scale.clone()}
+    rt = RecordingRuntime("cpu")
+    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    for stream in (True, False):
+        rt.h2d.clear()
+        store.reload(stream=stream)
+        store.finish_reload()
+
+        def category_of(ptr):
+            for cat, tensors in (("params", list(m.parameters())), ("buffers", [m.scale]),
+                                 ("optimizer", [v for st in opt.state.values() for v in st.values() if v.dim()])):
+                for t in tensors:
+                    st = t.untyped_storage()
+                    if st.data_ptr() <= ptr < st.data_ptr() + st.nbytes():
+                        return cat
+            return None
+
+        order = [category_of(ptr) for ptr, _ in rt.h2d]
+        firsts = [c for i, c in enumerate(order) if c not in order[:i]]
+        assert firsts == ["params", "buffers", "optimizer"], (stream, firsts)
+        assert order == sorted(order, key=firsts.index)  # each category's copies together, in that order
+        assert _equal({**_snapshot(m, opt), "scale": m.scale}, want)
+        store.offload()
+
+
 def test_the_next_operation_finishes_a_streamed_reload_first():
     m, opt = _model()
     want = _snapshot(m, opt)
@@ -130,19 +163,22 @@ def test_a_window_smaller_than_a_piece_is_refused():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("window", [None, 8 << 20, 512 << 20])
-def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window):
-    """The forward starts while the copies run (256 MiB of weights in 4 MiB pieces, all queued at once or fed
-    through a window of 8 MiB, where a layer's pieces are still held on the host when the forward reaches it):
-    each layer's first use waits on the device for its own bytes, so the result is bitwise the one before the
-    offload."""
+@pytest.mark.parametrize("window,sm", [(None, None), (8 << 20, None), (512 << 20, None), (None, 16)])
+def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window, sm):
+    """The forward starts while the copies run (256 MiB of weights in 4 MiB pieces, all queued at once, fed
+    through a window of 8 MiB, where a layer's pieces are still held on the host when the forward reaches it, or
+    made by a kernel of 16 programs on SMs): each layer's first use waits on the device for its own bytes, so the
+    result is bitwise the one before the offload."""
+    if sm:
+        pytest.importorskip("triton")
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda()
     x = torch.randn(64, 4096, device="cuda")
     with torch.no_grad():
         want = m(x)
-    store = OffloadStore(TorchRuntime("cuda"), config=StoreConfig(stream_chunk_bytes=4 << 20,
-                                                                  stream_window_bytes=window))
+    rt = TorchRuntime("cuda")
+    store = OffloadStore(rt, config=StoreConfig(stream_chunk_bytes=4 << 20, stream_window_bytes=window,
+                                                stream_sm_ctas=sm))
     store.attach_module(m)
     for _ in range(3):
         store.offload()
@@ -151,3 +187,4 @@ def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window):
             got = m(x)
         assert torch.equal(got, want)
         store.finish_reload()
+    assert (rt.sm_copies >= 3 * 64) == bool(sm)  # every piece of every reload on SMs, or none

@@ -19,7 +19,9 @@ Both are coroutines that *issue* their work and return an awaitable that
 *finishes* it (waits for the copies, runs any collective). The store issues
 every layout, does its per-tensor bookkeeping while the copies run, then awaits
 the finishers in layout order. Collectives inside finishers therefore run in
-the same (sorted layout key) order on every rank. A finisher must always be
+the same order on every rank (an offload's in ``LayoutKey.sort_key`` order, a
+reload's in ``LayoutKey.reload_key`` order: a training step's first use, then
+the sort key). A finisher must always be
 awaited, also when the store is about to raise, so ranks never diverge.
 
 The store releases device memory only after every finisher of an offload

@@ -1,0 +1,192 @@
+"""Host-to-device copies made by SMs reading pinned host memory: rate, and what they leave the copy engine for.
+
+    python3 bench/gpu/sm_copy_probe.py [--gb 8] [--piece-mib 64] [--out DIR]     # one GPU, triton; ~60 s
+
+A streamed reload's copies queued on the copy engine make every host-to-device or device-to-device memcpy the
+next training step issues wait for all of them (the engine serves one stream's queue before another's:
+``bench/gpu/copy_queue_probe.py``). With unified addressing, pinned host memory (``cudaHostAlloc``, and
+``cudaHostRegister``-ed memory where the device can use host pointers) is readable from kernels at its host
+address, so a kernel on a few SMs can make the copy instead, leaving the engines to the step. Measured here:
+
+* ``rate``: the bulk (``--gb`` in ``--piece-mib`` pieces, one launch per piece) copied by a Triton kernel of
+  ``ctas`` programs reading pinned host memory, for two host buffers: ``pin_memory()`` (cudaHostAlloc) and a
+  ``cudaHostRegister``-ed one (the store's pinning, ``refimpl.torch_runtime.pinning.HostPinner``); the copy engine
+  (``copy_``) beside it; every copy compared bitwise with the source;
+* ``queue``: small operations issued on the compute stream right after the bulk was queued, with the bulk on the
+  copy engine or on the SMs: a 716 KiB pinned host-to-device copy, a 716 KiB device-to-device ``copy_`` (a
+  memcpy on the engine), a 16 KiB pageable ``.to(device)``, a small kernel; the time until each is done;
+* ``compute``: a bf16 matmul loop's device time alone and with the bulk running beside it (its slowdown).
+
+Writes ``sm_copy.json`` into ``--out`` and prints a line per measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gb", type=float, default=8.0)
+    ap.add_argument("--piece-mib", type=int, default=64)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _copy(src, dst, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * BLOCK
+        for start in range(pid * BLOCK, n, step):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < n
+            tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+    dev = torch.device("cuda")
+    piece = a.piece_mib << 20
+    n = max(1, int(a.gb * 1e9) // piece)
+    words = piece // 4
+    rec: dict = {"kind": "sm_copy_probe", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "triton": triton.__version__, "piece_bytes": piece, "pieces": n, "rows": [],
+                 "command": "python3 bench/gpu/sm_copy_probe.py " + " ".join(argv or [])}
+    rows = rec["rows"]
+
+    def out(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    hosts: dict[str, torch.Tensor] = {}
+    g = torch.Generator().manual_seed(0)
+    src_cpu = torch.randint(-2**31, 2**31 - 1, (n * words,), dtype=torch.int32, generator=g)
+    hosts["pin_memory"] = src_cpu.pin_memory()
+    try:
+        from refimpl.torch_runtime.pinning import HostPinner
+
+        pool = HostPinner(True)
+        reg = pool.alloc(n * words, torch.int32, pinned=True, tag="sm_copy_probe")
+        reg.copy_(src_cpu)
+        hosts["registered"] = reg
+    except Exception as e:  # noqa: BLE001 - report and go on with the other buffer
+        out({"case": "registered_alloc", "error": f"{type(e).__name__}: {e}"})
+    del src_cpu
+    dst = torch.empty(n * words, dtype=torch.int32, device=dev)
+    ref = hosts["pin_memory"].to(dev)
+    side = torch.cuda.Stream()
+
+    def sm_bulk(host: torch.Tensor, ctas: int, k: int = n) -> None:
+        with torch.cuda.stream(side):
+            for i in range(k):
+                _copy[(ctas,)](host[i * words:(i + 1) * words], dst[i * words:(i + 1) * words], words,
+                               BLOCK=4096, num_warps=8)
+
+    def ce_bulk(host: torch.Tensor, k: int = n) -> None:
+        with torch.cuda.stream(side):
+            for i in range(k):
+                dst[i * words:(i + 1) * words].copy_(host[i * words:(i + 1) * words], non_blocking=True)
+
+    # ---- rate, bitwise
+    for name, host in hosts.items():
+        for ctas in ([0] + [4, 8, 16, 32, 66, 132]):
+            for rep in range(2):
+                dst.zero_()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                try:
+                    if ctas:
+                        sm_bulk(host, ctas)
+                    else:
+                        ce_bulk(host)
+                    t1 = time.perf_counter()
+                    side.synchronize()
+                    t2 = time.perf_counter()
+                except Exception as e:  # noqa: BLE001
+                    out({"case": "rate", "host": name, "ctas": ctas, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    break
+                if rep == 1:
+                    out({"case": "rate", "host": name, "ctas": ctas, "engine": "copy engine" if not ctas else "sm",
+                         "issue_s": t1 - t0, "done_s": t2 - t0, "gbps": n * piece / (t2 - t0) / 1e9,
+                         "bitwise": bool(torch.equal(dst, ref))})
+
+    # ---- what a small operation issued right after the bulk waits for
+    pinned = torch.zeros(731816 // 4, dtype=torch.float32).pin_memory()
+    dd_src = torch.ones(731816 // 4, device=dev)
+    dd_dst = torch.empty_like(dd_src)
+    pageable = torch.arange(4096, dtype=torch.int32)
+    y = torch.ones(1024, device=dev)
+
+    def small(case: str) -> None:
+        if case == "pinned_h2d":
+            pinned.to(dev, non_blocking=True)
+        elif case == "d2d_copy":
+            dd_dst.copy_(dd_src)
+        elif case == "kernel":
+            (y * 2).sum()
+        else:
+            pageable.to(dev)
+        torch.cuda.current_stream().synchronize()
+
+    host = hosts["pin_memory"]
+    for bulk in ("none", "copy engine", "sm 16", "sm 32"):
+        for case in ("pinned_h2d", "d2d_copy", "pageable_h2d", "kernel"):
+            for rep in range(2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                if bulk == "copy engine":
+                    ce_bulk(host)
+                elif bulk.startswith("sm"):
+                    sm_bulk(host, int(bulk.split()[1]))
+                t1 = time.perf_counter()
+                small(case)
+                t2 = time.perf_counter()
+                side.synchronize()
+                t3 = time.perf_counter()
+                if rep == 1:
+                    out({"case": "queue", "bulk": bulk, "small": case, "small_done_ms": 1e3 * (t2 - t1),
+                         "bulk_done_ms": 1e3 * (t3 - t0)})
+
+    # ---- compute beside the SM bulk
+    x = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+
+    def mm_loop(reps: int = 60) -> None:
+        for _ in range(reps):
+            x @ x
+
+    def timed_mm() -> float:
+        """The loop's device time on the compute stream (events: the bulk on the side stream is not waited for)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        mm_loop()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    mm_loop(5)
+    torch.cuda.synchronize()
+    alone = timed_mm()
+    out({"case": "compute", "beside": "nothing", "mm_s": alone})
+    for bulk in ("copy engine", "sm 16", "sm 32", "sm 66"):
+        torch.cuda.synchronize()
+        if bulk == "copy engine":
+            ce_bulk(host)
+        else:
+            sm_bulk(host, int(bulk.split()[1]))
+        t = timed_mm()
+        side.synchronize()
+        out({"case": "compute", "beside": bulk, "mm_s": t, "slowdown": t / alone})
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "sm_copy.json"), "w") as f:
+        json.dump(rec, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
