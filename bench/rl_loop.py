@@ -325,8 +325,10 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rparams = dict(rollout.named_parameters())
 
     window = ((cfg.stream_window_mib or 0) << 20) or None  # None and 0: every piece queued at once (the default)
+    t = time.perf_counter()
     store = OffloadStore(rt, config=StoreConfig(empty_cache=(cfg.free == "driver"), stream_window_bytes=window,
                                                 stream_sm_ctas=cfg.stream_sm_ctas or None))
+    rec["store_setup_s"] = time.perf_counter() - t  # with --stream-sm-ctas: the copy kernel's build (once)
     store.attach_module(trainer, name="model")
     store.attach_optimizer(optim, name="optim")
     rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)

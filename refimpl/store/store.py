@@ -123,6 +123,8 @@ class OffloadStore:
         self._closed = False
         #: streamed reloads whose copies may still be in flight, oldest first (see :meth:`finish_reload`)
         self._streamed_reloads: list[StreamedReload] = []
+        if self.config.stream_sm_ctas:  # the copy kernel built now, not inside the first switch that streams
+            runtime.prepare_copies_on_sms()
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,

@@ -261,6 +261,11 @@ class TorchRuntime(Runtime):
         :mod:`refimpl.torch_runtime.sm_copy`)."""
         return self._copies.on_sms(ctas)
 
+    def prepare_copies_on_sms(self) -> None:
+        """See :meth:`Runtime.prepare_copies_on_sms`: on CUDA the kernel is built and run once on a few bytes."""
+        if self._cuda:
+            self._copies.sm.warm(self.device)
+
     @property
     def sm_copies(self) -> int:
         """Host-to-device copies made on SMs so far (inside :meth:`copies_on_sms`)."""

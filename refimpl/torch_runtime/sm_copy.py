@@ -87,11 +87,29 @@ class SmCopier:
                 hi = min(n, lo + _MAX_ELEMENTS)
                 self._kernel[(int(ctas),)](s[lo:hi], d[lo:hi], hi - lo, BLOCK=_BLOCK, num_warps=8)
         except (ValueError, RuntimeError) as e:
-            if self.copies == 0 and "cannot be accessed" in str(e):  # the device cannot read this host buffer
-                return self._off(f"the device cannot read pinned host memory directly ({e})")
+            # Triton checks every pointer before it launches: nothing of this launch is queued, and what earlier
+            # launches of this copy queued the copy engine overwrites with the same bytes, later on the stream
+            if "cannot be accessed" in str(e):
+                return self._off(f"the device cannot read this pinned host memory directly ({e})")
             raise
         self.copies += 1
         return True
+
+    def warm(self, device: torch.device) -> bool:
+        """Build the kernel and run it once on a few pinned bytes (Triton compiles or loads it at its first launch);
+        False if this device cannot copy this way (then :attr:`usable` is False)."""
+        if not self.usable:
+            return False
+        src = torch.arange(64, dtype=torch.int32).pin_memory()
+        dst = torch.empty(64, dtype=torch.int32, device=device)
+        made = self.copies
+        ok = self.copy(dst, src, 1)
+        self.copies = made  # a warm-up, not a copy asked for
+        if ok:
+            torch.cuda.synchronize(device)
+            if not torch.equal(dst.cpu(), src):
+                return self._off("the warm-up copy came back different")
+        return ok
 
     def _off(self, why: str) -> bool:
         self.usable = False
