@@ -73,7 +73,8 @@ POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
 #: how the copy engine shares itself between a streamed reload's copies and the next step's own (module docstring)
 COPY_ENGINES = ("in_order", "shared", "sms")
 #: host-to-device copies made on SMs against the copy engine's rate: 8 GB in 64 MiB pieces on one H200, 16 to 132
-#: programs 50.7 GB/s, the engine 54.8 GB/s (bench/results/2026-12-02-h200-sm-copies/sm_copy.json)
+#: programs 50.7 GB/s, the engine 54.8 GB/s (bench/results/2026-12-02-h200-sm-copies/sm_copy_run1.json; the second
+#: run: 51.0 and 55.2 GB/s)
 SM_COPY_RATE = 50.7 / 54.8
 #: the orders a reload may issue its layouts in (module docstring)
 RELOAD_ORDERS = ("first_use", "category")
