@@ -17,10 +17,12 @@ The copy engine of each direction serves the copies queued on it in order,
 whatever their stream or its priority: a 716 KiB pinned host-to-device copy
 issued on another (even a high-priority) stream right after 8 GB of pieces
 were queued completes after all of them, 143 ms later on the H200
-(``bench/gpu/copy_queue_probe.py``). A streamed reload queues gigabytes and
-hands the device to the next training step, whose own small host-to-device
-copies (the batch, FSDP2's copies in backward) then wait for the whole reload:
-the step after the switch stalled for the reload's full length. Inside
+(``bench/gpu/copy_queue_probe.py``; a small pageable copy and a
+device-to-device one do not wait). A streamed reload queues gigabytes and
+hands the device to the next training step, whose own pinned host-to-device
+copies (FSDP2's in backward) then wait for the whole reload. Copies made on
+SMs ([Note: copies on SMs] in :mod:`refimpl.torch_runtime.sm_copy`) leave the
+engine free instead. Inside
 :meth:`CopyEngine.paced` the engine keeps at most ``window_bytes`` of copies
 queued on the device and holds the rest on the host; a feeder thread issues
 them a window at a time, each once the window before it has completed (it
