@@ -20,7 +20,16 @@ One step, every phase timed between device synchronisations:
                loss is averaged over the trainer's group ``trainer.dp``.
 ``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
                offload of params, grads and optimizer state.
-``rollout``    the rollout role allocates its KV cache, generates, frees it
+``rollout``    the rollout role allocates its KV cache, generates, frees it,
+               and hands its sequences to the trainer through the host (as
+               a single-controller framework does); with ``batch_ahead``
+               (the default) the next training batch goes to the device at
+               the rollout's end, before the switch queues its reloads: the
+               copy engine serves one stream's queued pinned copies before
+               another's, and a pageable copy larger than it stages inline
+               (a batch of 32 x 1024 tokens, 256 KiB, waited 128 ms on the
+               H200; one of 8 x 256, 16 KiB, did not) queues behind a
+               streamed reload too (docs/comm.md)
                (``--free allocator``, the default: the store runs with
                ``empty_cache=False`` and the reload reuses the blocks the KV
                cache gave back to torch's allocator, 1.005 x line on the H200;
@@ -95,6 +104,7 @@ class StepConfig:
     stream_window_mib: int | None = None  # a streamed reload's copies queued at once (None, 0: all, the default)
     stream_sm_ctas: int | None = None  # a streamed reload's copies made by a kernel of this many programs (None: engine)
     profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
+    batch_ahead: bool = True  # the next training batch copied to the device at the rollout's end, before the reloads
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -380,6 +390,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["initial_sync"] = check_weights(trainer_digests())
     g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own prompts and batch
     data = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq), generator=g)
+    if cfg.batch_ahead:
+        data = data.to(device)
     steps: list[dict[str, Any]] = []
     driver = SwitchDriver(cfg.mode, lc, store, optim, clock)
     profiler = _Profile(cfg.profile and rank == 0, cfg.out, cuda)
@@ -437,6 +449,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                 data = data.repeat(1, -(-cfg.seq // data.shape[1]))[:, :cfg.seq]
             if data.shape[0] < cfg.batch:
                 data = data.repeat(-(-cfg.batch // data.shape[0]), 1)[:cfg.batch]
+            if cfg.batch_ahead:  # before the switch's reloads are queued on the copy engine
+                data = data.to(device)
             if cuda and cfg.free == "driver":
                 torch.cuda.empty_cache()
         if step == cfg.steps - 1:  # --profile: the last switch's weight sync and reload and the training step after
@@ -612,6 +626,9 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="write torch.profiler traces of the last switch's weight sync, reload and the training "
                     "step after it, and of a plain training step (their times then hold the profiler's overhead: "
                     "take switch costs from a run without it)")
+    ap.add_argument("--batch-ahead", action=argparse.BooleanOptionalAction, default=True,
+                    help="copy the next training batch to the device at the rollout's end, before the switch's "
+                    "reloads (default); --no-batch-ahead: at the training step's start, behind a streamed reload")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -621,6 +638,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       out=a.out, lifecycle_policy=a.policy, mode=a.mode, line_mib=(4 if a.tiny else 1024),
                       mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision],
                       profile=a.profile, stream_window_mib=a.stream_window_mib, stream_sm_ctas=a.stream_sm_ctas,
+                      batch_ahead=a.batch_ahead,
                       **{**small, **kw})
 
 

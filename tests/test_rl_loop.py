@@ -36,6 +36,7 @@ def test_rl_step_two_gloo_ranks(tmp_path):
     for rec in recs:
         assert rec["world_size"] == 2 and rec["mesh"] == [1, 2]
         assert rec["reload_order"] == "first_use" and rec["reload_categories"][:2] == ["params", "buffers"]
+        assert rec["config"]["batch_ahead"] is True  # the default: the batch on the device before the reloads
         assert rec["initial_sync"]["bitwise_equal"]
         assert len(rec["steps"]) == 2
         for s in rec["steps"]:
@@ -115,9 +116,10 @@ def test_step_config_refuses_bad_values():
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
     """The streamed mode: the optimizer state's reload runs under the next step; every sync still bitwise,
     the training continues from the same state on both ranks, and the switch cost counts the step after."""
-    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", ("--profile",)), timeout=240)
+    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", ("--profile", "--no-batch-ahead")), timeout=240)
     for rec in recs:
         assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
+        assert rec["config"]["batch_ahead"] is False  # the batch copied at each training step's start
         # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
         assert rec["lifecycle_stats"]["warm_ups"] == rec["lifecycle_stats"]["rebuilds"] >= 2
         sm = rec["summary"]

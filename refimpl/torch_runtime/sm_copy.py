@@ -19,9 +19,14 @@ bandwidth from the step it runs beside (a step bound by the host leaves both
 idle).
 
 :class:`SmCopier` runs the kernel (Triton; one launch per at most 2**30
-elements). It copies only what it can do exactly: a pinned, contiguous host
-source into a contiguous device destination of the same bytes; anything else
-goes to the copy engine. Whether the device reads the host buffer is checked
+words). It takes a copy only in the one shape the kernel is built for, so
+that nothing is compiled again inside a switch: a pinned, contiguous host
+source into a contiguous device destination of the same bytes, both at
+16-byte-aligned addresses, a whole number of 4-byte words (Triton specialises
+a kernel per argument dtype and pointer alignment, and an earlier version
+that also took byte-granular copies got a word kernel's stores on its byte
+copies); anything else goes to the copy engine (the store's pieces are
+aligned and whole words). Whether the device reads the host buffer is checked
 the first time (Triton refuses a pointer the device cannot read); a refusal,
 or no Triton, turns it off with one warning and the copy engine takes every
 copy.
@@ -44,7 +49,7 @@ def _build_kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n"])
     def _copy(src, dst, n, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         step = tl.num_programs(0) * BLOCK
@@ -68,10 +73,11 @@ class SmCopier:
 
     def can_copy(self, dst: torch.Tensor, src: torch.Tensor) -> bool:
         """Whether :meth:`copy` may take this pair: a pinned contiguous host source, a contiguous device
-        destination, the same dtype and size."""
+        destination, the same dtype and size, both 16-byte aligned, a whole number of 4-byte words."""
         return (self.usable and src.device.type == "cpu" and dst.device.type == "cuda" and src.dtype == dst.dtype
                 and src.numel() == dst.numel() and src.is_contiguous() and dst.is_contiguous()
-                and src.is_pinned())
+                and (src.numel() * src.element_size()) % 4 == 0 and src.data_ptr() % 16 == 0
+                and dst.data_ptr() % 16 == 0 and src.is_pinned())
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, ctas: int) -> bool:
         """Queue the copy on the current stream; False (nothing queued) if this device cannot make it."""
@@ -82,6 +88,8 @@ class SmCopier:
                 return self._off(f"Triton is not available ({type(e).__name__}: {e})")
         s, d = _words(src), _words(dst)
         n = s.numel()
+        if n == 0:
+            return True
         try:
             for lo in range(0, n, _MAX_ELEMENTS):
                 hi = min(n, lo + _MAX_ELEMENTS)
@@ -118,11 +126,8 @@ class SmCopier:
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """A flat view of ``t``'s bytes as 4-byte words where size and address allow, else as bytes."""
-    flat = t.reshape(-1).view(torch.uint8)
-    if flat.numel() % 4 == 0 and flat.data_ptr() % 4 == 0:
-        return flat.view(torch.int32)
-    return flat
+    """A flat view of ``t``'s bytes as 4-byte words (:meth:`SmCopier.can_copy` admitted only such tensors)."""
+    return t.reshape(-1).view(torch.uint8).view(torch.int32)
 
 
 __all__ = ["SmCopier"]

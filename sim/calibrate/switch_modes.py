@@ -35,7 +35,13 @@ resume). This module keeps those parts and composes them the way each mode of
   a pinned buffer (its ``_chunk_cat`` metadata) on the compute stream, 61.8
   ms into a 200.3 ms plain step on the H200 (``FIRST_WAIT_SHARE``, read from
   the profiled plain step of
-  ``bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/``).
+  ``bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/``),
+  unless the step copies its batch at its start and the batch is larger than
+  a pageable copy CUDA stages inline (``INLINE_COPY_BYTES``: a 16 KiB batch
+  did not wait, a 256 KiB one waited 128 ms on the H200): then the batch's
+  copy is the first wait, at the step's start. The RL step copies its batch
+  to the device at the rollout's end (``batch_ahead`` in its config, the
+  default since it was found).
   ``"shared"`` (the ideal the first prediction
   assumed): the rest's copies run under the forward and backward
   (``fwd_bwd_share`` of the measured training step), and the step pays only
@@ -82,11 +88,15 @@ RELOAD_ORDERS = ("first_use", "category")
 #: post-backward pinned copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of the record named
 #: in the module docstring)
 FIRST_WAIT_SHARE = 61.8 / 200.3
+#: a pageable host-to-device copy up to this size is staged inline and does not queue behind the engine's pinned
+#: copies (CUDA's documented 64 KiB; on the H200 a 16 KiB batch did not wait, a 256 KiB one waited 128 ms)
+INLINE_COPY_BYTES = 64 << 10
 
 
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
-                  copy_engine: str = "in_order", reload_order: str | None = None) -> list[dict[str, Any]]:
+                  copy_engine: str = "in_order", reload_order: str | None = None,
+                  batch_ahead: bool | None = None) -> list[dict[str, Any]]:
     """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record).
 
     The lifecycle runs as the record's RL step drives it (:func:`sim.calibrate.colocated.lifecycle_settings`);
@@ -95,7 +105,10 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     (default: the record's). ``copy_engine``: ``"in_order"`` or ``"shared"`` (see the module docstring).
     ``reload_order``: the order the store issued the reload in, ``"first_use"`` or ``"category"`` (default: the
     record's ``reload_order``, ``"category"`` where the record predates it); with the ``in_order`` engine and
-    ``"first_use"`` the streamed reload's rest runs under the step's forward (:data:`FIRST_WAIT_SHARE`).
+    ``"first_use"`` the streamed reload's rest runs under the step's forward (:data:`FIRST_WAIT_SHARE`) unless
+    the step copies a batch larger than :data:`INLINE_COPY_BYTES` at its start. ``batch_ahead``: whether the step's
+    batch is on the device before the switch's reloads (default: the record's ``config.batch_ahead``, False where
+    the record predates it).
     """
     if copy_engine not in COPY_ENGINES:
         raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
@@ -106,7 +119,10 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     order = rec.get("reload_order", "category") if reload_order is None else reload_order
     if order not in RELOAD_ORDERS:
         raise ValueError(f"reload_order must be one of {RELOAD_ORDERS}, got {order!r}")
-    first_wait = FIRST_WAIT_SHARE if order == "first_use" else 0.0
+    cfg = rec.get("config") or {}
+    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
+    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
+    first_wait = FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
     for policy in policies:
         for mode in modes:
             r = json.loads(json.dumps(rec))
@@ -184,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reload-order", choices=RELOAD_ORDERS, default=None,
                     help="the order the store issues a reload in (default: the record's; category where the record "
                     "predates first_use)")
+    ap.add_argument("--batch-ahead", action=argparse.BooleanOptionalAction, default=None,
+                    help="the step's batch on the device before the switch's reloads (default: as the record ran)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -191,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             rec = json.load(f)
         rows = predict_modes(rec, preset=a.preset, policies=tuple(a.policies.split(",")),
                              modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share,
-                             copy_engine=a.copy_engine, reload_order=a.reload_order)
+                             copy_engine=a.copy_engine, reload_order=a.reload_order, batch_ahead=a.batch_ahead)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -199,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

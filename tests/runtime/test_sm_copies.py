@@ -54,15 +54,19 @@ def test_copies_on_sms_are_bitwise_from_both_kinds_of_pinned_memory():
     registered = pinner.alloc(data.numel(), torch.uint8, pinned=True, tag="test")
     registered.copy_(data)
     for host in (data.pin_memory(), registered):
-        # whole (an odd size: the byte kernel), a 4-aligned slice (the word kernel), an unaligned one, a bf16 view
-        cases = [(host, data), (host[8:8 + (1 << 20)], data[8:8 + (1 << 20)]), (host[3:1003], data[3:1003]),
-                 (host[:1 << 20].view(torch.bfloat16), data[:1 << 20].view(torch.bfloat16))]
-        for src, want in cases:
+        # on SMs: an aligned slice of whole words (bytes, bf16, a 2-D view); on the engine: an odd size, an unaligned
+        # start (the kernel is built for one shape of arguments only)
+        w = 1 << 20
+        cases = [(host[16:16 + w], data[16:16 + w], True),
+                 (host[:w].view(torch.bfloat16), data[:w].view(torch.bfloat16), True),
+                 (host[:w].view(torch.float32).view(256, 1024), data[:w].view(torch.float32).view(256, 1024), True),
+                 (host, data, False), (host[4:4 + w], data[4:4 + w], False), (host[16:19], data[16:19], False)]
+        for src, want, on_sms in cases:
             before = rt.sm_copies
             dst = torch.empty(src.shape, dtype=src.dtype, device="cuda")
             with rt.copies_on_sms(8):
                 _run(rt.copy_async(dst, src, CopyKind.H2D))
-            assert rt.sm_copies == before + 1
+            assert rt.sm_copies == before + int(on_sms)
             assert torch.equal(dst.cpu(), want)
     # a pageable source cannot be read by the device: the copy engine makes it
     before = rt.sm_copies

@@ -88,7 +88,7 @@ def test_a_reload_in_first_use_order_lets_the_forward_run_under_the_streamed_res
     pinned copy: the forward runs under the rest's copies and the step pays only what is left after it. The order
     the store used before (buffers behind the optimizer state) made the forward wait at once. The default follows
     the record."""
-    from sim.calibrate.switch_modes import FIRST_WAIT_SHARE, predict_modes
+    from sim.calibrate.switch_modes import FIRST_WAIT_SHARE, INLINE_COPY_BYTES, predict_modes
 
     rec = json.loads(REC.read_text())
     rec.update(sync_needs_no_group=True, wake_proxies=True)
@@ -108,6 +108,11 @@ def test_a_reload_in_first_use_order_lets_the_forward_run_under_the_streamed_res
     assert predict_modes(rec, **kw)[1] == new["streamed"]
     with pytest.raises(ValueError, match="reload_order"):
         predict_modes(rec, reload_order="random", **kw)
+    # a batch larger than CUDA stages inline, copied at the step's start, is the step's first wait
+    big = {**rec, "config": {**rec["config"], "batch": 32, "seq": 1024}}
+    assert 32 * 1024 * 8 > INLINE_COPY_BYTES >= rec["config"]["batch"] * rec["config"]["seq"] * 8
+    assert predict_modes(big, batch_ahead=False, **kw)[1]["stream_wait_s"] == old["streamed"]["stream_wait_s"]
+    assert predict_modes(big, batch_ahead=True, **kw)[1]["stream_wait_s"] == new["streamed"]["stream_wait_s"]
 
 
 def test_copies_on_sms_hide_the_rest_under_the_step_at_their_own_rate():
