@@ -1,5 +1,7 @@
 """The offload store on a real GPU: bitwise training equality, device memory really returned
 (``torch.cuda.mem_get_info``), host buffers really pinned, copies ordered after queued compute."""
+import gc
+
 import pytest
 import torch
 from refimpl.store.parking import is_parked
@@ -96,6 +98,7 @@ def test_gpu_memory_is_really_returned_and_host_memory_really_pinned(pin_ahead):
     tensors.update({f"s{i}": torch.randn(1000 + i, device="cuda") for i in range(2000)})  # many small ones
     want = {k: v.clone().cpu() for k, v in tensors.items()}
     state = sum(t.numel() * 4 for t in tensors.values())
+    gc.collect()  # an earlier test's objects in reference cycles would keep blocks in the segments measured here
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     store = OffloadStore(rt, config=StoreConfig(segment_bytes=64 << 20, pin_ahead=pin_ahead))

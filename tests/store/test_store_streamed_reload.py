@@ -188,3 +188,4 @@ def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window, sm):
         assert torch.equal(got, want)
         store.finish_reload()
     assert (rt.sm_copies >= 3 * 64) == bool(sm)  # every piece of every reload on SMs, or none
+    store.close()
