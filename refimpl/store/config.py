@@ -133,6 +133,11 @@ class StoreConfig:
     memory directly falls back to the engine. ``None`` (default): the engine.
     16 programs copy at 50.7 GB/s on the H200 (the engine 54.8 GB/s). Where
     both are set, copies on SMs are not paced (the engine is free anyway).
+    Off by default: in the RL step on one H200 the kernel slowed the work
+    beside it and one switch of every run was 0.2-0.3 s slower, unexplained;
+    on the engine, with the reload in first-use order and the batch on the
+    device ahead, the step after a streamed switch already hides the reload
+    (``bench/results/2026-12-02-h200-stream-order-batch-ahead``).
     """
 
     alignment_bytes: int = 512
