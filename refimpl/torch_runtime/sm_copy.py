@@ -27,9 +27,10 @@ a kernel per argument dtype and pointer alignment, and an earlier version
 that also took byte-granular copies got a word kernel's stores on its byte
 copies); anything else goes to the copy engine (the store's pieces are
 aligned and whole words). Whether the device reads the host buffer is checked
-the first time (Triton refuses a pointer the device cannot read); a refusal,
-or no Triton, turns it off with one warning and the copy engine takes every
-copy.
+at every launch (Triton refuses a pointer the device cannot read, before
+anything is queued); a refusal, a warm-up copy that comes back different, or
+no Triton turns it off with one warning, and the copy engine takes that copy
+and every later one.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-#: elements per launch at most (offsets stay in 32 bits)
+#: 4-byte words per launch at most (offsets stay in 32 bits; a multiple of 4 words keeps every launch 16-byte aligned)
 _MAX_ELEMENTS = 1 << 30
 _BLOCK = 4096
 
