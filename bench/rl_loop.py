@@ -258,6 +258,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec, ReduceOp
     from refimpl.store import OffloadStore, StoreConfig
+    from refimpl.store.config import FIRST_USE_ORDER
     from refimpl.torch_runtime import TorchRuntime
 
     cuda = cfg.device == "cuda"
@@ -342,8 +343,6 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     store.attach_module(trainer, name="model")
     store.attach_optimizer(optim, name="optim")
     rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)
-    from refimpl.store.config import FIRST_USE_ORDER
-
     # the order the store issues a reload in (sim.calibrate.switch_modes reads it): a training step's first use
     rec["reload_order"] = "first_use"
     rec["reload_categories"] = [c.value for c in sorted(FIRST_USE_ORDER, key=FIRST_USE_ORDER.get)]

@@ -11,13 +11,7 @@ import torch
 
 from refimpl.runtime.types import CopyKind
 from refimpl.torch_runtime import TorchRuntime
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _run(coro_like):
-    for _ in coro_like.__await__():
-        raise AssertionError("a TorchRuntime completion yielded")
+from tests.runtime._copies import cuda, run_completion as _run
 
 
 def test_paced_copies_change_nothing_on_cpu():

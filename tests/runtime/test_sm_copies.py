@@ -12,13 +12,7 @@ import torch
 from refimpl.runtime.types import CopyKind
 from refimpl.store import StoreConfig
 from refimpl.torch_runtime import TorchRuntime
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _run(done):
-    for _ in done.__await__():
-        raise AssertionError("a TorchRuntime completion yielded")
+from tests.runtime._copies import cuda, run_completion as _run
 
 
 def test_copies_on_sms_change_nothing_on_cpu():
