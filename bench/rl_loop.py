@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -105,6 +106,7 @@ class StepConfig:
     stream_sm_ctas: int | None = None  # a streamed reload's copies made by a kernel of this many programs (None: engine)
     profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
     batch_ahead: bool = True  # the next training batch copied to the device at the rollout's end, before the reloads
+    offload_in_backward: bool = False  # the optimizer stepped per FSDP unit in the backward, its state copied early
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -328,7 +330,10 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     for layer in trainer.model.layers:
         fully_shard(layer, mesh=mesh, **mp_kwargs)
     fully_shard(trainer, mesh=mesh, **mp_kwargs)
-    optim = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    units = _units(trainer)
+    # one AdamW per FSDP unit when the optimizer steps inside the backward (element for element the same update)
+    optims = [torch.optim.AdamW(u, lr=1e-5) for u in units] if cfg.offload_in_backward \
+        else [torch.optim.AdamW(trainer.parameters(), lr=1e-5)]
     with torch.device(device):
         rollout = Qwen2ForCausalLM(mcfg).to(rollout_dtype).eval()
     for p in rollout.parameters():
@@ -341,7 +346,10 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
                                                 stream_sm_ctas=cfg.stream_sm_ctas or None))
     rec["store_setup_s"] = time.perf_counter() - t  # with --stream-sm-ctas: the copy kernel's build (once)
     store.attach_module(trainer, name="model")
-    store.attach_optimizer(optim, name="optim")
+    for i, o in enumerate(optims):
+        store.attach_optimizer(o, name="optim" if len(optims) == 1 else f"optim.{i}")
+    stepper = StepInBackward(units, optims, store) if cfg.offload_in_backward else None
+    rec["offload_in_backward"] = cfg.offload_in_backward
     rec["line"] = _line_rates(device, cfg.line_mib << 20, rt)
     # the order the store issues a reload in (sim.calibrate.switch_modes reads it): a training step's first use
     rec["reload_order"] = "first_use"
@@ -392,18 +400,26 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     if cfg.batch_ahead:
         data = data.to(device)
     steps: list[dict[str, Any]] = []
-    driver = SwitchDriver(cfg.mode, lc, store, optim, clock)
+    driver = SwitchDriver(cfg.mode, lc, store, optims, clock)
     profiler = _Profile(cfg.profile and rank == 0, cfg.out, cuda)
 
-    def train(step: int, s: dict[str, Any], phase: str = "train") -> None:
-        """One training step (a streamed reload of the optimizer state is waited for at its optimizer step)."""
+    def train(step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:
+        """One training step (a streamed reload of the optimizer state is waited for at its optimizer step).
+
+        With ``offload_in_backward`` the units step inside the backward; ``early``: each unit's params and
+        optimizer state are copied to host memory right after its step (the step precedes a switch)."""
         driver.current = s
         with clock.phase(step, phase, start=driver.train_start):
             x = data.to(device)
             out = trainer(input_ids=x, labels=x)
+            if stepper is not None:
+                stepper.early = early
             out.loss.backward()
-            optim.step()
-            optim.zero_grad(set_to_none=True)
+            if stepper is not None:
+                stepper.finish()
+            else:
+                optims[0].step()
+                optims[0].zero_grad(set_to_none=True)
             loss = out.loss.detach().float().reshape(1).clone()
             t = time.perf_counter()
             rt.run(rt.all_reduce(loss, ReduceOp.SUM, group="trainer.dp", timeout_s=120))
@@ -437,6 +453,10 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
             s["lifecycle_after_pause"] = driver.pause(s)
         st = store.stats()
         s["offload_bytes"] = st.last_offload_bytes
+        s["early_copy_bytes"], s["early_reused_bytes"] = st.last_early_copy_bytes, st.last_early_reused_bytes
+        s["early_redone_bytes"], s["early_skipped"] = st.last_early_redone_bytes, st.last_early_skipped
+        if stepper is not None and "early_units_bytes" not in rec:  # per unit, in the order the backward steps them
+            rec["early_units_bytes"] = stepper.unit_bytes()
         s["device_bytes_freed"] = st.last_device_bytes_freed
         s["freed_measured"] = (before - torch.cuda.memory_allocated(device)) if cuda else st.last_device_bytes_freed
         s["nccl_in_rollout"] = nccl_held(rt, lc)
@@ -475,6 +495,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
             except OSError as e:
                 logger.warning("partial record not written: %s", e)
     # the training step after the last switch (its cost belongs to that switch), then steps after no switch
+    # (with offload_in_backward it copies early as every step before a switch does: each switch's row holds
+    # the early copies of the step after it, in the steady state the same as its own; bench/switch_modes.py)
     tail = [{"step": cfg.steps}]
     train(cfg.steps, tail[0])
     profiler.stop()
@@ -483,7 +505,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         tail.append({"step": cfg.steps + i})
         if i == 1:
             profiler.start(f"train_plain_{cfg.steps + i}")
-        train(cfg.steps + i, tail[-1], phase="train_plain")
+        train(cfg.steps + i, tail[-1], phase="train_plain", early=False)
         profiler.stop()
     driver.finish()
     rec["after_steps"] = tail
@@ -499,6 +521,77 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["summary"] = summarize(rec)
     store.close()
     return rec
+
+
+def _units(trainer) -> list[list[torch.nn.Parameter]]:
+    """The trainer's FSDP units' parameters: each decoder layer's, then the root's (embeddings, norm, head)."""
+    units = [list(layer.parameters()) for layer in trainer.model.layers]
+    seen = {id(p) for u in units for p in u}
+    units.append([p for p in trainer.parameters() if id(p) not in seen])
+    return units
+
+
+class StepInBackward:
+    """The optimizer stepped per FSDP unit inside the backward, each unit's state copied early.
+
+    A post-accumulate-grad hook on every parameter (FSDP2 runs them on the sharded parameter after its
+    reduce-scatter, torchtune's ``optimizer_in_bwd`` pattern) counts the unit's gradients; the last one steps
+    the unit's own optimizer and drops its gradients. With ``early`` set (the step precedes a switch) the
+    unit's parameters and optimizer state, final from then on, go to :meth:`OffloadStore.copy_early`: their
+    device-to-host copies run under the rest of the backward and the offload takes them over ([Note: early
+    copies] in :mod:`refimpl.store.early`). No global gradient clipping or accumulation across backward calls
+    fits this step (each unit steps on its own gradients as they arrive). :meth:`finish` after the backward
+    steps a unit some of whose parameters got no gradient.
+    """
+
+    def __init__(self, units: list[list[torch.nn.Parameter]], optims: list[Any], store: Any) -> None:
+        self.units, self.optims, self.store = units, optims, store
+        self.early = False
+        self._count = [0] * len(units)
+        self._stepped = [False] * len(units)
+        self.hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._ready, i))
+                      for i, u in enumerate(units) for p in u]
+
+    def _ready(self, i: int, _p: Any) -> None:
+        self._count[i] += 1
+        if self._count[i] == len(self.units[i]):
+            self._step(i)
+
+    def _step(self, i: int) -> None:
+        opt = self.optims[i]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        self._stepped[i] = True
+        if self.early:
+            self.store.copy_early(self._state(i))
+
+    def _state(self, i: int) -> list[torch.Tensor]:
+        """Unit ``i``'s parameters and their optimizer state on the parameters' device (AdamW's step counters, on
+        the host beside device parameters, left out)."""
+        out = list(self.units[i])
+        for p in self.units[i]:
+            where = getattr(p, "_local_tensor", p).device
+            for v in self.optims[i].state.get(p, {}).values():
+                if isinstance(v, torch.Tensor) and getattr(v, "_local_tensor", v).device == where:
+                    out.append(v)
+        return out
+
+    def finish(self) -> None:
+        """After the backward: step every unit whose hooks did not all fire; reset the counts."""
+        for i, done in enumerate(self._stepped):
+            if not done:
+                self._step(i)
+        self._count = [0] * len(self.units)
+        self._stepped = [False] * len(self.units)
+
+    def unit_bytes(self) -> list[int]:
+        """Bytes of each unit's parameters and optimizer state, in the order a backward steps them (last layer
+        first, the root last)."""
+        def nbytes(t: torch.Tensor) -> int:
+            t = getattr(t, "_local_tensor", t)
+            return t.numel() * t.element_size()
+        sizes = [sum(nbytes(t) for t in self._state(i)) for i in range(len(self.units))]
+        return sizes[:-1][::-1] + sizes[-1:]
 
 
 class _Profile:
@@ -628,6 +721,10 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--batch-ahead", action=argparse.BooleanOptionalAction, default=True,
                     help="copy the next training batch to the device at the rollout's end, before the switch's "
                     "reloads (default); --no-batch-ahead: at the training step's start, behind a streamed reload")
+    ap.add_argument("--offload-in-backward", action="store_true",
+                    help="step the optimizer per FSDP unit inside the backward and copy each unit's params and "
+                    "optimizer state to host memory right after its step (OffloadStore.copy_early), under the rest "
+                    "of the backward; the offload takes the copies over")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -637,7 +734,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       out=a.out, lifecycle_policy=a.policy, mode=a.mode, line_mib=(4 if a.tiny else 1024),
                       mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision],
                       profile=a.profile, stream_window_mib=a.stream_window_mib, stream_sm_ctas=a.stream_sm_ctas,
-                      batch_ahead=a.batch_ahead,
+                      batch_ahead=a.batch_ahead, offload_in_backward=a.offload_in_backward,
                       **{**small, **kw})
 
 

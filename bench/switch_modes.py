@@ -57,6 +57,8 @@ class SwitchDriver:
     """
 
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any) -> None:
+        """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
+        streamed reload is finished before the first of them steps."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
@@ -70,7 +72,8 @@ class SwitchDriver:
         self.reload_end = "stream" if mode == "streamed" else "device"
         #: what the next training step waits for when it starts (a streamed reload is waited for tensor by tensor)
         self.train_start = "device"
-        self._hook = optimizer.register_step_pre_hook(self._before_step) if mode == "streamed" else None
+        optims = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self._hooks = [o.register_step_pre_hook(self._before_step) for o in optims] if mode == "streamed" else []
 
     def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         """Streamed: the reload still streaming under the forward and backward is finished before the optimizer
@@ -138,9 +141,9 @@ class SwitchDriver:
     def finish(self) -> None:
         """After the last step: as :meth:`after_train`; the step hook removed."""
         self.after_train()
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
 
 
 def switch_costs(rec: dict[str, Any]) -> dict[str, Any]:

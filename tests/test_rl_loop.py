@@ -137,3 +137,28 @@ def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
     for name in traces:
         a = analyse(load(str(tmp_path / name)))
         assert a["span_ms"] > 0 and "span" in report(name, a)
+
+
+def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plain_step(tmp_path):
+    """``--offload-in-backward``: each FSDP unit steps inside the backward and its params and optimizer state go
+    to host memory right after (OffloadStore.copy_early); the offload takes those copies over. On two ranks every
+    sync stays bitwise, the offload reuses every early byte of the steady steps (nothing found changed), and the
+    training is the plain step's to the bit: the same losses as a run with one optimizer stepped after the
+    backward."""
+    extra = ("--steps", "3", "--offload-in-backward")
+    early = run_distributed(_rank, 2, args=(str(tmp_path / "early"), "streamed", extra), timeout=240)
+    plain = run_distributed(_rank, 2, args=(str(tmp_path / "plain"), "streamed", ("--steps", "3")), timeout=240)
+    for rec in early:
+        assert rec["offload_in_backward"] is True and rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        units = rec["early_units_bytes"]
+        assert len(units) == 3 and all(u > 0 for u in units)  # two decoder layers, then the root
+        first, *steady = rec["steps"]
+        assert first["early_copy_bytes"] == 0 and first["early_skipped"] > 0  # nothing resident before a reload
+        for s in steady:
+            assert s["early_copy_bytes"] == sum(units) == s["early_reused_bytes"]
+            assert s["early_redone_bytes"] == 0 and s["early_skipped"] == 0
+            assert s["early_reused_bytes"] < s["offload_bytes"]  # the buffers are copied by the offload itself
+    for e, p in zip(early, plain):
+        assert p["offload_in_backward"] is False and all(s["early_copy_bytes"] == 0 for s in p["steps"])
+        assert [s["loss"] for s in e["steps"]] == [s["loss"] for s in p["steps"]]
+        assert [s["loss"] for s in e["after_steps"]] == [s["loss"] for s in p["after_steps"]]

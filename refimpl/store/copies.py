@@ -28,6 +28,7 @@ from refimpl.runtime.base import Runtime, gather
 from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
+from refimpl.store.early import EarlyCopies
 from refimpl.store.layout import FlatLayout, LayoutKey
 from refimpl.store.parking import own_view
 from refimpl.store.release import EarlyRelease, release_as_copied, copy_back_early_releases
@@ -78,29 +79,47 @@ class OffloadCopies:
         self.viewers: dict[int, ViewCount] = {}
         #: storages released while later copies ran (what a rollback must bring back)
         self.early: list[EarlyRelease] = []
+        #: bytes of early copies taken over, and of early copies found stale and copied again
+        self.early_reused = 0
+        self.early_redone = 0
 
     def will_copy(self, layout: FlatLayout) -> bool:
         """Whether ``layout`` is copied: not a gradient layout of an offload that drops gradients."""
         return not (self.drop_grads and layout.category is Category.GRADS)
 
-    async def copy_ahead(self, resident: list[FlatLayout]) -> None:
+    async def copy_ahead(self, resident: list[FlatLayout], early: EarlyCopies | None = None) -> None:
         """Issue the copy of every layout resident in one flat buffer now, before collection.
 
         Only for a backend with ``speculative_offload``; collecting tens of
         thousands of tensors then overlaps the DMA. A layout the offload lays out anew
-        has its copy discarded (:meth:`discard_changed`).
+        has its copy discarded (:meth:`discard_changed`). ``early``: the copies
+        :meth:`OffloadStore.copy_early` issued; a layout's valid ones are taken over and only the rest is
+        copied ([Note: early copies] in :mod:`refimpl.store.early`); the store awaits whatever is not taken.
         """
         if not getattr(self.backend, "speculative_offload", False):
             return
         for layout in sorted(resident, key=sort_key):
             if not self.will_copy(layout):
                 continue
+            taken = await early.take(layout) if early is not None else None
             flat = resident_flat(layout, self.viewers)
-            if flat is not None:
-                self.flats[layout.key] = flat
-                src = DeviceLayoutSource(self.rt, layout, self.config, flat=flat)
-                self.sources.append(src)
+            if flat is None:
+                if taken is not None:
+                    await gather(*taken.completions)
+                continue
+            self.flats[layout.key] = flat
+            src = DeviceLayoutSource(self.rt, layout, self.config, flat=flat)
+            self.sources.append(src)
+            if taken is None:
                 self.ahead[layout.key] = CopyAhead(layout, await self.backend.offload(layout, src))
+                continue
+            count = self.viewers.get(layout.flat_storage)
+            if count is not None and taken.pending_views:  # the early copies' own views of the buffer
+                self.viewers[layout.flat_storage] = ViewCount(count.viewers - taken.pending_views, count.mark)
+            rest = await self.backend.offload_rest(layout, src, taken.ranges)
+            self.ahead[layout.key] = CopyAhead(layout, gather(*taken.completions, rest))
+            self.early_reused += taken.reused_bytes
+            self.early_redone += taken.redone_bytes
 
     async def discard_changed(self, layouts: dict[LayoutKey, FlatLayout]) -> None:
         """Await and drop the copies issued ahead for layouts this offload does not keep as they were."""

@@ -37,6 +37,7 @@ from refimpl.runtime.base import Runtime
 from refimpl.store.backends.base import StoreBackend
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.copies import OffloadCopies
+from refimpl.store.early import EarlyCopies
 from refimpl.store.grouping import ViewCount
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
@@ -59,18 +60,22 @@ class Offload:
     layouts of ``cats`` resident in one flat buffer; ``signature``: what the last
     full collection saw; ``streams``: the backend implements
     :class:`~refimpl.store.backends.base.StreamingBackend`; ``counters``: the
-    store's counters, updated as the stages pass; ``parking``: the store's placeholders.
+    store's counters, updated as the stages pass; ``parking``: the store's placeholders; ``early``: the copies
+    issued early ([Note: early copies] in :mod:`refimpl.store.early`), taken over in stage 1.
     """
 
     def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, *, cats: frozenset[Category],
                  drop_grads: bool, items: ItemSource, tensor_objects: Callable[[], Iterator[Any]],
                  check_phase: Callable[[], None], resident: list[FlatLayout], signature: ItemSignature | None,
-                 lookahead: int, streams: bool, counters: dict[str, Any], parking: Parking) -> None:
+                 lookahead: int, streams: bool, counters: dict[str, Any], parking: Parking,
+                 early: EarlyCopies | None = None) -> None:
         self.rt, self.backend, self.config = rt, backend, config
         self.cats, self.drop_grads = cats, drop_grads
         self.items, self.tensor_objects, self.check_phase = items, tensor_objects, check_phase
         self.resident, self.last_signature, self.lookahead, self.streams = resident, signature, lookahead, streams
         self.counters, self.parking = counters, parking
+        #: the copies ``OffloadStore.copy_early`` issued since the last reload (taken over in stage 1)
+        self.early = early
         #: seconds of each phase (``offload.<phase>``), on the runtime's clock
         self.laps: dict[str, float] = {}
         self._last = rt.now()
@@ -119,7 +124,7 @@ class Offload:
 
     async def copy_ahead(self) -> None:
         """Stage 1: issue the copies of the resident layouts before collection."""
-        await self.copies.copy_ahead(self.resident)
+        await self.copies.copy_ahead(self.resident, self.early)
         self._lap("speculate")
 
     async def collect(self) -> None:

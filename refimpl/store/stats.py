@@ -54,6 +54,13 @@ class StoreStats:
     #: the path the last offload took (its path's name, :mod:`refimpl.store.offload_paths`): ``streamed`` (first
     #: offload, streaming backend), ``steady`` (unchanged since the reload), ``full``; "" before any
     last_offload_path: str = ""
+    #: the last offload's early copies ([Note: early copies] in refimpl.store.early): bytes
+    #: ``OffloadStore.copy_early`` queued before it, bytes it took over, bytes it found changed since and copied
+    #: again, and tensors ``copy_early`` skipped (not in a resident flat buffer; the offload copied them)
+    last_early_copy_bytes: int = 0
+    last_early_reused_bytes: int = 0
+    last_early_redone_bytes: int = 0
+    last_early_skipped: int = 0
 
     @classmethod
     def with_counters(cls, counters: Mapping[str, Any], **now: Any) -> "StoreStats":

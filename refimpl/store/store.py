@@ -61,7 +61,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
-from refimpl.arguments import expect, expect_bool, expect_name
+from refimpl.arguments import ArgumentTypeError, describe, expect, expect_bool, expect_name
 from refimpl.runtime.base import Runtime
 from refimpl.store.arguments import check_module, check_optimizer, check_runtime, check_tensors
 from refimpl.store.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
@@ -69,6 +69,7 @@ from refimpl.store.grouping import group_by_storage
 from refimpl.store.host_readers import wait_for_host_readers
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.copies import sort_key
+from refimpl.store.early import EarlyCopies
 from refimpl.store.errors import StoreClosedError, StoreError, StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.assign import assign_layouts, gc_paused
@@ -123,12 +124,16 @@ class OffloadStore:
         self._closed = False
         #: streamed reloads whose copies may still be in flight, oldest first (see :meth:`finish_reload`)
         self._streamed_reloads: list[StreamedReload] = []
+        #: copies issued by copy_early since the last offload or reload ([Note: early copies])
+        self._early = EarlyCopies(runtime, self.backend)
         if self.config.stream_sm_ctas:  # the copy kernel built now, not inside the first switch that streams
             runtime.prepare_copies_on_sms()
         self._counters: dict[str, Any] = {
             "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
             "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
             "skipped_host_resident": 0, "copies": {}, "phases": {}, "last_offload_path": "",
+            "last_early_copy_bytes": 0, "last_early_reused_bytes": 0, "last_early_redone_bytes": 0,
+            "last_early_skipped": 0,
         }
 
     # ------------------------------------------------------------------ attach
@@ -179,6 +184,8 @@ class OffloadStore:
                 f"cannot attach {collector.name!r} while {sorted(c.value for c in self._offloaded)} are offloaded; "
                 f"reload() first"
             )
+        if self._early:
+            self.rt.run(self._early.drain())
         self._attached.add(collector)
         if pin_ahead and self.config.pin_ahead_mode(self.rt.device.type) == "background":  # see StoreConfig.pin_ahead
             try:
@@ -283,6 +290,8 @@ class OffloadStore:
             return
         if self._streamed_reloads:  # the copies of a streamed reload must end before their host buffers are freed
             self.rt.run(self._finish_streams())
+        if self._early:  # and so must early copies into them
+            self.rt.run(self._early.drain())
         self._closed = True
         if self._offloaded:
             logger.warning("closing an offload store while %s are offloaded: that state is dropped",
@@ -307,6 +316,8 @@ class OffloadStore:
     def _pin_ahead(self, include: Iterable[Category | str] | Category | str | None, wait: bool) -> int:
         if self._streamed_reloads:
             self.rt.run(self._finish_streams())
+        if self._early:  # the host buffers may be replaced
+            self.rt.run(self._early.drain())
         cats = Category.select(include) - self._offloaded
         groups, _ = group_by_storage(self._attached.items(cats), self.rt.device)
         try:
@@ -363,6 +374,44 @@ class OffloadStore:
             self._counters["last_reload_bytes"] = moved
         return moved
 
+    # ------------------------------------------------------------------ early copies
+
+    def copy_early(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Start copying ``tensors`` (registered tensors, DTensors included) to host memory now, before the offload;
+        returns the bytes queued.
+
+        The caller declares them final until the next :meth:`offload`: each copy is queued on the runtime's copy
+        stream after the work already queued on the calling thread's current stream (call it right after the
+        kernels that last write them, e.g. in the optimizer-in-backward hook that stepped them). The next offload
+        takes the copies over and copies only the rest, and copies again every entry one of whose tensors was
+        changed in place or re-pointed since (its version counter moved). A write that bypasses the version
+        counter (through ``.data``, a raw pointer) after this call is not seen: see [Note: early copies] in
+        :mod:`refimpl.store.early`. A hint: a tensor not in a layout resident in one flat buffer (before the
+        first reload, a backend without ``early_copies``) is skipped and the offload copies it as always
+        (``StoreStats.last_early_skipped``). Safe to call from another thread than the offload's (the autograd
+        engine's) while no other store operation runs there.
+        """
+        call = "copy_early(tensors)"
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        try:
+            items = list(tensors)
+        except TypeError:
+            raise ArgumentTypeError(f"{call}: tensors must be an iterable of tensors, got {describe(tensors)}") from None
+        for i, t in enumerate(items):
+            local = getattr(t, "_local_tensor", t)
+            if not isinstance(local, torch.Tensor):
+                raise ArgumentTypeError(f"{call}: tensors[{i}] must be a torch.Tensor (or DTensor), got {describe(t)}")
+            if local.device != self.rt.device and local.device.type != "cpu":
+                raise ValueError(f"{call}: tensors[{i}] is on {local.device}, this store's device is {self.rt.device}")
+        with self._exclusive("copy_early"):
+            return self.rt.run(self._copy_early(items))
+
+    async def _copy_early(self, tensors: list[torch.Tensor]) -> int:
+        await self._finish_streams()
+        wait_for_host_readers(self)  # the copies write into host buffers an async checkpoint may be reading
+        return await self._early.issue(self._layouts, tensors)
+
     # ------------------------------------------------------------------ offload
 
     async def offload_async(
@@ -403,13 +452,19 @@ class OffloadStore:
                           tensor_objects=functools.partial(self._attached.tensor_objects, cats),
                           check_phase=self._attached.check_phase, resident=self._resident(cats), signature=self._signature,
                           lookahead=self.pool.pin_threads, streams=self._streams, counters=self._counters,
-                          parking=self._parking)
+                          parking=self._parking, early=self._early if self._early else None)
         with rt.span("offload"), gc_paused():  # no collector pass in the switch window
             t0, free_before = rt.now(), rt.memory_info().free
             try:
                 moved = await offload.run()
             finally:
                 self._signature = offload.signature or self._signature
+                await self._early.drain(cats)  # what the offload did not take (a failed one: all of its categories)
+                issued, skipped = self._early.reset_counts()
+                c = self._counters
+                c["last_early_copy_bytes"], c["last_early_skipped"] = issued, skipped
+                c["last_early_reused_bytes"] = offload.copies.early_reused
+                c["last_early_redone_bytes"] = offload.copies.early_redone
             self._install(cats, offload.layouts)
             self._left_in_place += offload.left_in_place
             self._count_offload(offload, cats, moved, rt.now() - t0, rt.memory_info().free - free_before)
@@ -506,6 +561,8 @@ class OffloadStore:
         cats = Category.select(include)
         if self._streamed_reloads and not stream:
             await self._finish_streams()
+        if self._early:  # a reload reads the host buffers early copies write into
+            await self._early.drain()
         offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
         chosen = frozenset(cats & self._offloaded)  # the same on every rank: offloads end alike everywhere
         agreed = not local_only and self.backend.agrees_on_reload(chosen)

@@ -53,6 +53,17 @@ resume). This module keeps those parts and composes them the way each mode of
   54.8 GB/s on the H200, ``bench/gpu/sm_copy_probe.py``), and the step's own
   compute taken as not slowed by the kernel (a step bound by the host).
 
+With the optimizer stepped per unit inside the backward and each unit's state
+copied early (``early_units_bytes``, the RL step's ``--offload-in-backward``),
+the offload's copies leave the switch: the first unit is final at the step's
+first post-backward (``FIRST_WAIT_SHARE``), the others follow evenly to the
+backward's end (``fwd_bwd_share``), the root (embeddings, head) last; the copies
+run one after another at the record's device-to-host rate from the moment
+each unit is final, and what outlasts the step is paid by it
+(:func:`early_copies_tail`; the step's phase ends on a device synchronisation).
+The offload keeps the store's host work and the lifecycle's pause. The copies'
+effect on the step's compute is taken as nil.
+
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
 beyond a plain one: the lazy initialisation of a rebuilt group at its first
@@ -93,10 +104,26 @@ FIRST_WAIT_SHARE = 61.8 / 200.3
 INLINE_COPY_BYTES = 64 << 10
 
 
+def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, start_share: float = FIRST_WAIT_SHARE,
+                      end_share: float = 0.8) -> float:
+    """Seconds the early copies of a step that steps its optimizer per unit in the backward run past the step's
+    end (see the module docstring): unit ``i`` of ``n`` (in backward order, the root last) is final at
+    ``start + i / (n - 1) * (end - start)`` of the step (the root at the backward's end), its copy starts then or
+    when the copy before it ends, at the line rate ``d2h_bps``."""
+    if not units_bytes:
+        return 0.0
+    start, end = start_share * train_s, end_share * train_s
+    n, t = len(units_bytes), 0.0
+    for i, b in enumerate(units_bytes):
+        ready = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
+        t = max(t, ready) + b / d2h_bps
+    return max(0.0, t - train_s)
+
+
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
                   copy_engine: str = "in_order", reload_order: str | None = None,
-                  batch_ahead: bool | None = None) -> list[dict[str, Any]]:
+                  batch_ahead: bool | None = None, early_units_bytes: list[int] | None = None) -> list[dict[str, Any]]:
     """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record).
 
     The lifecycle runs as the record's RL step drives it (:func:`sim.calibrate.colocated.lifecycle_settings`);
@@ -108,7 +135,9 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     ``"first_use"`` the streamed reload's rest runs under the step's forward (:data:`FIRST_WAIT_SHARE`) unless
     the step copies a batch larger than :data:`INLINE_COPY_BYTES` at its start. ``batch_ahead``: whether the step's
     batch is on the device before the switch's reloads (default: the record's ``config.batch_ahead``, False where
-    the record predates it).
+    the record predates it). ``early_units_bytes``: the step steps its optimizer per unit inside the backward and
+    copies each unit's state early (``--offload-in-backward``), these bytes per unit in backward order (default:
+    the record's ``early_units_bytes`` where it ran so, else None: no early copies).
     """
     if copy_engine not in COPY_ENGINES:
         raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
@@ -123,6 +152,8 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
     batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
     first_wait = FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
+    if early_units_bytes is None and rec.get("offload_in_backward"):
+        early_units_bytes = rec.get("early_units_bytes")
     for policy in policies:
         for mode in modes:
             r = json.loads(json.dumps(rec))
@@ -132,16 +163,22 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
             if wake_proxies is not None:
                 r["wake_proxies"] = wake_proxies
             p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
-            rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait),
-                         "reload_order": order})
+            rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait, early_units_bytes),
+                         "reload_order": order, "offload_in_backward": bool(early_units_bytes)})
     return rows
 
 
 def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
-             copy_engine: str = "in_order", first_wait_share: float = 0.0) -> dict[str, Any]:
+             copy_engine: str = "in_order", first_wait_share: float = 0.0,
+             early_units_bytes: list[int] | None = None) -> dict[str, Any]:
     """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
+    early_tail = 0.0
+    if early_units_bytes:  # the copies ran in the step before; what outlasts it is paid there (its device sync)
+        off_store = parts["offload"]["store_host_s"]
+        early_tail = early_copies_tail(list(early_units_bytes), line["d2h_gbps"] * 1e9, p["inputs"]["train"],
+                                       end_share=fwd_bwd_share)
     slow = 1.0 / SM_COPY_RATE if copy_engine == "sms" and mode != "sequential" else 1.0  # streamed copies on SMs
     ws_parts = parts["weight_sync"]
     params = ws_parts["sim_copies_s"] * slow + ws_parts["store_host_s"] + ws_parts["scrub_s"]
@@ -165,20 +202,22 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
         off, rel = max(lc["offload"], off_store), lc["reload"]
         under = (first_wait_share if copy_engine == "in_order" else fwd_bwd_share) * train  # shared, sms
         wait = max(0.0, rest_left - lc["reload"] - under)
-    cost = off + ws + rel + extra + wait
+    cost = off + ws + rel + extra + wait + early_tail
     step = train + rollout + cost
     return {"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
-            "first_use_extra_s": extra, "stream_wait_s": wait, "switch_cost_s": cost,
+            "first_use_extra_s": extra, "stream_wait_s": wait, "early_copies_tail_s": early_tail,
+            "switch_cost_s": cost,
             "copy_time_at_line_s": copy_line, "switch_cost_x_copy_time": cost / copy_line,
             "step_s": step, "switch_cost_share_of_step": cost / step}
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
-    head = ("| policy | mode | offload | weight sync | reload | first use extra | stream wait | switch_cost_s | "
-            "copies at line | x copies | share of step |\n" + "|---" * 11 + "|")
+    head = ("| policy | mode | offload | weight sync | reload | first use extra | stream wait | early copies tail | "
+            "switch_cost_s | copies at line | x copies | share of step |\n" + "|---" * 12 + "|")
     body = [f"| {r['policy']} | {r['mode']} | {r['offload_s']:.3f} | {r['weight_sync_s']:.3f} | {r['reload_s']:.3f} | "
-            f"{r['first_use_extra_s']:.3f} | {r['stream_wait_s']:.3f} | {r['switch_cost_s']:.3f} | "
+            f"{r['first_use_extra_s']:.3f} | {r['stream_wait_s']:.3f} | {r.get('early_copies_tail_s', 0.0):.3f} | "
+            f"{r['switch_cost_s']:.3f} | "
             f"{r['copy_time_at_line_s']:.3f} | {r['switch_cost_x_copy_time']:.2f} | {r['switch_cost_share_of_step']:.2f} |"
             for r in rows]
     return "\n".join([head, *body])
@@ -202,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                     "predates first_use)")
     ap.add_argument("--batch-ahead", action=argparse.BooleanOptionalAction, default=None,
                     help="the step's batch on the device before the switch's reloads (default: as the record ran)")
+    ap.add_argument("--early-units-bytes", default=None,
+                    help="comma-separated bytes per unit in backward order: the step steps its optimizer per unit in "
+                    "the backward and copies each unit's state early (default: the record's, where it ran so)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -209,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             rec = json.load(f)
         rows = predict_modes(rec, preset=a.preset, policies=tuple(a.policies.split(",")),
                              modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share,
-                             copy_engine=a.copy_engine, reload_order=a.reload_order, batch_ahead=a.batch_ahead)
+                             copy_engine=a.copy_engine, reload_order=a.reload_order, batch_ahead=a.batch_ahead,
+                             early_units_bytes=[int(x) for x in a.early_units_bytes.split(",")]
+                             if a.early_units_bytes else None)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -217,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "early_copies_tail", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

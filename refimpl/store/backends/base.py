@@ -150,6 +150,9 @@ class StoreBackend(abc.ABC):
     #: True if :meth:`offload` reads device data only through ``source.copy_to_host`` and nothing in its
     #: finisher reads it again: the store may then release each storage as soon as its copies completed
     early_release: ClassVar[bool] = False
+    #: True if :meth:`copy_early` copies a resident layout's range into the host buffer the next offload uses
+    #: and :meth:`offload_rest` copies the rest (see [Note: early copies] in :mod:`refimpl.store.early`)
+    early_copies: ClassVar[bool] = False
 
     def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:
         self.rt = runtime
@@ -219,6 +222,19 @@ class StoreBackend(abc.ABC):
         :class:`refimpl.store.reload.StreamedReload`). None (the default): not supported (a backend with
         collectives in its reload, or one that fills the buffer in one step); :meth:`reload` is used."""
         return None
+
+    async def copy_early(self, layout: FlatLayout, flat: torch.Tensor, start: int,
+                         stop: int) -> list[Completion] | None:
+        """Optional (``early_copies``): issue the copy of the resident layout's elements ``[start, stop)`` (one
+        entry, inside one host segment) from its flat buffer ``flat`` into the host buffer the next offload of the
+        layout fills; None where that buffer is not held (the offload copies the range then). Default: None."""
+        return None
+
+    async def offload_rest(self, layout: FlatLayout, source: LayoutSource,
+                           done: list[tuple[int, int]]) -> Awaitable[None]:
+        """Issue the copy of ``layout`` to host but for the element ranges ``done`` (copied early by
+        :meth:`copy_early`, ascending); return an awaitable that completes it. Default: the whole layout."""
+        return await self.offload(layout, source)
 
     def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
         """Host memory holding layout elements ``[start, stop)`` while offloaded, or None if not held whole here."""

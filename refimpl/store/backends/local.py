@@ -8,6 +8,7 @@ import torch
 from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
 from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend
 from refimpl.store.config import StoreConfig
+from refimpl.store.early import complement
 from refimpl.store.errors import StoreStateError
 from refimpl.store.layout import FlatLayout, LayoutKey
 from refimpl.store.parking import own_view
@@ -25,6 +26,7 @@ class LocalBackend(StoreBackend):
     name = "local"
     speculative_offload = True
     early_release = True
+    early_copies = True
 
     def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:
         super().__init__(runtime, pool, config)
@@ -59,6 +61,32 @@ class LocalBackend(StoreBackend):
             completions = await source.copy_to_host(host, 0, layout.numel)
         except BaseException:
             # copy_to_host waited for what it issued; a buffer that failed to pin is dropped
+            if host.failed:
+                self._held.pop(layout.key, None)
+                self.pool.free(layout.key)
+            raise
+        return gather(*completions)
+
+    async def copy_early(self, layout: FlatLayout, flat: torch.Tensor, start: int,
+                         stop: int) -> list[Completion] | None:
+        """One device-to-host copy of the range into the key's buffer, if it holds one of the layout's size."""
+        host = self._held.get(layout.key)
+        if host is None or host.numel != layout.numel or host.failed:
+            return None
+        return [self.rt.copy_async(host.view(start, stop), own_view(flat[start:stop]), CopyKind.D2H)]
+
+    async def offload_rest(self, layout: FlatLayout, source: LayoutSource,
+                           done: list[tuple[int, int]]) -> Awaitable[None]:
+        """As :meth:`offload`, but only the ranges not in ``done``, one copy per range and host segment."""
+        host = self.pool.acquire(layout.key, layout.dtype, layout.segment_numels())
+        self._held[layout.key] = host
+        completions: list[Completion] = []
+        try:
+            for a, b in complement(done, layout.numel, host.ranges()):
+                completions += await source.copy_range(host.view(a, b), a, b)
+        except BaseException:
+            for c in completions:  # nothing issued may still write into a buffer the caller frees
+                await c
             if host.failed:
                 self._held.pop(layout.key, None)
                 self.pool.free(layout.key)
