@@ -57,12 +57,20 @@ With the optimizer stepped per unit inside the backward and each unit's state
 copied early (``early_units_bytes``, the RL step's ``--offload-in-backward``),
 the offload's copies leave the switch: the first unit is final at the step's
 first post-backward (``FIRST_WAIT_SHARE``), the others follow evenly to the
-backward's end (``fwd_bwd_share``), the root (embeddings, head) last; the copies
-run one after another at the record's device-to-host rate from the moment
-each unit is final, and what outlasts the step is paid by it
-(:func:`early_copies_tail`; the step's phase ends on a device synchronisation).
-The offload keeps the store's host work and the lifecycle's pause. The copies'
-effect on the step's compute is taken as nil.
+step's end, the root (embeddings, head; its gradients are reduced last) at the
+end itself: the optimizer's own time, at the step's end otherwise (23 ms of a
+517 ms step bound by the device on the H200, after a backward ending at 0.95
+of it, ``profile_train_plain_4`` of
+``bench/results/2026-12-02-h200-stream-order-batch-ahead/profile_device_bound_before/``),
+moves into the backward. The copies run one after another at the record's
+device-to-host rate from the moment each unit is final, and what outlasts the
+step is paid by it (:func:`early_copies_tail`; the step's phase ends on a
+device synchronisation). The offload keeps the lifecycle's pause and the
+store's host work, read from the record's own steady offload
+(:func:`store_offload_host_s`; the preset's constant where the record has
+none). The copies' effect on the step's compute is taken as nil. (The first
+prediction of this mode ended the units at ``fwd_bwd_share`` of the step and
+took the preset's store host time: 0.123 s against 0.215 s measured.)
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -120,6 +128,21 @@ def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, st
     return max(0.0, t - train_s)
 
 
+#: the host stages of a steady offload (``StoreStats.phases`` of a record): what is left of the offload once its
+#: copies ran early
+OFFLOAD_HOST_PHASES = ("offload.speculate", "offload.collect", "offload.plan", "offload.issue", "offload.record",
+                       "offload.release")
+
+
+def store_offload_host_s(rec: dict[str, Any]) -> float | None:
+    """The store's host work in the record's last offload (its ``store_phases`` but the wait), or None where the
+    record has none or its last offload was not steady (the first one collects everything)."""
+    ph = rec.get("store_phases") or {}
+    if not all(k in ph for k in OFFLOAD_HOST_PHASES) or len(rec.get("steps") or []) < 2:
+        return None
+    return float(sum(ph[k] for k in OFFLOAD_HOST_PHASES))
+
+
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
                   copy_engine: str = "in_order", reload_order: str | None = None,
@@ -163,6 +186,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
             if wake_proxies is not None:
                 r["wake_proxies"] = wake_proxies
             p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
+            p["store_offload_host_s"] = store_offload_host_s(rec)
             rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait, early_units_bytes),
                          "reload_order": order, "offload_in_backward": bool(early_units_bytes)})
     return rows
@@ -176,9 +200,10 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
     off_store = sum(parts["offload"].values())
     early_tail = 0.0
     if early_units_bytes:  # the copies ran in the step before; what outlasts it is paid there (its device sync)
-        off_store = parts["offload"]["store_host_s"]
+        off_store = p.get("store_offload_host_s") or parts["offload"]["store_host_s"]
+        # the optimizer's time moved into the backward: the root (stepped last) is final at the step's end
         early_tail = early_copies_tail(list(early_units_bytes), line["d2h_gbps"] * 1e9, p["inputs"]["train"],
-                                       end_share=fwd_bwd_share)
+                                       end_share=1.0)
     slow = 1.0 / SM_COPY_RATE if copy_engine == "sms" and mode != "sequential" else 1.0  # streamed copies on SMs
     ws_parts = parts["weight_sync"]
     params = ws_parts["sim_copies_s"] * slow + ws_parts["store_host_s"] + ws_parts["scrub_s"]
@@ -261,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "early_copies_tail", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
