@@ -82,6 +82,7 @@ class OffloadCopies:
         #: bytes of early copies taken over, and of early copies found stale and copied again
         self.early_reused = 0
         self.early_redone = 0
+        self._early_taken: dict[LayoutKey, int] = {}  # bytes taken over per layout (moved to redone if discarded)
 
     def will_copy(self, layout: FlatLayout) -> bool:
         """Whether ``layout`` is copied: not a gradient layout of an offload that drops gradients."""
@@ -120,6 +121,7 @@ class OffloadCopies:
             self.ahead[layout.key] = CopyAhead(layout, gather(*taken.completions, rest))
             self.early_reused += taken.reused_bytes
             self.early_redone += taken.redone_bytes
+            self._early_taken[layout.key] = taken.reused_bytes
 
     async def discard_changed(self, layouts: dict[LayoutKey, FlatLayout]) -> None:
         """Await and drop the copies issued ahead for layouts this offload does not keep as they were."""
@@ -128,6 +130,9 @@ class OffloadCopies:
             if layouts.get(key) is not ahead.layout:  # changed since the reload: discard the copy
                 del self.ahead[key]
                 await ahead.finisher
+                reused = self._early_taken.pop(key, 0)  # its early copies are copied again with the layout
+                self.early_reused -= reused
+                self.early_redone += reused
 
     async def issue(self, ordered: list[FlatLayout]) -> None:
         """``prepare`` then one backend ``offload`` per layout to copy (a copy issued ahead is reused)."""

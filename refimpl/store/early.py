@@ -9,8 +9,9 @@ that follows the step need not wait for it to start copying:
 :meth:`OffloadStore.copy_early` takes tensors the caller declares final until
 the next offload and queues the device-to-host copy of the layout entries that
 hold them on the runtime's copy stream, ordered after the work already queued
-on the calling thread's current stream (where the hook ran the step). The
-copies run under the rest of the backward.
+on the calling thread's current stream (where the hook ran the step);
+neighbouring entries of one call (a layer's parameters, its moments) leave in
+one copy. The copies run under the rest of the backward.
 
 The next offload takes them over instead of copying those entries again: in
 its first stage (:meth:`refimpl.store.copies.OffloadCopies.copy_ahead`) a
@@ -22,7 +23,7 @@ store cannot tell is still valid is copied again:
   its version counter read when the copy was issued; a tensor whose counter
   moved since (any in-place torch operation on it or on a view of it: an
   optimizer step, ``copy_``, ``zero_``) or that was re-pointed elsewhere has
-  its entry copied again by the offload;
+  the entries of its copy copied again by the offload;
 * the offload's own checks run as for every offload: a layout that changed
   (the steady check fails) takes the full path and its early copies are
   awaited and discarded.
@@ -63,8 +64,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EarlyCopy:
-    """One entry's early copy: its element range in the flat buffer, the copies' completions and the version
-    counters of every tensor object viewing it when the copy was issued."""
+    """One early copy of a run of neighbouring entries: its element range in the flat buffer, the copy's
+    completions and the version counters of every tensor object viewing those entries when it was issued."""
 
     start: int
     stop: int
@@ -72,6 +73,8 @@ class EarlyCopy:
     #: (tensor object, its version counter at the copy, whether it is the plain tensor rather than a DTensor)
     versions: list[tuple["weakref.ref[torch.Tensor]", int, bool]]
     storage: int
+    #: bytes of the entries copied (the range less the alignment padding between them)
+    nbytes: int
 
     def valid(self) -> bool:
         """Every tensor viewing the entry (and its DTensor) still alive and unchanged since the copy, every plain
@@ -100,37 +103,48 @@ class Taken:
 
 
 class _Index:
-    """Resident flat layouts by their flat buffer's storage id, with their entries by offset."""
+    """Resident flat layouts by their flat buffer's storage id: their entries by offset and each entry's host
+    segment."""
 
     def __init__(self, layouts: dict[LayoutKey, FlatLayout]) -> None:
         self.signature = _signature(layouts)
-        self.by_storage: dict[int, tuple[FlatLayout, list[int], list[StorageEntry]]] = {}
+        self.by_storage: dict[int, tuple[FlatLayout, list[int], list[StorageEntry], list[int]]] = {}
         for lay in layouts.values():
             if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and not lay.dropped:
                 entries = sorted(lay.entries, key=lambda e: e.offset)
-                self.by_storage[lay.flat_storage] = (lay, [e.offset for e in entries], entries)
+                cuts = [a for a, _ in lay.segments]
+                segs = [bisect.bisect_right(cuts, e.offset) - 1 for e in entries]
+                self.by_storage[lay.flat_storage] = (lay, [e.offset for e in entries], entries, segs)
 
-    def find(self, t: torch.Tensor) -> tuple[FlatLayout, StorageEntry] | None:
-        """The resident layout and the entry holding ``t``'s first element, or None."""
+    def find(self, t: torch.Tensor) -> tuple[FlatLayout, int] | None:
+        """The resident layout and the position (in offset order) of the entry holding ``t``'s first element."""
         hit = self.by_storage.get(storage_id(t))
         if hit is None:
             return None
-        lay, offsets, entries = hit
+        lay, offsets, entries, _ = hit
         off = t.storage_offset()
         i = bisect.bisect_right(offsets, off) - 1
-        if i < 0:
+        if i < 0 or off >= entries[i].offset + max(entries[i].numel, 1):
             return None
-        e = entries[i]
-        return (lay, e) if off < e.offset + max(e.numel, 1) else None
+        return lay, i
+
+    def runs(self, lay: FlatLayout, positions: Iterable[int]) -> list[list[StorageEntry]]:
+        """The entries at ``positions`` as runs of neighbours (nothing of the layout between them but alignment
+        padding) inside one host segment: each run leaves in one copy."""
+        _, _, entries, segs = self.by_storage[lay.flat_storage]
+        out: list[list[StorageEntry]] = []
+        last = -2
+        for i in sorted(set(positions)):
+            if i == last + 1 and segs[i] == segs[last]:
+                out[-1].append(entries[i])
+            else:
+                out.append([entries[i]])
+            last = i
+        return out
 
 
 def _signature(layouts: dict[LayoutKey, FlatLayout]) -> tuple[tuple[int, int | None, str], ...]:
     return tuple((id(lay), lay.flat_storage, lay.state.value) for lay in layouts.values())
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The plain tensor under a DTensor (its ``_local_tensor``), else ``t``."""
-    return getattr(t, "_local_tensor", t)
 
 
 class EarlyCopies:
@@ -154,43 +168,43 @@ class EarlyCopies:
         return bool(self._by_key)
 
     async def issue(self, layouts: dict[LayoutKey, FlatLayout], tensors: Iterable[torch.Tensor]) -> int:
-        """Queue the copy of every entry holding one of ``tensors`` (once per entry); returns the bytes queued."""
+        """Queue the copy of every entry holding one of ``tensors`` (once per entry; neighbouring entries in one
+        copy); returns the bytes queued."""
         if not self.supported:
             self.skipped += sum(1 for _ in tensors)
             return 0
         if self._index is None or self._index.signature != _signature(layouts):
             self._index = _Index(layouts)
         index, moved = self._index, 0
-        flats: dict[LayoutKey, torch.Tensor] = {}
+        wanted: dict[LayoutKey, tuple[FlatLayout, list[int]]] = {}
         for t in tensors:
-            hit = index.find(_local(t))
+            hit = index.find(getattr(t, "_local_tensor", t))
             if hit is None:
                 self.skipped += 1
                 continue
-            lay, e = hit
-            if (lay.key, e.offset) in self._copied or e.numel == 0:
-                continue
-            flat = flats.get(lay.key)
+            lay, i = hit
+            wanted.setdefault(lay.key, (lay, []))[1].append(i)
+        for key, (lay, positions) in wanted.items():
+            flat = resident_flat(lay, {})
             if flat is None:
-                flat = resident_flat(lay, {})
-                if flat is None:
-                    self.skipped += 1
-                    continue
-                flats[lay.key] = flat
-            versions = []
-            for r in e.refs:
-                for obj, plain in ((r.live(), True), (r.live_dtensor(), False)):
-                    if obj is not None:
-                        versions.append((weakref.ref(obj), obj._version, plain))
-            a, b = e.offset, e.offset + e.numel
-            done = await self.backend.copy_early(lay, flat, a, b)
-            if done is None:  # the backend holds no host buffer of this layout yet
-                self.skipped += 1
+                self.skipped += len(positions)
                 continue
-            self._by_key.setdefault(lay.key, []).append(EarlyCopy(a, b, done, versions, lay.flat_storage))
-            self._copied.add((lay.key, e.offset))
-            moved += e.nbytes
-        flats.clear()  # no view of a flat buffer outlives the call but the copies' own
+            for run in index.runs(lay, positions):
+                run = [e for e in run if (key, e.offset) not in self._copied and e.numel]
+                if not run:
+                    continue
+                a, b = run[0].offset, run[-1].offset + run[-1].numel
+                done = await self.backend.copy_early(lay, flat, a, b)
+                if done is None:  # the backend holds no host buffer of this layout yet
+                    self.skipped += len(run)
+                    continue
+                versions = [(weakref.ref(obj), obj._version, plain) for e in run for r in e.refs
+                            for obj, plain in ((r.live(), True), (r.live_dtensor(), False)) if obj is not None]
+                nbytes = sum(e.nbytes for e in run)
+                self._by_key.setdefault(key, []).append(EarlyCopy(a, b, done, versions, lay.flat_storage, nbytes))
+                self._copied.update((key, e.offset) for e in run)
+                moved += nbytes
+        flat = None  # no view of a flat buffer outlives the call but the copies' own
         self.issued_bytes += moved
         return moved
 
@@ -201,7 +215,6 @@ class EarlyCopies:
         if not copies:
             return None
         out = Taken()
-        item = layout.dtype.itemsize
         for c in sorted(copies, key=lambda c: c.start):
             out.completions.extend(c.completions)
             for d in c.completions:
@@ -211,9 +224,9 @@ class EarlyCopies:
                     out.pending_views += 1
             if c.storage == layout.flat_storage and c.valid():
                 out.ranges.append((c.start, c.stop))
-                out.reused_bytes += (c.stop - c.start) * item
+                out.reused_bytes += c.nbytes
             else:
-                out.redone_bytes += (c.stop - c.start) * item
+                out.redone_bytes += c.nbytes
         return out
 
     async def drain(self, cats: Iterable[Category] | None = None) -> None:

@@ -110,7 +110,9 @@ def test_a_tensor_repointed_after_its_early_copy_is_offloaded_from_where_it_poin
     m[0].bias.data = torch.full_like(m[0].bias, 7.0)  # a new storage: the layout changed
     want = _snapshot(m, opt)
     store.offload()
-    assert store.stats().last_offload_path == "full"
+    st = store.stats()
+    assert st.last_offload_path == "full"
+    assert st.last_early_reused_bytes == 0 and st.last_early_redone_bytes == st.last_early_copy_bytes > 0
     store.reload()
     _assert_bitwise(m, opt, want)
 
