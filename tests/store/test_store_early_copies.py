@@ -112,7 +112,9 @@ def test_a_tensor_repointed_after_its_early_copy_is_offloaded_from_where_it_poin
     store.offload()
     st = store.stats()
     assert st.last_offload_path == "full"
-    assert st.last_early_reused_bytes == 0 and st.last_early_redone_bytes == st.last_early_copy_bytes > 0
+    # the params' layout was laid out anew: its early copies are copied again; the optimizer state's were kept
+    assert st.last_early_redone_bytes > 0
+    assert st.last_early_reused_bytes + st.last_early_redone_bytes == st.last_early_copy_bytes
     store.reload()
     _assert_bitwise(m, opt, want)
 
