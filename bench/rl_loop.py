@@ -36,7 +36,14 @@ One step, every phase timed between device synchronisations:
                ``driver``: ``empty_cache`` after, 0.763 x, docs/store.md).
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather
                each full parameter (``DTensor.full_tensor``) and copy it into
-               the rollout weights.
+               the rollout weights. With ``sync_first`` this phase comes
+               right after ``train``, before the offload (verl's order: the
+               rollout generates with the weights just trained): the gather
+               reads the params where training left them, nothing is
+               reloaded for it, and the lifecycle's groups are still up (the
+               sync uses none of them, so it is not under
+               :meth:`PGLifecycle.weight_sync`; ``PAUSED_LIVE`` then never
+               arms preservation).
 ``reload``     :meth:`PGLifecycle.resume` and the store's reload of the rest.
 
 After every sync (outside the timed phases, with the groups active) the
@@ -107,6 +114,7 @@ class StepConfig:
     profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
     batch_ahead: bool = True  # the next training batch copied to the device at the rollout's end, before the reloads
     offload_in_backward: bool = False  # the optimizer stepped per FSDP unit in the backward, its state copied early
+    sync_first: bool = False  # the weight sync before the offload, from the trainer's resident params (verl's order)
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -400,7 +408,7 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     if cfg.batch_ahead:
         data = data.to(device)
     steps: list[dict[str, Any]] = []
-    driver = SwitchDriver(cfg.mode, lc, store, optims, clock)
+    driver = SwitchDriver(cfg.mode, lc, store, optims, clock, sync_first=cfg.sync_first)
     profiler = _Profile(cfg.profile and rank == 0, cfg.out, cuda)
 
     def train(step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:
@@ -447,6 +455,9 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         # ---- train
         train(step, s)
         s["_trainer_digests"] = quiet_point(steps[-1] if steps else None)
+        if cfg.sync_first:  # the rollout gets the weights just trained, read where they are (no reload)
+            with clock.phase(step, "weight_sync"):
+                driver.sync_resident(s, sync_weights)
         before = torch.cuda.memory_allocated(device) if cuda else 0
         # ---- offload (the lifecycle pauses the trainer's groups; the release moves the state)
         with clock.phase(step, "offload"):
@@ -476,8 +487,9 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
             profiler.start(f"switch_tail_{step}")
         # ---- weight sync under the lifecycle: params back first, then gather into the rollout copy (the rest's
         # reload starts beside the gather unless sequential, so the phase ends on the compute stream only)
-        with clock.phase(step, "weight_sync", end=driver.sync_end):
-            driver.weight_sync(s, sync_weights)
+        if not cfg.sync_first:
+            with clock.phase(step, "weight_sync", end=driver.sync_end):
+                driver.weight_sync(s, sync_weights)
         # ---- reload the rest; the trainer's groups come back
         with clock.phase(step, "reload", start="none", end=driver.reload_end):
             driver.resume(s)
@@ -725,6 +737,10 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="step the optimizer per FSDP unit inside the backward and copy each unit's params and "
                     "optimizer state to host memory right after its step (OffloadStore.copy_early), under the rest "
                     "of the backward; the offload takes the copies over")
+    ap.add_argument("--sync-first", action="store_true",
+                    help="the weight sync before the offload, from the trainer's params where training left them "
+                    "(verl's order: the rollout generates with the weights just trained); the reload then brings "
+                    "everything back, streamed off the sequential mode")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -734,7 +750,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       out=a.out, lifecycle_policy=a.policy, mode=a.mode, line_mib=(4 if a.tiny else 1024),
                       mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision],
                       profile=a.profile, stream_window_mib=a.stream_window_mib, stream_sm_ctas=a.stream_sm_ctas,
-                      batch_ahead=a.batch_ahead, offload_in_backward=a.offload_in_backward,
+                      batch_ahead=a.batch_ahead, offload_in_backward=a.offload_in_backward, sync_first=a.sync_first,
                       **{**small, **kw})
 
 

@@ -56,14 +56,17 @@ class SwitchDriver:
     copies still take lands in the phase that waits for them.
     """
 
-    def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any) -> None:
+    def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any, *,
+                 sync_first: bool = False) -> None:
         """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
-        streamed reload is finished before the first of them steps."""
+        streamed reload is finished before the first of them steps. ``sync_first``: the weight sync runs before
+        the offload (:meth:`sync_resident`), so the reload phase brings everything back."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
             raise ValueError(f"switch mode {mode!r} is not one of {MODES}")
         self.mode, self.lc, self.store = mode, lifecycle, store
+        self.sync_first = sync_first
         self.sync, self.stream_sync = clock.sync, clock.stream_sync
         self.life = lifecycle.sync
         self.switch = OverlappedSwitch(lifecycle) if mode != "sequential" else None
@@ -114,9 +117,21 @@ class SwitchDriver:
 
         self.life.weight_sync(fn)
 
-    def resume(self, s: dict[str, Any]) -> None:
-        """The reload phase: the groups come back; the rest of the state too (streamed: still on its way)."""
+    def sync_resident(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
+        """``sync_first``: the weight-sync phase before the offload, the gather reading the params where training
+        left them (nothing reloaded; the lifecycle's groups still up and unused)."""
+        s["reload_params_store_s"] = 0.0
         t = time.perf_counter()
+        sync_weights()
+        self.stream_sync()
+        s["gather_copy_s"] = time.perf_counter() - t
+
+    def resume(self, s: dict[str, Any]) -> None:
+        """The reload phase: the groups come back; the rest of the state too (streamed: still on its way); with
+        ``sync_first`` all of it, params first (off the sequential mode issued before the resume, streamed)."""
+        t = time.perf_counter()
+        if self.switch is not None and self.sync_first:
+            self.store.reload(stream=True)
         if self.switch is None:
             self.life.resume()
             t = time.perf_counter()

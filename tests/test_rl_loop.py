@@ -162,3 +162,24 @@ def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plai
         assert p["offload_in_backward"] is False and all(s["early_copy_bytes"] == 0 for s in p["steps"])
         assert [s["loss"] for s in e["steps"]] == [s["loss"] for s in p["steps"]]
         assert [s["loss"] for s in e["after_steps"]] == [s["loss"] for s in p["after_steps"]]
+
+
+def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path):
+    """``--sync-first`` (verl's order): the weight sync reads the trainer's params before the offload, so each
+    rollout holds the weights of the training step right before it (checked bitwise at the next quiet point
+    against the digests taken after that step), nothing is reloaded for the sync, and the reload phase brings all
+    of the state back; with early copies as well every early byte is still taken over."""
+    extra = ("--steps", "3", "--sync-first", "--offload-in-backward")
+    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", extra), timeout=240)
+    for rec in recs:
+        assert rec["config"]["sync_first"] is True and rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
+        assert len(set(digests)) == len(digests)  # every sync carried new weights
+        assert rec["lifecycle_stats"]["weight_syncs"] == 0 and rec["lifecycle_stats"]["pauses"] == 3
+        for s in rec["steps"]:
+            assert s["reload_params_store_s"] == 0.0 and s["gather_copy_s"] > 0
+            assert s["reload_bytes_last"] == s["offload_bytes"]  # the whole state came back in the reload phase
+        for s in rec["steps"][1:]:
+            assert s["early_reused_bytes"] == s["early_copy_bytes"] > 0
+        order = [sp["phase"] for sp in rec["spans"] if sp["step"] == 1]
+        assert order == ["train", "weight_sync", "offload", "rollout", "reload"]

@@ -72,6 +72,12 @@ none). The copies' effect on the step's compute is taken as nil. (The first
 prediction of this mode ended the units at ``fwd_bwd_share`` of the step and
 took the preset's store host time: 0.123 s against 0.215 s measured.)
 
+With ``sync_first`` (the RL step's ``--sync-first``, verl's order) the weight
+sync is the gather alone, reading the resident params before the offload
+(not under the lifecycle: its groups are still up and unused), and the reload
+brings everything back, params first: streamed, all of it runs into the next
+step as the rest did.
+
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
 beyond a plain one: the lazy initialisation of a rebuilt group at its first
@@ -146,7 +152,8 @@ def store_offload_host_s(rec: dict[str, Any]) -> float | None:
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
                   copy_engine: str = "in_order", reload_order: str | None = None,
-                  batch_ahead: bool | None = None, early_units_bytes: list[int] | None = None) -> list[dict[str, Any]]:
+                  batch_ahead: bool | None = None, early_units_bytes: list[int] | None = None,
+                  sync_first: bool | None = None) -> list[dict[str, Any]]:
     """One predicted row per policy and mode for the step of ``rec`` (train and rollout from the record).
 
     The lifecycle runs as the record's RL step drives it (:func:`sim.calibrate.colocated.lifecycle_settings`);
@@ -160,7 +167,9 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     batch is on the device before the switch's reloads (default: the record's ``config.batch_ahead``, False where
     the record predates it). ``early_units_bytes``: the step steps its optimizer per unit inside the backward and
     copies each unit's state early (``--offload-in-backward``), these bytes per unit in backward order (default:
-    the record's ``early_units_bytes`` where it ran so, else None: no early copies).
+    the record's ``early_units_bytes`` where it ran so, else None: no early copies). ``sync_first``: the weight
+    sync reads the resident params before the offload and the reload brings everything back (default: the
+    record's ``config.sync_first``).
     """
     if copy_engine not in COPY_ENGINES:
         raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
@@ -177,6 +186,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     first_wait = FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
     if early_units_bytes is None and rec.get("offload_in_backward"):
         early_units_bytes = rec.get("early_units_bytes")
+    first = bool(cfg.get("sync_first", False)) if sync_first is None else sync_first
     for policy in policies:
         for mode in modes:
             r = json.loads(json.dumps(rec))
@@ -187,14 +197,15 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
                 r["wake_proxies"] = wake_proxies
             p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
             p["store_offload_host_s"] = store_offload_host_s(rec)
-            rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait, early_units_bytes),
-                         "reload_order": order, "offload_in_backward": bool(early_units_bytes)})
+            rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait, early_units_bytes,
+                                    first),
+                         "reload_order": order, "offload_in_backward": bool(early_units_bytes), "sync_first": first})
     return rows
 
 
 def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
              copy_engine: str = "in_order", first_wait_share: float = 0.0,
-             early_units_bytes: list[int] | None = None) -> dict[str, Any]:
+             early_units_bytes: list[int] | None = None, sync_first: bool = False) -> dict[str, Any]:
     """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
@@ -213,7 +224,10 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
     extra = p["first_use_extra_s"]
     copy_line = p["offload_bytes"] / (line["d2h_gbps"] * 1e9) + p["offload_bytes"] / (line["h2d_gbps"] * 1e9)
     wait = 0.0
-    if mode == "sequential":
+    if sync_first:  # the gather reads the resident params before the offload; the reload brings all back
+        ws = gather
+        rest = rest_left = params + rest
+    elif mode == "sequential":
         ws = lc["weight_sync"] + params + gather
         rest_left = rest
     else:  # streamed reloads issued at once: each gather waits for its own bytes, the rest's copies follow
@@ -269,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--early-units-bytes", default=None,
                     help="comma-separated bytes per unit in backward order: the step steps its optimizer per unit in "
                     "the backward and copies each unit's state early (default: the record's, where it ran so)")
+    ap.add_argument("--sync-first", action=argparse.BooleanOptionalAction, default=None,
+                    help="the weight sync before the offload from the resident params, everything reloaded after "
+                    "(default: as the record ran)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -278,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                              modes=tuple(a.modes.split(",")), fwd_bwd_share=a.fwd_bwd_share,
                              copy_engine=a.copy_engine, reload_order=a.reload_order, batch_ahead=a.batch_ahead,
                              early_units_bytes=[int(x) for x in a.early_units_bytes.split(",")]
-                             if a.early_units_bytes else None)
+                             if a.early_units_bytes else None, sync_first=a.sync_first)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
         return 2
