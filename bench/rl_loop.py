@@ -337,8 +337,10 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         mp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in trainer.model.layers:
         fully_shard(layer, mesh=mesh, **mp_kwargs)
+    if cfg.offload_in_backward:  # the head its own unit (as torchtitan wraps its output layer): its gradients are
+        fully_shard(trainer.lm_head, mesh=mesh, **mp_kwargs)  # reduced, stepped and copied first in the backward
     fully_shard(trainer, mesh=mesh, **mp_kwargs)
-    units = _units(trainer)
+    units = _units(trainer, head=cfg.offload_in_backward)
     # one AdamW per FSDP unit when the optimizer steps inside the backward (element for element the same update)
     optims = [torch.optim.AdamW(u, lr=1e-5) for u in units] if cfg.offload_in_backward \
         else [torch.optim.AdamW(trainer.parameters(), lr=1e-5)]
@@ -535,9 +537,12 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     return rec
 
 
-def _units(trainer) -> list[list[torch.nn.Parameter]]:
-    """The trainer's FSDP units' parameters: each decoder layer's, then the root's (embeddings, norm, head)."""
-    units = [list(layer.parameters()) for layer in trainer.model.layers]
+def _units(trainer, head: bool = False) -> list[list[torch.nn.Parameter]]:
+    """The trainer's FSDP units' parameters in the order a backward reduces them: ``head`` (the head wrapped on
+    its own), the decoder layers last to first, then the root's (embeddings, final norm; the head too unless
+    ``head``)."""
+    units = ([list(trainer.lm_head.parameters())] if head else []) + \
+        [list(layer.parameters()) for layer in reversed(trainer.model.layers)]
     seen = {id(p) for u in units for p in u}
     units.append([p for p in trainer.parameters() if id(p) not in seen])
     return units
@@ -597,13 +602,12 @@ class StepInBackward:
         self._stepped = [False] * len(self.units)
 
     def unit_bytes(self) -> list[int]:
-        """Bytes of each unit's parameters and optimizer state, in the order a backward steps them (last layer
-        first, the root last)."""
+        """Bytes of each unit's parameters and optimizer state, in the order a backward steps them (the units'
+        order, :func:`_units`)."""
         def nbytes(t: torch.Tensor) -> int:
             t = getattr(t, "_local_tensor", t)
             return t.numel() * t.element_size()
-        sizes = [sum(nbytes(t) for t in self._state(i)) for i in range(len(self.units))]
-        return sizes[:-1][::-1] + sizes[-1:]
+        return [sum(nbytes(t) for t in self._state(i)) for i in range(len(self.units))]
 
 
 class _Profile:

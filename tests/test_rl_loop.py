@@ -151,7 +151,7 @@ def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plai
     for rec in early:
         assert rec["offload_in_backward"] is True and rec["summary"]["weights_bitwise_equal_every_sync"] is True
         units = rec["early_units_bytes"]
-        assert len(units) == 3 and all(u > 0 for u in units)  # two decoder layers, then the root
+        assert len(units) == 4 and all(u > 0 for u in units)  # the head, two decoder layers, then the root
         first, *steady = rec["steps"]
         assert first["early_copy_bytes"] == 0 and first["early_skipped"] > 0  # nothing resident before a reload
         for s in steady:

@@ -76,7 +76,12 @@ With ``sync_first`` (the RL step's ``--sync-first``, verl's order) the weight
 sync is the gather alone, reading the resident params before the offload
 (not under the lifecycle: its groups are still up and unused), and the reload
 brings everything back, params first: streamed, all of it runs into the next
-step as the rest did.
+step as the rest did, the reload phase issuing it (the host time the record's
+streamed reloads took to issue, :func:`reload_issue_host_s`) before the
+resume. With early copies the offload phase is the lifecycle's pause walk and
+the store's host stages one after the other (both Python on one interpreter),
+taken as measured where the record itself ran with early copies
+(:func:`early_offload_phase_s`).
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -149,6 +154,26 @@ def store_offload_host_s(rec: dict[str, Any]) -> float | None:
     return float(sum(ph[k] for k in OFFLOAD_HOST_PHASES))
 
 
+def early_offload_phase_s(rec: dict[str, Any]) -> float | None:
+    """The record's steady offload phase (mean seconds) where it ran with early copies (its offload is then the
+    pause's walk and the store's host work, which the prediction takes as measured), else None."""
+    if not rec.get("offload_in_backward"):
+        return None
+    vals = [sp["end_s"] - sp["start_s"] for sp in rec.get("spans") or [] if sp["phase"] == "offload" and sp["step"] > 0]
+    return sum(vals) / len(vals) if vals else None
+
+
+def reload_issue_host_s(rec: dict[str, Any]) -> float | None:
+    """Seconds the record's steady steps took to issue both streamed reloads (``reload_params_store_s``, off the
+    sequential mode: the params' and the rest's, issued at once), or None where the record did not stream them."""
+    cfg = rec.get("config") or {}
+    steady = (rec.get("steps") or [])[1:]
+    vals = [float(s["reload_params_store_s"]) for s in steady if s.get("reload_params_store_s")]
+    if cfg.get("mode", "sequential") == "sequential" or cfg.get("sync_first") or not vals:
+        return None
+    return sum(vals) / len(vals)
+
+
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
                   copy_engine: str = "in_order", reload_order: str | None = None,
@@ -197,6 +222,8 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
                 r["wake_proxies"] = wake_proxies
             p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator")
             p["store_offload_host_s"] = store_offload_host_s(rec)
+            p["reload_issue_host_s"] = reload_issue_host_s(rec)
+            p["early_offload_phase_s"] = early_offload_phase_s(rec)
             rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait, early_units_bytes,
                                     first),
                          "reload_order": order, "offload_in_backward": bool(early_units_bytes), "sync_first": first})
@@ -230,17 +257,27 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
     elif mode == "sequential":
         ws = lc["weight_sync"] + params + gather
         rest_left = rest
-    else:  # streamed reloads issued at once: each gather waits for its own bytes, the rest's copies follow
-        ws = lc["weight_sync"] + max(params, gather)
+    else:  # streamed reloads issued at once: each gather waits for its own bytes, the rest's copies follow; the
+        # gather starts once the host has issued both (the record's issue time, where it streamed them)
+        ws = lc["weight_sync"] + max(params, (p.get("reload_issue_host_s") or 0.0) + gather)
         rest_left = max(0.0, rest - max(0.0, gather - params))
     if mode == "sequential":
         off, rel = lc["offload"] + off_store, lc["reload"] + rest
-    elif mode == "overlapped":
-        off, rel = max(lc["offload"], off_store), max(lc["reload"], rest_left)
     else:
-        off, rel = max(lc["offload"], off_store), lc["reload"]
-        under = (first_wait_share if copy_engine == "in_order" else fwd_bwd_share) * train  # shared, sms
-        wait = max(0.0, rest_left - lc["reload"] - under)
+        # with the copies gone early the offload is host work on both sides (the pause's walk, the store's
+        # stages), one interpreter: they add up; otherwise the store's copies outlast the walk beside them
+        off = lc["offload"] + off_store if early_units_bytes else max(lc["offload"], off_store)
+        if early_units_bytes and p.get("early_offload_phase_s"):  # the record ran early copies: its own phase
+            off = p["early_offload_phase_s"]
+        # sync first: the reload phase issues every reload (the host work the record's streamed reloads took to
+        # issue, its reload_params_store_s) before the resume
+        issue = (p.get("reload_issue_host_s") or 0.0) if sync_first else 0.0
+        if mode == "overlapped":
+            rel = max(lc["reload"] + issue, rest_left)
+        else:
+            rel = lc["reload"] + issue
+            under = (first_wait_share if copy_engine == "in_order" else fwd_bwd_share) * train  # shared, sms
+            wait = max(0.0, rest_left - rel - under)
     cost = off + ws + rel + extra + wait + early_tail
     step = train + rollout + cost
     return {"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
@@ -303,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "early_offload_phase_s",
+           "reload_issue_host_s",
+           "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
