@@ -124,11 +124,12 @@ INLINE_COPY_BYTES = 64 << 10
 
 
 def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, start_share: float = FIRST_WAIT_SHARE,
-                      end_share: float = 0.8) -> float:
+                      end_share: float = 1.0) -> float:
     """Seconds the early copies of a step that steps its optimizer per unit in the backward run past the step's
     end (see the module docstring): unit ``i`` of ``n`` (in backward order, the root last) is final at
-    ``start + i / (n - 1) * (end - start)`` of the step (the root at the backward's end), its copy starts then or
-    when the copy before it ends, at the line rate ``d2h_bps``."""
+    ``start + i / (n - 1) * (end - start)`` of the step (the root at ``end``: the step's end, where the optimizer's
+    own time moved into the backward), its copy starts then or when the copy before it ends, at the line rate
+    ``d2h_bps``."""
     if not units_bytes:
         return 0.0
     start, end = start_share * train_s, end_share * train_s
@@ -240,8 +241,7 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
     if early_units_bytes:  # the copies ran in the step before; what outlasts it is paid there (its device sync)
         off_store = p.get("store_offload_host_s") or parts["offload"]["store_host_s"]
         # the optimizer's time moved into the backward: the root (stepped last) is final at the step's end
-        early_tail = early_copies_tail(list(early_units_bytes), line["d2h_gbps"] * 1e9, p["inputs"]["train"],
-                                       end_share=1.0)
+        early_tail = early_copies_tail(list(early_units_bytes), line["d2h_gbps"] * 1e9, p["inputs"]["train"])
     slow = 1.0 / SM_COPY_RATE if copy_engine == "sms" and mode != "sequential" else 1.0  # streamed copies on SMs
     ws_parts = parts["weight_sync"]
     params = ws_parts["sim_copies_s"] * slow + ws_parts["store_host_s"] + ws_parts["scrub_s"]

@@ -132,3 +132,68 @@ def test_copies_on_sms_hide_the_rest_under_the_step_at_their_own_rate():
     assert sms["overlapped"]["reload_s"] > eng["overlapped"]["reload_s"]  # the same copies, slower
     assert sms["streamed"]["stream_wait_s"] < eng["streamed"]["stream_wait_s"]
     assert shared["streamed"]["switch_cost_s"] <= sms["streamed"]["switch_cost_s"] < eng["streamed"]["switch_cost_s"]
+
+
+EARLY = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-offload-in-backward"
+#: the Qwen2 1.03 B step's units in backward order with the head on its own: head, 20 layers, root (bytes)
+UNITS = [589824000] + [561573888] * 20 + [589842432]
+
+
+def test_early_copies_run_behind_the_units_and_only_what_outlasts_the_step_is_paid():
+    from sim.calibrate.switch_modes import early_copies_tail
+
+    rate = 50e9
+    # units that the copies keep up with: only the last unit's copy, final at the step's end, is paid
+    assert early_copies_tail([1e9] * 11, rate, train_s=1.0, start_share=0.3) == pytest.approx(1e9 / rate)
+    # copies slower than the units become final: they queue, and the queue's end is paid
+    tail = early_copies_tail([10e9] * 5, rate, train_s=1.0, start_share=0.3)
+    assert tail == pytest.approx(0.3 + 5 * 10e9 / rate - 1.0)
+    assert early_copies_tail([], rate, train_s=1.0) == 0.0
+
+
+def test_early_copies_leave_the_offload_its_host_work_and_the_step_its_tail():
+    from sim.calibrate.switch_modes import predict_modes, store_offload_host_s
+
+    base = json.loads((EARLY / "db_base.json").read_text())
+    kw = dict(policies=("DESTROY_DEFERRED",), modes=("streamed",))
+    plain, = predict_modes(base, **kw)
+    early, = predict_modes(base, early_units_bytes=UNITS, **kw)
+    assert plain["early_copies_tail_s"] == 0 and not plain["offload_in_backward"]
+    assert early["offload_in_backward"] and early["early_copies_tail_s"] > 0
+    # the copies left the offload: what stays is host work, far below the copies' 0.23 s at line
+    host = store_offload_host_s(base)
+    assert 0 < host < 0.05 and early["offload_s"] < host + 0.02 < plain["offload_s"]
+    assert early["switch_cost_s"] == pytest.approx(early["offload_s"] + early["weight_sync_s"] + early["reload_s"]
+                                                   + early["first_use_extra_s"] + early["stream_wait_s"]
+                                                   + early["early_copies_tail_s"])
+    assert early["switch_cost_s"] < 0.6 * plain["switch_cost_s"]
+
+
+def test_a_record_that_ran_early_copies_gives_its_own_offload_phase_and_reload_issue_time():
+    from sim.calibrate.switch_modes import early_offload_phase_s, predict_modes, reload_issue_host_s
+
+    rec = json.loads((EARLY / "db_early_r3.json").read_text())
+    phase = early_offload_phase_s(rec)
+    spans = [sp["end_s"] - sp["start_s"] for sp in rec["spans"] if sp["phase"] == "offload" and sp["step"] > 0]
+    assert phase == pytest.approx(sum(spans) / len(spans))
+    assert early_offload_phase_s(json.loads((EARLY / "db_base.json").read_text())) is None
+    assert reload_issue_host_s(rec) > 0 and reload_issue_host_s(json.loads(REC.read_text())) is None  # sequential
+    row, = predict_modes(rec, policies=("DESTROY_DEFERRED",), modes=("streamed",), early_units_bytes=UNITS)
+    assert row["offload_s"] == pytest.approx(phase)
+
+
+def test_the_sync_first_leaves_the_weight_sync_the_gather_and_moves_every_reload_after_the_rollout():
+    from sim.calibrate.switch_modes import predict_modes, reload_issue_host_s
+
+    rec = json.loads((EARLY / "db_early_r3.json").read_text())
+    kw = dict(policies=("DESTROY_DEFERRED",), modes=("streamed", "overlapped"), early_units_bytes=UNITS)
+    after = {r["mode"]: r for r in predict_modes(rec, sync_first=False, **kw)}
+    first = {r["mode"]: r for r in predict_modes(rec, sync_first=True, **kw)}
+    for mode in ("streamed", "overlapped"):
+        assert first[mode]["sync_first"] and not after[mode]["sync_first"]
+        assert first[mode]["weight_sync_s"] < after[mode]["weight_sync_s"]  # no params' reload, no issue before
+    # streamed: the reload phase issues every reload, then the resume; the copies themselves run into the step
+    issue = reload_issue_host_s(rec)
+    assert first["streamed"]["reload_s"] == pytest.approx(after["streamed"]["reload_s"] + issue)
+    # overlapped: the reload phase waits for all of the copies (params too), so it takes longer than the rest's
+    assert first["overlapped"]["reload_s"] > after["overlapped"]["reload_s"]
