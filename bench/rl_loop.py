@@ -18,6 +18,10 @@ One step, every phase timed between device synchronisations:
 
 ``train``      forward/backward/step on the previous rollout's sequences; the
                loss is averaged over the trainer's group ``trainer.dp``.
+               With ``offload_in_backward`` each FSDP unit steps its own
+               AdamW inside the backward and, in a step before a switch,
+               hands its params and state to ``OffloadStore.copy_early``
+               (:class:`StepInBackward`): the offload's copies run here.
 ``offload``    :meth:`PGLifecycle.pause` with ``release_memory`` = the store's
                offload of params, grads and optimizer state.
 ``rollout``    the rollout role allocates its KV cache, generates, frees it,

@@ -32,8 +32,12 @@ the training step after the switch takes beyond a training step that follows
 no switch (``train_plain``, measured at the end of the same run). That
 difference holds the first collective's lazy initialisation on rebuilt groups,
 a cooldown or peer wait that lands there, the streamed reload's wait at the
-optimizer step and any slowdown of compute by copies beside it. The same rule
-and name as the simulator's.
+optimizer step and any slowdown of compute by copies beside it. With early
+copies (``--offload-in-backward``) that step also copies early for the next
+switch, as every step before a switch does: the row holds the next switch's
+early copies in place of its own, the same in the steady state (the copies
+that outlast the step are paid there, its phase ending on a device
+synchronisation). The same rule and name as the simulator's.
 """
 from __future__ import annotations
 
