@@ -43,7 +43,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from refimpl.runtime import CopyKind, TorchRuntime  # noqa: E402
+from refimpl.runtime import CopyKind  # noqa: E402
+from refimpl.torch_runtime import TorchRuntime  # noqa: E402
 from refimpl.store import OffloadStore, PinnedHostPool, StoreConfig  # noqa: E402
 from refimpl.store.dedup import DedupConfig, SlicePlan  # noqa: E402
 from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy  # noqa: E402

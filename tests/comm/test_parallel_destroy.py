@@ -146,7 +146,8 @@ def test_the_simulated_destroy_groups_overlaps_the_waits_and_names_failures():
 
 def _torch_destroy_groups(rank, world_size):
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     names = ["g.a", "g.b", "g.c"]
