@@ -71,16 +71,14 @@ from typing import Any
 
 import torch
 
+from sim.calibrate.records import RecordError
+
 log = logging.getLogger(__name__)
 
 #: phases of the step (bench/rl_loop.py PHASES)
 PHASES = ("train", "offload", "rollout", "weight_sync", "reload")
 #: the issue's tolerance for the prediction per phase
 TOLERANCE = 0.15
-
-
-class RecordError(ValueError):
-    """The record lacks what the prediction needs."""
 
 
 def _steady(rec: dict[str, Any]) -> list[dict[str, Any]]:

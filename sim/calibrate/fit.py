@@ -135,12 +135,9 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
                                    f"host {rec.host!r}"))
             continue
         if isinstance(rec, DestroyWalkRecord):
-            from sim.calibrate.destroy_walks import WalkRecordError, poll_phase_spread
+            from sim.calibrate.destroy_walks import poll_phase_spread
 
-            try:
-                spread, how = poll_phase_spread(rec.data, rec.name)
-            except WalkRecordError as exc:
-                raise RecordError(str(exc)) from None
+            spread, how = poll_phase_spread(rec.data, rec.name)
             out.append(Observation("nccl_poll_phase_spread", spread, rec.name,
                                    f"{rec.policy}, {rec.world_size} ranks, {how}: the range"))
             from sim.calibrate.destroy_walks import late_walks

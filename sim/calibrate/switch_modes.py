@@ -100,7 +100,8 @@ import json
 import sys
 from typing import Any
 
-from sim.calibrate.colocated import RecordError, predict_step
+from sim.calibrate.colocated import predict_step
+from sim.calibrate.records import RecordError
 
 #: the switch modes (bench/switch_modes.py MODES)
 MODES = ("sequential", "overlapped", "streamed")
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "early_offload_phase_s",
            "reload_issue_host_s",
-           "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+           "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -8,8 +8,9 @@ import pytest
 import json
 from pathlib import Path
 
-from sim.calibrate.colocated import (LOOP_CONSTANTS, PHASES, RecordError, compare, fit_loop_constants, measured_phases,
-                           predict_step, simulate_lifecycle)
+from sim.calibrate.colocated import (LOOP_CONSTANTS, PHASES, compare, fit_loop_constants, measured_phases,
+                                     predict_step, simulate_lifecycle)
+from sim.calibrate.records import RecordError
 
 GB = 1e9
 

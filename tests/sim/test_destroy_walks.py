@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.calibrate.destroy_walks import (WalkRecordError, init_passes, main, mesh_walks, nccl_log_lines, poll_phase_spread,
+from sim.calibrate.destroy_walks import (init_passes, main, mesh_walks, nccl_log_lines, poll_phase_spread,
                                probe_destroys, probe_report, replay_mesh_walk, replay_record, training_walks,
                                uds_report, uds_threads, walks_from_spans)
+from sim.calibrate.records import RecordError
 from sim.presets import load_preset_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,9 +84,9 @@ def test_the_weight_syncs_collective_does_not_restart_the_synced_groups_poll(laz
 
 
 def test_missing_sections_are_named(tmp_path, capsys):
-    with pytest.raises(WalkRecordError, match=r"switch_window\.spans"):
+    with pytest.raises(RecordError, match=r"switch_window\.spans"):
         walks_from_spans({"switch_window": {"results": []}}, "r.json")
-    with pytest.raises(WalkRecordError, match=r"comm_raw\.mesh_walk"):
+    with pytest.raises(RecordError, match=r"comm_raw\.mesh_walk"):
         mesh_walks({"comm_raw": {"skipped": "no NCCL"}}, "r.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{")
@@ -117,7 +118,7 @@ def test_probe_records_name_the_destroy_that_waited_a_period_more(tmp_path, caps
     path = tmp_path / "probe.json"
     path.write_text(json.dumps(rec))
     assert main([str(path)]) == 0 and "SUSPEND_PLANNED (weight sync collective: tp)" in capsys.readouterr().out
-    with pytest.raises(WalkRecordError, match="destroy_walk_probe"):
+    with pytest.raises(RecordError, match="destroy_walk_probe"):
         probe_destroys({"kind": "multigpu"})
 
 
@@ -168,7 +169,7 @@ def test_the_poll_phase_spread_is_the_range_of_the_init_passes():
     assert [len(p) for p in passes] == [7, 7] and all(len(x) == 14 for p in passes for x in p)
     spread, how = poll_phase_spread(rec)
     assert spread == pytest.approx(0.2409, abs=0.001) and "rank 1: 7 init passes of 14 groups" in how
-    with pytest.raises(WalkRecordError, match="two full init passes"):
+    with pytest.raises(RecordError, match="two full init passes"):
         poll_phase_spread({"kind": "destroy_walk_probe", "ranks": [{"events": [["collective", "p.a", 0.1]]}]})
 
 
