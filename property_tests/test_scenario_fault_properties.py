@@ -1,6 +1,6 @@
 """Every single-rank fault at every lifecycle point ends with every rank in one state (the world ``sim run`` builds).
 
-For each shipped scenario of up to 8 ranks, its groups (``group_layout``) and
+For each shipped scenario of up to 8 ranks, its groups (``mesh_groups``) and
 the world ``timeshare sim run`` builds for it (``build_world``: the scenario's
 topology models, its fault plan, and the watchdog a deployment has, on by
 default), any process-group policy, and one fault of the kinds a scenario
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 import sim
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.runtime.base import ReduceOp
-from sim.scenarios.runner import build_topology, build_world, group_layout
+from sim.scenarios.runner import build_topology, build_world, mesh_groups
 from sim.scenarios.scenario import parse_scenario
 from sim.scenarios.scenario_io import read_scenario_raw
 from tests._hypothesis import BUDGET
@@ -71,7 +71,7 @@ def _scenario(name: str, kind: str, rank: int, point: str, nth: int, family: str
 def test_a_single_rank_fault_at_any_lifecycle_point_ends_every_rank_in_one_state(name, policy, kind, rank, point, nth,
                                                                                   family):
     probe = parse_scenario(_RAW[name])
-    layout = group_layout(probe)
+    layout = mesh_groups(probe)
     families = sorted({f for m in layout.member for f in m})
     scn = _scenario(name, kind, rank, point, nth, families[family % len(families)])
     world, plan = build_world(scn, build_topology(scn), record_memory=False)

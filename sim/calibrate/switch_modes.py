@@ -27,7 +27,7 @@ resume). This module keeps those parts and composes them the way each mode of
   that stretch (an upper bound: a step bound by the host runs ahead of its
   device by a little before it blocks). Where the first wait comes depends on
   the order the store issues the reload in (``reload_order``): ``"category"``
-  (the store before it issued layouts in first-use order: buffers after the
+  (the store before it issued its flat buffers in first-use order: buffers after the
   optimizer state) made the forward's first layer wait for the whole rest on
   its rotary buffer, so nothing ran under it; ``"first_use"`` (params,
   buffers, grads, optimizer state) leaves nothing of the rest for the forward,
@@ -113,7 +113,7 @@ COPY_ENGINES = ("in_order", "shared", "sms")
 #: programs 50.7 GB/s, the engine 54.8 GB/s (bench/results/2026-12-02-h200-sm-copies/sm_copy_run1.json; the second
 #: run: 51.0 and 55.2 GB/s)
 SM_COPY_RATE = 50.7 / 54.8
-#: the orders a reload may issue its layouts in (module docstring)
+#: the orders a reload may issue its flat buffers in (module docstring)
 RELOAD_ORDERS = ("first_use", "category")
 #: share of a training step before its first wait on a streamed reload issued in first-use order: FSDP2's first
 #: post-backward pinned copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of the record named

@@ -98,7 +98,7 @@ from sim.world import RankReport, WorldReport
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.models.faults import FaultPlan
-    from sim.scenarios.runner import Layout
+    from sim.scenarios.runner import MeshGroups
     from sim.scenarios.scenario import Scenario
     from sim.models.topology import Topology
     from sim.world import SimWorld
@@ -233,15 +233,15 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | 
     return None
 
 
-def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold: Fold) -> str | None:
+def _groups_symmetric(scn: "Scenario", topo: "Topology", groups: "MeshGroups", fold: Fold) -> str | None:
     """None when every rank's groups look like its representative's (see the module docstring)."""
     from sim.models.collectives import TopologyCollectiveCost
 
     active, rep_of = fold.active, fold.rep
     head = fold.head * fold.unit
-    by_name = {s.name: s for s in layout.specs}
+    by_name = {s.name: s for s in groups.specs}
     repset: dict[str, frozenset[int]] = {}
-    for spec in layout.specs:
+    for spec in groups.specs:
         # [Note: first come, first served] The first member to use a lazily created communicator pays
         # its initialisation; the others do not. Members that share a representative must therefore
         # not include that first one, unless a head rank (standing only for itself) comes first.
@@ -252,12 +252,12 @@ def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold:
         repset[spec.name] = frozenset(reps)
         if len(repset[spec.name]) < len(reps) and not (spec.ranks[0] < head):
             return f"group {spec.name!r} has members that share a representative and no head rank"
-    actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in layout.specs}
+    actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in groups.specs}
     cost = TopologyCollectiveCost(topo)
     fams = [f.name for f in scn.groups]
     for r in range(scn.world_size):
         rep = rep_of(r)
-        mine, theirs = layout.member[r], layout.member[rep]
+        mine, theirs = groups.member[r], groups.member[rep]
         if set(mine) != set(theirs):
             return f"rank {r} is in other group families than rank {rep}"
         order = sorted(fams, key=lambda f: mine.get(f, ""))
@@ -277,9 +277,9 @@ def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold:
     return None
 
 
-def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | None, str]:
+def plan_fold(scn: "Scenario", groups: "MeshGroups | None" = None) -> tuple[Fold | None, str]:
     """The fold for ``scn`` (None if it cannot fold) and a one-line reason."""
-    from sim.scenarios.runner import group_layout
+    from sim.scenarios.runner import mesh_groups
 
     topo = scn.topo
     if topo is None:
@@ -295,7 +295,7 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
         return None, f"offload backend {scn.offload.backend!r} gives each rank of a group its own slice"
     if scn.world_size % g or scn.world_size // g < 2:
         return None, f"{scn.world_size} ranks are not two or more whole nodes of {g} GPUs"
-    layout = layout or group_layout(scn)
+    groups = groups or mesh_groups(scn)
     why = "no candidate"
     candidates = []
     for unit in (u for u in range(1, g + 1) if g % u == 0):  # see [Note: units smaller than a node]
@@ -310,7 +310,7 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
     candidates.sort(key=lambda f: (f.active, f.unit != g))
     apart: dict[int, str | None] = {}
     for fold in candidates:
-        why = _groups_symmetric(scn, topo, layout, fold)  # most candidates fail here, at the first group
+        why = _groups_symmetric(scn, topo, groups, fold)  # most candidates fail here, at the first group
         if why is None:
             if fold.unit not in apart:
                 apart[fold.unit] = _units_apart(scn, topo, fold.unit)
@@ -470,7 +470,7 @@ class _EventOwners:
         engine._pop = counted_pop  # instance attribute: Engine.run looks it up on the instance
 
 
-def expand_events(fold: Fold, owners: _EventOwners, layout: "Layout") -> int:
+def expand_events(fold: Fold, owners: _EventOwners, groups: "MeshGroups") -> int:
     """The event count of the full run (see [Note: when two ranks follow the same timeline]).
 
     Each active rank's events count once per rank it stands for; each group of
@@ -478,12 +478,12 @@ def expand_events(fold: Fold, owners: _EventOwners, layout: "Layout") -> int:
     """
     fam_of: dict[str, str] = {}
     for r in range(fold.world_size):
-        for fam, name in layout.member[r].items():
+        for fam, name in groups.member[r].items():
             fam_of.setdefault(name, fam)
     total = owners.other + owners.by_group.get(WORLD, 0)
     total += sum(n * fold.multiplicity(rank) for rank, n in owners.by_rank.items())
-    for spec in layout.specs:
-        rep_group = layout.member[fold.rep(spec.ranks[0])][fam_of[spec.name]]
+    for spec in groups.specs:
+        rep_group = groups.member[fold.rep(spec.ranks[0])][fam_of[spec.name]]
         total += owners.by_group.get(rep_group, 0)
     return total
 
@@ -497,7 +497,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     Raises :class:`FoldBroken` if the run met anything the symmetry checks do
     not cover (the caller then runs the full job).
     """
-    from sim.scenarios.runner import RankContext, build_world, group_layout, rank_main
+    from sim.scenarios.runner import RankContext, build_world, mesh_groups, rank_main
     from sim.presets.models import build_state
 
     t0 = time.perf_counter()
@@ -511,11 +511,11 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     if on_world is not None:
         on_world(world)
     world.rendezvous = FoldedRendezvous(world, fold)
-    layout = group_layout(scn)
+    groups = mesh_groups(scn)
     owners = _EventOwners(world)
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
-        shared = {s.name for s in layout.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
+        shared = {s.name for s in groups.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
         head = fold.head * fold.unit
 
         def checked_first_use(spec):
@@ -529,7 +529,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
             return delay
 
         world.comm.first_use = checked_first_use
-    ctx = RankContext(scn, topo, layout, build_state(scn.model))
+    ctx = RankContext(scn, topo, groups, build_state(scn.model))
     if scn.pg_policy != "none":  # as run_scenario; plan_fold refuses it, a caller passing a fold may not
         from refimpl.comm import lifecycle as lc_mod
 
@@ -549,7 +549,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
             raise FoldBroken(f"rank {rank} did not finish in the folded run ({r!r})")
     wall_run = time.perf_counter() - t0
     rep_report = world.report()
-    events = expand_events(fold, owners, layout)
+    events = expand_events(fold, owners, groups)
     outcomes: list[RankOutcome] = []
     reports: list[RankReport] = []
     for r in range(scn.world_size):
@@ -563,7 +563,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
         outcomes.append(dataclasses.replace(o, rank=r, phases=[dict(p) for p in o.phases],
                                             mismatched=list(o.mismatched), lifecycle_stats=dict(o.lifecycle_stats)))
         reports.append(dataclasses.replace(
-            rr, rank=r, last_op=_rename_groups(rr.last_op, layout.member[r], layout.member[rep])))
+            rr, rank=r, last_op=_rename_groups(rr.last_op, groups.member[r], groups.member[rep])))
     report = WorldReport(time=rep_report.time, events=events, ranks=tuple(reports))
     view = _ExpandedWorld(report, _ExpandedMemory(world.memory, fold, topo))
     result = judge(scn, topo, view, plan, outcomes, None, time.perf_counter() - t0)

@@ -69,14 +69,14 @@ def build_topology(scn: Scenario) -> Topology:
 
 
 @dataclass
-class Layout:
+class MeshGroups:
     """The process groups of a scenario: every group's spec and, per rank, its group in each family."""
 
     specs: list[GroupSpec]
     member: list[dict[str, str]]  # rank -> family -> group name
 
 
-def group_layout(scn: Scenario) -> Layout:
+def mesh_groups(scn: Scenario) -> MeshGroups:
     """Groups of each family over the mesh (row-major, last dimension fastest)."""
     dims = [d for d, _ in scn.mesh]
     sizes = [n for _, n in scn.mesh]
@@ -95,7 +95,7 @@ def group_layout(scn: Scenario) -> Layout:
             specs.append(GroupSpec(name, tuple(ranks), backend="nccl"))
             for r in ranks:
                 member[r][fam.name] = name
-    return Layout(specs, member)
+    return MeshGroups(specs, member)
 
 
 def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) -> tuple[SimWorld, FaultPlan | None]:
@@ -125,7 +125,7 @@ class RankContext:
 
     scn: Scenario
     topo: Topology
-    layout: Layout
+    groups: MeshGroups
     state: list[TensorSpec]
     lifecycle_cls: Any = None
     outcomes: dict[int, RankOutcome] = field(default_factory=dict)
@@ -158,7 +158,7 @@ async def _use_group(rt: Runtime, world: SimWorld, name: str) -> float:
 async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.Tensor | None) -> None:
     """update_weights' export: H2D of this rank's share per bucket, all-gather over the group, IPC hand-off."""
     ex = ctx.scn.workload.export
-    group = ctx.layout.member[rt.rank].get(ex.group)
+    group = ctx.groups.member[rt.rank].get(ex.group)
     if group is None or backup is None:
         return
     n = rt.group_size(group)
@@ -166,7 +166,7 @@ async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.
     buckets = max(1, math.ceil(share * n / ex.bucket_bytes))
     per = math.ceil(share / buckets)
     for fam in ex.also_uses:  # e.g. the expert weights' broadcast: its first collective after a rebuild
-        other = ctx.layout.member[rt.rank].get(fam)
+        other = ctx.groups.member[rt.rank].get(fam)
         if other is not None:
             await _use_group(rt, world, other)
     first_use = getattr(world.comm, "first_use", None)
@@ -198,10 +198,10 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
             reference[spec.name] = t.clone()
         tensors.setdefault(spec.category, {})[spec.name] = t
     lifecycle = None
-    managed = [s for s in ctx.layout.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
-    if len(managed) < len(ctx.layout.specs):  # the groups outside the lifecycle: created once, as torch creates them
+    managed = [s for s in ctx.groups.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
+    if len(managed) < len(ctx.groups.specs):  # the groups outside the lifecycle: created once, as torch creates them
         inside = {s.name for s in managed}
-        for spec in ctx.layout.specs:
+        for spec in ctx.groups.specs:
             if spec.name not in inside:
                 await rt.new_group(spec)
     if managed:
@@ -222,10 +222,10 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
         share = sum(t.nbytes for t in ctx.state if t.category == "params")
         backup = rt.alloc_host(max(share, 1), torch.uint8, pinned=True, tag="weights backup")
     engine_bytes = _engine_bytes(rt, w)
-    my_groups = sorted(set(ctx.layout.member[rt.rank].values()))
+    my_groups = sorted(set(ctx.groups.member[rt.rank].values()))
     # the groups training uses: every one, or those of the families named (workload.touch_groups)
     touched = my_groups if not isinstance(w.touch_groups, tuple) else sorted(
-        {g for fam, g in ctx.layout.member[rt.rank].items() if fam in w.touch_groups})
+        {g for fam, g in ctx.groups.member[rt.rank].items() if fam in w.touch_groups})
     paused = [(cat, name, t) for cat in scn.offload.include for name, t in sorted(tensors.get(cat, {}).items())]
 
     async def release() -> None:
@@ -375,7 +375,7 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
     world, plan = build_world(scn, topo, record_memory=record_memory)
     if on_world is not None:
         on_world(world)
-    ctx = RankContext(scn, topo, group_layout(scn), build_state(scn.model))
+    ctx = RankContext(scn, topo, mesh_groups(scn), build_state(scn.model))
     if scn.pg_policy != "none":
         from refimpl.comm import lifecycle as lc_mod
 
@@ -418,4 +418,4 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
     return result, world, plan
 
 
-__all__ = ["PHASES", "RankContext", "build_topology", "build_world", "group_layout", "rank_main", "run_scenario"]
+__all__ = ["PHASES", "RankContext", "build_topology", "build_world", "mesh_groups", "rank_main", "run_scenario"]

@@ -6,7 +6,7 @@ import pytest
 
 from bench.relax_h20 import BASELINE, OPTIMIZED, REPORT_KEPT_LIVE_GIB, report_cost, run_arm, without_proxy_poll
 from sim.calibrate.switch_window import megatron_groups
-from sim.scenarios.runner import group_layout
+from sim.scenarios.runner import mesh_groups
 from sim.scenarios.scenario import load_scenario
 
 NAMES = (BASELINE, OPTIMIZED)
@@ -17,7 +17,7 @@ def test_the_scenarios_are_relax_s_groups_and_export():
     (``ReloadableProcessGroup``), and its export broadcasts the expert weights over EP before the TP all-gather."""
     for name in NAMES:
         scn = load_scenario(name)
-        layout = group_layout(scn)
+        layout = mesh_groups(scn)
         ours = {(s.name.rstrip("0123456789"), s.ranks) for s in layout.specs}
         want = {(s.name.rstrip("0123456789"), s.ranks) for s in megatron_groups(tp=4, cp=2, ep=8, etp=1)}
         assert ours == want
