@@ -20,14 +20,14 @@ room                   what
 ``sim`` (this folder)  the ranks: :class:`SimRuntime` (:mod:`sim.runtime`), :class:`SimWorld`
                        (:mod:`sim.world`), collective matching (:mod:`sim.rendezvous`),
                        deadlock detection (:mod:`sim.deadlock`)
-:mod:`sim.models`      the model protocols and their defaults, the topology, flows,
-                       collectives, memory and fault models
+:mod:`sim.machine`     the simulated machine: its protocols and their defaults, the
+                       topology, flows, collectives, memory and faults
 :mod:`sim.kernel`,     the discrete-event engine and the errors; the presets and
 :mod:`sim.presets`     schemas (side by side)
 =====================  ==========================================================
 
 [Note: imports without the cyclic GC]
-The package's face (:class:`SimWorld`, :class:`SimRuntime`, the engine, the errors, the model
+The package's face (:class:`SimWorld`, :class:`SimRuntime`, the engine, the errors, the machine's
 protocols) loads on first use, so that a module of a room (a CLI's argument parser, ``--help``)
 can be imported without torch. Loading the face imports torch: about 1 s of a ``timeshare sim run``,
 of which the cyclic garbage collector, walking the tens of thousands of
@@ -45,9 +45,9 @@ _FACE: dict[str, str] = {
                      "RandomChooser", "SimFuture"), "sim.kernel.engine"),
     **dict.fromkeys(("CollectiveMismatchError", "DeadlockError", "RankCrashedError", "RankFailedError", "RankHungError",
                      "SimError", "SimOutOfMemoryError", "SimUsageError"), "sim.kernel.errors"),
-    **dict.fromkeys(("CollectiveCost", "CommModel", "FaultAction", "FaultHooks", "FaultKind", "FixedBandwidthTransport",
-                     "LedgerMemory", "MemoryModel", "NcclCommModel", "NoFaults", "RingCollectiveCost", "Transport"),
-                    "sim.models.model_protocols"),
+    **dict.fromkeys(("CollectiveCost", "CommCosts", "FaultAction", "FaultHooks", "FaultKind", "FixedBandwidthTransport",
+                     "LedgerMemory", "Memory", "NcclCommCosts", "NoFaults", "RingCollectiveCost", "Transport"),
+                    "sim.machine.protocols"),
     "SimRuntime": "sim.runtime",
     **dict.fromkeys(("RankReport", "SimWorld", "WorldReport", "run_ranks"), "sim.world"),
 }
@@ -69,9 +69,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Chooser", "CollectiveCost", "CollectiveMismatchError", "CommModel", "DeadlockError", "Engine",
+    "Chooser", "CollectiveCost", "CollectiveMismatchError", "CommCosts", "DeadlockError", "Engine",
     "FaultAction", "FaultHooks", "FaultKind", "FifoChooser", "FixedBandwidthTransport", "HypothesisChooser",
-    "LedgerMemory", "MemoryModel", "NcclCommModel", "NoFaults", "Process", "ProcessState", "RandomChooser",
+    "LedgerMemory", "Memory", "NcclCommCosts", "NoFaults", "Process", "ProcessState", "RandomChooser",
     "RankCrashedError", "RankFailedError", "RankHungError", "RankReport", "RingCollectiveCost", "SimError",
     "SimFuture", "SimOutOfMemoryError", "SimRuntime", "SimUsageError", "SimWorld", "Transport", "WorldReport",
     "run_ranks",

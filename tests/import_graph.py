@@ -53,8 +53,8 @@ ROOMS: dict[str, tuple[Floor, ...]] = {
     "sim": (
         Floor("base", "the discrete-event engine and the errors; the presets and the files' schemas",
               ("sim.kernel", "sim.presets")),
-        Floor("models", "the model protocols and their defaults; topology, flows, collectives, memory, faults",
-              ("sim.models",)),
+        Floor("machine", "the simulated machine: its protocols and defaults; topology, flows, collectives, memory, faults",
+              ("sim.machine",)),
         Floor("ranks", "SimRuntime, SimWorld, collective matching, deadlock detection (sim/*.py)", ("sim",)),
         Floor("studies", "scenarios run and judged; measurement records, fits and checks against them",
               ("sim.scenarios", "sim.calibrate")),

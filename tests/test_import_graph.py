@@ -89,7 +89,7 @@ def test_rules_catch_upward_sideways_and_circles():
 
 def test_rules_catch_imports_up_and_across_the_rooms_of_sim():
     modules = ig.module_files()
-    up = ig.Edge("sim.models.flows", "sim.world", 1, "from-import")  # a model reaching above the ranks
+    up = ig.Edge("sim.machine.flows", "sim.world", 1, "from-import")  # a model reaching above the ranks
     side = ig.Edge("sim.scenarios.runner", "sim.calibrate.records", 1, "import")  # rooms side by side
     down = ig.Edge("sim.planner.plan", "sim.scenarios.runner", 1, "import")
     found = ig.room_violations(modules, [up, side, down])

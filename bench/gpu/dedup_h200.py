@@ -177,11 +177,11 @@ def measure_distributed(sizes: list[int], repeats: int, verify: str = "always") 
 def predict(sizes: list[int], n: int, preset: str, backend: str) -> dict:
     """The same store code on the simulator (meta payloads, topology ``preset``): a predicted row."""
     import sim
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.flows import FlowTransport
+    from sim.machine.memory import TopologyMemory
     from sim.presets import load_preset_data
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     topo = Topology.from_dict(load_preset_data(preset))
     world = sim.SimWorld(n, payload="meta", transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),

@@ -16,7 +16,7 @@ the measured line rates of that run and, per step, what each phase spent.
   host-to-device line rate after a rollout of the measured length (so the
   driver's scrub of the trainer's own freed memory is long done), plus the
   scrub of the memory the rollout just freed when the roles free through the
-  driver (``free == "driver"``: the simulator's scrub model at the preset's
+  driver (``free == "driver"``: the simulator's scrub at the preset's
   ``h200_scrub`` rate, the KV cache's bytes given back right before the reload;
   nothing with a shared allocator), plus the gather of the full weights into
   the rollout copy: ``tensors`` x a per-tensor time (``full_tensor``, the cast
@@ -53,8 +53,8 @@ Where the constants come from (``constants`` in the result names each):
   only one record so far (its ``weight_sync`` is then not an independent check).
 
 What is **not** predicted but taken from the record, and named so in the
-result (``inputs``): ``train`` and ``rollout`` (compute; the simulator has no
-model of it). :func:`compare` sets prediction against measurement per phase
+result (``inputs``): ``train`` and ``rollout`` (compute; the simulator does not
+simulate it). :func:`compare` sets prediction against measurement per phase
 (issue 16's target: within 15%).
 
     python -m sim.calibrate.colocated RECORD.json [--preset calibrated/h200-1x]
@@ -168,11 +168,11 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.flows import FlowTransport
+    from sim.machine.memory import TopologyMemory
     from sim.calibrate.switch_window import _touch
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
     if train_s < 0 or rollout_s < 0:
@@ -236,7 +236,7 @@ def lifecycle_settings(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nvlink_bps(preset: str) -> float:
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     nv = Topology.from_preset(preset).constants.get("nvlink_eff_h100")
     return 450e9 * (nv.value if nv is not None else 1.0)

@@ -193,11 +193,11 @@ def mesh_walks(data: Mapping[str, Any], where: str = "record") -> list[list[Mapp
 
 def replay_record(data: Mapping[str, Any], topology: str, where: str = "record") -> list[MeshDestroy]:
     """Every rank's mesh walk replayed with ``topology``'s proxy poll and destroy costs (no constant fitted here)."""
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     comm = Topology.from_preset(topology).comm
     if comm.proxy_poll_s <= 0:
-        raise RecordError(f"preset {topology!r} does not model the proxy poll; use calibrated/hgx-h200-8x")
+        raise RecordError(f"preset {topology!r} does not simulate the proxy poll; use calibrated/hgx-h200-8x")
     costs = {1: comm.for_size(1).destroy_s, 2: comm.for_size(2).destroy_s}
     out = []
     for rank, rows in enumerate(mesh_walks(data, where)):

@@ -26,7 +26,7 @@ What is fitted, and from which part of which record (each fitted constant's
 * from ``bench/gpu/destroy_walk_probe.py`` records: ``nccl_poll_phase_spread``,
   how far the proxy poll phases of a training step's communicators move against
   one another between steps (:func:`sim.calibrate.destroy_walks.poll_phase_spread`): a
-  destroy the model has waiting less than that for its poll timeout may wait a
+  destroy simulated as waiting less than that for its poll timeout may wait a
   whole period more on hardware ([Note: one poll period more] in
   :mod:`sim.calibrate.destroy_walks`).
 
@@ -311,7 +311,7 @@ def fit_words(records: Iterable[Record]) -> str:
 
 def write_preset(data: dict[str, Any], out: str | Path) -> Path:
     """Write a preset JSON (after checking that it loads as a topology)."""
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     Topology(data, where=f"calibrated preset {out}")
     path = Path(out)

@@ -97,10 +97,10 @@ from sim.scenarios.result import RankOutcome, ScenarioResult, judge
 from sim.world import RankReport, WorldReport
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.faults import FaultPlan
+    from sim.machine.faults import FaultPlan
     from sim.scenarios.runner import MeshGroups
     from sim.scenarios.scenario import Scenario
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | 
 
 def _groups_symmetric(scn: "Scenario", topo: "Topology", groups: "MeshGroups", fold: Fold) -> str | None:
     """None when every rank's groups look like its representative's (see the module docstring)."""
-    from sim.models.collectives import TopologyCollectiveCost
+    from sim.machine.collectives import TopologyCollectiveCost
 
     active, rep_of = fold.active, fold.rep
     head = fold.head * fold.unit
@@ -369,12 +369,12 @@ class FoldedRendezvous(Rendezvous):
 
     def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
         """Timeouts would fire on behalf of ranks that do not run: not foldable."""
-        raise FoldBroken("a collective with a timeout (the fold does not model timeouts)")
+        raise FoldBroken("a collective with a timeout (the fold does not simulate timeouts)")
 
 
 
 class _ExpandedMemory:
-    """The memory model as :func:`sim.scenarios.result.judge` sees it: every rank reads its representative's ledger."""
+    """The simulated memory as :func:`sim.scenarios.result.judge` sees it: every rank reads its representative's ledger."""
 
     def __init__(self, memory: Any, fold: Fold, topo: "Topology"):
         self._m, self._fold = memory, fold
@@ -429,8 +429,8 @@ class _EventOwners:
 
     def __init__(self, world: "SimWorld"):
         from sim.kernel.engine import Process
-        from sim.models.collectives import TopologyCollectiveCost
-        from sim.models.flows import FlowTransport
+        from sim.machine.collectives import TopologyCollectiveCost
+        from sim.machine.flows import FlowTransport
 
         self.by_rank: dict[int, int] = {}
         self.by_group: dict[str, int] = {}

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from sim.presets.models import describe
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.faults import FaultPlan
+    from sim.machine.faults import FaultPlan
     from sim.scenarios.scenario import Scenario
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
 PHASE_ORDER = ("train", "sleep", "update_weights", "rollout", "wake_up")
@@ -131,12 +131,12 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def rank_switch_cost(phases_by_step: list[dict[str, float]]) -> float | None:
-    """One rank's switch cost in the last step ([Note: the switch cost] in :mod:`sim.models.switch_cost`): its ``sleep``,
+    """One rank's switch cost in the last step ([Note: the switch cost] in :mod:`sim.machine.switch_cost`): its ``sleep``,
     ``update_weights`` and ``wake_up``, plus what the first collectives after a wake added beyond the collectives
     (``first_use_extra``, timed in the training phase that follows a wake: the last step's own, after the step
     before's wake, as every step is alike in steady state). None without a lifecycle phase or a timed first use
     after a wake (one step, or no ``touch_groups``)."""
-    from sim.models.switch_cost import switch_cost
+    from sim.machine.switch_cost import switch_cost
 
     if len(phases_by_step) < 2:
         return None

@@ -42,15 +42,15 @@ from typing import Any
 import torch
 
 from refimpl.runtime.base import CopyKind, GroupSpec, ReduceOp, Runtime
-from sim.models.collectives import NcclComm, TopologyCollectiveCost
+from sim.machine.collectives import NcclComm, TopologyCollectiveCost
 from sim.kernel.errors import CollectiveMismatchError, DeadlockError, SimError
-from sim.models.faults import FaultPlan
-from sim.models.flows import FlowTransport
-from sim.models.memory import TopologyMemory
+from sim.machine.faults import FaultPlan
+from sim.machine.flows import FlowTransport
+from sim.machine.memory import TopologyMemory
 from sim.presets.models import TensorSpec, build_state
 from sim.scenarios.result import PHASE_ORDER as PHASES, RankOutcome, ScenarioResult, judge
 from sim.scenarios.scenario import Scenario, ScenarioError
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 from sim.world import SimWorld
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def mesh_groups(scn: Scenario) -> MeshGroups:
 
 
 def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) -> tuple[SimWorld, FaultPlan | None]:
-    """A SimWorld whose models come from the topology; the fault plan is fresh for this run."""
+    """A SimWorld whose machine comes from the topology; the fault plan is fresh for this run."""
     plan = FaultPlan(scn.faults.faults) if scn.faults.faults else None
     world = SimWorld(
         scn.world_size,

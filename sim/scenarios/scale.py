@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from sim.kernel.errors import SimError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.faults import FaultPlan
+    from sim.machine.faults import FaultPlan
     from sim.scenarios.result import ScenarioResult
     from sim.scenarios.scenario import Scenario
     from sim.world import SimWorld
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: before the topology, which grows with the nodes, is built)
 MAX_RANKS = 131_072
 
-# Cost model (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
+# Run-cost estimate (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
 # processes, bench/results/2026-11-30-cpu-sim-scale-growth.json: full runs at 256 and 1,024 ranks
 # (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs (8 simulated ranks)
 # at 1k-16k ranks, bench/results/2026-11-30-cpu-sim-scale-growth-sockets.json (2.25 s / 0.36 GB to

@@ -113,9 +113,9 @@ def test_the_simulated_destroy_groups_overlaps_the_waits_and_names_failures():
     has passed when the first destroy ends, so it waits a whole period more; together, the call ends with the later
     one's timeout. A name that is not a group is reported, not raised, and
     the others are destroyed all the same."""
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
     from sim.presets import first_gpus, load_preset_data
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     def run(together: bool):
         topo = Topology(first_gpus(load_preset_data("calibrated/hgx-h200-8x"), 2))

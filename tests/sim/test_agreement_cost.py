@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from refimpl.comm.agreement import ControlGroup
-from sim.models.collectives import NcclComm, TopologyCollectiveCost
+from sim.machine.collectives import NcclComm, TopologyCollectiveCost
 from sim.calibrate.fit import calibrated_preset
 from sim.presets import load_preset_data
 from sim.calibrate.records import AgreementRecord, RecordError, load_record
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 from sim.world import SimWorld
 
 #: bench/agreement_probe.py on the 2 x H200 host (the shipped presets' agreement; the development VM's record,

@@ -2,8 +2,8 @@
 import pytest
 
 from refimpl.runtime.base import GroupSpec
-from sim.models.collectives import CollectiveCostError, NcclComm, TopologyCollectiveCost
-from sim.models.topology import Topology
+from sim.machine.collectives import CollectiveCostError, NcclComm, TopologyCollectiveCost
+from sim.machine.topology import Topology
 
 GB = 1e9
 

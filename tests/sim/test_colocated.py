@@ -47,7 +47,7 @@ def test_copies_take_at_least_the_line_time(driver_pred):
 
 
 def test_driver_free_costs_the_scrub_of_the_kv_cache(driver_pred):
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     alloc = predict_step(_record(), free="allocator")
     diff = driver_pred["phase_s"]["weight_sync"] - alloc["phase_s"]["weight_sync"]

@@ -7,7 +7,7 @@ import pytest
 
 from sim.calibrate.comm_scaling import check, default_records
 from sim.presets import SIZE_SCALED
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 
 
 def test_beyond_two_ranks_each_cost_takes_one_more_step_per_doubling():

@@ -4,9 +4,9 @@ import torch
 
 from refimpl.runtime.base import AddressInUseError, CollectiveFailedError, CopyKind, GroupSpec, PinningError
 from sim import RankCrashedError, RankHungError, SimWorld
-from sim.models.faults import Fault, FaultPlan, FaultPlanError, FaultType
-from sim.models.flows import FlowTransport
-from sim.models.topology import Topology
+from sim.machine.faults import Fault, FaultPlan, FaultPlanError, FaultType
+from sim.machine.flows import FlowTransport
+from sim.machine.topology import Topology
 
 
 def _world(n, faults, **kw):

@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 
 from refimpl.runtime.base import CopyKind
 from sim.kernel.engine import Engine
-from sim.models.flows import FlowError, FlowNetwork, FlowTransport, max_min_rates
-from sim.models.topology import Topology
+from sim.machine.flows import FlowError, FlowNetwork, FlowTransport, max_min_rates
+from sim.machine.topology import Topology
 from tests._hypothesis import BUDGET
 
 LAT = 3.6e-6  # per-copy latency of the presets (derived from GPU.md)
@@ -175,7 +175,7 @@ def test_sim_runtime_reports_returns_to_the_driver_to_the_transport():
     """release and empty_cache start the scrub; a buffer dropped into the allocator cache does not."""
     import torch
 
-    from sim.models.memory import TopologyMemory
+    from sim.machine.memory import TopologyMemory
     from sim.world import SimWorld
 
     topo = Topology.from_preset("h200-1x")

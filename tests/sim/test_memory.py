@@ -3,8 +3,8 @@ import pytest
 
 from refimpl.runtime.base import PinningError
 from sim.kernel.errors import SimOutOfMemoryError
-from sim.models.memory import HostOutOfMemoryError, TopologyMemory
-from sim.models.topology import Topology
+from sim.machine.memory import HostOutOfMemoryError, TopologyMemory
+from sim.machine.topology import Topology
 
 GiB = 1 << 30
 

@@ -68,7 +68,7 @@ def test_the_full_size_benchmark_shape_is_llama_2_7b():
 def test_a_presets_constants_read_back_in_the_units_they_were_written_in(name):
     """The SI value a model uses is the written value times its unit; the topology's summary (what a user reads
     back) gives the written value again in its written unit."""
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     raw = load_preset_data(name)["constants"]
     summary = Topology.from_preset(name).summary()["constants"]

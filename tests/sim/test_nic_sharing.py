@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from refimpl.runtime.base import GroupSpec
-from sim.models.collectives import TopologyCollectiveCost
-from sim.models.topology import Topology
+from sim.machine.collectives import TopologyCollectiveCost
+from sim.machine.topology import Topology
 from sim.world import SimWorld
 
 GIB = 2**30

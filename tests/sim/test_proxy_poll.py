@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from refimpl.runtime import GroupSpec, ReduceOp
-from sim.models.collectives import NcclComm, TopologyCollectiveCost
+from sim.machine.collectives import NcclComm, TopologyCollectiveCost
 from sim.calibrate.fit import NCCL_PROXY_POLL_S, fit_destroy, replay_destroys
 from sim.presets import first_gpus, load_preset_data
 from sim.calibrate.records import load_record
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 from sim.world import SimWorld
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.models.faults import FaultType
+from sim.machine.faults import FaultType
 from sim.presets import list_scenarios, scenario_path
 from sim.presets.models import ARCHITECTURES
 from sim.scenarios.runner import run_scenario

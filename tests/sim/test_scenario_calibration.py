@@ -15,7 +15,7 @@ import pytest
 
 from sim.presets.bench_shapes import dense_shape
 from sim.calibrate.calibration import RESULTS_DIR, compare, host_overheads, latest_report, predict
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 
 RUNS = {n: RESULTS_DIR / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 8)}
 

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 from sim.scenarios.runner import run_scenario
 from sim.scenarios.scenario import ScenarioError, parse_scenario
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sim.models.switch_cost import SwitchCostError, recorded_switch_cost, steady_switch_cost, switch_cost
+from sim.machine.switch_cost import SwitchCostError, recorded_switch_cost, steady_switch_cost, switch_cost
 
 
 def _step(sleep, update, wake, first, steady=0.0):

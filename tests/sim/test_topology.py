@@ -6,7 +6,7 @@ import pytest
 
 from refimpl.runtime.base import CopyKind
 from sim.presets import PRESET_DIR, list_presets, load_preset_data
-from sim.models.topology import ElementKind, LinkKind, Topology, TopologyError
+from sim.machine.topology import ElementKind, LinkKind, Topology, TopologyError
 
 EXPECTED = {"h200-1x", "hgx-h200-8x", "hgx-h200-8x-ib", "hgx-h20-8x", "a6000-4x-nvlink"}
 
@@ -93,7 +93,7 @@ def test_unknown_preset_lists_the_known_ones():
         Topology.from_preset("dgx-9000")
 
 
-# [Note: no networkx on the way of a run] in sim/models/topology.py: the topology keeps its graph as dicts and
+# [Note: no networkx on the way of a run] in sim/machine/topology.py: the topology keeps its graph as dicts and
 # finds copy paths with its own breadth-first search, which must pick the path networkx picks.
 
 
@@ -121,7 +121,7 @@ def test_breadth_first_search_breaks_ties_as_networkx_does():
 
     import networkx as nx
 
-    from sim.models.topology import _bidirectional_bfs, _NoPath
+    from sim.machine.topology import _bidirectional_bfs, _NoPath
 
     rng = random.Random(18)
     ties = 0

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A copy in flight is a *flow* of bytes through a path of *resources* (see
-:meth:`sim.models.topology.Topology.copy_path`): the directed links it crosses, the
+:meth:`sim.machine.topology.Topology.copy_path`): the directed links it crosses, the
 duplex limit of each link, and element throughputs such as host memory. Each
 resource has a capacity in bytes/s. Rates are max-min fair ("water filling"):
 raise every flow's rate together until some resource is full, freeze the flows
@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 from refimpl.runtime.base import CopyKind
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.topology import Topology
-    from sim.models.model_protocols import WorldBinding
+    from sim.machine.topology import Topology
+    from sim.machine.protocols import WorldBinding
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def max_min_rates(paths: list[tuple[int, ...]], capacity: Mapping[int, float]) -
 
 
 class FlowTransport:
-    """The :class:`sim.models.model_protocols.Transport` of a topology: copies share bandwidth max-min fairly.
+    """The :class:`sim.machine.protocols.Transport` of a topology: copies share bandwidth max-min fairly.
 
     Args:
         topology: where paths and capacities come from.

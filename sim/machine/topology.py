@@ -29,7 +29,7 @@ Ranks map to GPUs in order: rank ``r`` is GPU ``r % gpus_per_node`` of node
 ``r // gpus_per_node``. A host buffer of a rank lives on the NUMA node its GPU
 is attached to (the store pins host memory near its GPU).
 
-What the flows model needs from here is :meth:`Topology.copy_path`: the
+What the flows need from here is :meth:`Topology.copy_path`: the
 resources a device<->host or device<->device copy of a rank draws from, and
 :meth:`Topology.capacities`: the capacity of each resource.
 

@@ -1,7 +1,7 @@
 """Memory ledgers: HBM per GPU and host memory (pinned and pageable) per NUMA node.
 
-:class:`TopologyMemory` implements :class:`sim.models.model_protocols.MemoryModel` with the
-capacities of a :class:`sim.models.topology.Topology`:
+:class:`TopologyMemory` implements :class:`sim.machine.protocols.Memory` with the
+capacities of a :class:`sim.machine.topology.Topology`:
 
 * each rank's GPU has the preset's HBM capacity; every allocation is charged
   under its tag (``"param"``, ``"comm tp0"``, ``"allocator cache"`` ...). An
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 
 from refimpl.runtime.base import MemoryInfo, PinningError
 from sim.kernel.errors import SimError, SimOutOfMemoryError
-from sim.models.model_protocols import RankLedger
+from sim.machine.protocols import RankLedger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.topology import Topology
-    from sim.models.model_protocols import WorldBinding
+    from sim.machine.topology import Topology
+    from sim.machine.protocols import WorldBinding
 
 log = logging.getLogger(__name__)
 

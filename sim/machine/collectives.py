@@ -1,18 +1,18 @@
 """Collective and communicator costs from a topology, in nccl-tests' bus-bandwidth terms.
 
-Collectives (:class:`TopologyCollectiveCost`, a :class:`sim.models.model_protocols.CollectiveCost`)
+Collectives (:class:`TopologyCollectiveCost`, a :class:`sim.machine.protocols.CollectiveCost`)
 -------------------------------------------------------------------------------
 nccl-tests reports, for a collective of *size* ``S`` bytes taking ``t`` seconds,
 ``algbw = S / t`` and ``busbw = algbw * f(n)`` with ``f = 2(n-1)/n`` for
 all_reduce, ``(n-1)/n`` for all_gather (``S`` is the output), ``1`` for
 broadcast. busbw is what a ring moves over its slowest link, so it is
-comparable across ``n``. The model inverts that, alpha-beta style::
+comparable across ``n``. The collective cost inverts that, alpha-beta style::
 
     t = latency + f(n) * S / B
 
 * ``B``, the bus bandwidth of the group, is the slowest hop of the ring over
   the group's ranks in rank order, each hop's bottleneck bandwidth
-  (:meth:`sim.models.topology.Topology.p2p`) times NCCL's efficiency on that link
+  (:meth:`sim.machine.topology.Topology.p2p`) times NCCL's efficiency on that link
   kind (the preset's ``collective.efficiency``, from nccl-tests figures and
   NCCL's topology constants).
 * ``latency`` is the smaller of a ring (``ring_base + steps * ring_step``,
@@ -23,7 +23,7 @@ comparable across ``n``. The model inverts that, alpha-beta style::
 
 A barrier is timed as a one-element all_reduce (what torch does on NCCL).
 
-Communicators (:class:`NcclComm`, a :class:`sim.models.model_protocols.CommModel`)
+Communicators (:class:`NcclComm`, a :class:`sim.machine.protocols.CommCosts`)
 ------------------------------------------------------------------
 Memory and lifecycle times come from the preset's ``comm`` section. torch
 creates NCCL communicators lazily, at the first collective of a (re)built
@@ -51,7 +51,7 @@ from refimpl.runtime.base import CommMemory, GroupSpec
 from sim.presets import CommParams, LinkKind
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def _delay_to(now: float, t: float) -> float:
 
 
 class CollectiveCostError(ValueError):
-    """A collective cost was asked for something the model does not know."""
+    """A collective cost was asked for something the topology has no figure for."""
 
 
 class TopologyCollectiveCost:
@@ -146,7 +146,7 @@ class TopologyCollectiveCost:
 
     def bind(self, world) -> None:
         """Attach to the world's engine: collectives that span nodes then share the NICs (:meth:`run`)."""
-        from sim.models.flows import FlowNetwork
+        from sim.machine.flows import FlowNetwork
 
         self._engine = world.engine
         nic = self.nic_share_capacity()
@@ -184,7 +184,7 @@ class TopologyCollectiveCost:
     def _begin(self, group: str, ranks: tuple[int, ...], nodes: list[int], own: float, nbytes: float, alone: float,
                on_done) -> None:
         """The collective's bytes start to flow (its events are its group's: ``group`` first, for a folded run)."""
-        from sim.models.flows import Flow
+        from sim.machine.flows import Flow
 
         self._seq += 1
         cap = f"own:{','.join(map(str, ranks))}"  # one per group: its collectives run in order on its stream
@@ -233,7 +233,7 @@ class TopologyCollectiveCost:
         return self.latency(op, tuple(ranks)) + BUS_FACTOR[op](n) * nbytes / bus
 
     def busbw(self, op: str, ranks: tuple[int, ...], nbytes: int) -> float:
-        """The busbw nccl-tests would print for this collective under this model (bytes/s)."""
+        """The busbw nccl-tests would print for this collective at these costs (bytes/s)."""
         n = len(ranks)
         return nbytes / self.time(op, ranks, nbytes) * BUS_FACTOR[op](n)
 
@@ -259,7 +259,7 @@ class NcclComm:
         proxy_wake: the runtime wakes the proxy thread a destroy joins
             (:class:`refimpl.torch_runtime.proxy_wake.ProxyWaker`, TorchRuntime's
             default since 2026-12-02): a destroy costs ``destroy`` without the wait
-            for the poll timeout. False (the default here) models the records
+            for the poll timeout. False (the default here) simulates the records
             taken before, which all waited.
     """
 
@@ -340,13 +340,13 @@ class NcclComm:
         return p.destroy_uninitialized_s
 
     def poll_late_between(self, start: float, end: float) -> bool:
-        """True if a destroy that may wait one proxy poll period more than modelled (:attr:`poll_late`) started in
-        ``[start, end)`` (simulated seconds): a phase spanning it ends when modelled or a period later."""
+        """True if a destroy that may wait one proxy poll period more than simulated (:attr:`poll_late`) started in
+        ``[start, end)`` (simulated seconds): a phase spanning it ends when simulated or a period later."""
         i = bisect.bisect_left(self.poll_late, start)  # appended as simulated time runs: sorted
         return i < len(self.poll_late) and self.poll_late[i] < end
 
     def proxy_wait(self, spec: GroupSpec) -> float:
-        """Seconds from now to the next poll timeout of the communicator's UDS proxy thread (0 where not modelled)."""
+        """Seconds from now to the next poll timeout of the communicator's UDS proxy thread (0 where not simulated)."""
         poll = self._p(spec).proxy_poll_s
         origin = self._poll_origin.get((spec.name, spec.generation))
         if poll <= 0 or origin is None or self._clock is None:
@@ -354,7 +354,7 @@ class NcclComm:
         return (origin - self._clock()) % poll
 
     def gloo_collective_time(self, spec: GroupSpec) -> float | None:
-        """Seconds one collective on a Gloo group takes, or None where not modelled.
+        """Seconds one collective on a Gloo group takes, or None where not simulated.
 
         The preset's ``agreement`` is what one took over two ranks; over ``n`` ranks Gloo's ring makes
         ``n - 1`` such exchanges (an assumption: only two-rank agreements are recorded), and one rank none.

@@ -1,7 +1,7 @@
 """Fault plans: which fault hits which rank, when, in a simulated job.
 
 A :class:`FaultPlan` is a list of :class:`Fault` specs and implements
-:class:`sim.models.model_protocols.FaultHooks`, so it is passed as ``SimWorld(faults=plan)``.
+:class:`sim.machine.protocols.FaultHooks`, so it is passed as ``SimWorld(faults=plan)``.
 Each fault has a kind and a trigger:
 
 =====================  ===========================================================
@@ -15,7 +15,7 @@ kind                   what happens
 ``address_in_use``     a group *rebuild* raises :class:`AddressInUseError`
                        (the port is still in TIME_WAIT)
 ``slow_link``          a link's capacity is scaled by ``factor`` (needs the
-                       :class:`sim.models.flows.FlowTransport`); ``duration_s`` ends it
+                       :class:`sim.machine.flows.FlowTransport`); ``duration_s`` ends it
 ``pin_failure``        pinning a host buffer raises :class:`PinningError`
 =====================  ===========================================================
 
@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from refimpl.runtime.base import AddressInUseError, CollectiveFailedError, GroupSpec, PinningError
-from sim.models.model_protocols import FaultAction, WorldBinding
+from sim.machine.protocols import FaultAction, WorldBinding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.model_protocols import Transport
+    from sim.machine.protocols import Transport
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class FiredFault:
 
 
 class FaultPlan:
-    """A list of faults, applied through the :class:`sim.models.model_protocols.FaultHooks` protocol."""
+    """A list of faults, applied through the :class:`sim.machine.protocols.FaultHooks` protocol."""
 
     def __init__(self, faults: list[Fault] | tuple[Fault, ...] = ()):
         self.faults: tuple[Fault, ...] = tuple(faults)
@@ -201,7 +201,7 @@ class FaultPlan:
                 raise FaultPlanError(f"faults[{i}].ranks: {list(f.ranks)} names ranks outside a world of {world.world_size}")
             if f.kind is FaultType.SLOW_LINK:
                 if not hasattr(world.transport, "slow"):
-                    raise FaultPlanError(f"faults[{i}]: slow_link needs the topology flow transport (sim.models.flows.FlowTransport)")
+                    raise FaultPlanError(f"faults[{i}]: slow_link needs the topology flow transport (sim.machine.flows.FlowTransport)")
                 check_link(f.link, world.transport, f"faults[{i}].link")  # fail early on an unknown link
                 if f.at_time is not None and f.at_point is None:
                     world.engine.schedule(f.at_time, self._slow, f)
@@ -315,7 +315,7 @@ class FaultPlan:
 
 def check_link(link: str, transport: Any, where: str) -> None:
     """Raise FaultPlanError naming ``where`` if ``link`` is no link, element or resource of the transport's topology."""
-    from sim.models.flows import FlowError, _endpoints
+    from sim.machine.flows import FlowError, _endpoints
 
     try:
         transport.resources_matching(link)

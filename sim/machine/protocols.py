@@ -1,8 +1,8 @@
-"""The model protocols through which :class:`sim.SimRuntime` gets time, memory and faults.
+"""The protocols of the simulated machine, through which :class:`sim.SimRuntime` gets time, memory and faults.
 
 The runtime never hard-codes a bandwidth, a capacity or a fault: it asks five
-small models, each a ``typing.Protocol`` with a simple default here, so richer
-models (the topology and max-min flow model, calibrated presets, fault plans)
+small parts of the machine, each a ``typing.Protocol`` with a simple default here, so richer
+parts (the topology and max-min fair flows, calibrated presets, fault plans)
 plug in without touching the runtime:
 
 =================  =========================================  ==========================
@@ -10,16 +10,16 @@ protocol           asked for                                  default
 =================  =========================================  ==========================
 ``Transport``      when a D2H / H2D / D2D copy finishes       :class:`FixedBandwidthTransport`
 ``CollectiveCost`` how long a collective takes                :class:`RingCollectiveCost`
-``MemoryModel``    device / host ledgers, OOM, pinning        :class:`LedgerMemory`
+``Memory``    device / host ledgers, OOM, pinning        :class:`LedgerMemory`
 ``FaultHooks``     crash / hang / raise / corrupt / delay     :class:`NoFaults`
-``CommModel``      communicator memory and lifecycle costs    :class:`NcclCommModel`
+``CommCosts``      communicator memory and lifecycle costs    :class:`NcclCommCosts`
 =================  =========================================  ==========================
 
-Binding: when a :class:`sim.SimWorld` is built it calls ``model.bind(world)``
-on every model that has a ``bind`` method, so a model can reach
+Binding: when a :class:`sim.SimWorld` is built it calls ``part.bind(world)``
+on every part that has a ``bind`` method, so a part can reach
 ``world.engine`` (to schedule completions), ``world.world_size`` and
 ``world.rng`` (the seeded random source): the :class:`WorldBinding` protocol,
-which :class:`sim.SimWorld` satisfies. Models must be deterministic given that
+which :class:`sim.SimWorld` satisfies. Parts must be deterministic given that
 seed: no wall clock, no iteration over sets or ``id()``-keyed order.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class WorldBinding(Protocol):
-    """What a model may reach of the world it is bound to (``model.bind(world)``).
+    """What a part of the machine may reach of the world it is bound to (``part.bind(world)``).
 
     :class:`sim.SimWorld` is one; declaring it here keeps this module below the world.
     """
@@ -64,11 +64,11 @@ class Transport(Protocol):
 
     ``start`` is called when a rank issues a copy of ``nbytes``; the transport
     must call ``on_done()`` exactly once, from an engine event, at the
-    simulated time the copy finishes. A flow model may finish concurrent
+    simulated time the copy finishes. Max-min fair flows may finish concurrent
     transfers at times that depend on each other. A transport may also define
     ``device_freed(rank, nbytes)``, called when device memory goes back to the
-    driver, to model the driver's scrub ([Note: the driver's scrub of freed
-    memory] in :mod:`sim.models.flows`).
+    driver, to simulate the driver's scrub ([Note: the driver's scrub of freed
+    memory] in :mod:`sim.machine.flows`).
     """
 
     def start(self, rank: int, kind: CopyKind, nbytes: int, on_done: Callable[[], None]) -> None:
@@ -92,7 +92,7 @@ class CollectiveCost(Protocol):
 
 
 @runtime_checkable
-class MemoryModel(Protocol):
+class Memory(Protocol):
     """Per-rank device and host memory ledgers.
 
     ``alloc_device`` raises :class:`sim.SimOutOfMemoryError` when the bytes do
@@ -177,7 +177,7 @@ class FaultHooks(Protocol):
     * ``on_collective``: when a rank enters a collective (before it arrives);
       ``seq`` is the rank's sequence number on that group generation.
     * ``on_group_create``: when a member enters ``new_group``/``recreate_group``
-      (RAISE with :class:`refimpl.runtime.AddressInUseError` models a port in
+      (RAISE with :class:`refimpl.runtime.AddressInUseError` simulates a port in
       TIME_WAIT).
     * ``on_pin``: when a pinned host buffer is allocated; only RAISE is
       possible there (the call is synchronous); the default exception type is
@@ -200,12 +200,12 @@ class FaultHooks(Protocol):
 
 
 @runtime_checkable
-class CommModel(Protocol):
+class CommCosts(Protocol):
     """Communicator memory and the time of communicator lifecycle operations.
 
     ``memory(spec, rank)`` is what a live communicator of that group holds on
     that rank (``spec.backend`` is already resolved, never ``None``). The
-    runtime charges it to the memory model on create and resume and releases
+    runtime charges it to the simulated memory on create and resume and releases
     it on suspend (the suspendable part) and destroy (all of it).
     """
 
@@ -235,8 +235,8 @@ class FixedBandwidthTransport:
     """One copy engine per rank and direction: copies of a kind run one after another.
 
     A copy finishes at ``max(now, engine free) + latency_s + nbytes / bandwidth``.
-    Ranks and directions do not share bandwidth (the flow model in
-    :mod:`sim.models.flows` does). Defaults: 55.2 GB/s each way (pinned, PCIe Gen5
+    Ranks and directions do not share bandwidth (the flows in
+    :mod:`sim.machine.flows` does). Defaults: 55.2 GB/s each way (pinned, PCIe Gen5
     x16, measured on the H200, /work/shared/GPU.md), 4.1 TB/s device to device
     (read+write), 10 us per copy.
     """
@@ -294,7 +294,7 @@ class RingCollectiveCost:
     * barrier: ``2 ceil(log2 n) a``
 
     A one-rank group costs 0. Defaults (100 GB/s, 10 us) are placeholders for
-    an NVLink-class fabric; calibrated figures come from :mod:`sim.models.collectives`.
+    an NVLink-class fabric; calibrated figures come from :mod:`sim.machine.collectives`.
     """
 
     bus_bps: float = 100e9
@@ -335,7 +335,7 @@ class RankLedger:
 
 
 class LedgerMemory:
-    """Default memory model: a fixed device capacity per GPU, host memory unlimited
+    """Default memory: a fixed device capacity per GPU, host memory unlimited
     unless ``host_capacity`` is given, peaks tracked.
 
     Device capacity defaults to 141e9 bytes (H200). ``ledger(rank)`` exposes the
@@ -437,7 +437,7 @@ class NoFaults:
 
 
 @dataclass(frozen=True)
-class NcclCommModel:
+class NcclCommCosts:
     """Communicator memory and lifecycle times of NCCL-like and Gloo groups.
 
     NCCL groups hold ``nccl_suspendable`` + ``nccl_persistent`` bytes per rank
@@ -459,7 +459,7 @@ class NcclCommModel:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             if getattr(self, f.name) < 0:
-                raise ValueError(f"NcclCommModel.{f.name} must be >= 0, got {getattr(self, f.name)}")
+                raise ValueError(f"NcclCommCosts.{f.name} must be >= 0, got {getattr(self, f.name)}")
 
     def memory(self, spec: GroupSpec, rank: int) -> CommMemory:
         """Device bytes a live communicator of ``spec`` holds on ``rank``."""
@@ -486,14 +486,14 @@ class NcclCommModel:
 
 __all__ = [
     "CollectiveCost",
-    "CommModel",
+    "CommCosts",
     "FaultAction",
     "FaultHooks",
     "FaultKind",
     "FixedBandwidthTransport",
     "LedgerMemory",
-    "MemoryModel",
-    "NcclCommModel",
+    "Memory",
+    "NcclCommCosts",
     "NoFaults",
     "RankLedger",
     "RingCollectiveCost",

@@ -1,4 +1,4 @@
-"""One simulated rank's buffers and the bytes the memory model is charged for them.
+"""One simulated rank's buffers and the bytes the simulated memory is charged for them.
 
 [Note: memory that is dropped without ``release``]
 A device buffer whose storage is garbage-collected without ``release`` behaves
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from sim.models.model_protocols import MemoryModel
+from sim.machine.protocols import Memory
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,12 @@ CACHE_TAG = "allocator cache"
 
 
 class RankAllocator:
-    """Allocates one rank's device and host tensors and keeps the memory model's ledger in step."""
+    """Allocates one rank's device and host tensors and keeps the simulated memory's ledger in step."""
 
-    def __init__(self, memory: MemoryModel, rank: int, device: torch.device,
+    def __init__(self, memory: Memory, rank: int, device: torch.device,
                  on_returned: Callable[[int], None] | None = None):
         """``on_returned(nbytes)`` is called whenever device bytes go back to the driver (``release``,
-        ``empty_cache``), e.g. to start the transport's model of the driver's scrub."""
+        ``empty_cache``), e.g. to start the driver's scrub the transport simulates."""
         self._memory = memory
         self._on_returned = on_returned
         self.rank = rank
@@ -42,7 +42,7 @@ class RankAllocator:
         self.cached = 0  # bytes of dropped device buffers the "allocator" still holds
 
     def alloc_device(self, numel: int, dtype: torch.dtype, tag: str) -> torch.Tensor:
-        """A 1-D device tensor, charged to the memory model (may raise SimOutOfMemoryError)."""
+        """A 1-D device tensor, charged to the simulated memory (may raise SimOutOfMemoryError)."""
         nbytes = int(numel) * dtype.itemsize
         mem, rank = self._memory, self.rank
         if self.cached:
