@@ -29,12 +29,11 @@ room                   what
 [Note: imports without the cyclic GC]
 The package's face (:class:`SimWorld`, :class:`SimRuntime`, the engine, the errors, the machine's
 protocols) loads on first use, so that a module of a room (a CLI's argument parser, ``--help``)
-can be imported without torch. Loading the face imports torch: about 1 s of a ``timeshare sim run``,
-of which the cyclic garbage collector, walking the tens of thousands of
-objects the imports create again and again, took about a tenth (issue 18).
-Imports make almost no cyclic garbage, so the collector is paused while the
-modules below load and switched back on after (if it was on): no object is
-kept or freed differently, only later.
+can be imported without torch. Loading the face imports torch, whose imports create tens of
+thousands of objects that the cyclic garbage collector would walk again and again (docs/calibration.md,
+"Run time at scale", says what it cost). Imports make almost no cyclic garbage, so the collector is
+paused while the modules below load and switched back on after (if it was on): no object is kept or
+freed differently, only later.
 """
 import gc as _gc
 import importlib as _importlib

@@ -55,7 +55,7 @@ Where the constants come from (``constants`` in the result names each):
 What is **not** predicted but taken from the record, and named so in the
 result (``inputs``): ``train`` and ``rollout`` (compute; the simulator does not
 simulate it). :func:`compare` sets prediction against measurement per phase
-(issue 16's target: within 15%).
+(within ``TOLERANCE``, 15%).
 
     python -m sim.calibrate.colocated RECORD.json [--preset calibrated/h200-1x]
 """

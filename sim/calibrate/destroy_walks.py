@@ -1,4 +1,4 @@
-"""Where a measured switch window's destroy walks spend their time (issues 11 and 12).
+"""Where a measured switch window's destroy walks spend their time.
 
 A multigpu record (``bench/gpu/multigpu.py``) keeps two views of the lifecycle's
 destroy walks on real GPUs:

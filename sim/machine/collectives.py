@@ -258,9 +258,9 @@ class NcclComm:
             scenario runner does.
         proxy_wake: the runtime wakes the proxy thread a destroy joins
             (:class:`refimpl.torch_runtime.proxy_wake.ProxyWaker`, TorchRuntime's
-            default since 2026-12-02): a destroy costs ``destroy`` without the wait
-            for the poll timeout. False (the default here) simulates the records
-            taken before, which all waited.
+            default): a destroy costs ``destroy`` without the wait for the poll
+            timeout. False (the default here) simulates the records taken without
+            the waker, which all waited.
     """
 
     def __init__(self, topology: "Topology", *, lazy_init: bool = True, init_at_collective: bool = False,

@@ -36,7 +36,7 @@ resources a device<->host or device<->device copy of a rank draws from, and
 [Note: no networkx on the way of a run]
 Importing networkx costs about 0.1 s and building a ``DiGraph`` of 2,048
 nodes (16,384 ranks) about 0.6 s, a fifth of a whole 1,024-rank ``timeshare
-sim run`` (issue 18). What the simulator asks of the graph is small: a
+sim run``. What the simulator asks of the graph is small: a
 shortest path from each GPU of node 0 to its host memory, a widest GPU-to-GPU
 path, a node's NIC links. So the graph is kept as two dicts (``_succ``,
 ``_pred``: node -> neighbour -> edge attributes, in insertion order, as
@@ -50,11 +50,9 @@ from __future__ import annotations
 
 import enum
 import heapq
-import json
 import logging
 import math
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Mapping
 
 from refimpl.runtime.base import CopyKind
@@ -116,7 +114,7 @@ _LINK_NUMBERS = {"bandwidth", "duplex"}
 class Topology:
     """A machine (or cluster) as a directed graph with per-direction capacities.
 
-    Build with :meth:`from_preset`, :meth:`from_file` or :meth:`from_dict`.
+    Build with :meth:`from_preset` or :meth:`from_dict`.
     """
 
     def __init__(self, data: Mapping[str, Any], *, where: str = "topology") -> None:
@@ -164,16 +162,6 @@ class Topology:
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "topology") -> "Topology":
         """Build from an already parsed preset-shaped dict."""
         return cls(data, where=where)
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "Topology":
-        """Build from a preset-shaped JSON file."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise TopologyError(f"{path}: cannot read topology JSON ({exc})") from exc
-        return cls(data, where=str(path))
 
     @classmethod
     def from_preset(cls, name: str, *, nodes: int | None = None) -> "Topology":

@@ -47,9 +47,9 @@ induction over events:
   (``property_tests/test_fold_property.py``).
 
 [Note: units smaller than a node]
-Until issue 18's last round the unit was a node, so the default scenario
-simulated 16 ranks (node 0 as the head, node 1 for the rest). But the two
-sockets of an HGX node share nothing a copy uses: GPUs 0-3 stage through
+With a whole node as the unit the default scenario would simulate 16 ranks
+(node 0 as the head, node 1 for the rest). But the two sockets of an HGX
+node share nothing a copy uses: GPUs 0-3 stage through
 their PCIe switches and socket 0 to NUMA node 0, GPUs 4-7 through socket 1 to
 NUMA node 1, and collectives are costed per group, not per link. A socket can
 then stand for a socket, node borders or not, and the head and the period are

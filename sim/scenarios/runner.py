@@ -49,7 +49,7 @@ from sim.machine.flows import FlowTransport
 from sim.machine.memory import TopologyMemory
 from sim.presets.models import TensorSpec, build_state
 from sim.scenarios.result import PHASE_ORDER as PHASES, RankOutcome, ScenarioResult, judge
-from sim.scenarios.scenario import Scenario, ScenarioError
+from sim.scenarios.scenario import Scenario
 from sim.machine.topology import Topology
 from sim.world import SimWorld
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-#: the largest world the simulator accepts: 8x the 16,384-rank goal of issue 18 (larger ones are refused
+#: the largest world the simulator accepts: 8x a 16,384-rank job (larger ones are refused
 #: before the topology, which grows with the nodes, is built)
 MAX_RANKS = 131_072
 
