@@ -106,7 +106,7 @@ def measured_phases(rec: dict[str, Any]) -> dict[str, float]:
 
 
 #: the RL step's own constants (see the module docstring), each fitted by :func:`fit_loop_constants` on the
-#: record its source names; ``tests/sim/test_colocated.py`` refits them from the committed records
+#: record its source names; ``tests/sim/calibrate/test_colocated.py`` refits them from the committed records
 LOOP_CONSTANTS: dict[str, dict[str, Any]] = {
     "gather_per_tensor_1rank_s": {
         "value": 1.795e-4,

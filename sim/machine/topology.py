@@ -42,7 +42,7 @@ path, a node's NIC links. So the graph is kept as two dicts (``_succ``,
 ``_pred``: node -> neighbour -> edge attributes, in insertion order, as
 networkx keeps them), :func:`_bidirectional_bfs` is networkx's
 ``bidirectional_shortest_path`` step for step (so a tie between equally short
-paths is broken the same way; ``tests/sim/test_topology.py`` compares them),
+paths is broken the same way; ``tests/sim/machine/test_topology.py`` compares them),
 and :attr:`Topology.graph` builds the ``networkx.DiGraph`` only for callers
 that want one.
 """

@@ -75,7 +75,7 @@ group.
 
 Anything the checks did not foresee (a collective moving real bytes, a rank
 that did not finish, a deadlock) makes :func:`run_auto` fall back to the full
-simulation. ``tests/sim/test_fold.py`` compares folded and full runs bit for
+simulation. ``tests/sim/scenarios/test_fold.py`` compares folded and full runs bit for
 bit at 256 to 2,048 ranks and against the golden results of the simulator as
 it was before folding existed.
 """

@@ -270,7 +270,7 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
     ``check_full(estimate)``: called before falling back from a folded run to
     the full one (which may cost far more); it may raise :class:`BudgetError`.
 
-    The result is the same either way (``tests/sim/test_fold.py``); the
+    The result is the same either way (``tests/sim/scenarios/test_fold.py``); the
     returned world holds only the simulated ranks when folded. A folded run
     that meets something the fold does not cover falls back to the full run.
     """

@@ -69,7 +69,7 @@ def test_a_parallel_walk_does_what_the_ordered_walk_does(policy):
 def test_on_the_calibrated_preset_a_parallel_walk_takes_one_poll_period():
     """The 2 x H200 benchmark's settings: SUSPEND_PLANNED's weight sync walk (14 groups, right after the training
     step's inits) 1.51 s ordered, 0.51 s parallel; DESTROY_DEFERRED's pause the same. parallel-walks measured 0.518 s for
-    both parallel walks (tests/sim/test_validate_records.py holds the prediction to the record)."""
+    both parallel walks (tests/sim/calibrate/test_validate_records.py holds the prediction to the record)."""
     from bench import switch_window as sw
 
     kw = dict(dp=2, tp=1, steps=4, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="calibrated/hgx-h200-8x")

@@ -54,7 +54,7 @@ def test_the_growth_benchmark_measures_whole_cli_processes(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = tmp_path / "growth.json"
     proc = subprocess.run([sys.executable, "bench/sim_scale_bench.py", "--growth", "--ranks", "16", "--repeat", "2",
                            "--out", str(out), "--note", "test"], cwd=root, capture_output=True, text=True, check=True)

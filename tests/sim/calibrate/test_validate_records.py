@@ -26,7 +26,7 @@ from sim.presets import PRESET_DIR, load_preset_data
 from sim.calibrate.records import MultiGpuRecord, RecordError, load_record
 from bench.validate import Row, score, validate_offload, validate_switch_window
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "bench" / "results"
 TWO_GPU = RESULTS / "2026-11-30-h200x2-gpumd" / "2026-11-30-h200x2-multigpu.json"
 RUN1_COMM = RESULTS / "2026-11-29-h200-run1" / "comm_h200-nccl2.32.3.json"

@@ -16,7 +16,7 @@ from sim.world import SimWorld
 
 #: bench/agreement_probe.py on the 2 x H200 host (the shipped presets' agreement; the development VM's record,
 #: 2026-11-30-cpu-agreement, measured 0.43 ms)
-RECORD = (Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30-h200x2-walk-probes"
+RECORD = (Path(__file__).resolve().parents[3] / "bench" / "results" / "2026-11-30-h200x2-walk-probes"
           / "agreement-2026-11-30-h200x2-host.json")
 
 

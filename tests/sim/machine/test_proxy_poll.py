@@ -22,7 +22,7 @@ from sim.calibrate.records import load_record
 from sim.machine.topology import Topology
 from sim.world import SimWorld
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 SPLIT = {k: RESULTS / "2026-11-30-h200x2-commsplit" / f"2026-11-30-h200x2-comm-split-ranks{k}.json" for k in (1, 2)}
 
 

@@ -11,7 +11,7 @@ from sim.presets.models import ARCHITECTURES
 from sim.scenarios.runner import run_scenario
 from sim.scenarios.scenario import BACKENDS, PG_POLICIES, ScenarioError, _TOP, load_scenario, parse_scenario
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "sim" / "schema" / "scenario.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[3] / "sim" / "schema" / "scenario.schema.json").read_text())
 
 SMALL = {
     "name": "small",

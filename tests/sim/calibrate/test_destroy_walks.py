@@ -18,7 +18,7 @@ from sim.calibrate.destroy_walks import (init_passes, main, mesh_walks, nccl_log
 from sim.calibrate.records import RecordError
 from sim.presets import load_preset_data
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LAZY_WAKE = ROOT / "bench" / "results" / "2026-11-30-h200x2-lazy-wake" / "multigpu-2026-11-30-nvidia-h200x2.json"
 PRESET = "calibrated/hgx-h200-8x"
 

@@ -181,7 +181,7 @@ def test_one_gpu_store_switch_is_within_10_percent_of_the_h200_measurement():
     # 11.79 GB) offloaded and reloaded by the store on one H200, run 8 (bench/results/2026-11-29-h200-run8)
     from pathlib import Path
 
-    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-29-h200-run8"
+    report = json.loads((Path(__file__).resolve().parents[3] / "bench/results/2026-11-29-h200-run8"
                          / "2026-11-29-h200-offload.json").read_text())
     dense = next(s for s in report["shapes"] if s["shape"] == "dense-7b-1of8")
     measured = next(r for r in dense["results"] if r["method"] == "store")
@@ -203,7 +203,7 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     from sim.planner.plan_model import GpuSpec
     from sim.calibrate.switch_window import mesh_groups
 
-    report = json.loads((Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-all-policies"
+    report = json.loads((Path(__file__).resolve().parents[3] / "bench/results/2026-11-30-h200x2-all-policies"
                          / "multigpu-2026-11-30-nvidia-h200x2.json").read_text())["switch_window"]
     st = report["settings"]
     assert (st["dp"], st["tp"], st["train_s"]) == (2, 1, 0.0)

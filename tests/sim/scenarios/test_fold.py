@@ -16,7 +16,7 @@ from sim.scenarios.runner import run_scenario
 from sim.scenarios.scale import MAX_RANKS, BudgetError, estimate, run_auto
 from sim.scenarios.scenario import parse_scenario
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 
 
 def _text(result) -> str:

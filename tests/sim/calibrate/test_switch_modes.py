@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-REC = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-11-30-h200x2-all-policies/loop/rl1_alloc/rl_step_1.json"
+REC = pathlib.Path(__file__).resolve().parents[3] / "bench/results/2026-11-30-h200x2-all-policies/loop/rl1_alloc/rl_step_1.json"
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_copies_on_sms_hide_the_rest_under_the_step_at_their_own_rate():
     assert shared["streamed"]["switch_cost_s"] <= sms["streamed"]["switch_cost_s"] < eng["streamed"]["switch_cost_s"]
 
 
-EARLY = pathlib.Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-offload-in-backward"
+EARLY = pathlib.Path(__file__).resolve().parents[3] / "bench/results/2026-12-02-h200-offload-in-backward"
 #: the Qwen2 1.03 B step's units in backward order with the head on its own: head, 20 layers, root (bytes)
 UNITS = [589824000] + [561573888] * 20 + [589842432]
 

@@ -136,7 +136,7 @@ def test_missing_fields_are_named():
 
 # ---- the recorded 2 x H200 run (bench/gpu/run_loop.sh, 2026-11-30): fit on one record, check on the others
 
-LOOP = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30-h200x2-all-policies" / "loop"
+LOOP = Path(__file__).resolve().parents[3] / "bench" / "results" / "2026-11-30-h200x2-all-policies" / "loop"
 
 
 def _load(name):
