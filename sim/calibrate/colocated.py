@@ -264,6 +264,26 @@ def fit_loop_constants(rec: dict[str, Any]) -> dict[str, float]:
     return {key: gather / tensors}
 
 
+def _loop_constants(constants: dict[str, float] | None) -> dict[str, float]:
+    """:data:`LOOP_CONSTANTS`' values, with those in ``constants`` (name -> value) in their place."""
+    loop = {k: v["value"] for k, v in LOOP_CONSTANTS.items()}
+    for k, v in (constants or {}).items():
+        if k not in loop:
+            raise ValueError(f"unknown loop constant {k!r}; known: {sorted(loop)}")
+        loop[k] = float(v)
+    return loop
+
+
+def _lifecycle_measured(measured: dict[str, float], steady: list[dict[str, Any]]) -> dict[str, float]:
+    """What of each switching phase the record measured beyond the store's own work (and the gather's)."""
+    return {
+        "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
+        "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")
+                           - _mean(steady, "gather_copy_s")),
+        "reload": max(0.0, measured["reload"] - _mean(steady, "reload_rest_store_s")),
+    }
+
+
 def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", free: str | None = None,
                  kv_bytes: float | None = None, constants: dict[str, float] | None = None) -> dict[str, Any]:
     """Predicted seconds per phase of a steady step of ``rec``; see the module docstring.
@@ -281,11 +301,7 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
     free = free or rec.get("config", {}).get("free", "driver")
     if free not in ("driver", "allocator"):
         raise ValueError(f"free must be 'driver' or 'allocator', got {free!r}")
-    loop = {k: v["value"] for k, v in LOOP_CONSTANTS.items()}
-    for k, v in (constants or {}).items():
-        if k not in loop:
-            raise ValueError(f"unknown loop constant {k!r}; known: {sorted(loop)}")
-        loop[k] = float(v)
+    loop = _loop_constants(constants)
     world = int(rec.get("world_size", 1))
     tensors = int(rec.get("initial_sync", {}).get("tensors", 0))
     if tensors < 1:
@@ -322,12 +338,6 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
                                         round(measured["rollout"], 4), sync_needs_groups=settings["sync_needs_groups"],
                                         warm_rebuilt=settings["warm_rebuilt"], proxy_wake=settings["proxy_wake"]))
     first_use_extra = lifecycle.pop("first_use_extra")
-    lifecycle_measured = {
-        "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
-        "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")
-                           - _mean(steady, "gather_copy_s")),
-        "reload": max(0.0, measured["reload"] - _mean(steady, "reload_rest_store_s")),
-    }
     parts = {
         "offload": {"sim_copies_s": off_s, "store_host_s": host_all["offload_host_s"]},
         "weight_sync": {"sim_copies_s": reload_params_s, "store_host_s": host_p["reload_host_s"],
@@ -349,7 +359,7 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
                       f"(lifecycle: {lc_preset!r}), each constant's source in the preset file",
                       **{k: {"value": loop[k], "source": LOOP_CONSTANTS[k]["source"] if loop[k] ==
                              LOOP_CONSTANTS[k]["value"] else "given by the caller"} for k in loop}},
-        "lifecycle_measured_s": lifecycle_measured,
+        "lifecycle_measured_s": _lifecycle_measured(measured, steady),
         "switch_overhead_s": predicted["offload"] + predicted["weight_sync"] + predicted["reload"],
     }
 

@@ -488,6 +488,27 @@ def expand_events(fold: Fold, owners: _EventOwners, groups: "MeshGroups") -> int
     return total
 
 
+def _expand_ranks(world_size: int, fold: Fold, simulated: dict[int, RankOutcome], rep_report: WorldReport,
+                  groups: "MeshGroups") -> tuple[list[RankOutcome], list[RankReport]]:
+    """Every rank's outcome and report from its representative's (``simulated``, ``rep_report``), with its own rank
+    and its own group names in its last operation."""
+    outcomes: list[RankOutcome] = []
+    reports: list[RankReport] = []
+    for r in range(world_size):
+        rep = fold.rep(r)
+        o = simulated[rep]
+        rr = rep_report.ranks[rep]
+        if r == rep:
+            outcomes.append(o)
+            reports.append(rr)
+            continue
+        outcomes.append(dataclasses.replace(o, rank=r, phases=[dict(p) for p in o.phases],
+                                            mismatched=list(o.mismatched), lifecycle_stats=dict(o.lifecycle_stats)))
+        reports.append(dataclasses.replace(
+            rr, rank=r, last_op=_rename_groups(rr.last_op, groups.member[r], groups.member[rep])))
+    return outcomes, reports
+
+
 def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
                on_world: Any = None) -> tuple[ScenarioResult, "SimWorld", "FaultPlan | None"]:
     """Run ``scn`` with only the fold's active ranks and expand the result to every rank.
@@ -550,20 +571,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     wall_run = time.perf_counter() - t0
     rep_report = world.report()
     events = expand_events(fold, owners, groups)
-    outcomes: list[RankOutcome] = []
-    reports: list[RankReport] = []
-    for r in range(scn.world_size):
-        rep = fold.rep(r)
-        o = ctx.outcomes[rep]
-        rr = rep_report.ranks[rep]
-        if r == rep:
-            outcomes.append(o)
-            reports.append(rr)
-            continue
-        outcomes.append(dataclasses.replace(o, rank=r, phases=[dict(p) for p in o.phases],
-                                            mismatched=list(o.mismatched), lifecycle_stats=dict(o.lifecycle_stats)))
-        reports.append(dataclasses.replace(
-            rr, rank=r, last_op=_rename_groups(rr.last_op, groups.member[r], groups.member[rep])))
+    outcomes, reports = _expand_ranks(scn.world_size, fold, ctx.outcomes, rep_report, groups)
     report = WorldReport(time=rep_report.time, events=events, ranks=tuple(reports))
     view = _ExpandedWorld(report, _ExpandedMemory(world.memory, fold, topo))
     result = judge(scn, topo, view, plan, outcomes, None, time.perf_counter() - t0)
