@@ -45,7 +45,7 @@ def parse() -> argparse.Namespace:
 def measure(agreements: int) -> list[float]:
     """Seconds of each of ``agreements`` control-group agreements on this rank (a barrier before each)."""
     from refimpl.comm.agreement import ControlGroup
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime("cpu", default_backend="gloo")
     control = ControlGroup("probe.control")

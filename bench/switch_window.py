@@ -5,7 +5,7 @@ The switch window of one RL step is the time the trainer spends in ``sleep``
 phases the Relax report measures. The switch cost, by which the rows are
 ranked, is the window plus what training's first collectives after the wake
 cost beyond the same collectives on live groups (the lazy NCCL init of groups
-rebuilt at the wake): [Note: the switch cost] in :mod:`sim.models.switch_cost`. Only the lifecycle's own work is in the
+rebuilt at the wake): [Note: the switch cost] in :mod:`sim.machine.switch_cost`. Only the lifecycle's own work is in the
 window here (no trainer offload, a tiny weight-sync all-gather), so the figures
 are what the policy costs, and the rollout between pause and resume is where a
 deferred cooldown can hide. Policies:
@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 def format_results(results: list[PolicyResult], header: str, *, wide: bool = False) -> str:
-    """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`), the window's
+    """A table with each policy's switch cost ([Note: the switch cost] in :mod:`sim.machine.switch_cost`), the window's
     phases beside it, the first use's extra, and the ratio of switch costs to DESTROY's (one library draws every
     ``timeshare`` table, :func:`refimpl.output.table`: units in every header, at most 100 columns unless ``wide``)."""
     from refimpl.output import table, wrap
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup >= args.steps:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.topology:
-        from sim.models.topology import Topology
+        from sim.machine.topology import Topology
         from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
 
         args.topology = preferred_preset(args.topology)  # a machine's calibrated preset where one is shipped

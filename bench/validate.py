@@ -20,7 +20,7 @@ of replicated state on every rank at once) is replayed by
 [Note: how the switch window is charged] Every rank runs the lifecycle's
 code. Each communicator operation is charged per rank, on the rank that does
 it, one group after the other in the lifecycle's sorted walk, at the cost of
-that group's size class (one-rank or multi-rank, :class:`sim.models.collectives.NcclComm`);
+that group's size class (one-rank or multi-rank, :class:`sim.machine.collectives.NcclComm`);
 the ranks run in parallel, so a phase costs the slowest rank's walk, not the
 sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
@@ -58,7 +58,7 @@ which ``timeshare sim calibrate`` refuses to read, are scored apart. Figures of
 error (no absolute floor); a figure measured as 0 has no relative error and is
 counted, not scored.
 
-Every policy's switch cost ([Note: the switch cost] in :mod:`sim.models.switch_cost`)
+Every policy's switch cost ([Note: the switch cost] in :mod:`sim.machine.switch_cost`)
 is compared where the record timed the first collectives after the wake, and
 policies are ranked by it (by the window where a record did not time them).
 """
@@ -178,8 +178,8 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *,
     ranking (by switch cost where every policy has one, else by window), NCCL memory in the rollout, and for each
     phase that may end a poll period late the range of its figure (on time in every step to late in every step)."""
     from sim.presets import load_preset_data
-    from sim.models.switch_cost import recorded_switch_cost
-    from sim.models.topology import Topology
+    from sim.machine.switch_cost import recorded_switch_cost
+    from sim.machine.topology import Topology
 
     sw = record.switch_window
     if sw is None:

@@ -74,11 +74,11 @@ def predict_dedup(world_size: int, group_size: int, state_bytes: int, *, preset:
     from refimpl.store.dedup import DedupConfig
     from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
     from sim.calibrate.calibration import host_overheads
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.flows import FlowTransport
+    from sim.machine.memory import TopologyMemory
     from sim.presets import load_preset_data
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
     if world_size % group_size:

@@ -10,8 +10,8 @@ arrival with a different signature is a :class:`sim.CollectiveMismatchError`,
 which stops the simulation: it is a protocol bug, not a runtime condition.
 
 When the last member arrives the collective completes ``cost`` seconds later
-(cost from :class:`sim.models.model_protocols.CollectiveCost` or, for group creation, from
-:class:`sim.models.model_protocols.CommModel`): on real payloads the data moves then (so a
+(cost from :class:`sim.machine.protocols.CollectiveCost` or, for group creation, from
+:class:`sim.machine.protocols.CommCosts`): on real payloads the data moves then (so a
 rank that read its output before awaiting would see stale bytes), and every
 member's future is resolved. A member whose future already failed (it timed
 out) contributed its input but receives nothing.
@@ -33,16 +33,16 @@ from sim.kernel.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.kernel.engine import Engine
-    from sim.models.model_protocols import CollectiveCost, CommModel
+    from sim.machine.protocols import CollectiveCost, CommCosts
 
 log = logging.getLogger(__name__)
 
 
 class RendezvousHost(Protocol):
-    """What the rendezvous reads of its world (:class:`sim.SimWorld` is one): clock and cost models."""
+    """What the rendezvous reads of its world (:class:`sim.SimWorld` is one): clock and costs."""
 
     engine: "Engine"
-    comm: "CommModel"
+    comm: "CommCosts"
     collective_cost: "CollectiveCost"
 
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
@@ -178,14 +178,14 @@ class Rendezvous:
     def _schedule_complete(self, p: Pending) -> None:
         """Every member arrived: complete ``p`` when its cost has passed (between nodes, through the shared NICs)."""
         w = self._world
-        if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.models.collectives
+        if self._shares_nics(p):  # [Note: NICs shared among collectives] in sim.machine.collectives
             extra = w.comm.first_use(w.resolve_backend(p.spec)) if getattr(w.comm, "init_at_collective", False) else 0.0
             w.collective_cost.run(p.op, p.spec.ranks, p.nbytes, extra, lambda: self._complete(p), p.spec.name)
         else:
             w.engine.schedule(self._cost(p), self._complete, p)
 
     def _shares_nics(self, p: Pending) -> bool:
-        """True for an NCCL collective between nodes on a collective model that shares the NICs."""
+        """True for an NCCL collective between nodes on a collective cost that shares the NICs."""
         w = self._world
         spans = getattr(w.collective_cost, "spans_nodes", None)
         return (p.seq != CREATE_SEQ and spans is not None and w.resolve_backend(p.spec).backend == "nccl"
@@ -196,10 +196,10 @@ class Rendezvous:
         if p.seq == CREATE_SEQ:
             return w.comm.create_time(w.resolve_backend(p.spec))
         t = w.collective_cost.time(p.op, p.spec.ranks, p.nbytes)
-        gloo = getattr(w.comm, "gloo_collective_time", None)  # a host collective (agreement), where modelled
+        gloo = getattr(w.comm, "gloo_collective_time", None)  # a host collective (agreement), where simulated
         if gloo is not None:
             host = gloo(w.resolve_backend(p.spec))
-            if host is not None:  # a small one costs the agreement; the link model still bounds a large one
+            if host is not None:  # a small one costs the agreement; the links still bound a large one
                 return max(t, host)
         if getattr(w.comm, "init_at_collective", False):  # lazy NCCL init paid by the collective itself
             t += w.comm.first_use(w.resolve_backend(p.spec))

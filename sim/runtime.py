@@ -3,17 +3,17 @@
 Protocol code awaits the same operations it awaits on ``TorchRuntime``; here
 each one suspends the rank's coroutine until the simulated time at which it
 finishes (see :mod:`sim.kernel.engine`). Time comes from the world's
-:class:`~sim.models.model_protocols.Transport`, :class:`~sim.models.model_protocols.CollectiveCost` and
-:class:`~sim.models.model_protocols.CommModel`; memory is charged to its
-:class:`~sim.models.model_protocols.MemoryModel`; faults come from its
-:class:`~sim.models.model_protocols.FaultHooks` (see :mod:`sim.models.model_protocols`).
+:class:`~sim.machine.protocols.Transport`, :class:`~sim.machine.protocols.CollectiveCost` and
+:class:`~sim.machine.protocols.CommCosts`; memory is charged to its
+:class:`~sim.machine.protocols.Memory`; faults come from its
+:class:`~sim.machine.protocols.FaultHooks` (see :mod:`sim.machine.protocols`).
 
 Payloads: with ``payload="real"`` buffers are real (small) CPU tensors and
 copies and collectives move real bytes; with ``"meta"`` they are meta tensors
 that cost no memory and move nothing, while the ledgers still count every byte.
 
 Memory bookkeeping per buffer (including buffers dropped without ``release``)
-is in :mod:`sim.models.allocator`.
+is in :mod:`sim.machine.allocator`.
 """
 from __future__ import annotations
 
@@ -30,16 +30,16 @@ from refimpl.runtime.base import (
     WORLD, CommMemory, CopyKind, CopyStats, GroupError, GroupSpec, GroupSuspendedError, MemoryInfo,
     PinningError, ReduceOp, Runtime, check_same_shape,
 )
-from sim.models.allocator import RankAllocator
+from sim.machine.allocator import RankAllocator
 from sim.kernel.engine import Crash, Process, SimFuture, Timeout
 from sim.kernel.errors import SimUsageError
-from sim.models.model_protocols import FaultAction, FaultKind
+from sim.machine.protocols import FaultAction, FaultKind
 from refimpl.runtime.votes import Ballot, Verdict
 from sim.rendezvous import CREATE_SEQ, HangBlocker, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.kernel.engine import Engine
-    from sim.models.model_protocols import CommModel, FaultHooks, MemoryModel, Transport
+    from sim.machine.protocols import CommCosts, FaultHooks, Memory, Transport
     from sim.rendezvous import Rendezvous
     from sim.votes import VoteBox
 
@@ -57,9 +57,9 @@ class RankHost(Protocol):
     group_timeouts: bool
     engine: "Engine"
     transport: "Transport"
-    memory: "MemoryModel"
+    memory: "Memory"
     faults: "FaultHooks | None"
-    comm: "CommModel"
+    comm: "CommCosts"
     rendezvous: "Rendezvous"
     votes: "VoteBox"
 
@@ -114,7 +114,7 @@ class SimRuntime(Runtime):
         self._memory = world.memory
         self._faults = world.faults
         self._groups: dict[str, RankGroup] = {}
-        freed = getattr(world.transport, "device_freed", None)  # optional: a transport that models the scrub
+        freed = getattr(world.transport, "device_freed", None)  # optional: a transport that simulates the scrub
         self.allocator = RankAllocator(world.memory, rank, self.device,
                                        None if freed is None else functools.partial(freed, rank))
         self._copies: list[SimFuture] = []
@@ -126,7 +126,7 @@ class SimRuntime(Runtime):
     # ---- memory -------------------------------------------------------------
 
     def alloc_device(self, numel: int, dtype: torch.dtype, *, tag: str = "") -> torch.Tensor:
-        """A 1-D device buffer; charged to the memory model (may raise SimOutOfMemoryError)."""
+        """A 1-D device buffer; charged to the simulated memory (may raise SimOutOfMemoryError)."""
         return self.allocator.alloc_device(numel, dtype, tag)
 
     def release(self, tensor: torch.Tensor) -> None:
@@ -154,7 +154,7 @@ class SimRuntime(Runtime):
         self.allocator.free_host(tensor)
 
     def memory_info(self) -> MemoryInfo:
-        """Free/total device bytes from the memory model."""
+        """Free/total device bytes from the simulated memory."""
         return self._memory.device_info(self.rank)
 
     # ---- copies -------------------------------------------------------------
@@ -293,7 +293,7 @@ class SimRuntime(Runtime):
     async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
         """Destroy the groups with their waits overlapped, as :class:`refimpl.torch_runtime.TorchRuntime` does: every
         destroy starts now and the call returns when the slowest has ended (each waits for its own proxy poll
-        timeout, :meth:`sim.models.collectives.NcclComm.destroy_time`). Errors per group; already destroyed ones are
+        timeout, :meth:`sim.machine.collectives.NcclComm.destroy_time`). Errors per group; already destroyed ones are
         skipped, as :meth:`destroy_group` does."""
         errors: dict[str, Exception] = {}
         todo, longest, timed = [], 0.0, False

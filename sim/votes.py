@@ -4,7 +4,7 @@
 :mod:`refimpl.runtime.votes` promises: the last ballot in settles the vote complete at the instant it
 arrives; a rank whose ``timeout_s`` passes first settles it timed out (naming the ranks without a
 ballot); the first settlement stands, and a ballot cast after it reads that verdict. A settled verdict
-reaches the waiting ranks one two-rank Gloo agreement later (the comm model's, where it has one; else
+reaches the waiting ranks one two-rank Gloo agreement later (the comm costs', where they have one; else
 at once), standing for the store's few round trips.
 
 Arrival marks are counters per ``(group, generation, point, rank)``.

@@ -1,4 +1,4 @@
-"""``SimWorld``: the engine, the models and the simulated ranks of one job.
+"""``SimWorld``: the engine, the machine and the simulated ranks of one job.
 
     world = SimWorld(8, payload="real")
     results = world.run(lambda rt: my_protocol(rt))   # one process per rank
@@ -32,8 +32,8 @@ from refimpl.runtime.base import WORLD, GroupSpec
 from sim.deadlock import find_deadlock
 from sim.kernel.engine import Chooser, Engine, ProcessState, RandomChooser
 from sim.kernel.errors import RankCrashedError, RankFailedError, RankHungError, SimUsageError
-from sim.models.model_protocols import (
-    CollectiveCost, CommModel, FaultHooks, FixedBandwidthTransport, LedgerMemory, MemoryModel, NcclCommModel,
+from sim.machine.protocols import (
+    CollectiveCost, CommCosts, FaultHooks, FixedBandwidthTransport, LedgerMemory, Memory, NcclCommCosts,
     NoFaults, RingCollectiveCost, Transport,
 )
 from sim.rendezvous import Rendezvous
@@ -77,16 +77,16 @@ class WorldReport:
 
 
 class SimWorld:
-    """A simulated job of ``world_size`` ranks sharing one engine and one set of models.
+    """A simulated job of ``world_size`` ranks sharing one engine and one simulated machine.
 
     Args:
         world_size: number of ranks (>= 1).
         payload: ``"real"`` (small CPU tensors, real bytes) or ``"meta"`` (no data).
-        seed: seeds :attr:`rng` (for models) and ``chooser="random"``.
+        seed: seeds :attr:`rng` (for the machine's parts) and ``chooser="random"``.
         chooser: how events ready at the same instant are ordered: None (FIFO),
             ``"random"`` (seeded by ``seed``) or a :class:`sim.kernel.engine.Chooser`.
-        transport, collective_cost, memory, faults, comm: the models (see
-            :mod:`sim.models.model_protocols`); None means the default.
+        transport, collective_cost, memory, faults, comm: the machine's parts (see
+            :mod:`sim.machine.protocols`); None means the default.
         default_backend: backend of groups whose spec says ``backend=None``.
         group_timeouts: when True, collectives and group creation without an
             explicit ``timeout_s`` time out after the group's ``timeout_s``
@@ -104,9 +104,9 @@ class SimWorld:
         chooser: Chooser | str | None = None,
         transport: Transport | None = None,
         collective_cost: CollectiveCost | None = None,
-        memory: MemoryModel | None = None,
+        memory: Memory | None = None,
         faults: FaultHooks | None = None,
-        comm: CommModel | None = None,
+        comm: CommCosts | None = None,
         default_backend: str = "nccl",
         group_timeouts: bool = False,
         trace: bool = True,
@@ -131,11 +131,11 @@ class SimWorld:
         self.engine = Engine(chooser, trace=trace)
         self.transport: Transport = transport if transport is not None else FixedBandwidthTransport()
         self.collective_cost: CollectiveCost = collective_cost if collective_cost is not None else RingCollectiveCost()
-        self.memory: MemoryModel = memory if memory is not None else LedgerMemory()
+        self.memory: Memory = memory if memory is not None else LedgerMemory()
         self.faults: FaultHooks | None = None if faults is None or type(faults) is NoFaults else faults
-        self.comm: CommModel = comm if comm is not None else NcclCommModel()
-        for model in (self.transport, self.collective_cost, self.memory, self.faults, self.comm):
-            bind = getattr(model, "bind", None)
+        self.comm: CommCosts = comm if comm is not None else NcclCommCosts()
+        for part in (self.transport, self.collective_cost, self.memory, self.faults, self.comm):
+            bind = getattr(part, "bind", None)
             if bind is not None:
                 bind(self)
         self.rendezvous = Rendezvous(self)

@@ -7,19 +7,8 @@ with every import form: module level, inside functions (lazy), under
 ``if TYPE_CHECKING:`` (annotation only), relative imports, and
 ``importlib.import_module`` / ``__import__`` with a constant name.
 
-One kind of exception is declared here, :data:`COMPAT_SHIMS`: a package face
-that moved names up a floor keeps them importable from the old path through a
-lazy module ``__getattr__`` driven by a ``MOVED_UP`` dict. Those edges point up
-by design (they load only when a user asks for the old name); the test checks
-that the dict names only modules of the declared target and that no other
-module imports by a computed name it cannot see.
-
 A block may stand in rooms (:data:`ROOMS`), ordered like the floors: a room
 imports only the rooms below it, and rooms side by side do not import each other.
-A package whose modules moved into rooms keeps the old names importable through a
-table :data:`MODULE_ALIASES` declares (old name -> new module, loaded only when the
-old name is imported); the test checks that no file stands at an old name, that
-every new name is a module, and that no module of the roots imports an old name.
 
 ``python -m tests.import_graph`` prints the floors; ``--write-docs`` rewrites the
 drawing in docs/design.md between its markers (a test fails when it drifts).
@@ -64,19 +53,14 @@ ROOMS: dict[str, tuple[Floor, ...]] = {
     "sim": (
         Floor("base", "the discrete-event engine and the errors; the presets and the files' schemas",
               ("sim.kernel", "sim.presets")),
-        Floor("models", "the model protocols and their defaults; topology, flows, collectives, memory, faults",
-              ("sim.models",)),
+        Floor("machine", "the simulated machine: its protocols and defaults; topology, flows, collectives, memory, faults",
+              ("sim.machine",)),
         Floor("ranks", "SimRuntime, SimWorld, collective matching, deadlock detection (sim/*.py)", ("sim",)),
         Floor("studies", "scenarios run and judged; measurement records, fits and checks against them",
               ("sim.scenarios", "sim.calibrate")),
         Floor("planner", "timeshare plan: which offload settings fit a model on a cluster", ("sim.planner",)),
         Floor("commands", "timeshare sim and timeshare plan", ("sim.commands",)),
     ),
-}
-
-#: package -> the name of its dict of old module name -> new module name (loaded only when the old name is asked)
-MODULE_ALIASES: dict[str, str] = {
-    "sim": "MOVED",  # sim/__init__.py's meta-path finder: import sim.flows is sim.models.flows
 }
 
 #: (importer block, imported block) pairs on one floor that may be imported sideways
@@ -88,14 +72,9 @@ SIDEWAYS: frozenset[tuple[str, str]] = frozenset({
     ("bench", "refimpl.cli"),  # bench/offload_bench.py is `timeshare bench offload`
 })
 
-#: package face -> the block its lazy ``MOVED_UP`` names may load (the one declared upward kind)
-COMPAT_SHIMS: dict[str, str] = {
-    "refimpl.runtime": "refimpl.torch_runtime",  # from refimpl.runtime import TorchRuntime, dcp
-    "refimpl.comm": "refimpl.torch_runtime",  # from refimpl.comm import validate_offload_nccl, nccl
-}
-
 #: modules that import by a computed name: the module names they may load are their string constants
 DYNAMIC_IMPORTERS: dict[str, str] = {
+    "sim": "_FACE maps each name of the package's face to the module that defines it (loaded on first use)",
     "refimpl.cli": "SUBCOMMANDS maps each subcommand to the module that defines it",
     "bench.cli": "_OTHER maps each sub-benchmark to its module",
     "refimpl.store.registry": "_LAZY maps a backend name to the module that defines its factory",
@@ -174,7 +153,6 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
     modules = module_files()
     edges: list[Edge] = []
     problems: list[str] = []
-    old_names = {old for pkg in MODULE_ALIASES for old in _alias_table(pkg, modules)}
     for mod, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         computed = False
@@ -183,19 +161,12 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
                 if name == "<computed>":
                     computed = True
                     continue
-                if name in old_names:
-                    problems.append(f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}: imports {name}, a moved "
-                                    f"module's old name; import its new name (see the alias table of {mod.split('.')[0]})")
                 dst = _resolve(name, modules)
                 if dst is not None and dst != mod:
                     edges.append(Edge(mod, dst, getattr(node, "lineno", 0), how))
         if not computed:
             continue
-        if mod in COMPAT_SHIMS:
-            edges.extend(_shim_edges(mod, tree, modules, problems))
-        elif mod in MODULE_ALIASES:
-            edges.extend(_alias_edges(mod, modules, problems))
-        elif mod in DYNAMIC_IMPORTERS:
+        if mod in DYNAMIC_IMPORTERS:
             # the module names it may load are its string constants that name a module
             for node in ast.walk(tree):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
@@ -203,62 +174,8 @@ def read_graph() -> tuple[dict[str, Path], list[Edge], list[str]]:
                         edges.append(Edge(mod, node.value, node.lineno, "import_module(name)"))
         else:
             problems.append(f"{path.relative_to(REPO)}: imports by a computed name, which the graph cannot see; "
-                            "import by a constant name, or declare it in DYNAMIC_IMPORTERS or COMPAT_SHIMS")
+                            "import by a constant name, or declare it in DYNAMIC_IMPORTERS")
     return modules, edges, problems
-
-
-def _alias_dict(pkg: str, modules: dict[str, Path]) -> ast.Dict | None:
-    """The dict literal :data:`MODULE_ALIASES` names in ``pkg`` (None when it has none)."""
-    tree = ast.parse(modules[pkg].read_text())
-    for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id == MODULE_ALIASES[pkg] and isinstance(node.value, ast.Dict):
-            return node.value
-    return None
-
-
-def _alias_table(pkg: str, modules: dict[str, Path]) -> dict[str, tuple[str, int]]:
-    """Old name -> (new name, line) of ``pkg``'s alias table (constant strings only)."""
-    table = _alias_dict(pkg, modules)
-    if table is None:
-        return {}
-    return {k.value: (v.value, k.lineno) for k, v in zip(table.keys, table.values)
-            if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
-
-
-def _alias_edges(pkg: str, modules: dict[str, Path], problems: list[str]) -> list[Edge]:
-    """The edges of a package's alias table: each old name has no file, each new name is a module."""
-    if _alias_dict(pkg, modules) is None:
-        problems.append(f"{pkg} imports by a computed name but has no {MODULE_ALIASES[pkg]} dict literal")
-        return []
-    out: list[Edge] = []
-    for old, (new, line) in _alias_table(pkg, modules).items():
-        if old in modules:
-            problems.append(f"{pkg}.{MODULE_ALIASES[pkg]}: {old} is a module file still; an old name has no file")
-        elif new not in modules:
-            problems.append(f"{pkg}.{MODULE_ALIASES[pkg]}: {old} -> {new}, which is no module")
-        else:
-            out.append(Edge(pkg, new, line, "module alias"))
-    return out
-
-
-def _shim_edges(mod: str, tree: ast.Module, modules: dict[str, Path], problems: list[str]) -> list[Edge]:
-    """The edges a compat shim's ``MOVED_UP`` dict may load; each must lie in the declared target."""
-    out: list[Edge] = []
-    for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id == "MOVED_UP" and isinstance(node.value, ast.Dict):
-            for value in node.value.values:
-                name = value.elts[0].value if isinstance(value, ast.Tuple) else None
-                dst = _resolve(name, modules) if isinstance(name, str) else None
-                allowed = COMPAT_SHIMS[mod]
-                if dst is None or not (dst == allowed or dst.startswith(allowed + ".")):
-                    problems.append(f"{mod}.MOVED_UP names {name!r}, outside its declared target {allowed}")
-                else:
-                    out.append(Edge(mod, dst, value.lineno, "compat shim"))
-            return out
-    problems.append(f"{mod} imports by a computed name but has no MOVED_UP dict literal")
-    return out
 
 
 def block_of(mod: str) -> tuple[int, str] | None:
@@ -289,7 +206,7 @@ def room_violations(modules: dict[str, Path], edges: list[Edge]) -> list[str]:
                    for m in modules if block_of(m) == block_of(block) and room_of(m, block)[0] < 0)
     for e in edges:
         a, b = block_of(e.src), block_of(e.dst)
-        if a is None or a != b or a[1] not in ROOMS or e.how in ("compat shim", "module alias"):
+        if a is None or a != b or a[1] not in ROOMS:
             continue
         rooms = ROOMS[a[1]]
         (i, ra), (j, rb) = room_of(e.src, a[1]), room_of(e.dst, a[1])
@@ -310,7 +227,7 @@ def floor_violations(modules: dict[str, Path], edges: list[Edge]) -> list[str]:
            for m in modules if block_of(m) is None]
     for e in edges:
         a, b = block_of(e.src), block_of(e.dst)
-        if a is None or b is None or e.how in ("compat shim", "module alias"):
+        if a is None or b is None:
             continue
         where = f"{modules[e.src].relative_to(REPO)}:{e.line}: {e.src} -> {e.dst} ({e.how})"
         if b[0] > a[0]:
@@ -321,12 +238,11 @@ def floor_violations(modules: dict[str, Path], edges: list[Edge]) -> list[str]:
 
 
 def find_cycles(edges: list[Edge]) -> list[list[str]]:
-    """Every strongly connected set of two or more modules (compat-shim and alias edges excluded: they are lazy)."""
+    """Every strongly connected set of two or more modules."""
     graph: dict[str, set[str]] = {}
     for e in edges:
-        if e.how not in ("compat shim", "module alias"):
-            graph.setdefault(e.src, set()).add(e.dst)
-            graph.setdefault(e.dst, set())
+        graph.setdefault(e.src, set()).add(e.dst)
+        graph.setdefault(e.dst, set())
     # Tarjan, iterative
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -395,8 +311,6 @@ def render_floors() -> str:
     lines.append("")
     lines.append("Each floor imports only the floors below it. Blocks on one floor do not import each other, except:")
     lines.extend(f"  {a} -> {b}" for a, b in sorted(SIDEWAYS))
-    lines.append("The one declared upward kind: lazy module __getattr__ compatibility shims (loaded on first use):")
-    lines.extend(f"  {a} -> {b}" for a, b in sorted(COMPAT_SHIMS.items()))
     if KNOWN_CYCLES:
         lines.append("Circles still open (being broken elsewhere):")
         lines.extend(f"  {' <-> '.join(sorted(c))}" for c in KNOWN_CYCLES)
@@ -404,8 +318,6 @@ def render_floors() -> str:
         lines.append("")
         lines.append(f"The rooms of {_block_path(block)} (each imports only the rooms below it; side by side, not each other):")
         lines.extend(_draw(rooms, lambda r, block=block: f"{_block_path(r)}*.py" if r == block else _block_path(r)))
-    lines.append("Old module names that moved into rooms load the new module (loaded only when asked):")
-    lines.extend(f"  {pkg}.{table} (in {module_files()[pkg].relative_to(REPO)})" for pkg, table in MODULE_ALIASES.items())
     return "\n".join(lines)
 
 

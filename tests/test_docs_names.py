@@ -2,7 +2,7 @@
 
 Read from the Markdown: ``from X import a, b`` and ``import X`` lines (in code
 blocks or inline code) and dotted names in inline code such as
-``refimpl.comm.validate_offload_nccl(True)`` or ``sim.SimWorld``, for the packages
+``refimpl.torch_runtime.nccl_validation.validate_offload_nccl(True)`` or ``sim.SimWorld``, for the packages
 ``refimpl``, ``sim`` and ``bench``. Each is imported in a fresh interpreter, so a
 name that only works after something else was imported is caught too.
 """
@@ -76,8 +76,8 @@ print(json.dumps(bad))
 def test_docs_show_names_at_least_from_the_main_faces():
     names = shown_names()
     # the reader really reads the pages: names every page set relies on
-    for expected in ("refimpl.runtime:TorchRuntime", "refimpl.store:OffloadStore", "sim:SimWorld",
-                     "refimpl.comm:validate_offload_nccl"):
+    for expected in ("refimpl.torch_runtime:TorchRuntime", "refimpl.store:OffloadStore", "sim:SimWorld",
+                     "refimpl.torch_runtime.nccl_validation.validate_offload_nccl"):
         assert expected in names, f"{expected} is no longer shown in the docs; update this test's list"
 
 

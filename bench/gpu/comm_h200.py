@@ -182,7 +182,8 @@ def refused_check(c: Checks) -> None:
     """Through TorchRuntime: a collective on a suspended group raises GroupSuspendedError, not a GPU fault."""
     import torch
 
-    from refimpl.runtime import GroupSpec, GroupSuspendedError, ReduceOp, TorchRuntime
+    from refimpl.runtime import GroupSpec, GroupSuspendedError, ReduceOp
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
 
@@ -211,7 +212,8 @@ def switch_window(c: Checks, args, can_suspend: bool) -> None:
 
     from bench.switch_window import format_results, mesh_groups, run_steps, summarize
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     policies = [p for p in PGPolicy if can_suspend or not p.suspends]
     results = []

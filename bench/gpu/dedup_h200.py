@@ -43,7 +43,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from refimpl.runtime import CopyKind, TorchRuntime  # noqa: E402
+from refimpl.runtime import CopyKind  # noqa: E402
+from refimpl.torch_runtime import TorchRuntime  # noqa: E402
 from refimpl.store import OffloadStore, PinnedHostPool, StoreConfig  # noqa: E402
 from refimpl.store.dedup import DedupConfig, SlicePlan  # noqa: E402
 from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy  # noqa: E402
@@ -176,11 +177,11 @@ def measure_distributed(sizes: list[int], repeats: int, verify: str = "always") 
 def predict(sizes: list[int], n: int, preset: str, backend: str) -> dict:
     """The same store code on the simulator (meta payloads, topology ``preset``): a predicted row."""
     import sim
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.flows import FlowTransport
+    from sim.machine.memory import TopologyMemory
     from sim.presets import load_preset_data
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     topo = Topology.from_dict(load_preset_data(preset))
     world = sim.SimWorld(n, payload="meta", transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),

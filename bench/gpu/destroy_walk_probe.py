@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from refimpl.runtime import TorchRuntime  # noqa: E402
+from refimpl.torch_runtime import TorchRuntime  # noqa: E402
 
 
 class TimedRuntime(TorchRuntime):

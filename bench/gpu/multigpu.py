@@ -128,7 +128,8 @@ def switch_window(args, checks: list) -> dict:
     from bench.switch_window import (format_results, mesh_groups, plan_rules, resolve, row_config, row_names, run_steps,
                                      summarize)
     from refimpl.comm import PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     n = dist.get_world_size()
     backend = "nccl" if dist.get_backend() == "nccl" else None
@@ -426,7 +427,7 @@ def dedup(args, checks: list) -> list[dict]:
     against ``local_dedup``'s (pipelined and one all-gather per layout) and a bare NCCL all-gather of the slice; the
     slowest rank per cycle, median over cycles. Appends a bitwise check per reload to ``checks``; returns one row per
     g."""
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig
     from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy

@@ -48,7 +48,7 @@ if [[ "$WHAT" == *" probe "* ]]; then
 import json, mmap, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import torch
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 
 GIB = 1 << 30
 TOTAL, SEG = 4 * GIB, 256 << 20

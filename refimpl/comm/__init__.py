@@ -10,13 +10,9 @@
 
 The NCCL binding (``nccl``, ``nccl_loader``) and the ``offload_nccl`` check
 (``NcclFacts``, ``require_offload_nccl``, ...) are implementation: they live in
-:mod:`refimpl.torch_runtime`. For code written before they moved, this package
-still offers them through a lazy module ``__getattr__`` (loaded on first use, so
-importing :mod:`refimpl.comm` never loads torch's side); it is a declared
-exception of the import-graph rule (``tests/test_import_graph.py``).
+:mod:`refimpl.torch_runtime` (:mod:`refimpl.torch_runtime.nccl_validation`), and
+importing :mod:`refimpl.comm` never loads them.
 """
-import importlib
-
 
 from refimpl.comm.agreement import AgreementError, AgreementMismatchError, AgreementTimeoutError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
@@ -45,27 +41,6 @@ from refimpl.comm.states import (
     mermaid,
     next_state,
 )
-
-#: name -> (module above this floor, attribute or None for the module itself); loaded on first use
-MOVED_UP: dict[str, tuple[str, str | None]] = {
-    "nccl": ("refimpl.torch_runtime.nccl", None),
-    "nccl_loader": ("refimpl.torch_runtime.nccl_loader", None),
-    "validation": ("refimpl.torch_runtime.nccl_validation", None),
-    "NcclFacts": ("refimpl.torch_runtime.nccl_validation", "NcclFacts"),
-    "NcclOffloadUnavailableError": ("refimpl.torch_runtime.nccl_validation", "NcclOffloadUnavailableError"),
-    "require_offload_nccl": ("refimpl.torch_runtime.nccl_validation", "require_offload_nccl"),
-    "validate_offload_nccl": ("refimpl.torch_runtime.nccl_validation", "validate_offload_nccl"),
-}
-
-
-def __getattr__(name):
-    # The NCCL binding and its check moved up to refimpl.torch_runtime; load them only when asked.
-    target = MOVED_UP.get(name)
-    if target is None:
-        raise AttributeError(f"module 'refimpl.comm' has no attribute {name!r}")
-    module = importlib.import_module(target[0])
-    return module if target[1] is None else getattr(module, target[1])
-
 
 __all__ = [
     "AgreementError",

@@ -7,7 +7,7 @@ process-group lifecycle, NCCL suspend, worker control) is written once, as
 ``async def`` code that awaits operations of a :class:`Runtime`. Two
 implementations exist:
 
-* :class:`refimpl.runtime.TorchRuntime` runs on real tensors (CUDA or CPU) and
+* :class:`refimpl.torch_runtime.TorchRuntime` runs on real tensors (CUDA or CPU) and
   ``torch.distributed`` (NCCL or Gloo). Its awaitables complete at once, so
   :meth:`Runtime.run` drives a coroutine to completion synchronously and the
   public API of the store and lifecycle stays synchronous for users.
@@ -378,7 +378,7 @@ class Runtime(abc.ABC):
         """Block until the device work this rank has queued is done (closes :meth:`span`).
 
         A no-op where awaitables already complete with their device work (the
-        simulator, CPU); :class:`~refimpl.runtime.TorchRuntime` synchronizes the
+        simulator, CPU); :class:`~refimpl.torch_runtime.TorchRuntime` synchronizes the
         CUDA device.
         """
 

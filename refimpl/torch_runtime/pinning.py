@@ -170,11 +170,6 @@ class HostPinner:
             self.registrations += 1
             self.peak_pinned_bytes = max(self.peak_pinned_bytes, self.pinned_bytes)
 
-    @staticmethod
-    def _mapped(numel: int, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
-        """``numel`` elements of a private, page-aligned anonymous mapping (untouched)."""
-        return mapped_buffer(numel, dtype, nbytes, "none")
-
 
 def thp_mode() -> str:
     """The kernel's transparent-huge-page setting (``always``, ``madvise``, ``never``) or ``unknown``."""

@@ -3,7 +3,7 @@
 Frameworks that rebuild NCCL groups by re-running a rendezvous on a fixed port (one TCP store per
 group, as Relax does) hit ``EADDRINUSE`` when a rebuild comes while the port is still held (TIME_WAIT,
 or another process). ``GroupSpec(..., options=(("rendezvous_port", P),))`` gives a group that
-behaviour under :class:`~refimpl.runtime.TorchRuntime`: after ``dist.new_group`` (called by every rank
+behaviour under :class:`~refimpl.torch_runtime.TorchRuntime`: after ``dist.new_group`` (called by every rank
 as torch requires), the group's lowest member binds a ``TCPStore`` on port ``P`` and every member
 checks in through it; the store is kept while the group is live and closed when it is destroyed.
 

@@ -16,8 +16,8 @@ is simulated on its own copy of the preset).
 
 Between an offload and its reload the simulation pauses ``phase_gap_s`` (the
 report's, 0 for reports made before the benchmark had a gap). The H200 presets
-model the driver's scrub of freed device memory ([Note: the driver's scrub of
-freed memory] in :mod:`sim.models.flows`): the scrub of what the offload freed runs
+simulate the driver's scrub of freed device memory ([Note: the driver's scrub of
+freed memory] in :mod:`sim.machine.flows`): the scrub of what the offload freed runs
 from the free on, through the offload's host time that follows it (taken as
 the preset's whole offload host time) and the gap; a reload that starts before
 it is done waits for the rest before its first copy.
@@ -51,7 +51,7 @@ DEFAULT_METHOD = "store"
 def _topology(preset: str, pcie_bps: float | None):
     """The preset, with its PCIe link rate replaced by ``pcie_bps`` (bytes/s) when given."""
     from sim.presets import load_preset_data
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     data = load_preset_data(preset)
     if pcie_bps is not None:
@@ -68,9 +68,9 @@ def _simulate(shape: Any, topo: Any, cycles: int, config: Any, gap_s: float = 0.
     ``gap_s`` between each offload and its reload, at the end of which another role on the same GPU
     gives ``other_role_bytes`` of device memory back to the driver."""
     from refimpl.store import OffloadStore
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.flows import FlowTransport
+    from sim.machine.memory import TopologyMemory
     from sim.world import SimWorld
 
     world = SimWorld(1, payload="meta", transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
@@ -108,12 +108,12 @@ def _simulate(shape: Any, topo: Any, cycles: int, config: Any, gap_s: float = 0.
 
 def host_overheads(preset: str, tensors: int, nbytes: int) -> dict[str, float]:
     """The store's host time outside the copies, from the preset's measured constants (0 where absent)."""
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     constants = Topology.from_preset(preset).constants
 
     def const(name: str) -> float:
-        if name not in constants:  # a preset without store measurements models no host time
+        if name not in constants:  # a preset without store measurements simulates no host time
             log.debug("preset %s has no constant %s; its host time is taken as 0", preset, name)
             return 0.0
         return constants[name].value
@@ -138,7 +138,7 @@ def predict(shape: Any, *, preset: str = "h200-1x", cycles: int = 2, config: Any
     """
     if phase_gap_s < 0:
         raise ValueError(f"phase_gap_s must be >= 0, got {phase_gap_s}")
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     base = Topology.from_preset(preset)
 
@@ -215,7 +215,7 @@ def compare(report: dict[str, Any], *, preset: str = "h200-1x", methods: tuple[s
     ``line_rates="report"`` uses the line rates the report measured next to
     each shape (D2H for offloads, H2D for reloads); ``"preset"`` the preset's
     own (what ``timeshare sim validate`` does: nothing of the run is fed to the
-    model). The report's phase gap (0 when it has none) and the memory another
+    simulator). The report's phase gap (0 when it has none) and the memory another
     role freed before each reload (``other_role_bytes``) are simulated; the
     measurement is the report's steady median of that method.
     """

@@ -16,7 +16,7 @@ the measured line rates of that run and, per step, what each phase spent.
   host-to-device line rate after a rollout of the measured length (so the
   driver's scrub of the trainer's own freed memory is long done), plus the
   scrub of the memory the rollout just freed when the roles free through the
-  driver (``free == "driver"``: the simulator's scrub model at the preset's
+  driver (``free == "driver"``: the simulator's scrub at the preset's
   ``h200_scrub`` rate, the KV cache's bytes given back right before the reload;
   nothing with a shared allocator), plus the gather of the full weights into
   the rollout copy: ``tensors`` x a per-tensor time (``full_tensor``, the cast
@@ -53,9 +53,9 @@ Where the constants come from (``constants`` in the result names each):
   only one record so far (its ``weight_sync`` is then not an independent check).
 
 What is **not** predicted but taken from the record, and named so in the
-result (``inputs``): ``train`` and ``rollout`` (compute; the simulator has no
-model of it). :func:`compare` sets prediction against measurement per phase
-(issue 16's target: within 15%).
+result (``inputs``): ``train`` and ``rollout`` (compute; the simulator does not
+simulate it). :func:`compare` sets prediction against measurement per phase
+(within ``TOLERANCE``, 15%).
 
     python -m sim.calibrate.colocated RECORD.json [--preset calibrated/h200-1x]
 """
@@ -71,16 +71,14 @@ from typing import Any
 
 import torch
 
+from sim.calibrate.records import RecordError
+
 log = logging.getLogger(__name__)
 
 #: phases of the step (bench/rl_loop.py PHASES)
 PHASES = ("train", "offload", "rollout", "weight_sync", "reload")
 #: the issue's tolerance for the prediction per phase
 TOLERANCE = 0.15
-
-
-class RecordError(ValueError):
-    """The record lacks what the prediction needs."""
 
 
 def _steady(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,7 +106,7 @@ def measured_phases(rec: dict[str, Any]) -> dict[str, float]:
 
 
 #: the RL step's own constants (see the module docstring), each fitted by :func:`fit_loop_constants` on the
-#: record its source names; ``tests/sim/test_colocated.py`` refits them from the committed records
+#: record its source names; ``tests/sim/calibrate/test_colocated.py`` refits them from the committed records
 LOOP_CONSTANTS: dict[str, dict[str, Any]] = {
     "gather_per_tensor_1rank_s": {
         "value": 1.795e-4,
@@ -170,11 +168,11 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
-    from sim.models.flows import FlowTransport
-    from sim.models.memory import TopologyMemory
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.flows import FlowTransport
+    from sim.machine.memory import TopologyMemory
     from sim.calibrate.switch_window import _touch
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
     if train_s < 0 or rollout_s < 0:
@@ -238,7 +236,7 @@ def lifecycle_settings(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nvlink_bps(preset: str) -> float:
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     nv = Topology.from_preset(preset).constants.get("nvlink_eff_h100")
     return 450e9 * (nv.value if nv is not None else 1.0)
@@ -266,6 +264,26 @@ def fit_loop_constants(rec: dict[str, Any]) -> dict[str, float]:
     return {key: gather / tensors}
 
 
+def _loop_constants(constants: dict[str, float] | None) -> dict[str, float]:
+    """:data:`LOOP_CONSTANTS`' values, with those in ``constants`` (name -> value) in their place."""
+    loop = {k: v["value"] for k, v in LOOP_CONSTANTS.items()}
+    for k, v in (constants or {}).items():
+        if k not in loop:
+            raise ValueError(f"unknown loop constant {k!r}; known: {sorted(loop)}")
+        loop[k] = float(v)
+    return loop
+
+
+def _lifecycle_measured(measured: dict[str, float], steady: list[dict[str, Any]]) -> dict[str, float]:
+    """What of each switching phase the record measured beyond the store's own work (and the gather's)."""
+    return {
+        "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
+        "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")
+                           - _mean(steady, "gather_copy_s")),
+        "reload": max(0.0, measured["reload"] - _mean(steady, "reload_rest_store_s")),
+    }
+
+
 def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", free: str | None = None,
                  kv_bytes: float | None = None, constants: dict[str, float] | None = None) -> dict[str, Any]:
     """Predicted seconds per phase of a steady step of ``rec``; see the module docstring.
@@ -283,11 +301,7 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
     free = free or rec.get("config", {}).get("free", "driver")
     if free not in ("driver", "allocator"):
         raise ValueError(f"free must be 'driver' or 'allocator', got {free!r}")
-    loop = {k: v["value"] for k, v in LOOP_CONSTANTS.items()}
-    for k, v in (constants or {}).items():
-        if k not in loop:
-            raise ValueError(f"unknown loop constant {k!r}; known: {sorted(loop)}")
-        loop[k] = float(v)
+    loop = _loop_constants(constants)
     world = int(rec.get("world_size", 1))
     tensors = int(rec.get("initial_sync", {}).get("tensors", 0))
     if tensors < 1:
@@ -324,12 +338,6 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
                                         round(measured["rollout"], 4), sync_needs_groups=settings["sync_needs_groups"],
                                         warm_rebuilt=settings["warm_rebuilt"], proxy_wake=settings["proxy_wake"]))
     first_use_extra = lifecycle.pop("first_use_extra")
-    lifecycle_measured = {
-        "offload": max(0.0, measured["offload"] - _mean(steady, "offload_store_s")),
-        "weight_sync": max(0.0, measured["weight_sync"] - _mean(steady, "reload_params_store_s")
-                           - _mean(steady, "gather_copy_s")),
-        "reload": max(0.0, measured["reload"] - _mean(steady, "reload_rest_store_s")),
-    }
     parts = {
         "offload": {"sim_copies_s": off_s, "store_host_s": host_all["offload_host_s"]},
         "weight_sync": {"sim_copies_s": reload_params_s, "store_host_s": host_p["reload_host_s"],
@@ -351,7 +359,7 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
                       f"(lifecycle: {lc_preset!r}), each constant's source in the preset file",
                       **{k: {"value": loop[k], "source": LOOP_CONSTANTS[k]["source"] if loop[k] ==
                              LOOP_CONSTANTS[k]["value"] else "given by the caller"} for k in loop}},
-        "lifecycle_measured_s": lifecycle_measured,
+        "lifecycle_measured_s": _lifecycle_measured(measured, steady),
         "switch_overhead_s": predicted["offload"] + predicted["weight_sync"] + predicted["reload"],
     }
 

@@ -1,8 +1,8 @@
 """Communicator costs by size, checked against every record that times communicators of one or two ranks.
 
 ``python -m sim.calibrate.comm_scaling [RECORD.json ...] [--preset P]`` prints, per cost (init, destroy of a never-used
-group, suspend, resume) and record, the record's per-communicator figure beside what the preset's size model
-([Note: communicator costs by size] in :mod:`sim.presets`) gives for that size, and the model's figures at 4 and 8
+group, suspend, resume) and record, the record's per-communicator figure beside what the preset's size rule
+([Note: communicator costs by size] in :mod:`sim.presets`) gives for that size, and the rule's figures at 4 and 8
 ranks. Without records it reads every ``multigpu`` and one-GPU communicator record under ``bench/results``.
 Destroys of initialised communicators are left out: they wait for NCCL's proxy poll (:mod:`sim.calibrate.fit` replays them).
 """
@@ -24,8 +24,9 @@ COSTS = (("first_collective_s", "init_s", "init (first collective)"),
 
 
 def check(records: Iterable[MultiGpuRecord], preset: str) -> list[dict]:
-    """Rows ``{"record", "cost", "ranks", "measured", "model"}`` (seconds per communicator) for every record cost."""
-    from sim.models.topology import Topology
+    """Rows ``{"record", "cost", "ranks", "measured", "model"}`` (seconds per communicator; ``model``: what the size rule
+    gives) for every record cost."""
+    from sim.machine.topology import Topology
 
     comm = Topology.from_preset(preset).comm
     rows = []
@@ -62,16 +63,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("records", nargs="*", help="records (default: every one under bench/results with comm_raw)")
     ap.add_argument("--preset", default="calibrated/hgx-h200-8x")
     args = ap.parse_args(argv)
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     records = [load_record(p) for p in args.records] if args.records else default_records()
-    print(f"{'record':<58}{'cost':<24}{'ranks':>6}{'measured ms':>13}{'model ms':>10}{'error':>8}")
+    print(f"{'record':<58}{'cost':<24}{'ranks':>6}{'measured ms':>13}{'rule ms':>10}{'error':>8}")
     for r in check(records, args.preset):
         err = (r["model"] - r["measured"]) / r["measured"] if r["measured"] else float("nan")
         print(f"{Path(r['record']).parent.name[:57]:<58}{r['cost']:<24}{r['ranks']:>6}{r['measured'] * 1e3:>13.2f}"
               f"{r['model'] * 1e3:>10.2f}{err:>+8.1%}")
     comm = Topology.from_preset(args.preset).comm
-    print("model at 1 / 2 / 4 / 8 ranks (ms): " + "; ".join(
+    print("rule at 1 / 2 / 4 / 8 ranks (ms): " + "; ".join(
         f"{what} " + " / ".join(f"{getattr(comm.for_size(n), param) * 1e3:.1f}" for n in (1, 2, 4, 8))
         for _, param, what in COSTS))
     return 0

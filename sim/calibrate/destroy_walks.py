@@ -1,4 +1,4 @@
-"""Where a measured switch window's destroy walks spend their time (issues 11 and 12).
+"""Where a measured switch window's destroy walks spend their time.
 
 A multigpu record (``bench/gpu/multigpu.py``) keeps two views of the lifecycle's
 destroy walks on real GPUs:
@@ -41,14 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from sim.calibrate.records import RecordError
+
 log = logging.getLogger(__name__)
 
 #: lifecycle spans that are destroy walks (one per walk, around every group's destroy)
 WALK_SPANS = ("lifecycle.destroy", "lifecycle.plan.apply")
-
-
-class WalkRecordError(ValueError):
-    """A record lacks the spans or the mesh walk asked for, or has a malformed one; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ def _spans(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     sw = data.get("switch_window")
     spans = sw.get("spans") if isinstance(sw, Mapping) else None
     if not isinstance(spans, Mapping) or not spans:
-        raise WalkRecordError(f"{where}: no switch_window.spans (bench/gpu/multigpu.py records them since its "
+        raise RecordError(f"{where}: no switch_window.spans (bench/gpu/multigpu.py records them since its "
                               "second 2 x H200 run of 2026-11-30); use a record that has them")
     return spans
 
@@ -92,12 +90,12 @@ def walks_from_spans(data: Mapping[str, Any], where: str = "record") -> list[Des
     out: list[DestroyWalk] = []
     for policy, per_rank in _spans(data, where).items():
         if not isinstance(per_rank, list):
-            raise WalkRecordError(f"{where}: switch_window.spans.{policy}: expected a list per rank")
+            raise RecordError(f"{where}: switch_window.spans.{policy}: expected a list per rank")
         for rank, rows in enumerate(per_rank):
             try:
                 spans = sorted(((str(n), float(a), float(d)) for n, a, d in rows), key=lambda s: s[1])
             except (TypeError, ValueError):
-                raise WalkRecordError(f"{where}: switch_window.spans.{policy}[{rank}]: expected [name, start, "
+                raise RecordError(f"{where}: switch_window.spans.{policy}[{rank}]: expected [name, start, "
                                       "duration] rows") from None
             out.extend(_rank_walks(policy, rank, spans))
     return out
@@ -162,10 +160,10 @@ def replay_mesh_walk(rows: Sequence[Mapping[str, Any]], *, poll_s: float, destro
     t = 0.0
     for i, g in enumerate(rows):
         if not isinstance(g, Mapping) or "name" not in g or "destroy_s" not in g:
-            raise WalkRecordError(f"mesh_walk[{rank}].groups[{i}]: expected name, size, member, destroy_s")
+            raise RecordError(f"mesh_walk[{rank}].groups[{i}]: expected name, size, member, destroy_s")
         if g.get("member"):
             if "first_collective_s" not in g:
-                raise WalkRecordError(f"mesh_walk[{rank}].groups[{i}] ({g['name']}): a member needs first_collective_s")
+                raise RecordError(f"mesh_walk[{rank}].groups[{i}] ({g['name']}): a member needs first_collective_s")
             t += float(g["first_collective_s"])
             inits[str(g["name"])] = t
     t += gap_s
@@ -175,7 +173,7 @@ def replay_mesh_walk(rows: Sequence[Mapping[str, Any]], *, poll_s: float, destro
         start = t
         if g.get("member"):
             if size not in destroy_s:
-                raise WalkRecordError(f"mesh_walk[{rank}]: no destroy cost for groups of {size} rank(s)")
+                raise RecordError(f"mesh_walk[{rank}]: no destroy cost for groups of {size} rank(s)")
             t += (inits[str(g["name"])] - t) % poll_s + destroy_s[size]
         else:
             t += float(g["destroy_s"])
@@ -188,18 +186,18 @@ def mesh_walks(data: Mapping[str, Any], where: str = "record") -> list[list[Mapp
     raw = data.get("comm_raw")
     mesh = raw.get("mesh_walk") if isinstance(raw, Mapping) else None
     if not isinstance(mesh, list) or not mesh or any(not isinstance(m, Mapping) or "groups" not in m for m in mesh):
-        raise WalkRecordError(f"{where}: no comm_raw.mesh_walk (bench/gpu/multigpu.py records it since its "
+        raise RecordError(f"{where}: no comm_raw.mesh_walk (bench/gpu/multigpu.py records it since its "
                               "second 2 x H200 run of 2026-11-30); use a record that has it")
     return [list(m["groups"]) for m in mesh]
 
 
 def replay_record(data: Mapping[str, Any], topology: str, where: str = "record") -> list[MeshDestroy]:
     """Every rank's mesh walk replayed with ``topology``'s proxy poll and destroy costs (no constant fitted here)."""
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     comm = Topology.from_preset(topology).comm
     if comm.proxy_poll_s <= 0:
-        raise WalkRecordError(f"preset {topology!r} does not model the proxy poll; use calibrated/hgx-h200-8x")
+        raise RecordError(f"preset {topology!r} does not simulate the proxy poll; use calibrated/hgx-h200-8x")
     costs = {1: comm.for_size(1).destroy_s, 2: comm.for_size(2).destroy_s}
     out = []
     for rank, rows in enumerate(mesh_walks(data, where)):
@@ -233,15 +231,15 @@ class ProbeDestroy:
 
 
 def _probe_events(data: Mapping[str, Any], where: str) -> list[list]:
-    """Each rank's ``[kind, group, time]`` events of a destroy-walk probe record; WalkRecordError names what is wrong."""
+    """Each rank's ``[kind, group, time]`` events of a destroy-walk probe record; RecordError names what is wrong."""
     ranks = data.get("ranks")
     if data.get("kind") != "destroy_walk_probe" or not isinstance(ranks, list):
-        raise WalkRecordError(f"{where}: not a bench/gpu/destroy_walk_probe.py record (kind destroy_walk_probe, ranks)")
+        raise RecordError(f"{where}: not a bench/gpu/destroy_walk_probe.py record (kind destroy_walk_probe, ranks)")
     out = []
     for rank, r in enumerate(ranks):
         events = r.get("events") if isinstance(r, Mapping) else None
         if not isinstance(events, list):
-            raise WalkRecordError(f"{where}: ranks[{rank}].events: expected [kind, group, time] rows")
+            raise RecordError(f"{where}: ranks[{rank}].events: expected [kind, group, time] rows")
         out.append(events)
     return out
 
@@ -310,7 +308,7 @@ def poll_phase_spread(data: Mapping[str, Any], where: str = "record") -> tuple[f
             how = (f"rank {rank}: {len(passes)} init passes of {len(passes[0])} groups took "
                    f"{min(spans):.3f}-{max(spans):.3f} s from first to last init")
     if worst < 0:
-        raise WalkRecordError(f"{where}: no rank has two full init passes (every group's first collective) to compare")
+        raise RecordError(f"{where}: no rank has two full init passes (every group's first collective) to compare")
     return worst, how
 
 
@@ -326,7 +324,7 @@ def late_walks(data: Mapping[str, Any], where: str = "record", poll_s: float = 0
     used = {w: max(sum(d.since_init is not None for d in ds) for ds in by_rank.values()) for w, by_rank in walks.items()}
     full = max(used.values(), default=0)
     if full < 2:
-        raise WalkRecordError(f"{where}: no walk destroys two or more initialised groups; no late walks to count")
+        raise RecordError(f"{where}: no walk destroys two or more initialised groups; no late walks to count")
     slowest = [max(ds[-1].end - ds[0].start for ds in walks[w].values()) for w in sorted(walks) if used[w] == full]
     median = statistics.median(slowest)
     late = sum(t > median + poll_s / 2 for t in slowest)
@@ -406,7 +404,7 @@ def nccl_log_lines(path: str | Path) -> list[str]:
                         for line in tar.extractfile(m).read().decode(errors="replace").splitlines()]
         return path.read_text(errors="replace").splitlines()
     except (OSError, tarfile.TarError) as exc:
-        raise WalkRecordError(f"{path}: cannot read it as an NCCL log or an archive of them ({exc})") from None
+        raise RecordError(f"{path}: cannot read it as an NCCL log or an archive of them ({exc})") from None
 
 
 def uds_report(threads: Sequence[UdsThread], poll_s: float = 0.5) -> str:
@@ -435,7 +433,7 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise WalkRecordError(f"{path}: cannot read it as JSON ({exc})") from None
+        raise RecordError(f"{path}: cannot read it as JSON ({exc})") from None
     where = str(path)
     if isinstance(data, Mapping) and data.get("kind") == "destroy_walk_probe":
         return "\n".join([f"{where}: {data.get('policy')} (weight sync collective: {data.get('sync', 'tp')}), each "
@@ -453,7 +451,7 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
                          "sync (its collective) started")
     try:
         replay = replay_record(data, topology, where)
-    except WalkRecordError as exc:
+    except RecordError as exc:
         lines.append(f"mesh walk: {exc}")
         return "\n".join(lines)
     lines.append(f"comm_raw.mesh_walk replayed on {topology} (proxy poll and destroy costs as fitted, nothing fitted "
@@ -480,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         texts = [report(r, args.topology) for r in args.records]
-    except WalkRecordError as exc:
+    except RecordError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print("\n\n".join(texts))
@@ -491,6 +489,6 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-__all__ = ["late_walks", "DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "WalkRecordError", "init_passes",
+__all__ = ["late_walks", "DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "init_passes",
            "main", "mesh_walks", "nccl_log_lines", "poll_phase_spread", "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
            "uds_report", "uds_threads", "walks_from_spans"]

@@ -26,7 +26,7 @@ What is fitted, and from which part of which record (each fitted constant's
 * from ``bench/gpu/destroy_walk_probe.py`` records: ``nccl_poll_phase_spread``,
   how far the proxy poll phases of a training step's communicators move against
   one another between steps (:func:`sim.calibrate.destroy_walks.poll_phase_spread`): a
-  destroy the model has waiting less than that for its poll timeout may wait a
+  destroy simulated as waiting less than that for its poll timeout may wait a
   whole period more on hardware ([Note: one poll period more] in
   :mod:`sim.calibrate.destroy_walks`).
 
@@ -135,12 +135,9 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
                                    f"host {rec.host!r}"))
             continue
         if isinstance(rec, DestroyWalkRecord):
-            from sim.calibrate.destroy_walks import WalkRecordError, poll_phase_spread
+            from sim.calibrate.destroy_walks import poll_phase_spread
 
-            try:
-                spread, how = poll_phase_spread(rec.data, rec.name)
-            except WalkRecordError as exc:
-                raise RecordError(str(exc)) from None
+            spread, how = poll_phase_spread(rec.data, rec.name)
             out.append(Observation("nccl_poll_phase_spread", spread, rec.name,
                                    f"{rec.policy}, {rec.world_size} ranks, {how}: the range"))
             from sim.calibrate.destroy_walks import late_walks
@@ -314,7 +311,7 @@ def fit_words(records: Iterable[Record]) -> str:
 
 def write_preset(data: dict[str, Any], out: str | Path) -> Path:
     """Write a preset JSON (after checking that it loads as a topology)."""
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     Topology(data, where=f"calibrated preset {out}")
     path = Path(out)

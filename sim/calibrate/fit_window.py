@@ -63,7 +63,7 @@ def derive_resume_canary(record: MultiGpuRecord, data: Mapping[str, Any]) -> tup
     if n == 0:
         raise RecordError(f"{where}: the mesh {sw.settings['dp']} x {sw.settings['tp']} has no multi-rank group to "
                           "charge a canary after resume to")
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     gpus = Topology(dict(data), where="the preset being calibrated").num_gpus
     ranks = int(sw.settings["dp"]) * int(sw.settings["tp"])

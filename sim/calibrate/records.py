@@ -251,7 +251,7 @@ def _switch_window(raw: Any, where: str) -> SwitchWindow:
 
 
 #: the training step's first collectives after the wake, and the same again on live groups (optional; what the
-#: switch cost adds to the window: :mod:`sim.models.switch_cost`)
+#: switch cost adds to the window: :mod:`sim.machine.switch_cost`)
 FIRST_USE = ("first_use_after_wake", "steady_use_after_wake")
 
 #: the lifecycle span that times each switch phase in ``bench/switch_window.py``'s ``run_steps``

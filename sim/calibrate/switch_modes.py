@@ -19,58 +19,48 @@ resume). This module keeps those parts and composes them the way each mode of
 * ``streamed``: as overlapped, but the reload of the rest streams into the
   next training step: reload = resume (in the reload phase, beside the
   copies). What the step pays for it depends on the copy engine
-  (``copy_engine``): ``"in_order"`` (measured on the H200,
-  ``bench/gpu/copy_queue_probe.py``: the engine serves the copies queued on a
-  stream before another stream's, so the step's first pinned host-to-device
-  copy waits for the rest's copies): the step's device work runs up to its
-  first wait, and the step pays what is left of the rest after the resume and
-  that stretch (an upper bound: a step bound by the host runs ahead of its
-  device by a little before it blocks). Where the first wait comes depends on
-  the order the store issues the reload in (``reload_order``): ``"category"``
-  (the store before it issued layouts in first-use order: buffers after the
-  optimizer state) made the forward's first layer wait for the whole rest on
-  its rotary buffer, so nothing ran under it; ``"first_use"`` (params,
-  buffers, grads, optimizer state) leaves nothing of the rest for the forward,
-  and the first wait is FSDP2's post-backward of the last layer, which copies
-  a pinned buffer (its ``_chunk_cat`` metadata) on the compute stream, 61.8
-  ms into a 200.3 ms plain step on the H200 (``FIRST_WAIT_SHARE``, read from
-  the profiled plain step of
-  ``bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/``),
-  unless the step copies its batch at its start and the batch is larger than
-  a pageable copy CUDA stages inline (``INLINE_COPY_BYTES``: a 16 KiB batch
-  did not wait, a 256 KiB one waited 128 ms on the H200): then the batch's
-  copy is the first wait, at the step's start. The RL step copies its batch
-  to the device at the rollout's end (``batch_ahead`` in its config, the
-  default since it was found).
-  ``"shared"`` (the ideal the first prediction
-  assumed): the rest's copies run under the forward and backward
-  (``fwd_bwd_share`` of the measured training step), and the step pays only
-  what is left of them after those, at the optimizer. ``"sms"`` (the store's
-  ``stream_sm_ctas``: a kernel on a few SMs makes the streamed reloads'
-  host-to-device copies, reading the pinned host buffers, and the engine
-  serves the step's own copies at once): as ``"shared"``, with every streamed
-  copy at the kernel's rate, ``SM_COPY_RATE`` of the engine's (50.7 against
-  54.8 GB/s on the H200, ``bench/gpu/sm_copy_probe.py``), and the step's own
-  compute taken as not slowed by the kernel (a step bound by the host).
+  (``copy_engine``):
+
+  - ``"in_order"``: the engine serves the copies queued on a stream before
+    another stream's, so the step's first pinned host-to-device copy waits for
+    the rest's copies. The step's device work runs up to its first wait, and the
+    step pays what is left of the rest after the resume and that stretch (an
+    upper bound: a step bound by the host runs ahead of its device by a little
+    before it blocks). Where the first wait comes depends on the order the store
+    issues the reload in (``reload_order``): ``"category"`` (buffers after the
+    optimizer state) puts it at the forward's first layer, which reads a buffer,
+    so nothing of the rest runs under the step; ``"first_use"`` (params,
+    buffers, grads, optimizer state) leaves nothing of the rest for the forward,
+    and the first wait is FSDP2's post-backward of the last layer, which copies a
+    pinned buffer (its ``_chunk_cat`` metadata) on the compute stream, at
+    ``FIRST_WAIT_SHARE`` of a plain step; unless the step copies its batch at
+    its start and the batch is larger than a pageable copy CUDA stages inline
+    (``INLINE_COPY_BYTES``): then the batch's copy is the first wait, at the
+    step's start. (The RL step copies its batch to the device at the rollout's
+    end: ``batch_ahead`` in its config.)
+  - ``"shared"``: the rest's copies run under the forward and backward
+    (``fwd_bwd_share`` of the measured training step), and the step pays only
+    what is left of them after those, at the optimizer.
+  - ``"sms"`` (the store's ``stream_sm_ctas``: a kernel on a few SMs makes the
+    streamed reloads' host-to-device copies, reading the pinned host buffers,
+    and the engine serves the step's own copies at once): as ``"shared"``, with
+    every streamed copy at the kernel's rate, ``SM_COPY_RATE`` of the engine's,
+    and the step's own compute taken as not slowed by the kernel (a step bound
+    by the host).
 
 With the optimizer stepped per unit inside the backward and each unit's state
 copied early (``early_units_bytes``, the RL step's ``--offload-in-backward``),
 the offload's copies leave the switch: the first unit is final at the step's
 first post-backward (``FIRST_WAIT_SHARE``), the others follow evenly to the
 step's end, the root (embeddings, head; its gradients are reduced last) at the
-end itself: the optimizer's own time, at the step's end otherwise (23 ms of a
-517 ms step bound by the device on the H200, after a backward ending at 0.95
-of it, ``profile_train_plain_4`` of
-``bench/results/2026-12-02-h200-stream-order-batch-ahead/profile_device_bound_before/``),
-moves into the backward. The copies run one after another at the record's
+end itself, where the optimizer's own time, at the step's end otherwise, moved
+into the backward. The copies run one after another at the record's
 device-to-host rate from the moment each unit is final, and what outlasts the
 step is paid by it (:func:`early_copies_tail`; the step's phase ends on a
 device synchronisation). The offload keeps the lifecycle's pause and the
 store's host work, read from the record's own steady offload
 (:func:`store_offload_host_s`; the preset's constant where the record has
-none). The copies' effect on the step's compute is taken as nil. (The first
-prediction of this mode ended the units at ``fwd_bwd_share`` of the step and
-took the preset's store host time: 0.123 s against 0.215 s measured.)
+none). The copies' effect on the step's compute is taken as nil.
 
 With ``sync_first`` (the RL step's ``--sync-first``, verl's order) the weight
 sync is the gather alone, reading the resident params before the offload
@@ -82,6 +72,9 @@ resume. With early copies the offload phase is the lifecycle's pause walk and
 the store's host stages one after the other (both Python on one interpreter),
 taken as measured where the record itself ran with early copies
 (:func:`early_offload_phase_s`).
+
+Where the constants come from and how the predictions fared against the runs
+they preceded: docs/calibration.md, "The colocated switch by mode".
 
 ``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
 the window's phases plus what the first training step after the switch pays
@@ -100,7 +93,7 @@ import json
 import sys
 from typing import Any
 
-from sim.calibrate.colocated import RecordError, predict_step
+from sim.calibrate.colocated import predict_step
 
 #: the switch modes (bench/switch_modes.py MODES)
 MODES = ("sequential", "overlapped", "streamed")
@@ -112,7 +105,7 @@ COPY_ENGINES = ("in_order", "shared", "sms")
 #: programs 50.7 GB/s, the engine 54.8 GB/s (bench/results/2026-12-02-h200-sm-copies/sm_copy_run1.json; the second
 #: run: 51.0 and 55.2 GB/s)
 SM_COPY_RATE = 50.7 / 54.8
-#: the orders a reload may issue its layouts in (module docstring)
+#: the orders a reload may issue its flat buffers in (module docstring)
 RELOAD_ORDERS = ("first_use", "category")
 #: share of a training step before its first wait on a streamed reload issued in first-use order: FSDP2's first
 #: post-backward pinned copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of the record named
@@ -342,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "early_offload_phase_s",
            "reload_issue_host_s",
-           "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "RecordError", "format_rows", "main", "predict_modes"]
+           "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

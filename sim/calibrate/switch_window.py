@@ -20,7 +20,7 @@ from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.comm.group_plan import GroupPlanRules
 from refimpl.runtime.base import GroupSpec, ReduceOp, Runtime
 from sim.calibrate.records import PHASES
-from sim.models.switch_cost import SwitchCost, SwitchCostError, steady_switch_cost, switch_cost
+from sim.machine.switch_cost import SwitchCost, SwitchCostError, steady_switch_cost, switch_cost
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class StepTimes:
     poll_late: tuple[str, ...] = ()
     #: the first collectives on every group after this step's wake (the next step's ``first_use``, or the one
     #: after the last step), and the same collectives timed again right after them (groups live: the roles' own
-    #: work); what :func:`sim.models.switch_cost.switch_cost` takes (None until timed)
+    #: work); what :func:`sim.machine.switch_cost.switch_cost` takes (None until timed)
     first_use_after: float | None = None
     steady_use_after: float | None = None
 
@@ -199,7 +199,7 @@ class StepTimes:
 
     @property
     def cost(self) -> "SwitchCost":
-        """This step's switch cost on this rank ([Note: the switch cost] in :mod:`sim.models.switch_cost`)."""
+        """This step's switch cost on this rank ([Note: the switch cost] in :mod:`sim.machine.switch_cost`)."""
         if self.first_use_after is None:
             raise SwitchCostError("switch cost: this step's first collectives after the wake were not timed")
         return switch_cost(self.sleep, self.update_weights, self.wake_up, self.first_use_after,
@@ -302,7 +302,7 @@ async def run_steps(
 class PolicyResult:
     """Steady-state means over ranks and the measured steps for one policy.
 
-    ``switch_cost`` is what the policy adds to a step ([Note: the switch cost] in :mod:`sim.models.switch_cost`): the
+    ``switch_cost`` is what the policy adds to a step ([Note: the switch cost] in :mod:`sim.machine.switch_cost`): the
     window's phases (``sleep``, ``update_weights``, ``wake_up``; ``total`` is their sum, the window) plus
     ``first_use_extra``, what the training step's first collectives after the wake cost beyond the same
     collectives on live groups. Policies are ranked by ``switch_cost``.
@@ -336,8 +336,8 @@ class PolicyResult:
 
     def expected(self, what: str) -> float:
         """The expected figure of a phase (``sleep``, ``update_weights``, ``wake_up``), of the window (``total``) or
-        of the switch cost (``switch_cost``): the modelled one plus ``poll_late_rate`` poll periods for each phase
-        that may end a period late. Its range is the modelled figure to a whole period more per such phase."""
+        of the switch cost (``switch_cost``): the simulated one plus ``poll_late_rate`` poll periods for each phase
+        that may end a period late. Its range is the simulated figure to a whole period more per such phase."""
         late = [ph for ph in self.poll_late if what in (ph, "total", "switch_cost")]
         base = getattr(self, what)
         if base is None:
@@ -389,9 +389,9 @@ def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s:
 
     kwargs: dict[str, Any] = {}
     if topology:
-        from sim.models.collectives import NcclComm, TopologyCollectiveCost
-        from sim.models.memory import TopologyMemory
-        from sim.models.topology import Topology
+        from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+        from sim.machine.memory import TopologyMemory
+        from sim.machine.topology import Topology
 
         topo = Topology(topology) if isinstance(topology, dict) else Topology.from_preset(topology)
         # torch creates NCCL communicators lazily: the first collective of a (re)built group pays the init
@@ -429,10 +429,10 @@ def summarize_simulated(row: "PGPolicy | str", per_rank: list[list[StepTimes]], 
 
 
 def poll_period(topology: "str | dict[str, Any] | None") -> float:
-    """The NCCL proxy poll period of ``topology``'s multi-rank communicators (0 where not modelled)."""
+    """The NCCL proxy poll period of ``topology``'s multi-rank communicators (0 where not simulated)."""
     if not topology:
         return 0.0
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     topo = Topology(topology) if isinstance(topology, dict) else Topology.from_preset(topology)
     return topo.comm.for_size(2).proxy_poll_s
@@ -442,7 +442,7 @@ def poll_late_rate(topology: "str | dict[str, Any] | None") -> float:
     """The fitted fraction of walks over just-initialised groups that end a poll period late (0 where not fitted)."""
     if not topology:
         return 0.0
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     topo = Topology(topology) if isinstance(topology, dict) else Topology.from_preset(topology)
     return topo.comm.for_size(2).poll_late_rate
@@ -459,7 +459,7 @@ def records_main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from sim.calibrate.records import MultiGpuRecord, load_record
-    from sim.models.switch_cost import recorded_switch_cost
+    from sim.machine.switch_cost import recorded_switch_cost
 
     ap = argparse.ArgumentParser(prog="python -m sim.calibrate.switch_window", description=records_main.__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+")

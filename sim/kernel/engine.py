@@ -59,11 +59,6 @@ class Event:
         self.callback = None
         self.args = ()
 
-    @property
-    def cancelled(self) -> bool:
-        """True once :meth:`cancel` was called (the engine will skip the event)."""
-        return self.callback is None
-
 
 class Chooser(Protocol):
     """Picks which of ``n`` events ready at the same instant runs next (0 = FIFO)."""
@@ -231,7 +226,7 @@ class Process:
     """A coroutine the engine drives; see the module docstring."""
 
     __slots__ = ("engine", "name", "state", "result", "exception", "waiting_on", "waiting_since", "ended_at",
-                 "crash_where", "_coro", "_on_exit")
+                 "crash_where", "_coro")
 
     def __init__(self, engine: "Engine", coro: Coroutine[Any, Any, Any], name: str):
         if not hasattr(coro, "send"):
@@ -249,17 +244,12 @@ class Process:
         self.ended_at: float | None = None
         self.crash_where = ""
         self._coro = coro
-        self._on_exit: list[Callable[["Process"], None]] = []
         engine.schedule(0.0, self._step)
 
     @property
     def alive(self) -> bool:
         """True while the process is READY or WAITING (it has not finished, failed or crashed)."""
         return self.state in (ProcessState.READY, ProcessState.WAITING)
-
-    def on_exit(self, cb: Callable[["Process"], None]) -> None:
-        """Call ``cb(process)`` when the process finishes, fails or crashes."""
-        self._on_exit.append(cb)
 
     def abandon(self) -> None:
         """Close the coroutine of a process the engine will not run again (the world stopped).
@@ -325,8 +315,6 @@ class Process:
             # closed (which would run its ``finally`` blocks) while the engine lives.
             self.engine._graveyard.append(self._coro)
         self._coro = None  # type: ignore[assignment]
-        for cb in self._on_exit:
-            cb(self)
 
     def __repr__(self) -> str:
         return f"<Process {self.name} {self.state.value}>"

@@ -39,7 +39,7 @@ class SimOutOfMemoryError(SimError, _TorchOOM):
         )
         if holders:
             msg += f"; largest holders: {holders}"
-        msg += ". Offload or release state first, or give the memory model a larger capacity."
+        msg += ". Offload or release state first, or give the simulated memory a larger capacity."
         super().__init__(msg)
 
 

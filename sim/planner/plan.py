@@ -184,7 +184,7 @@ class Planner:
         :data:`PG_STEPS` steps with no training time and the plan's full-memory rollout time, means of the steps
         after :data:`PG_WARMUP`, slowest rank. ``first_use``: what the training step's first collectives after the wake
         cost beyond the same collectives on live groups (lazy NCCL init of rebuilt groups), charged to the training
-        turn; ``switch_cost``: the window plus that ([Note: the switch cost] in :mod:`sim.models.switch_cost`), what the
+        turn; ``switch_cost``: the window plus that ([Note: the switch cost] in :mod:`sim.machine.switch_cost`), what the
         plan's step pays for the policy. ``held``: NCCL bytes kept in the rollout.
         ``none`` (no lifecycle) costs nothing and holds what ``paused_live`` holds.
         """
@@ -348,7 +348,7 @@ class Planner:
                 base, _added = self._fsdp_cpu_train(r, base)
             compute[r] = base
         # the trained roles' first collectives after the wake (lazy NCCL init of rebuilt groups) are switch cost
-        # ([Note: the switch cost] in sim.models.switch_cost), paid at the start of their compute turn
+        # ([Note: the switch cost] in sim.machine.switch_cost), paid at the start of their compute turn
         first_use = {r: costs[r]["train_overhead_s"] for r in trained}
         switch = sum(first_use.values())
         seq = roles

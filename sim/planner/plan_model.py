@@ -231,7 +231,7 @@ class Machine:
     def __init__(self, cluster: "str | dict[str, Any]", nodes: int):
         from refimpl.runtime.base import CopyKind
         from sim.presets import PresetError
-        from sim.models.topology import Topology
+        from sim.machine.topology import Topology
 
         try:
             if isinstance(cluster, dict):  # preset data (e.g. cut to fewer GPUs by sim.presets.first_gpus)

@@ -81,7 +81,7 @@ def simulate_node(planner: Any, role: str, include: tuple[str, ...], pg_policy: 
     ranks = result.data["ranks"]
     # no per-tensor correction: after the first cycle the store copies each dtype's flat buffer per pinned
     # host segment (docs/calibration.md), so the copy count does not follow the tensor count (checked
-    # against the full tensor list in tests/sim/test_plan.py)
+    # against the full tensor list in tests/sim/planner/test_plan.py)
     extra = 0.0
     out = {
         "offload_s": ph["sleep"] + extra,

@@ -8,7 +8,7 @@ writing numbers, so :class:`ConstantTable.ref` is the only way a figure gets in,
 and it refuses a bare number.
 
 This module reads those tables and the three parameter sections of a preset
-(``copy``, ``collective``, ``comm``); :mod:`sim.models.topology` reads the graph part.
+(``copy``, ``collective``, ``comm``); :mod:`sim.machine.topology` reads the graph part.
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ class CopyParams:
 
     ``scrub_bps``: how fast the driver zero-fills device memory given back to it
     (bytes/s); host-to-device copies issued while it does so wait for it
-    (``bench/results/2026-11-29-h200-run7``). 0: not modelled.
+    (``bench/results/2026-11-29-h200-run7``). 0: not simulated.
     """
 
     latency_s: float
@@ -229,7 +229,7 @@ class CommParams:
     costs beyond the collective itself (0 where not measured).
 
     [Note: the proxy's 500 ms poll] ``proxy_poll_s`` (optional key
-    ``proxy_poll``; 0: not modelled) is the poll timeout of NCCL's UDS proxy
+    ``proxy_poll``; 0: not simulated) is the poll timeout of NCCL's UDS proxy
     thread (``ncclProxyServiceUDS`` in NCCL's ``src/proxy.cc``: ``poll(pollfds,
     1, 500)``, and it reads its stop flag only when the poll returns). Each
     initialised communicator has that thread (cuMem, the default on Hopper),
@@ -239,21 +239,21 @@ class CommParams:
     thread's last request): ``destroy_s`` is what is left beyond that wait.
 
     ``poll_phase_spread_s`` (optional key ``poll_phase_spread``; 0: not
-    modelled) is how far the proxy threads' poll phases move against one another
+    simulated) is how far the proxy threads' poll phases move against one another
     from one training step to the next on real hardware: the range, over steps,
     of the time from the first to the last lazy NCCL init of the training step's
     groups (``bench/gpu/destroy_walk_probe.py`` records, :mod:`sim.calibrate.fit`). A
-    destroy whose modelled wait for its poll timeout is shorter than that can
+    destroy whose simulated wait for its poll timeout is shorter than that can
     find the timeout just passed and wait a whole period more, and every later
     destroy of its walk with it ([Note: one poll period more] in
     :mod:`sim.calibrate.destroy_walks`): the simulator marks such a phase as ending either
-    when it says or ``proxy_poll_s`` later (:attr:`sim.models.collectives.NcclComm.poll_late`).
+    when it says or ``proxy_poll_s`` later (:attr:`sim.machine.collectives.NcclComm.poll_late`).
 
-    ``agreement_s`` (optional key ``agreement``; 0: not modelled) is what one
+    ``agreement_s`` (optional key ``agreement``; 0: not simulated) is what one
     collective on a two-rank Gloo group takes on this host (the lifecycle's
     agreements on its control group): a collective on a Gloo group takes at least
-    that, ``n - 1`` times over ``n`` ranks, or what the link model gives if more
-    (:meth:`sim.models.collectives.NcclComm.gloo_collective_time`).
+    that, ``n - 1`` times over ``n`` ranks, or what the links give if more
+    (:meth:`sim.machine.collectives.NcclComm.gloo_collective_time`).
     """
 
     memory_bytes: int
@@ -272,7 +272,7 @@ class CommParams:
     #: one collective on a Gloo group (a lifecycle agreement) on this host (0: timed like NCCL)
     agreement_s: float = 0.0
     #: the fraction of walks over just-initialised groups that end one poll period late (fitted on probe records;
-    #: a marked phase's expected figure is its modelled one plus this many periods)
+    #: a marked phase's expected figure is its simulated one plus this many periods)
     poll_late_rate: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None

@@ -29,8 +29,8 @@ def _validator(name: str) -> Any:
     import jsonschema
 
     schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
-    # the shipped schemas are checked against their meta-schema by tests/sim/test_scenario.py, not in
-    # every process that parses a scenario (20 ms of a 1,024-rank `timeshare sim run`, issue 18)
+    # the shipped schemas are checked against their meta-schema by tests/sim/scenarios/test_scenario.py, not in
+    # every process that parses a scenario (20 ms of a 1,024-rank `timeshare sim run`)
     return jsonschema.validators.validator_for(schema)(schema)
 
 

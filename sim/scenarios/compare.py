@@ -4,7 +4,7 @@
 scenario (file or shipped example name), which is then run first; ``--set`` overrides apply to
 the scenarios. The table lists, per phase of the last step, the mean over finished ranks of A and
 of B and the ratio B/A, the switch cost of the last step (its pause, weight sync and wake plus what the
-first collectives after a wake added, slowest rank: [Note: the switch cost] in :mod:`sim.models.switch_cost`;
+first collectives after a wake added, slowest rank: [Note: the switch cost] in :mod:`sim.machine.switch_cost`;
 ``-`` where the scenario does not touch its groups in training), then the peaks of GPU and pinned host memory (GiB) and simulated time (s).
 """
 from __future__ import annotations

@@ -47,9 +47,9 @@ induction over events:
   (``property_tests/test_fold_property.py``).
 
 [Note: units smaller than a node]
-Until issue 18's last round the unit was a node, so the default scenario
-simulated 16 ranks (node 0 as the head, node 1 for the rest). But the two
-sockets of an HGX node share nothing a copy uses: GPUs 0-3 stage through
+With a whole node as the unit the default scenario would simulate 16 ranks
+(node 0 as the head, node 1 for the rest). But the two sockets of an HGX
+node share nothing a copy uses: GPUs 0-3 stage through
 their PCIe switches and socket 0 to NUMA node 0, GPUs 4-7 through socket 1 to
 NUMA node 1, and collectives are costed per group, not per link. A socket can
 then stand for a socket, node borders or not, and the head and the period are
@@ -75,7 +75,7 @@ group.
 
 Anything the checks did not foresee (a collective moving real bytes, a rank
 that did not finish, a deadlock) makes :func:`run_auto` fall back to the full
-simulation. ``tests/sim/test_fold.py`` compares folded and full runs bit for
+simulation. ``tests/sim/scenarios/test_fold.py`` compares folded and full runs bit for
 bit at 256 to 2,048 ranks and against the golden results of the simulator as
 it was before folding existed.
 """
@@ -97,10 +97,10 @@ from sim.scenarios.result import RankOutcome, ScenarioResult, judge
 from sim.world import RankReport, WorldReport
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.faults import FaultPlan
-    from sim.scenarios.runner import Layout
+    from sim.machine.faults import FaultPlan
+    from sim.scenarios.runner import MeshGroups
     from sim.scenarios.scenario import Scenario
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
 log = logging.getLogger(__name__)
@@ -233,15 +233,15 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | 
     return None
 
 
-def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold: Fold) -> str | None:
+def _groups_symmetric(scn: "Scenario", topo: "Topology", groups: "MeshGroups", fold: Fold) -> str | None:
     """None when every rank's groups look like its representative's (see the module docstring)."""
-    from sim.models.collectives import TopologyCollectiveCost
+    from sim.machine.collectives import TopologyCollectiveCost
 
     active, rep_of = fold.active, fold.rep
     head = fold.head * fold.unit
-    by_name = {s.name: s for s in layout.specs}
+    by_name = {s.name: s for s in groups.specs}
     repset: dict[str, frozenset[int]] = {}
-    for spec in layout.specs:
+    for spec in groups.specs:
         # [Note: first come, first served] The first member to use a lazily created communicator pays
         # its initialisation; the others do not. Members that share a representative must therefore
         # not include that first one, unless a head rank (standing only for itself) comes first.
@@ -252,12 +252,12 @@ def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold:
         repset[spec.name] = frozenset(reps)
         if len(repset[spec.name]) < len(reps) and not (spec.ranks[0] < head):
             return f"group {spec.name!r} has members that share a representative and no head rank"
-    actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in layout.specs}
+    actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in groups.specs}
     cost = TopologyCollectiveCost(topo)
     fams = [f.name for f in scn.groups]
     for r in range(scn.world_size):
         rep = rep_of(r)
-        mine, theirs = layout.member[r], layout.member[rep]
+        mine, theirs = groups.member[r], groups.member[rep]
         if set(mine) != set(theirs):
             return f"rank {r} is in other group families than rank {rep}"
         order = sorted(fams, key=lambda f: mine.get(f, ""))
@@ -277,9 +277,9 @@ def _groups_symmetric(scn: "Scenario", topo: "Topology", layout: "Layout", fold:
     return None
 
 
-def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | None, str]:
+def plan_fold(scn: "Scenario", groups: "MeshGroups | None" = None) -> tuple[Fold | None, str]:
     """The fold for ``scn`` (None if it cannot fold) and a one-line reason."""
-    from sim.scenarios.runner import group_layout
+    from sim.scenarios.runner import mesh_groups
 
     topo = scn.topo
     if topo is None:
@@ -295,7 +295,7 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
         return None, f"offload backend {scn.offload.backend!r} gives each rank of a group its own slice"
     if scn.world_size % g or scn.world_size // g < 2:
         return None, f"{scn.world_size} ranks are not two or more whole nodes of {g} GPUs"
-    layout = layout or group_layout(scn)
+    groups = groups or mesh_groups(scn)
     why = "no candidate"
     candidates = []
     for unit in (u for u in range(1, g + 1) if g % u == 0):  # see [Note: units smaller than a node]
@@ -310,7 +310,7 @@ def plan_fold(scn: "Scenario", layout: "Layout | None" = None) -> tuple[Fold | N
     candidates.sort(key=lambda f: (f.active, f.unit != g))
     apart: dict[int, str | None] = {}
     for fold in candidates:
-        why = _groups_symmetric(scn, topo, layout, fold)  # most candidates fail here, at the first group
+        why = _groups_symmetric(scn, topo, groups, fold)  # most candidates fail here, at the first group
         if why is None:
             if fold.unit not in apart:
                 apart[fold.unit] = _units_apart(scn, topo, fold.unit)
@@ -369,12 +369,12 @@ class FoldedRendezvous(Rendezvous):
 
     def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
         """Timeouts would fire on behalf of ranks that do not run: not foldable."""
-        raise FoldBroken("a collective with a timeout (the fold does not model timeouts)")
+        raise FoldBroken("a collective with a timeout (the fold does not simulate timeouts)")
 
 
 
 class _ExpandedMemory:
-    """The memory model as :func:`sim.scenarios.result.judge` sees it: every rank reads its representative's ledger."""
+    """The simulated memory as :func:`sim.scenarios.result.judge` sees it: every rank reads its representative's ledger."""
 
     def __init__(self, memory: Any, fold: Fold, topo: "Topology"):
         self._m, self._fold = memory, fold
@@ -429,8 +429,8 @@ class _EventOwners:
 
     def __init__(self, world: "SimWorld"):
         from sim.kernel.engine import Process
-        from sim.models.collectives import TopologyCollectiveCost
-        from sim.models.flows import FlowTransport
+        from sim.machine.collectives import TopologyCollectiveCost
+        from sim.machine.flows import FlowTransport
 
         self.by_rank: dict[int, int] = {}
         self.by_group: dict[str, int] = {}
@@ -470,7 +470,7 @@ class _EventOwners:
         engine._pop = counted_pop  # instance attribute: Engine.run looks it up on the instance
 
 
-def expand_events(fold: Fold, owners: _EventOwners, layout: "Layout") -> int:
+def expand_events(fold: Fold, owners: _EventOwners, groups: "MeshGroups") -> int:
     """The event count of the full run (see [Note: when two ranks follow the same timeline]).
 
     Each active rank's events count once per rank it stands for; each group of
@@ -478,14 +478,35 @@ def expand_events(fold: Fold, owners: _EventOwners, layout: "Layout") -> int:
     """
     fam_of: dict[str, str] = {}
     for r in range(fold.world_size):
-        for fam, name in layout.member[r].items():
+        for fam, name in groups.member[r].items():
             fam_of.setdefault(name, fam)
     total = owners.other + owners.by_group.get(WORLD, 0)
     total += sum(n * fold.multiplicity(rank) for rank, n in owners.by_rank.items())
-    for spec in layout.specs:
-        rep_group = layout.member[fold.rep(spec.ranks[0])][fam_of[spec.name]]
+    for spec in groups.specs:
+        rep_group = groups.member[fold.rep(spec.ranks[0])][fam_of[spec.name]]
         total += owners.by_group.get(rep_group, 0)
     return total
+
+
+def _expand_ranks(world_size: int, fold: Fold, simulated: dict[int, RankOutcome], rep_report: WorldReport,
+                  groups: "MeshGroups") -> tuple[list[RankOutcome], list[RankReport]]:
+    """Every rank's outcome and report from its representative's (``simulated``, ``rep_report``), with its own rank
+    and its own group names in its last operation."""
+    outcomes: list[RankOutcome] = []
+    reports: list[RankReport] = []
+    for r in range(world_size):
+        rep = fold.rep(r)
+        o = simulated[rep]
+        rr = rep_report.ranks[rep]
+        if r == rep:
+            outcomes.append(o)
+            reports.append(rr)
+            continue
+        outcomes.append(dataclasses.replace(o, rank=r, phases=[dict(p) for p in o.phases],
+                                            mismatched=list(o.mismatched), lifecycle_stats=dict(o.lifecycle_stats)))
+        reports.append(dataclasses.replace(
+            rr, rank=r, last_op=_rename_groups(rr.last_op, groups.member[r], groups.member[rep])))
+    return outcomes, reports
 
 
 def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
@@ -497,7 +518,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     Raises :class:`FoldBroken` if the run met anything the symmetry checks do
     not cover (the caller then runs the full job).
     """
-    from sim.scenarios.runner import RankContext, build_world, group_layout, rank_main
+    from sim.scenarios.runner import RankContext, build_world, mesh_groups, rank_main
     from sim.presets.models import build_state
 
     t0 = time.perf_counter()
@@ -511,11 +532,11 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     if on_world is not None:
         on_world(world)
     world.rendezvous = FoldedRendezvous(world, fold)
-    layout = group_layout(scn)
+    groups = mesh_groups(scn)
     owners = _EventOwners(world)
     first_use = getattr(world.comm, "first_use", None)
     if first_use is not None:
-        shared = {s.name for s in layout.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
+        shared = {s.name for s in groups.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
         head = fold.head * fold.unit
 
         def checked_first_use(spec):
@@ -529,7 +550,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
             return delay
 
         world.comm.first_use = checked_first_use
-    ctx = RankContext(scn, topo, layout, build_state(scn.model))
+    ctx = RankContext(scn, topo, groups, build_state(scn.model))
     if scn.pg_policy != "none":  # as run_scenario; plan_fold refuses it, a caller passing a fold may not
         from refimpl.comm import lifecycle as lc_mod
 
@@ -549,21 +570,8 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
             raise FoldBroken(f"rank {rank} did not finish in the folded run ({r!r})")
     wall_run = time.perf_counter() - t0
     rep_report = world.report()
-    events = expand_events(fold, owners, layout)
-    outcomes: list[RankOutcome] = []
-    reports: list[RankReport] = []
-    for r in range(scn.world_size):
-        rep = fold.rep(r)
-        o = ctx.outcomes[rep]
-        rr = rep_report.ranks[rep]
-        if r == rep:
-            outcomes.append(o)
-            reports.append(rr)
-            continue
-        outcomes.append(dataclasses.replace(o, rank=r, phases=[dict(p) for p in o.phases],
-                                            mismatched=list(o.mismatched), lifecycle_stats=dict(o.lifecycle_stats)))
-        reports.append(dataclasses.replace(
-            rr, rank=r, last_op=_rename_groups(rr.last_op, layout.member[r], layout.member[rep])))
+    events = expand_events(fold, owners, groups)
+    outcomes, reports = _expand_ranks(scn.world_size, fold, ctx.outcomes, rep_report, groups)
     report = WorldReport(time=rep_report.time, events=events, ranks=tuple(reports))
     view = _ExpandedWorld(report, _ExpandedMemory(world.memory, fold, topo))
     result = judge(scn, topo, view, plan, outcomes, None, time.perf_counter() - t0)

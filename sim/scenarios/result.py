@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from sim.presets.models import describe
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.faults import FaultPlan
+    from sim.machine.faults import FaultPlan
     from sim.scenarios.scenario import Scenario
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
     from sim.world import SimWorld
 
 PHASE_ORDER = ("train", "sleep", "update_weights", "rollout", "wake_up")
@@ -131,12 +131,12 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def rank_switch_cost(phases_by_step: list[dict[str, float]]) -> float | None:
-    """One rank's switch cost in the last step ([Note: the switch cost] in :mod:`sim.models.switch_cost`): its ``sleep``,
+    """One rank's switch cost in the last step ([Note: the switch cost] in :mod:`sim.machine.switch_cost`): its ``sleep``,
     ``update_weights`` and ``wake_up``, plus what the first collectives after a wake added beyond the collectives
     (``first_use_extra``, timed in the training phase that follows a wake: the last step's own, after the step
     before's wake, as every step is alike in steady state). None without a lifecycle phase or a timed first use
     after a wake (one step, or no ``touch_groups``)."""
-    from sim.models.switch_cost import switch_cost
+    from sim.machine.switch_cost import switch_cost
 
     if len(phases_by_step) < 2:
         return None
@@ -144,6 +144,37 @@ def rank_switch_cost(phases_by_step: list[dict[str, float]]) -> float | None:
     if "first_use_extra" not in last or not all(p in last for p in ("sleep", "update_weights", "wake_up")):
         return None
     return switch_cost(last["sleep"], last["update_weights"], last["wake_up"], last["first_use_extra"]).total
+
+
+def _rank_entry(o: RankOutcome, rr: Any, memory: Any) -> dict[str, Any]:
+    """One rank's part of the result: how it ended, its phases and switch cost, its memory peaks (overall and per
+    phase); ``rr`` is the rank's :class:`sim.world.RankReport`, ``memory`` the world's simulated memory."""
+    led = memory.ledger(o.rank) if hasattr(memory, "ledger") else None
+    spans = {name: (s, e) for name, s, e in rr.spans if name in PHASE_ORDER}
+    phase_peaks = {}
+    if hasattr(memory, "peak_between"):
+        phase_peaks = {name: memory.peak_between(o.rank, s, e) for name, (s, e) in spans.items()}
+    status = "finished" if o.finished else rr.status if rr.status not in ("finished",) else "failed"
+    entry = {
+        "rank": o.rank,
+        "status": status,
+        "lifecycle_state": o.state,
+        "bitwise_equal": o.bitwise_equal,
+        "bitwise_note": o.bitwise_note,
+        "mismatched_tensors": o.mismatched,
+        "error": o.error,
+        "last_op": rr.last_op,
+        "phases": o.phases[-1] if o.phases else {},
+        "phases_by_step": o.phases,
+        "peak_device_bytes": led.device_peak if led else None,
+        "peak_host_pinned_bytes": led.host_pinned_peak if led else None,
+        "phase_peak_device_bytes": phase_peaks,
+        "lifecycle_stats": o.lifecycle_stats,
+    }
+    cost = rank_switch_cost(o.phases)
+    if cost is not None:  # only where timed (a scenario that touches its groups, two steps or more)
+        entry["switch_cost"] = cost
+    return entry
 
 
 def judge(
@@ -165,31 +196,8 @@ def judge(
         violations.append(f"{error['kind']}: {error['message']}")
     ranks = []
     for o, rr in zip(outcomes, report.ranks):
-        led = memory.ledger(o.rank) if hasattr(memory, "ledger") else None
-        spans = {name: (s, e) for name, s, e in rr.spans if name in PHASE_ORDER}
-        phase_peaks = {}
-        if hasattr(memory, "peak_between"):
-            phase_peaks = {name: memory.peak_between(o.rank, s, e) for name, (s, e) in spans.items()}
-        status = "finished" if o.finished else rr.status if rr.status not in ("finished",) else "failed"
-        ranks.append({
-            "rank": o.rank,
-            "status": status,
-            "lifecycle_state": o.state,
-            "bitwise_equal": o.bitwise_equal,
-            "bitwise_note": o.bitwise_note,
-            "mismatched_tensors": o.mismatched,
-            "error": o.error,
-            "last_op": rr.last_op,
-            "phases": o.phases[-1] if o.phases else {},
-            "phases_by_step": o.phases,
-            "peak_device_bytes": led.device_peak if led else None,
-            "peak_host_pinned_bytes": led.host_pinned_peak if led else None,
-            "phase_peak_device_bytes": phase_peaks,
-            "lifecycle_stats": o.lifecycle_stats,
-        })
-        cost = rank_switch_cost(o.phases)
-        if cost is not None:  # only where timed (a scenario that touches its groups, two steps or more)
-            ranks[-1]["switch_cost"] = cost
+        ranks.append(_rank_entry(o, rr, memory))
+        status = ranks[-1]["status"]
         if o.finished and o.bitwise_equal is False:
             violations.append(f"rank {o.rank}: tensors not bitwise equal after reload: {o.mismatched[:5]}")
         if not o.finished and not fired and error is None:

@@ -37,20 +37,20 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import torch
 
 from refimpl.runtime.base import CopyKind, GroupSpec, ReduceOp, Runtime
-from sim.models.collectives import NcclComm, TopologyCollectiveCost
+from sim.machine.collectives import NcclComm, TopologyCollectiveCost
 from sim.kernel.errors import CollectiveMismatchError, DeadlockError, SimError
-from sim.models.faults import FaultPlan
-from sim.models.flows import FlowTransport
-from sim.models.memory import TopologyMemory
+from sim.machine.faults import FaultPlan
+from sim.machine.flows import FlowTransport
+from sim.machine.memory import TopologyMemory
 from sim.presets.models import TensorSpec, build_state
 from sim.scenarios.result import PHASE_ORDER as PHASES, RankOutcome, ScenarioResult, judge
-from sim.scenarios.scenario import Scenario, ScenarioError
-from sim.models.topology import Topology
+from sim.scenarios.scenario import Scenario
+from sim.machine.topology import Topology
 from sim.world import SimWorld
 
 log = logging.getLogger(__name__)
@@ -69,14 +69,14 @@ def build_topology(scn: Scenario) -> Topology:
 
 
 @dataclass
-class Layout:
+class MeshGroups:
     """The process groups of a scenario: every group's spec and, per rank, its group in each family."""
 
     specs: list[GroupSpec]
     member: list[dict[str, str]]  # rank -> family -> group name
 
 
-def group_layout(scn: Scenario) -> Layout:
+def mesh_groups(scn: Scenario) -> MeshGroups:
     """Groups of each family over the mesh (row-major, last dimension fastest)."""
     dims = [d for d, _ in scn.mesh]
     sizes = [n for _, n in scn.mesh]
@@ -95,11 +95,11 @@ def group_layout(scn: Scenario) -> Layout:
             specs.append(GroupSpec(name, tuple(ranks), backend="nccl"))
             for r in ranks:
                 member[r][fam.name] = name
-    return Layout(specs, member)
+    return MeshGroups(specs, member)
 
 
 def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) -> tuple[SimWorld, FaultPlan | None]:
-    """A SimWorld whose models come from the topology; the fault plan is fresh for this run."""
+    """A SimWorld whose machine comes from the topology; the fault plan is fresh for this run."""
     plan = FaultPlan(scn.faults.faults) if scn.faults.faults else None
     world = SimWorld(
         scn.world_size,
@@ -125,7 +125,7 @@ class RankContext:
 
     scn: Scenario
     topo: Topology
-    layout: Layout
+    groups: MeshGroups
     state: list[TensorSpec]
     lifecycle_cls: Any = None
     outcomes: dict[int, RankOutcome] = field(default_factory=dict)
@@ -158,7 +158,7 @@ async def _use_group(rt: Runtime, world: SimWorld, name: str) -> float:
 async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.Tensor | None) -> None:
     """update_weights' export: H2D of this rank's share per bucket, all-gather over the group, IPC hand-off."""
     ex = ctx.scn.workload.export
-    group = ctx.layout.member[rt.rank].get(ex.group)
+    group = ctx.groups.member[rt.rank].get(ex.group)
     if group is None or backup is None:
         return
     n = rt.group_size(group)
@@ -166,7 +166,7 @@ async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.
     buckets = max(1, math.ceil(share * n / ex.bucket_bytes))
     per = math.ceil(share / buckets)
     for fam in ex.also_uses:  # e.g. the expert weights' broadcast: its first collective after a rebuild
-        other = ctx.layout.member[rt.rank].get(fam)
+        other = ctx.groups.member[rt.rank].get(fam)
         if other is not None:
             await _use_group(rt, world, other)
     first_use = getattr(world.comm, "first_use", None)
@@ -182,11 +182,10 @@ async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.
         rt.release(full)
 
 
-async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutcome:
-    """The scenario's steps on one rank (see the module docstring)."""
-    scn, w = ctx.scn, ctx.scn.workload
-    out = RankOutcome(rank=rt.rank)
-    ctx.outcomes[rt.rank] = out
+def _allocate_state(rt: Runtime, ctx: RankContext) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """This rank's state tensors by category and, for real payloads, a reference copy of each (seeded bytes, the
+    same on the replicas of one shard)."""
+    scn = ctx.scn
     real = scn.payload == "real"
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     reference: dict[str, torch.Tensor] = {}
@@ -197,19 +196,96 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
             _fill(t, scn.seed, shard, i)
             reference[spec.name] = t.clone()
         tensors.setdefault(spec.category, {})[spec.name] = t
-    lifecycle = None
-    managed = [s for s in ctx.layout.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
-    if len(managed) < len(ctx.layout.specs):  # the groups outside the lifecycle: created once, as torch creates them
+    return tensors, reference
+
+
+async def _start_groups(rt: Runtime, ctx: RankContext) -> Any:
+    """Create this rank's process groups: those outside the lifecycle once, as torch creates them, the others through
+    a started lifecycle, which is returned (None when the lifecycle manages no group)."""
+    scn = ctx.scn
+    managed = [s for s in ctx.groups.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
+    if len(managed) < len(ctx.groups.specs):  # the groups outside the lifecycle: created once, as torch creates them
         inside = {s.name for s in managed}
-        for spec in ctx.layout.specs:
+        for spec in ctx.groups.specs:
             if spec.name not in inside:
                 await rt.new_group(spec)
-    if managed:
-        lc_mod = ctx.lifecycle_cls
-        cfg = lc_mod.LifecycleConfig(policy=lc_mod.PGPolicy(scn.pg_policy), cooldown_s=scn.lifecycle.cooldown_s,
-                                     two_phase=scn.lifecycle.two_phase)
-        lifecycle = lc_mod.PGLifecycle(rt, managed, config=cfg)
-        await lifecycle.start()
+    if not managed:
+        return None
+    lc_mod = ctx.lifecycle_cls
+    cfg = lc_mod.LifecycleConfig(policy=lc_mod.PGPolicy(scn.pg_policy), cooldown_s=scn.lifecycle.cooldown_s,
+                                 two_phase=scn.lifecycle.two_phase)
+    lifecycle = lc_mod.PGLifecycle(rt, managed, config=cfg)
+    await lifecycle.start()
+    return lifecycle
+
+
+@dataclass
+class _SwitchWork:
+    """What one rank does inside the switch: release its memory in ``sleep``, bring it back in ``wake_up``, and the
+    weight sync's own work in ``update_weights``."""
+
+    release: Callable[[], Awaitable[None]]
+    restore: Callable[[], Awaitable[None]]
+    weight_sync: Callable[[], Awaitable[None]]
+
+
+async def _run_step(rt: Runtime, world: SimWorld, ctx: RankContext, lifecycle: Any, work: _SwitchWork,
+                    touched: list[str], engine_bytes: int, phases: dict[str, float]) -> None:
+    """One RL step on this rank: train, sleep, update_weights, rollout, wake_up, each phase timed into ``phases``."""
+    w = ctx.scn.workload
+    with _phase(rt, "train", phases):
+        if w.touch_groups:  # the first collectives after the previous wake: their extra is switch cost
+            phases["first_use_extra"] = 0.0
+            for name in touched:
+                phases["first_use_extra"] += await _use_group(rt, world, name)
+        await rt.sleep(w.train_s)
+    with _phase(rt, "sleep", phases):
+        if lifecycle is not None:
+            await lifecycle.pause(release_memory=work.release)
+        else:
+            await work.release()
+    with _phase(rt, "update_weights", phases):
+        if engine_bytes:  # the rollout engine is another process: its memory goes straight to the ledger
+            world.memory.alloc_device(rt.rank, engine_bytes, ENGINE_TAG)
+        if lifecycle is not None:
+            await lifecycle.weight_sync(work.weight_sync)
+        else:
+            await work.weight_sync()
+    with _phase(rt, "rollout", phases):
+        await rt.sleep(w.rollout_s)
+        if engine_bytes:
+            world.memory.free_device(rt.rank, engine_bytes, ENGINE_TAG)
+    with _phase(rt, "wake_up", phases):
+        await work.restore()
+        if lifecycle is not None:
+            await lifecycle.resume()
+
+
+def _judge_bytes(out: RankOutcome, tensors: dict[str, dict[str, torch.Tensor]], reference: dict[str, torch.Tensor],
+                 real: bool, store: Any) -> None:
+    """Whether this rank's state came back bit for bit (real payloads through the store), or why it is not compared."""
+    if real and store is not None:
+        bad = []
+        for cat, named in tensors.items():
+            for name, t in named.items():
+                if not torch.equal(t.view(-1).view(torch.uint8), reference[name].view(-1).view(torch.uint8)):
+                    bad.append(name)
+        out.bitwise_equal = not bad
+        out.mismatched = bad[:20]
+    elif real:
+        out.bitwise_note = "TMS pause is modelled as a fixed cost; contents are not simulated"
+    else:
+        out.bitwise_note = "meta payload: no bytes to compare"
+
+
+async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutcome:
+    """The scenario's steps on one rank (see the module docstring)."""
+    scn, w = ctx.scn, ctx.scn.workload
+    out = RankOutcome(rank=rt.rank)
+    ctx.outcomes[rt.rank] = out
+    real = scn.payload == "real"
+    tensors, reference = _allocate_state(rt, ctx)
+    lifecycle = await _start_groups(rt, ctx)
     store = None
     if scn.offload.backend != "tms":
         from refimpl.store import OffloadStore
@@ -222,10 +298,10 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
         share = sum(t.nbytes for t in ctx.state if t.category == "params")
         backup = rt.alloc_host(max(share, 1), torch.uint8, pinned=True, tag="weights backup")
     engine_bytes = _engine_bytes(rt, w)
-    my_groups = sorted(set(ctx.layout.member[rt.rank].values()))
+    my_groups = sorted(set(ctx.groups.member[rt.rank].values()))
     # the groups training uses: every one, or those of the families named (workload.touch_groups)
     touched = my_groups if not isinstance(w.touch_groups, tuple) else sorted(
-        {g for fam, g in ctx.layout.member[rt.rank].items() if fam in w.touch_groups})
+        {g for fam, g in ctx.groups.member[rt.rank].items() if fam in w.touch_groups})
     paused = [(cat, name, t) for cat in scn.offload.include for name, t in sorted(tensors.get(cat, {}).items())]
 
     async def release() -> None:
@@ -254,36 +330,12 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
         if w.export is not None:
             await _export(rt, world, ctx, backup)
 
+    work = _SwitchWork(release, restore, weight_sync)
     try:
-        for step in range(scn.steps):
+        for _step in range(scn.steps):
             phases: dict[str, float] = {}
             out.phases.append(phases)
-            with _phase(rt, "train", phases):
-                if w.touch_groups:  # the first collectives after the previous wake: their extra is switch cost
-                    phases["first_use_extra"] = 0.0
-                    for name in touched:
-                        phases["first_use_extra"] += await _use_group(rt, world, name)
-                await rt.sleep(w.train_s)
-            with _phase(rt, "sleep", phases):
-                if lifecycle is not None:
-                    await lifecycle.pause(release_memory=release)
-                else:
-                    await release()
-            with _phase(rt, "update_weights", phases):
-                if engine_bytes:  # the rollout engine is another process: its memory goes straight to the ledger
-                    world.memory.alloc_device(rt.rank, engine_bytes, ENGINE_TAG)
-                if lifecycle is not None:
-                    await lifecycle.weight_sync(weight_sync)
-                else:
-                    await weight_sync()
-            with _phase(rt, "rollout", phases):
-                await rt.sleep(w.rollout_s)
-                if engine_bytes:
-                    world.memory.free_device(rt.rank, engine_bytes, ENGINE_TAG)
-            with _phase(rt, "wake_up", phases):
-                await restore()
-                if lifecycle is not None:
-                    await lifecycle.resume()
+            await _run_step(rt, world, ctx, lifecycle, work, touched, engine_bytes, phases)
             out.state = lifecycle.state.name if lifecycle is not None else "-"
     finally:  # a failed rank still reports where its lifecycle ended
         if lifecycle is not None:
@@ -292,18 +344,7 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
     if store is not None:
         st = store.stats()
         out.host_pinned_store = st.host_pinned_bytes
-    if real and store is not None:
-        bad = []
-        for cat, named in tensors.items():
-            for name, t in named.items():
-                if not torch.equal(t.view(-1).view(torch.uint8), reference[name].view(-1).view(torch.uint8)):
-                    bad.append(name)
-        out.bitwise_equal = not bad
-        out.mismatched = bad[:20]
-    elif real:
-        out.bitwise_note = "TMS pause is modelled as a fixed cost; contents are not simulated"
-    else:
-        out.bitwise_note = "meta payload: no bytes to compare"
+    _judge_bytes(out, tensors, reference, real, store)
     out.finished = True
     return out
 
@@ -375,7 +416,7 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
     world, plan = build_world(scn, topo, record_memory=record_memory)
     if on_world is not None:
         on_world(world)
-    ctx = RankContext(scn, topo, group_layout(scn), build_state(scn.model))
+    ctx = RankContext(scn, topo, mesh_groups(scn), build_state(scn.model))
     if scn.pg_policy != "none":
         from refimpl.comm import lifecycle as lc_mod
 
@@ -418,4 +459,4 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
     return result, world, plan
 
 
-__all__ = ["PHASES", "RankContext", "build_topology", "build_world", "group_layout", "rank_main", "run_scenario"]
+__all__ = ["PHASES", "RankContext", "build_topology", "build_world", "mesh_groups", "rank_main", "run_scenario"]

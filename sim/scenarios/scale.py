@@ -29,18 +29,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from sim.kernel.errors import SimError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.models.faults import FaultPlan
+    from sim.machine.faults import FaultPlan
     from sim.scenarios.result import ScenarioResult
     from sim.scenarios.scenario import Scenario
     from sim.world import SimWorld
 
 log = logging.getLogger(__name__)
 
-#: the largest world the simulator accepts: 8x the 16,384-rank goal of issue 18 (larger ones are refused
+#: the largest world the simulator accepts: 8x a 16,384-rank job (larger ones are refused
 #: before the topology, which grows with the nodes, is built)
 MAX_RANKS = 131_072
 
-# Cost model (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
+# Run-cost estimate (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
 # processes, bench/results/2026-11-30-cpu-sim-scale-growth.json: full runs at 256 and 1,024 ranks
 # (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs (8 simulated ranks)
 # at 1k-16k ranks, bench/results/2026-11-30-cpu-sim-scale-growth-sockets.json (2.25 s / 0.36 GB to
@@ -270,7 +270,7 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
     ``check_full(estimate)``: called before falling back from a folded run to
     the full one (which may cost far more); it may raise :class:`BudgetError`.
 
-    The result is the same either way (``tests/sim/test_fold.py``); the
+    The result is the same either way (``tests/sim/scenarios/test_fold.py``); the
     returned world holds only the simulated ranks when folded. A folded run
     that meets something the fold does not cover falls back to the full run.
     """

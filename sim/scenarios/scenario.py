@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.models.faults import FaultPlan, FaultPlanError
+from sim.machine.faults import FaultPlan, FaultPlanError
 from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
 from sim.presets.models import ARCHITECTURES, CATEGORIES, DTYPES, ModelConfig, TensorSpec, build_state
 from sim.presets.schemas import check, check_fields
-from sim.models.topology import Topology
+from sim.machine.topology import Topology
 
 #: process-group policies a scenario may name ("none": no lifecycle, groups stay as they are)
 PG_POLICIES = ("none", "destroy", "destroy_deferred", "paused_live", "suspend", "suspend_planned")
@@ -416,8 +416,8 @@ def _check_fault_links(faults: FaultPlan, topo: Topology) -> None:
     """A slow_link fault must name a link or element of the scenario's topology (``faults[i].link``)."""
     if not any(f.link for f in faults.faults):
         return
-    from sim.models.faults import check_link
-    from sim.models.flows import FlowTransport
+    from sim.machine.faults import check_link
+    from sim.machine.flows import FlowTransport
 
     transport = FlowTransport(topo)
     for i, f in enumerate(faults.faults):

@@ -1,8 +1,8 @@
-"""The command line's way into scenarios: read (JSON or YAML), override (``--set``), validate.
+"""The command line's way into scenarios: read (JSON or YAML) and override (``--set``).
 
 :func:`read_scenario_raw` and :func:`apply_overrides` are :mod:`sim.scenarios.scenario_files`' reader
-and overrides with their errors reported as :class:`sim.scenarios.scenario.ScenarioError`;
-:func:`load_scenario_with` does both and validates with :func:`sim.scenarios.scenario.parse_scenario`.
+and overrides with their errors reported as :class:`sim.scenarios.scenario.ScenarioError`
+(:func:`sim.scenarios.scenario.parse_scenario` validates what they give).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.scenarios import scenario_files
-from sim.scenarios.scenario import Scenario, ScenarioError, parse_scenario
+from sim.scenarios.scenario import ScenarioError
 from sim.scenarios.scenario_files import YAML_SUFFIXES, parse_value
 
 
@@ -30,9 +30,4 @@ def apply_overrides(raw: Any, sets: Iterable[str]) -> Any:
         raise ScenarioError(str(exc)) from None
 
 
-def load_scenario_with(path_or_name: str | Path, sets: Iterable[str] = ()) -> Scenario:
-    """Read, override and validate a scenario."""
-    return parse_scenario(apply_overrides(read_scenario_raw(path_or_name), list(sets)))
-
-
-__all__ = ["YAML_SUFFIXES", "apply_overrides", "load_scenario_with", "parse_value", "read_scenario_raw"]
+__all__ = ["YAML_SUFFIXES", "apply_overrides", "parse_value", "read_scenario_raw"]

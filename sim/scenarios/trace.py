@@ -2,7 +2,7 @@
 
 A :class:`Timeline` collects, after ``world.run``, what each rank did: its
 phases (``rt.span(...)`` records), its copies (from the flow transport's log),
-the faults that fired and, when the memory model records it, device memory
+the faults that fired and, when the simulated memory records it, device memory
 over time. :func:`chrome_trace` turns it into the Trace Event Format that
 https://ui.perfetto.dev and ``chrome://tracing`` open: one process per rank
 with a "phases" track, a "copies" track, fault markers and a device-memory

@@ -23,7 +23,8 @@ AGREE_S = 4.0
 def _skip_use(rank, world_size, late):
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     p = "skip"

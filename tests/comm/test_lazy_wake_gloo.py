@@ -27,7 +27,8 @@ def _lazy(rank, world_size):
     from refimpl.comm import LifecycleConfig, PeerFailedError, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.comm.lazy_wake import LazyGroupError
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     p = "lazy"

@@ -60,7 +60,8 @@ def _gather_ranks(rt, group):
 
 def _happy_paths(rank, world_size, rollout_s):
     from refimpl.comm import PGLifecycle
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     rt.run(rt.new_group(GroupSpec("weights", tuple(range(world_size)))))  # cross-role: resident
@@ -141,7 +142,7 @@ def test_happy_paths_of_each_policy_keep_every_rank_in_step():
 
 def _fault_scenarios(rank, world_size):
     """Each scenario on a fresh TorchRuntime: preservation is switched off per runtime (= per process)."""
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     return {
         "canary": _canary_failure(TorchRuntime(), rank),
@@ -308,7 +309,7 @@ def test_suspend_on_gloo_fails_every_rank_with_a_clear_error_and_policies_must_m
 
 def _hang(rank, world_size, agree_timeout, hang_s):
     from refimpl.comm import AgreementError, PGLifecycle
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     config, groups = _lifecycle(rt, "h", "DESTROY_DEFERRED", agree_timeout_s=agree_timeout)

@@ -86,7 +86,8 @@ def test_handles_skip_lazy_communicators_create_them_on_request_and_dedupe(nccl_
 def test_suspend_through_the_lifecycle_frees_comm_memory_and_resume_restores_it(nccl_world):
     _needs_suspend()
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
-    from refimpl.runtime import GroupSpec, GroupSuspendedError, ReduceOp, TorchRuntime
+    from refimpl.runtime import GroupSpec, GroupSuspendedError, ReduceOp
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     groups = [GroupSpec("cuda.tp", (0,), backend="nccl"), GroupSpec("cuda.dp", (0,), backend="nccl")]

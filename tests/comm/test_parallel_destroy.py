@@ -69,7 +69,7 @@ def test_a_parallel_walk_does_what_the_ordered_walk_does(policy):
 def test_on_the_calibrated_preset_a_parallel_walk_takes_one_poll_period():
     """The 2 x H200 benchmark's settings: SUSPEND_PLANNED's weight sync walk (14 groups, right after the training
     step's inits) 1.51 s ordered, 0.51 s parallel; DESTROY_DEFERRED's pause the same. parallel-walks measured 0.518 s for
-    both parallel walks (tests/sim/test_validate_records.py holds the prediction to the record)."""
+    both parallel walks (tests/sim/calibrate/test_validate_records.py holds the prediction to the record)."""
     from bench import switch_window as sw
 
     kw = dict(dp=2, tp=1, steps=4, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="calibrated/hgx-h200-8x")
@@ -113,9 +113,9 @@ def test_the_simulated_destroy_groups_overlaps_the_waits_and_names_failures():
     has passed when the first destroy ends, so it waits a whole period more; together, the call ends with the later
     one's timeout. A name that is not a group is reported, not raised, and
     the others are destroyed all the same."""
-    from sim.models.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
     from sim.presets import first_gpus, load_preset_data
-    from sim.models.topology import Topology
+    from sim.machine.topology import Topology
 
     def run(together: bool):
         topo = Topology(first_gpus(load_preset_data("calibrated/hgx-h200-8x"), 2))
@@ -146,7 +146,8 @@ def test_the_simulated_destroy_groups_overlaps_the_waits_and_names_failures():
 
 def _torch_destroy_groups(rank, world_size):
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     names = ["g.a", "g.b", "g.c"]

@@ -47,7 +47,7 @@ def _sums(rt, names):
 def _planned_cycles(rank, world_size):
     from refimpl.comm import PeerFailedError
     from refimpl.comm.group_plan import UndeclaredGroupError
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     out = {}

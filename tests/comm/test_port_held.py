@@ -44,7 +44,8 @@ def port_held_job(rank, world_size, port, hold_s):
     import time
 
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
     from tests.multigpu._jobs import gather_ranks
 
     messages = []

@@ -10,8 +10,8 @@ import torch
 from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.comm.group_plan import GroupPlanRules
 from refimpl.runtime import GroupSpec, ReduceOp
-from sim.models.collectives import NcclComm, TopologyCollectiveCost
-from sim.models.topology import Topology
+from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+from sim.machine.topology import Topology
 from sim.world import SimWorld
 
 GROUPS = [GroupSpec("tp", (0, 1), backend="nccl"), GroupSpec("one0", (0,), backend="nccl"),

@@ -31,7 +31,7 @@ RECORD = (Path(__file__).resolve().parents[2]
 
 def test_simulated_switch_window_against_the_2xh200_record():
     """The recorded settings on the calibrated preset, checked against what 2 x H200 measured (the all-policies record,
-    outside the preset's fit set; tests/sim/test_validate_records.py checks every phase).
+    outside the preset's fit set; tests/sim/calibrate/test_validate_records.py checks every phase).
 
     The order of the policies, the inline cooldown (DESTROY sleeps the 2 s that DESTROY_DEFERRED defers),
     each policy's total and SUSPEND's pause within 15% (SUSPEND_PLANNED: its destroy walk missed one 0.5 s

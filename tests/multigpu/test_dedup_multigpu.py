@@ -33,9 +33,9 @@ def _device():
 
 
 def _store(net, opt, backend="local_dedup"):
-    from refimpl.runtime import TorchRuntime
     from refimpl.store import OffloadStore
     from refimpl.store.dedup import DedupConfig
+    from refimpl.torch_runtime import TorchRuntime
 
     kw = {"dedup": DedupConfig(verify_replicas=True)} if backend == "local_dedup" else {}
     store = OffloadStore(TorchRuntime(), backend=backend, **kw)
@@ -210,8 +210,8 @@ def _dcp_job(rank, world_size, root):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from refimpl.runtime import TorchRuntime, dcp
     from refimpl.store.checkpoint import SavePath
+    from refimpl.torch_runtime import TorchRuntime, dcp
 
     dev = _device()
     out = {}

@@ -37,8 +37,9 @@ def _lazy(rank, world_size):
 
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
     from refimpl.runtime.base import GroupSuspendedError
+    from refimpl.torch_runtime import TorchRuntime
 
     why = suspend_unavailable()
     if why:

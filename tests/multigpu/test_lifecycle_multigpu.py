@@ -38,7 +38,8 @@ def _config(prefix, policy, **kw):
 
 def _every_policy(rank, world_size):
     from refimpl.comm import PGLifecycle, PGPolicy
-    from refimpl.runtime import GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     rt.run(rt.new_group(GroupSpec("weights", tuple(range(world_size)))))  # resident, never rebuilt
@@ -191,7 +192,7 @@ AGREE_S, HANG_S = 3.0, 6.0
 
 
 def _faults(rank, world_size):
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     out = {"canary": _canary_failure(TorchRuntime(), rank, world_size)}
     for policy in ("DESTROY_DEFERRED", "PAUSED_LIVE"):

@@ -18,7 +18,8 @@ GROUPS = 4
 def _suspend_job(rank, world_size):
     import torch
 
-    from refimpl.runtime import GroupSpec, GroupSuspendedError, ReduceOp, TorchRuntime
+    from refimpl.runtime import GroupSpec, GroupSuspendedError, ReduceOp
+    from refimpl.torch_runtime import TorchRuntime
 
     why = suspend_unavailable()
     if why:
@@ -83,7 +84,7 @@ def test_suspend_frees_communicator_memory_refuses_collectives_and_resume_restor
 def _span_job(rank, world_size, mib):
     import torch
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     rt = TorchRuntime()
     n = (mib << 20) // 2

@@ -27,7 +27,8 @@ def _adopt(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from refimpl.runtime import GroupError, GroupSpec, TorchRuntime
+    from refimpl.runtime import GroupError, GroupSpec
+    from refimpl.torch_runtime import TorchRuntime
 
     global HELD
     records = []

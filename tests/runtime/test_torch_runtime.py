@@ -6,14 +6,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from refimpl.runtime import (
-    CollectiveTimeoutError,
-    CopyKind,
-    GroupError,
-    GroupSpec,
-    Ready,
-    TorchRuntime,
-)
+from refimpl.runtime import CollectiveTimeoutError, CopyKind, GroupError, GroupSpec, Ready
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.torch_runtime.runtime import _address_in_use
 from tests._dist import run_distributed
 

@@ -9,7 +9,8 @@ import ctypes
 import pytest
 import torch
 
-from refimpl.runtime import CopyKind, GroupSpec, GroupSuspendedError, ReduceOp, TorchRuntime
+from refimpl.runtime import CopyKind, GroupSpec, GroupSuspendedError, ReduceOp
+from refimpl.torch_runtime import TorchRuntime
 from tests.runtime import contract
 
 pytestmark = [

@@ -6,7 +6,7 @@ import torch
 
 import sim
 from refimpl.runtime import CollectiveTimeoutError, GroupSpec
-from sim.models.model_protocols import FaultAction, NoFaults
+from sim.machine.protocols import FaultAction, NoFaults
 
 
 async def _two_groups(rt):
@@ -182,8 +182,8 @@ def test_deadlock_time_is_when_the_ranks_blocked_not_when_the_engine_stopped():
 def test_a_rank_that_failed_completing_a_collective_is_named_as_the_cause():
     """Every member arrived, the last one raised while the collective was costed: the others wait for
     nobody by name ("waiting for ranks []"); the report names the failure (issue 11)."""
-    from sim.models.collectives import TopologyCollectiveCost
-    from sim.models.topology import Topology
+    from sim.machine.collectives import TopologyCollectiveCost
+    from sim.machine.topology import Topology
 
     topo = Topology.from_preset("hgx-h200-8x", nodes=2)  # no NICs between the nodes
 

@@ -11,7 +11,7 @@ import torch
 
 import sim
 from refimpl.runtime import CopyKind, GroupSpec, ReduceOp
-from sim.models.model_protocols import FaultAction, NoFaults
+from sim.machine.protocols import FaultAction, NoFaults
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,10 +9,10 @@ from refimpl.runtime import (
     WORLD, AddressInUseError, CollectiveTimeoutError, CopyKind, GroupError, GroupSpec, GroupSuspendedError,
     PinningError, ReduceOp,
 )
-from sim.models.model_protocols import FaultAction, LedgerMemory, NcclCommModel, NoFaults
+from sim.machine.protocols import FaultAction, LedgerMemory, NcclCommCosts, NoFaults
 
 MiB = 1 << 20
-COMM = NcclCommModel()
+COMM = NcclCommCosts()
 COMM_BYTES = COMM.nccl_suspendable + COMM.nccl_persistent
 
 
@@ -218,7 +218,7 @@ def test_device_oom_names_rank_size_and_holders():
         except torch.OutOfMemoryError as exc:  # a SimOutOfMemoryError is also torch's OOM
             return type(exc), str(exc), keep.numel()
 
-    cls, msg, _ = sim.run_ranks(1, fn, memory=LedgerMemory(device_capacity=1000), comm=NcclCommModel(0, 0))[0]
+    cls, msg, _ = sim.run_ranks(1, fn, memory=LedgerMemory(device_capacity=1000), comm=NcclCommCosts(0, 0))[0]
     assert cls is sim.SimOutOfMemoryError
     assert "rank 0" in msg and "600 bytes" in msg and "'optimizer'" in msg and "weights=600" in msg
 
@@ -274,7 +274,7 @@ def test_suspend_frees_comm_memory_and_refuses_collectives_until_resume():
         return held, freed, suspend_s, x.tolist(), rt.memory_info().used == used
 
     for held, freed, suspend_s, x, restored in sim.run_ranks(2, fn):
-        assert held == sim.models.model_protocols.CommMemory(384 * MiB, 4 * MiB)
+        assert held == sim.machine.protocols.CommMemory(384 * MiB, 4 * MiB)
         assert freed == 384 * MiB and suspend_s == pytest.approx(0.30)
         assert x == [2.0, 2.0] and restored
 
@@ -286,7 +286,7 @@ def test_gloo_groups_hold_no_comm_memory_and_cannot_suspend():
             await rt.suspend_group("ctl")
         return rt.comm_memory("ctl")
 
-    assert sim.run_ranks(2, fn) == [sim.models.model_protocols.CommMemory()] * 2
+    assert sim.run_ranks(2, fn) == [sim.machine.protocols.CommMemory()] * 2
 
 
 def test_destroy_and_recreate_keep_arguments_and_bump_generation():

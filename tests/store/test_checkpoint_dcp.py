@@ -56,7 +56,7 @@ def _checkpoint_job(rank, world_size, root):
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.device_mesh import init_device_mesh
 
-    from refimpl.runtime import TorchRuntime, dcp
+    from refimpl.torch_runtime import TorchRuntime, dcp
     from refimpl.store import OffloadStore
     from refimpl.store.checkpoint import SavePath, host_readers_pending
 

@@ -11,7 +11,7 @@ def _train(rank, bucket_view, set_to_none, offload, device="cpu"):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore
     from refimpl.store.clients import attach_ddp
     from refimpl.store.guard import is_guarded

@@ -16,7 +16,7 @@ STEPS = 3
 def _train(rank, dist_opt, experts, backend, device="cpu"):
     import torch
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.clients.megatron import attach_megatron, megatron_dedup_config
     from refimpl.store.guard import is_guarded
@@ -126,7 +126,7 @@ def _pin_ahead_at_attach(rank, world_size):
 
     import torch
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.clients.megatron import attach_megatron
     from tests._megatron import build, cpu_shim, init_parallel, step

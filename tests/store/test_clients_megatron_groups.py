@@ -82,7 +82,7 @@ def _weight_sync(ps, device):
 
 def _cycles(rank, ps, model, opt, g, device):
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.clients.megatron import attach_megatron
     from refimpl.store.clients.megatron_groups import adopt_megatron_groups

@@ -73,7 +73,7 @@ def _train(rank, dense_mesh, expert_mesh, store_factory):
 
 
 def _store_factory(net, opt):
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig
 
@@ -151,7 +151,7 @@ def _eight_rank_job(rank, world_size):
     """Dense (ddp=2, fsdp=4) + experts (eddp=2, ep=2, efsdp=2): training equality, then the safety checks."""
     import logging
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig, LayoutMismatchError, ReplicaMismatchError
     from refimpl.store.replica import ReplicaGroup, ReplicaPolicy

@@ -10,7 +10,7 @@ from tests._dist import run_distributed
 
 
 def _job(rank, world_size, numels):
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
     from refimpl.store.dedup import DedupConfig
     from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy

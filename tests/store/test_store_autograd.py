@@ -4,7 +4,7 @@ tensor hooks, ``is_leaf``, ``requires_grad`` and the ``grad_fn`` chain of views 
 import pytest
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import OffloadStore
 from refimpl.store.parking import DEBUG_ENV
 

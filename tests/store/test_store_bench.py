@@ -95,7 +95,7 @@ def test_measure_waits_the_gap_between_offload_and_reload_and_times_neither_with
     included the gap would be >= 1000 s."""
     from bench import offload
     from bench.baselines import StoreMethod, line_rate
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     class SkippingClock(TorchRuntime):
         skipped = 0.0

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.cuda,
 
 
 def _runtime():
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
 
     return TorchRuntime("cuda")
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import (
     Category,
     MixedDtypeError,

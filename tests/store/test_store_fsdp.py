@@ -49,7 +49,7 @@ def _hsdp_rank(rank, world_size):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from refimpl.runtime import TorchRuntime
+    from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig, StoreStateError
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ddp", "fsdp"))

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refimpl.runtime import CopyKind, TorchRuntime
+from refimpl.runtime import CopyKind
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import Category, LayoutState, OffloadStore, StoreConfig
 from refimpl.store.parking import is_parked
 

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from refimpl.runtime import TorchRuntime
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import Category, OffloadStore, StoreConfig, UnsupportedTensorError
 from refimpl.store.collect import Item, ModuleCollector, OptimizerCollector, TensorsCollector
 

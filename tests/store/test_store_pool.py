@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import sim
-from refimpl.runtime import PinningError, TorchRuntime
+from refimpl.runtime import PinningError
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import Category, OffloadStore, PageableFallbackWarning, PinnedHostPool, StoreConfig
-from sim.models.faults import Fault, FaultPlan, FaultType
+from sim.machine.faults import Fault, FaultPlan, FaultType
 from refimpl.store.parking import is_parked
 
 

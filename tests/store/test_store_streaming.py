@@ -7,7 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refimpl.runtime import CopyKind, TorchRuntime
+from refimpl.runtime import CopyKind
+from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import Category, FlatLayout, MixedDtypeError, OffloadStore, StoreConfig
 from refimpl.store.parking import is_parked
 from tests._hypothesis import BUDGET
