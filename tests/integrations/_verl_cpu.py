@@ -6,7 +6,7 @@ falls back to its CUDA platform, and ``load_fsdp2_model_to_gpu`` then fails in
 ``PlatformBase`` subclass registered with ``PlatformRegistry.register`` and chosen with
 ``set_platform`` (or ``VERL_PLATFORM``). :func:`use_cpu_platform` registers one whose device is the CPU:
 ``current_device()`` answers ``"cpu"`` (verl passes it to ``model.to(...)``), ``empty_cache`` does
-nothing. verl's offload functions themselves run unmodified.
+nothing, memory counters read 0 (verl's log lines call them). verl's offload functions themselves run unmodified.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def use_cpu_platform() -> None:
     cpu_module = types.SimpleNamespace(
         empty_cache=lambda: None, synchronize=lambda *a, **k: None, is_available=lambda: True,
         current_device=lambda: "cpu", device_count=lambda: 1, manual_seed=torch.manual_seed,
-        manual_seed_all=torch.manual_seed)
+        manual_seed_all=torch.manual_seed, memory_allocated=lambda *a: 0, memory_reserved=lambda *a: 0,
+        mem_get_info=lambda *a: (0, 0), max_memory_allocated=lambda *a: 0)
 
     @PlatformRegistry.register(platform="cpu")
     class PlatformCPU(PlatformBase):
