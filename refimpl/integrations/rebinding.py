@@ -16,6 +16,9 @@ from typing import Any, Iterable
 
 logger = logging.getLogger(__name__)
 
+#: the original of a name the owner did not define itself (it inherited it): undo deletes the name
+_INHERITED = object()
+
 
 @dataclass
 class Rebinding:
@@ -24,8 +27,9 @@ class Rebinding:
     done: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def replace(self, owner: Any, name: str, new: Any) -> None:
-        """Set ``owner.name = new`` (a module or a class), remembering the original."""
-        original = owner.__dict__[name]
+        """Set ``owner.name = new`` (a module or a class), remembering the original (a class that inherited
+        ``name`` gets it deleted again on :meth:`undo`)."""
+        original = owner.__dict__.get(name, _INHERITED)
         setattr(owner, name, new)
         self.done.append((owner, name, original))
 
@@ -52,7 +56,10 @@ class Rebinding:
         n = 0
         while self.done:
             owner, name, original = self.done.pop()
-            setattr(owner, name, original)
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
             n += 1
         return n
 
