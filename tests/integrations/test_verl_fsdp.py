@@ -3,7 +3,7 @@
 Each rank trains a small model sharded with ``fully_shard`` for a few AdamW steps, with an offload/load
 cycle of the model and the optimizer between steps, as verl's engine does around each phase: once
 through verl's own functions (``verl.utils.fsdp_utils``, unmodified; verl's device is the CPU through its
-platform plugin API, tests/integrations/_verl_cpu.py), once through ``refimpl.integrations.verl``, once
+platform plugin API, refimpl/integrations/verl_platform.py), once through ``refimpl.integrations.verl``, once
 with no offload. The cycles include verl's edge cases: an optimizer without state (before the first
 step), offload twice and load twice. Losses and final parameters and optimizer state are compared
 bitwise, and the stores' statistics say what moved.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests._dist import run_distributed
-from tests.integrations._verl_cpu import needs_verl
+from tests.integrations._verl import needs_verl
 
 STEPS = 3
 
@@ -45,7 +45,7 @@ def _state(model, opt):
 
 def _train(rank, world, family):
     """Train STEPS steps with a cycle of ``family``'s functions before the first step and after each."""
-    from tests.integrations._verl_cpu import use_cpu_platform
+    from refimpl.integrations.verl_platform import use_cpu_platform
 
     use_cpu_platform()
     if family == "verl":

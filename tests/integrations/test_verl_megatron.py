@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from tests._dist import run_distributed
 from tests._megatron import needs_megatron
-from tests.integrations._verl_cpu import needs_verl
+from tests.integrations._verl import needs_verl
 
 STEPS = 3
 
@@ -77,7 +77,7 @@ def _pairing(rank):
 
 def _run(rank, world):
     from tests._megatron import cpu_shim, init_parallel
-    from tests.integrations._verl_cpu import use_cpu_platform
+    from refimpl.integrations.verl_platform import use_cpu_platform
 
     use_cpu_platform()
     with cpu_shim(), _NoPinning():

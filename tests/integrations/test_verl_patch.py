@@ -16,7 +16,7 @@ import textwrap
 import torch
 
 from tests._dist import run_distributed
-from tests.integrations._verl_cpu import needs_verl
+from tests.integrations._verl import needs_verl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,7 +88,7 @@ def _export(rank, world, family):
     """verl's FSDPEngine.get_per_tensor_param on an offloaded FSDP2 model, as verl's naive weight sync calls it."""
     from types import SimpleNamespace
 
-    from tests.integrations._verl_cpu import use_cpu_platform
+    from refimpl.integrations.verl_platform import use_cpu_platform
     from tests.integrations.test_verl_fsdp import _model_and_optimizer
 
     use_cpu_platform()

@@ -1,4 +1,4 @@
-"""verl on a CPU-only machine, for the tests: a CPU platform registered through verl's own plugin API.
+"""verl on a CPU-only machine (tests, dry runs): a CPU platform registered through verl's own plugin API.
 
 verl 0.9.1 resolves its device through ``verl.plugin.platform.get_platform()``; with no accelerator it
 falls back to its CUDA platform, and ``load_fsdp2_model_to_gpu`` then fails in
@@ -11,14 +11,9 @@ nothing, memory counters read 0 (verl's log lines call them). verl's offload fun
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import types
 
-import pytest
 import torch
-
-HAVE_VERL = importlib.util.find_spec("verl") is not None
-needs_verl = pytest.mark.skipif(not HAVE_VERL, reason="verl is not installed (pip install -e '.[verl]'); CI installs it")
 
 
 def use_cpu_platform() -> None:
@@ -36,7 +31,7 @@ def use_cpu_platform() -> None:
 
     @PlatformRegistry.register(platform="cpu")
     class PlatformCPU(PlatformBase):
-        """The CPU as verl's device (tests only)."""
+        """The CPU as verl's device."""
 
         device_name = "cpu"
         vendor_name = "cpu"
@@ -100,3 +95,6 @@ def use_cpu_platform() -> None:
             return None
 
     set_platform(PlatformCPU())
+
+
+__all__ = ["use_cpu_platform"]
