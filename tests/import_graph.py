@@ -55,8 +55,10 @@ FLOORS: tuple[Floor, ...] = (
           ("refimpl.store", "refimpl.comm", "refimpl.worker")),
     Floor("implementations", "the two implementations of the seam, side by side",
           ("refimpl.torch_runtime", "sim")),
-    Floor("application", "the CLI, the demo, the benchmarks and the framework drop-ins (verl, ROLL)",
-          ("refimpl.cli", "refimpl.__main__", "refimpl.demo", "bench", "refimpl.integrations")),
+    Floor("integrations", "verl's and ROLL's offload functions backed by the store (drop-ins, patch helpers)",
+          ("refimpl.integrations",)),
+    Floor("application", "the CLI, the demo and the benchmarks",
+          ("refimpl.cli", "refimpl.__main__", "refimpl.demo", "bench")),
 )
 
 #: block -> its rooms, bottom first; a module belongs to the room that is the longest prefix of its name

@@ -54,7 +54,7 @@ class RollFSDP2Strategy:
 def _train(rank, family):
     from refimpl.integrations import roll
     from refimpl.store import is_parked
-    from tests.integrations.test_verl_fsdp import _model_and_optimizer, _state
+    from tests.integrations.test_verl_fsdp import _model_and_optimizer, _state, train_step
 
     model, opt = _model_and_optimizer()
     cls = type("Strategy", (RollFSDP2Strategy,), {})
@@ -67,12 +67,7 @@ def _train(rank, family):
     for step in range(4):
         keep = step == 1  # the next call finds the state on the device
         with roll.state_offload_manager(strategy, metrics, "train_step", is_offload_states=not keep, load_kwargs=load):
-            x = torch.randint(0, 32, (4, 6), generator=gen)
-            loss = model(x).float().logsumexp(-1).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach().view(torch.int32).item())
+            losses.append(train_step(model, opt, gen))
         seen.append((is_parked(next(model.parameters())._local_tensor),
                      any(is_parked(v._local_tensor) for st in opt.state.values() for v in st.values()
                          if hasattr(v, "_local_tensor"))))

@@ -31,6 +31,16 @@ def _model_and_optimizer():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
 
 
+def train_step(model, opt, gen):
+    """One AdamW step on a batch from ``gen``; the loss as the int32 of its bits."""
+    x = torch.randint(0, 32, (4, 6), generator=gen)
+    loss = model(x).float().logsumexp(-1).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach().view(torch.int32).item()
+
+
 def _state(model, opt):
     """Local shards of every parameter and optimizer state tensor, as int views of their bits."""
     def bits(t):
@@ -78,12 +88,7 @@ def _train(rank, world, family):
 
     cycle(0)  # before the first step: the optimizer has no state yet
     for step in range(1, STEPS + 1):
-        x = torch.randint(0, 32, (4, 6), generator=gen)
-        loss = model(x).float().logsumexp(-1).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach().view(torch.int32).item())
+        losses.append(train_step(model, opt, gen))
         cycle(step)
     if family == "store":
         from refimpl.integrations.stores import store_of
