@@ -44,6 +44,8 @@ FLOORS: tuple[Floor, ...] = (
           ("refimpl.store", "refimpl.comm", "refimpl.worker")),
     Floor("implementations", "the two implementations of the seam, side by side",
           ("refimpl.torch_runtime", "sim")),
+    Floor("integrations", "verl's and ROLL's offload functions backed by the store (drop-ins, patch helpers)",
+          ("refimpl.integrations",)),
     Floor("application", "the CLI, the demo and the benchmarks",
           ("refimpl.cli", "refimpl.__main__", "refimpl.demo", "bench")),
 )
@@ -78,6 +80,7 @@ DYNAMIC_IMPORTERS: dict[str, str] = {
     "refimpl.cli": "SUBCOMMANDS maps each subcommand to the module that defines it",
     "bench.cli": "_OTHER maps each sub-benchmark to its module",
     "refimpl.store.registry": "_LAZY maps a backend name to the module that defines its factory",
+    "refimpl.integrations.verl": "FSDP_IMPORTERS, MEGATRON_IMPORTERS and STATE_READERS name verl's modules to patch",
 }
 
 #: circles that stand today and are someone's open work: each must still be a circle (else remove it here)
