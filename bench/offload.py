@@ -13,15 +13,16 @@ in one process:
    pinned host bytes and process RSS; after the last reload it checks every
    tensor bit for bit.
 
-The phase gap. In an RL loop the other role runs between an offload and the
-next reload, for seconds. The benchmark pauses ``phase_gap_s`` there (default
-0.25 s on CUDA). This matters for the reload: the driver zero-fills device
-memory given back to it, in the background, and host-to-device copies into
-memory allocated while that scrub runs lose its time (docs/store.md, "Why the
-phase gap matters", has the figures). The back-to-back cycle (no gap, reported as ``reload_b2b_*``) shows the cost
-when a reload follows the free at once. ``other_role_bytes`` plays the other
-role in the gap: it allocates and writes that many bytes, and gives them back
-to the driver right before the reload, as a rollout engine going to sleep does.
+The phase gap. In an RL loop the other role runs between an offload and the next
+reload, for seconds. The benchmark pauses ``phase_gap_s`` there (default 0.25 s
+on CUDA). This matters for the reload: the driver zero-fills device memory given
+back to it, in the background, and host-to-device copies into memory allocated
+while that scrub runs lose its time (docs/store.md, "Why the phase gap matters",
+has the figures). The back-to-back cycle (no gap, reported as ``reload_b2b_*``)
+shows the cost when a reload follows the free at once. ``other_role_bytes``
+plays the other role in the gap: it allocates and writes that many bytes, and
+gives them back to the driver right before the reload, as a rollout engine going
+to sleep does.
 
 Ratios printed: steady offload/reload GB/s against the line rate measured in
 the same run, cold cycle against a steady cycle, pinned bytes and returned
@@ -146,8 +147,30 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     try:
         method.setup(rt, state)
         sync(rt)
-        cold_details = _run_cycles(rt, method, res, cycles=cycles, phase_gap_s=phase_gap_s,
-                                   other_role_bytes=other_role_bytes)
+        cold_details: dict = {}
+        for cycle in range(cycles + 2):  # cold, steady..., back-to-back
+            b2b = cycle == cycles + 1
+            free0 = rt.memory_info().free
+            t0 = rt.now()
+            method.offload()
+            sync(rt)
+            t1 = rt.now()
+            free1 = rt.memory_info().free
+            rss = rss_bytes()
+            pinned = method.host_pinned_bytes()
+            if not b2b:
+                _other_role(rt, phase_gap_s, other_role_bytes)
+            t2 = rt.now()
+            method.reload()
+            sync(rt)
+            t3 = rt.now()
+            if b2b:
+                res.reload_b2b_s = t3 - t2
+                continue
+            res.cycles.append({"offload_s": t1 - t0, "reload_s": t3 - t2, "returned_bytes": free1 - free0,
+                               "rss_bytes": rss, "pinned_bytes": -1 if pinned is None else pinned})
+            if cycle == 0:
+                cold_details = method.details()  # e.g. the store's phase times of the first cycle
         if check:
             now = method.tensors()
             res.bit_exact = [t.shape for t in now] == ref[1] and torch.equal(content_digest(now).cpu(), ref[0])
@@ -170,38 +193,6 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
         rt.empty_cache()
     _derive_figures(res, shape, line)
     return res
-
-
-def _run_cycles(rt: Runtime, method: Method, res: MethodResult, *, cycles: int, phase_gap_s: float,
-                other_role_bytes: int) -> dict:
-    """The cold cycle, ``cycles`` steady ones and a back-to-back one of a set-up ``method``, appended to
-    ``res.cycles`` (the back-to-back reload to ``res.reload_b2b_s``); returns the method's details after the
-    cold cycle (e.g. the store's phase times)."""
-    cold_details: dict = {}
-    for cycle in range(cycles + 2):  # cold, steady..., back-to-back
-        b2b = cycle == cycles + 1
-        free0 = rt.memory_info().free
-        t0 = rt.now()
-        method.offload()
-        sync(rt)
-        t1 = rt.now()
-        free1 = rt.memory_info().free
-        rss = rss_bytes()
-        pinned = method.host_pinned_bytes()
-        if not b2b:
-            _other_role(rt, phase_gap_s, other_role_bytes)
-        t2 = rt.now()
-        method.reload()
-        sync(rt)
-        t3 = rt.now()
-        if b2b:
-            res.reload_b2b_s = t3 - t2
-            continue
-        res.cycles.append({"offload_s": t1 - t0, "reload_s": t3 - t2, "returned_bytes": free1 - free0,
-                           "rss_bytes": rss, "pinned_bytes": -1 if pinned is None else pinned})
-        if cycle == 0:
-            cold_details = method.details()
-    return cold_details
 
 
 def _derive_figures(res: MethodResult, shape: StateShape, line: dict[str, float]) -> None:
