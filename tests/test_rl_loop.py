@@ -1,4 +1,4 @@
-"""The colocated RL step (bench/rl_loop.py) on 2 real Gloo processes with a tiny transformers model.
+"""The colocated RL step (bench/rl/) on 2 real Gloo processes with a tiny transformers model.
 
 Checks the record the GPU run will produce: every phase timed on every step, the
 rollout's weights bitwise equal to the trainer's after every sync (and the
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarnin
 
 
 def _rank(rank, world_size, out_dir, mode="sequential", extra=()):
-    from bench.rl_loop import parse_args, run_step, write_outputs
+    from bench.rl import parse_args, run_step, write_outputs
 
     cfg = parse_args(["--device", "cpu", "--tiny", "--steps", "2", "--out", out_dir, "--policy", "DESTROY_DEFERRED",
                       "--mode", mode, *extra])
@@ -92,7 +92,8 @@ def test_rl_step_two_gloo_ranks(tmp_path):
 def test_bitwise_equal_compares_bits_not_values():
     import torch
 
-    from bench.rl_loop import _digest, bitwise_equal
+    from bench.rl.weights import bitwise_equal
+    from bench.rl.weights import digest as _digest
 
     a = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
     assert bitwise_equal(a, a.clone())
@@ -105,7 +106,7 @@ def test_bitwise_equal_compares_bits_not_values():
 
 
 def test_step_config_refuses_bad_values():
-    from bench.rl_loop import StepConfig
+    from bench.rl import StepConfig
 
     with pytest.raises(ValueError, match="free must be"):
         StepConfig(free="pool")

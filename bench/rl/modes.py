@@ -1,6 +1,6 @@
-"""The three ways the colocated RL step (:mod:`bench.rl_loop`) switches, and what a switch costs the step.
+"""How the colocated RL step switches between its roles: the three modes, the sync first, and the driver.
 
-Modes (``--mode``):
+Modes (``--mode``, :data:`MODES`):
 
 ``sequential``  the lifecycle's pause walk, then the store's offload; the
                 weight sync (params reload, gather); the resume's cooldown and
@@ -24,20 +24,10 @@ Modes (``--mode``):
                 The resume (cooldown, rebuild, warm-up) runs in the reload
                 phase, beside the copies.
 
-[Note: switch cost]
-``switch_cost_s``: everything the pause, the weight sync and the wake add to a
-step beyond the two roles' own work, up to the end of training's first step
-after the wake: the window's phases (offload + weight_sync + reload) plus what
-the training step after the switch takes beyond a training step that follows
-no switch (``train_plain``, measured at the end of the same run). That
-difference holds the first collective's lazy initialisation on rebuilt groups,
-a cooldown or peer wait that lands there, the streamed reload's wait at the
-optimizer step and any slowdown of compute by copies beside it. With early
-copies (``--offload-in-backward``) that step also copies early for the next
-switch, as every step before a switch does: the row holds the next switch's
-early copies in place of its own, the same in the steady state (the copies
-that outlast the step are paid there, its phase ending on a device
-synchronisation). The same rule and name as the simulator's.
+With ``--sync-first`` (any mode) the weight sync comes before the offload, reading the trainer's params where
+training left them (:meth:`SwitchDriver.sync_resident`), and the reload phase brings the whole state back. Early
+copies (``--offload-in-backward``) are the trainer's: :class:`bench.rl.early_copies.StepInBackward`. What a
+switch costs the step is counted in the record ([Note: switch cost] in :mod:`bench.rl.record`).
 """
 from __future__ import annotations
 
@@ -49,11 +39,11 @@ MODES = ("sequential", "overlapped", "streamed")
 
 
 class SwitchDriver:
-    """One rank's switch in the chosen mode; the RL step calls :meth:`pause`, :meth:`weight_sync`, :meth:`resume`.
+    """One rank's switch in the chosen mode; the step's phases call :meth:`pause`, :meth:`weight_sync`, :meth:`resume`.
 
     ``clock``: the step's clock (``sync``: every stream; ``stream_sync``: the current stream). The attributes
     ``sync_end``, ``reload_end`` and ``train_start`` say what the step's phases wait for at their ends (see
-    ``_Clock.phase`` in :mod:`bench.rl_loop`): off the sequential mode the reloads are streamed
+    ``PhaseClock.phase`` in :mod:`bench.rl.clock`): off the sequential mode the reloads are streamed
     (``OffloadStore.reload(stream=True)``: each tensor's first use waits on the device for its own bytes), so
     the weight sync's gather runs beside the params' copies and the rest's copies run on past the weight sync
     (and, streamed, into the next training step); those phases end on the compute stream, and the time the
@@ -165,25 +155,4 @@ class SwitchDriver:
         self._hooks = []
 
 
-def switch_costs(rec: dict[str, Any]) -> dict[str, Any]:
-    """Per steady step: ``switch_cost_s`` (see [Note: switch cost]) and its parts; the means over those steps."""
-    spans = rec["spans"]
-    dur: dict[tuple[int, str], float] = {(sp["step"], sp["phase"]): sp["end_s"] - sp["start_s"] for sp in spans}
-    plain = [v for (st, ph), v in dur.items() if ph == "train_plain"]
-    base = min(plain) if plain else None
-    steps = sorted({st for (st, ph) in dur if ph == "offload"})
-    use = steps[1:] if len(steps) > 1 else steps
-    rows = []
-    for k in use:
-        window = sum(dur.get((k, ph), 0.0) for ph in ("offload", "weight_sync", "reload"))
-        after = dur.get((k + 1, "train"))
-        extra = max(0.0, after - base) if (after is not None and base is not None) else None
-        rows.append({"step": k, "window_s": window, "train_after_s": after, "first_step_extra_s": extra,
-                     "switch_cost_s": window + (extra or 0.0)})
-    mean = (lambda key: sum(r[key] for r in rows if r[key] is not None) / max(1, sum(r[key] is not None for r in rows)))
-    return {"train_plain_s": base, "rows": rows, "window_s": mean("window_s") if rows else None,
-            "first_step_extra_s": mean("first_step_extra_s") if rows else None,
-            "switch_cost_s": mean("switch_cost_s") if rows else None}
-
-
-__all__ = ["MODES", "SwitchDriver", "switch_costs"]
+__all__ = ["MODES", "SwitchDriver"]

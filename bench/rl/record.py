@@ -1,10 +1,38 @@
-"""The record of a colocated RL step (bench/rl_loop.py): its summary, the JSON and the PNG timeline.
+"""The record of a colocated RL step: what is written, its summary, and what a switch costs the step.
 
-``summarize`` turns the phase spans into per-phase seconds (the mean over the
-steps after the first, which pinned its host memory), the switch overhead
-(offload + weight_sync + reload) and the time the copies alone need at the
-line rates measured in the same run; ``switch_cost_s`` is the switch's whole cost to the step
-(:mod:`bench.switch_modes`, [Note: switch cost]) against the same copy time and the step.
+Rank 0 writes ``rl_step_<world>.json`` (:func:`write_outputs`; a partial one after every step, in case the
+run is cut short) and ``rl_step_<world>.png``, a timeline of the phases (:func:`write_png`). The record holds:
+
+* ``spans``: each phase of each step, ``{"step", "phase", "start_s", "end_s"}`` in seconds since the phases'
+  clock began (:class:`bench.rl.clock.PhaseClock`); the phases of a step are :data:`PHASES`, then the
+  training step after the last switch (``train``) and two that follow no switch (``train_plain``);
+* ``runtime_spans``: the runtime's own spans (the lifecycle's destroy, rebuild and cooldown, the store's
+  phases) on the same clock (:func:`runtime_spans`), so a phase's time can be taken apart
+  (:func:`span_breakdown`);
+* ``steps``: one dict per step with the figures its phases wrote (bytes moved, the store's and the gather's
+  seconds, the weight check); ``after_steps``: the training steps after the last switch;
+* ``summary`` (:func:`summarize`): per-phase seconds (the mean over the steps after the first, which pinned its
+  host memory), the switch overhead (offload + weight_sync + reload) and the time the copies alone need at the
+  line rates measured in the same run, and the switch cost (:func:`switch_costs`) against the same copy time
+  and the step.
+
+The simulator reads these records (``sim.calibrate.colocated``, ``sim.calibrate.switch_modes``): their keys
+are part of the benchmark's interface.
+
+[Note: switch cost]
+``switch_cost_s``: everything the pause, the weight sync and the wake add to a
+step beyond the two roles' own work, up to the end of training's first step
+after the wake: the window's phases (offload + weight_sync + reload) plus what
+the training step after the switch takes beyond a training step that follows
+no switch (``train_plain``, measured at the end of the same run). That
+difference holds the first collective's lazy initialisation on rebuilt groups,
+a cooldown or peer wait that lands there, the streamed reload's wait at the
+optimizer step and any slowdown of compute by copies beside it. With early
+copies (``--offload-in-backward``) that step also copies early for the next
+switch, as every step before a switch does: the row holds the next switch's
+early copies in place of its own, the same in the steady state (the copies
+that outlast the step are paid there, its phase ending on a device
+synchronisation). The same rule and name as the simulator's.
 """
 from __future__ import annotations
 
@@ -13,12 +41,25 @@ import logging
 import os
 from typing import Any
 
-from bench.switch_modes import switch_costs
-
 logger = logging.getLogger(__name__)
 
-#: phases of one step, in order
+#: phases of one step, in order (with ``--sync-first`` the weight sync comes right after ``train``)
 PHASES = ("train", "offload", "rollout", "weight_sync", "reload")
+
+
+def public_fields(s: dict[str, Any]) -> dict[str, Any]:
+    """A step record without its private working fields (keys starting with ``_``)."""
+    return {k: v for k, v in s.items() if not k.startswith("_")}
+
+
+def phase_spans(spans: list[tuple[int, str, float, float]]) -> list[dict[str, Any]]:
+    """The clock's ``(step, phase, start, end)`` spans as the record's dicts."""
+    return [{"step": a, "phase": b, "start_s": c, "end_s": d} for a, b, c, d in spans]
+
+
+def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
+    """The runtime's recorded spans (``lifecycle.*``, the store's phases) as dicts, seconds since ``t0``."""
+    return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
 
 
 def summarize(rec: dict[str, Any]) -> dict[str, Any]:
@@ -52,9 +93,25 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
-    """The runtime's recorded spans (``lifecycle.*``, the store's phases) as dicts, seconds since ``t0``."""
-    return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
+def switch_costs(rec: dict[str, Any]) -> dict[str, Any]:
+    """Per steady step: ``switch_cost_s`` (see [Note: switch cost]) and its parts; the means over those steps."""
+    spans = rec["spans"]
+    dur: dict[tuple[int, str], float] = {(sp["step"], sp["phase"]): sp["end_s"] - sp["start_s"] for sp in spans}
+    plain = [v for (st, ph), v in dur.items() if ph == "train_plain"]
+    base = min(plain) if plain else None
+    steps = sorted({st for (st, ph) in dur if ph == "offload"})
+    use = steps[1:] if len(steps) > 1 else steps
+    rows = []
+    for k in use:
+        window = sum(dur.get((k, ph), 0.0) for ph in ("offload", "weight_sync", "reload"))
+        after = dur.get((k + 1, "train"))
+        extra = max(0.0, after - base) if (after is not None and base is not None) else None
+        rows.append({"step": k, "window_s": window, "train_after_s": after, "first_step_extra_s": extra,
+                     "switch_cost_s": window + (extra or 0.0)})
+    mean = (lambda key: sum(r[key] for r in rows if r[key] is not None) / max(1, sum(r[key] is not None for r in rows)))
+    return {"train_plain_s": base, "rows": rows, "window_s": mean("window_s") if rows else None,
+            "first_step_extra_s": mean("first_step_extra_s") if rows else None,
+            "switch_cost_s": mean("switch_cost_s") if rows else None}
 
 
 def span_breakdown(rec: dict[str, Any], steps: list[int]) -> dict[str, dict[str, float]]:
@@ -115,3 +172,7 @@ def write_outputs(rec: dict[str, Any], out_dir: str) -> tuple[str, str | None]:
         except Exception as e:  # noqa: BLE001 - the JSON is the record
             logger.warning("PNG timeline failed: %s", e)
     return jpath, png
+
+
+__all__ = ["PHASES", "phase_spans", "public_fields", "runtime_spans", "span_breakdown", "summarize", "switch_costs",
+           "write_outputs", "write_png"]

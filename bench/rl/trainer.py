@@ -1,0 +1,86 @@
+"""The trainer role: a ``transformers`` causal LM sharded with FSDP2 on this rank, and its AdamW optimizers.
+
+On two or more ranks the mesh is 2-D HSDP ``(replicate, shard)``; every decoder layer is its own FSDP unit,
+with early copies the head too (as torchtitan wraps its output layer: its gradients are reduced, stepped and
+copied first in the backward), then the root. With early copies each unit has its own AdamW, stepped inside the
+backward (:class:`bench.rl.early_copies.StepInBackward`), element for element the same update as one AdamW
+stepped after it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench.rl.config import StepConfig
+from bench.rl.early_copies import StepInBackward
+
+
+@dataclass
+class Trainer:
+    """The trainer role on this rank: the sharded model, its FSDP units and their optimizers."""
+
+    model: Any
+    #: parameters of the whole model (before sharding)
+    params: int
+    #: the FSDP device mesh, ``(replicate, shard)`` on two or more ranks
+    mesh: Any
+    #: the FSDP units' parameters in the order a backward reduces them (:func:`fsdp_units`)
+    units: list[list[torch.nn.Parameter]]
+    #: one AdamW, or one per unit with early copies
+    optims: list[torch.optim.Optimizer]
+    #: with early copies, the stepper in the backward (set once the store is open)
+    stepper: StepInBackward | None = None
+
+
+def fsdp_mesh(device: torch.device, world_size: int, shard: int):
+    """The FSDP mesh: ``(world / shard, shard)`` named ``(replicate, shard)`` on two or more ranks, else ``(1,)``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world_size > 1:
+        shard = min(shard, world_size)
+        if world_size % shard:
+            raise ValueError(f"--shard {shard} must divide the world size {world_size}")
+        return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device.type, (1,))
+
+
+def build_trainer(cfg: StepConfig, mcfg: Any, device: torch.device, world_size: int, mixed: bool) -> Trainer:
+    """The model built from ``mcfg`` on ``device`` (random weights), sharded with ``fully_shard`` (bf16 params and
+    fp32 reduction when ``mixed``), and its optimizers (:class:`Trainer`; its ``stepper`` not yet set)."""
+    from torch.distributed.fsdp import fully_shard
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device(device):
+        model = Qwen2ForCausalLM(mcfg)
+    params = sum(p.numel() for p in model.parameters())
+    mesh = fsdp_mesh(device, world_size, cfg.shard)
+    mp_kwargs = {}
+    if mixed:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        mp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, **mp_kwargs)
+    if cfg.offload_in_backward:  # the head its own unit: its gradients are reduced, stepped and copied first
+        fully_shard(model.lm_head, mesh=mesh, **mp_kwargs)
+    fully_shard(model, mesh=mesh, **mp_kwargs)
+    units = fsdp_units(model, head=cfg.offload_in_backward)
+    optims = [torch.optim.AdamW(u, lr=1e-5) for u in units] if cfg.offload_in_backward \
+        else [torch.optim.AdamW(model.parameters(), lr=1e-5)]
+    return Trainer(model=model, params=params, mesh=mesh, units=units, optims=optims)
+
+
+def fsdp_units(model: Any, head: bool = False) -> list[list[torch.nn.Parameter]]:
+    """The model's FSDP units' parameters in the order a backward reduces them: ``head`` (the head wrapped on
+    its own), the decoder layers last to first, then the root's (embeddings, final norm; the head too unless
+    ``head``)."""
+    units = ([list(model.lm_head.parameters())] if head else []) + \
+        [list(layer.parameters()) for layer in reversed(model.model.layers)]
+    seen = {id(p) for u in units for p in u}
+    units.append([p for p in model.parameters() if id(p) not in seen])
+    return units
+
+
+__all__ = ["Trainer", "build_trainer", "fsdp_mesh", "fsdp_units"]
