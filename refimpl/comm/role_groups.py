@@ -128,7 +128,8 @@ class RoleGroups:
             raise
         if not ok:
             cause = error or PeerFailedError(
-                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank"
+                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank",
+                (first,),
             )
             await self.on_failure.fall_back(point, cause)
             raise cause
