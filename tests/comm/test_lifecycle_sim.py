@@ -16,8 +16,8 @@ from refimpl.comm import (
     PGLifecycle,
     PGPolicy,
     PGState,
+    ResumeMemoryError,
 )
-from refimpl.comm.role_groups import ResumeMemoryError
 from refimpl.runtime.base import AddressInUseError, GroupSpec, GroupSuspendedError
 
 MiB = 2**20
