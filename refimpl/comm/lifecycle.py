@@ -6,10 +6,15 @@ The lifecycle owns a role's groups (by name, walked in sorted order on every
 rank) and a Gloo control group it never destroys. Its three operations follow
 the RL step (see :mod:`refimpl.comm.states` for the states and the table):
 
-* :meth:`PGLifecycle.pause` before the rollout engine takes the GPU: decide
-  (policy, gates, two-phase switch) and agree, then keep the groups
-  (PAUSED_LIVE, followed by a canary), suspend them (SUSPENDED) or destroy
-  them (DESTROYED), and run the caller's memory release.
+* :meth:`PGLifecycle.pause` before the rollout engine takes the GPU, its
+  stages as methods in order: decide (policy, gates, two-phase switch) and
+  agree (:meth:`~PGLifecycle._decide_pause`); bring up what a lazy wake left
+  down (:meth:`~PGLifecycle._bring_up_left_down`); keep the groups
+  (PAUSED_LIVE), suspend them (SUSPENDED), apply a plan per group
+  (SYNC_READY) or destroy them (DESTROYED) (:meth:`~PGLifecycle._take_down`);
+  run the caller's memory release; check the groups kept live with a canary
+  (:meth:`~PGLifecycle._check_kept_live`). docs/design.md, "The walk of a
+  pause", follows it file by file.
 * :meth:`PGLifecycle.weight_sync` runs the caller's sync function with the
   groups up (resumed or rebuilt first if needed, transient RELOADING), then
   returns them to the paused state. The first sync that succeeds on every rank
@@ -70,7 +75,7 @@ from refimpl.comm.errors import (
     ResumeMemoryError,
 )
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
-from refimpl.comm.group_plan import GroupAction, GroupPlanRules, PlannedGroups
+from refimpl.comm.group_plan import GroupAction, GroupPlan, GroupPlanRules, PlannedGroups
 from refimpl.comm.lazy_wake import LazyWake
 from refimpl.comm.lifecycle_arguments import check_lifecycle_arguments
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
@@ -227,64 +232,90 @@ class PGLifecycle:
 
         ``release_memory`` (sync or async callable) pauses/offloads the trainer's
         own memory; with PAUSED_LIVE the canary runs after it. Returns the new state.
+        Its stages, in order, each agreed by every rank where it acts:
+        :meth:`_decide_pause`, :meth:`_bring_up_left_down`, :meth:`_take_down`,
+        the caller's ``release_memory``, :meth:`_check_kept_live`.
         """
         await self.start()
         self._require("pause")
         policy = policy or self.config.policy
-        rt = self.rt
-        with rt.span("lifecycle.pause"):
+        with self.rt.span("lifecycle.pause"):
             self.stats.pauses += 1
-            failing: list[str] = []
-            vote, error = False, None
-            try:
-                await rt.point("lifecycle.pause.decide")
-                if policy.preserves:
-                    failing = failing_gates(self.gates, GateContext(policy, self.groups, self.facts, rt.rank))
-                    if failing:
-                        log.warning("rank %d: preservation gates failed: %s", rt.rank, ", ".join(failing))
-                vote = local_vote(policy, failing, self.preservation, two_phase=self.config.two_phase)
-            except Exception as exc:  # noqa: BLE001 - agreed below, so every rank fails together
-                error = exc
-            lo, neg_hi, gates_all, vote_all = await self.role.outcome(
-                "pause.decide", error, [policy.code, -policy.code, int(not failing), int(vote)]
-            )
-            if lo != -neg_hi:
-                err = PolicyMismatchError(
-                    f"rank {rt.rank}: ranks asked for different pause policies ({PGPolicy.from_code(lo).name} to "
-                    f"{PGPolicy.from_code(-neg_hi).name}); every rank must pause with the same policy"
-                )
-                await self.fall_back("pause.decide", err)
-                raise err
-            if policy.preserves:
-                self._preservation = after_gates(self.preservation, bool(gates_all))
-            if vote and not vote_all:
-                log.warning("rank %d voted to keep the groups but a peer did not; all ranks destroy them", rt.rank)
-            event = pause_event(policy, bool(vote_all))
-            if self.state is PGState.ACTIVE_LAZY:
-                # groups a lazy wake left down: the sync's come up first (all of them unless the plan follows)
-                if not await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None):
-                    event = PGEvent.DESTROY  # that bring-up's canary failed on some rank (agreed)
-            if event is PGEvent.PAUSE_LIVE:
-                self.transition(PGEvent.PAUSE_LIVE)
-                await self.role.step("release_memory", lambda: _call(release_memory))
-                await self._check_canary()
-            elif event is PGEvent.SUSPEND:
-                await self.role.suspend_all()
-                self.transition(PGEvent.SUSPEND)
-                await self.role.step("release_memory", lambda: _call(release_memory))
-            elif event is PGEvent.PAUSE_PLANNED:
-                plan = await self.planned.agree()
-                await self.planned.apply(plan.acted(sync=False))
-                self.transition(PGEvent.PAUSE_PLANNED)
-                await self.role.step("release_memory", lambda: _call(release_memory))
-                if plan.kept_live:  # groups the rollout keeps using: checked as PAUSED_LIVE's are
-                    await self._check_canary(only=sorted(plan.kept_live))
-            else:
-                await self.role.destroy_all(inline_wait=inline_cooldown(policy))
-                self.transition(PGEvent.DESTROY)
-                await self.role.step("release_memory", lambda: _call(release_memory))
+            event = await self._decide_pause(policy)
+            event = await self._bring_up_left_down(event)
+            plan = await self._take_down(event, policy)
+            await self.role.step("release_memory", lambda: _call(release_memory))
+            await self._check_kept_live(event, plan)
             self._pause_policy = policy
         return self.state
+
+    async def _decide_pause(self, policy: PGPolicy) -> PGEvent:
+        """Pause stage 1: this rank's gates and vote, agreed with every rank into the event the pause takes.
+
+        Ranks that asked for different policies fail together (:class:`PolicyMismatchError`,
+        after the fallback); the first pause whose gates pass everywhere makes
+        preservation eligible (phase one of :mod:`refimpl.comm.decisions`).
+        """
+        rt = self.rt
+        failing: list[str] = []
+        vote, error = False, None
+        try:
+            await rt.point("lifecycle.pause.decide")
+            if policy.preserves:
+                failing = failing_gates(self.gates, GateContext(policy, self.groups, self.facts, rt.rank))
+                if failing:
+                    log.warning("rank %d: preservation gates failed: %s", rt.rank, ", ".join(failing))
+            vote = local_vote(policy, failing, self.preservation, two_phase=self.config.two_phase)
+        except Exception as exc:  # noqa: BLE001 - agreed below, so every rank fails together
+            error = exc
+        lo, neg_hi, gates_all, vote_all = await self.role.outcome(
+            "pause.decide", error, [policy.code, -policy.code, int(not failing), int(vote)]
+        )
+        if lo != -neg_hi:
+            err = PolicyMismatchError(
+                f"rank {rt.rank}: ranks asked for different pause policies ({PGPolicy.from_code(lo).name} to "
+                f"{PGPolicy.from_code(-neg_hi).name}); every rank must pause with the same policy"
+            )
+            await self.fall_back("pause.decide", err)
+            raise err
+        if policy.preserves:
+            self._preservation = after_gates(self.preservation, bool(gates_all))
+        if vote and not vote_all:
+            log.warning("rank %d voted to keep the groups but a peer did not; all ranks destroy them", rt.rank)
+        return pause_event(policy, bool(vote_all))
+
+    async def _bring_up_left_down(self, event: PGEvent) -> PGEvent:
+        """Pause stage 2 (from ACTIVE_LAZY only): the groups a lazy wake left down come up before they are taken
+        down again: the sync's groups if the pause follows the plan, else all. A failed canary of that bring-up
+        (agreed) turns the pause into a DESTROY."""
+        if self.state is not PGState.ACTIVE_LAZY:
+            return event
+        if not await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None):
+            return PGEvent.DESTROY
+        return event
+
+    async def _take_down(self, event: PGEvent, policy: PGPolicy) -> GroupPlan | None:
+        """Pause stage 3: keep the groups (PAUSE_LIVE), suspend them all (SUSPEND), agree and apply a plan per group
+        (PAUSE_PLANNED; the plan is returned) or destroy them all (DESTROY), then take the event's transition."""
+        plan = None
+        if event is PGEvent.SUSPEND:
+            await self.role.suspend_all()
+        elif event is PGEvent.PAUSE_PLANNED:
+            plan = await self.planned.agree()
+            await self.planned.apply(plan.acted(sync=False))
+        elif event is PGEvent.DESTROY:
+            await self.role.destroy_all(inline_wait=inline_cooldown(policy))
+        # PAUSE_LIVE: the groups stay as they are
+        self.transition(event)
+        return plan
+
+    async def _check_kept_live(self, event: PGEvent, plan: GroupPlan | None) -> None:
+        """Pause stage 5, after the caller's memory release: the canary on the groups the rollout keeps live (all of
+        them after PAUSE_LIVE, the plan's ``kept_live`` after PAUSE_PLANNED); an agreed failure destroys them."""
+        if event is PGEvent.PAUSE_LIVE:
+            await self._check_canary()
+        elif plan is not None and plan.kept_live:
+            await self._check_canary(only=sorted(plan.kept_live))
 
     async def weight_sync(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (sync or async) with the role's groups up, then return them to the paused state.

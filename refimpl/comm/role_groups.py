@@ -37,7 +37,7 @@ import torch
 
 from refimpl.comm.agreement import AgreementError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
-from refimpl.comm.errors import LifecycleError, PeerFailedError, ResumeMemoryError
+from refimpl.comm.errors import PeerFailedError, ResumeMemoryError
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.runtime.base import (
     AddressInUseError,
@@ -128,7 +128,8 @@ class RoleGroups:
             raise
         if not ok:
             cause = error or PeerFailedError(
-                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank"
+                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank",
+                (first,),
             )
             await self.on_failure.fall_back(point, cause)
             raise cause
@@ -356,4 +357,4 @@ class RoleGroups:
         return problems
 
 
-__all__ = ["AgreedFailureHandler", "LifecycleError", "PeerFailedError", "ResumeMemoryError", "RoleGroups"]
+__all__ = ["AgreedFailureHandler", "RoleGroups"]

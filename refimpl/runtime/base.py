@@ -183,7 +183,7 @@ class Runtime(abc.ABC):
 
     def prepare_copies_on_sms(self) -> None:
         """Build what :meth:`copies_on_sms` runs (TorchRuntime: the copy kernel, compiled or loaded from Triton's
-        cache: about 0.5 s on the H200, paid here instead of by the first copy). The default: nothing."""
+        cache, so that its cost is paid here instead of by the first copy). The default: nothing."""
 
     @abc.abstractmethod
     async def synchronize(self) -> None:

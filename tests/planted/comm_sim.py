@@ -37,6 +37,11 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "vote=lambda _: True)\n            kept = self.preservation.disabled is None",
       ("tests/comm/test_agreed_decisions_sim.py",),
       "SUSPEND re-suspends after a sync on this process's preservation flag, not the agreed vote"),
+    B("peer_failure_not_a_dedup_error", "refimpl/runtime/errors.py",
+      "class PeerFailedError(LifecycleError, DedupError):", "class PeerFailedError(LifecycleError):",
+      ("tests/comm/test_lifecycle_sim.py::"
+       "test_a_peers_failure_is_one_error_class_named_by_the_rank_and_caught_by_either_root",),
+      "a peer's failure raised by the lifecycle is not the DedupError local_dedup's same failure is"),
     B("lazy_union_inverted", "refimpl/comm/lazy_wake.py",
       "    return [int(g not in wanted) for g in groups]", "    return [int(g in wanted) for g in groups]",
       ("tests/comm/test_lazy_wake_sim.py",),
