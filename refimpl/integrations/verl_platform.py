@@ -32,60 +32,79 @@ class _CPUPlatform:
     device_module = _CPU_MODULE
 
     def is_available(self) -> bool:
+        """Always: the CPU is there."""
         return True
 
     def current_device(self):
+        """``"cpu"``: what verl passes to ``model.to``."""
         return "cpu"
 
     def device_count(self) -> int:
+        """One device."""
         return 1
 
     def set_device(self, device_index) -> None:
+        """Nothing to select."""
         pass
 
     def synchronize(self, device_index=None) -> None:
+        """Nothing to wait for: CPU work is synchronous."""
         pass
 
     def manual_seed(self, seed: int) -> None:
+        """Seed torch's CPU generator."""
         torch.manual_seed(seed)
 
     def manual_seed_all(self, seed: int) -> None:
+        """Seed torch's CPU generator."""
         torch.manual_seed(seed)
 
     def set_allocator_settings(self, settings: str) -> None:
+        """No allocator settings on the CPU."""
         pass
 
     def empty_cache(self) -> None:
+        """No cache to empty."""
         pass
 
     def communication_backend_name(self) -> str:
+        """Gloo, torch's CPU backend."""
         return "gloo"
 
     def get_device_capability(self, device_index=0):
+        """No compute capability."""
         return (None, None)
 
     def is_ipc_supported(self) -> bool:
+        """No CUDA IPC."""
         return False
 
     def nvtx_range(self, msg):
+        """No NVTX: an empty context."""
         return contextlib.nullcontext()
 
     def profiler_start(self) -> None:
+        """No device profiler."""
         pass
 
     def profiler_stop(self) -> None:
+        """No device profiler."""
         pass
 
     def ray_noset_envvars(self):
+        """No device variables for Ray to leave alone."""
         return []
 
     def ray_resource_name(self) -> str:
+        """Ray's CPU resource."""
         return "CPU"
 
     def visible_devices_envvar(self) -> str:
+        """The variable verl reads (unused on the CPU)."""
         return "CUDA_VISIBLE_DEVICES"
 
     def cudart(self):
+        """No CUDA runtime."""
         return None
 
 
