@@ -560,7 +560,7 @@ class StepInBackward:
     the unit's own optimizer and drops its gradients. With ``early`` set (the step precedes a switch) the
     unit's parameters and optimizer state, final from then on, go to :meth:`OffloadStore.copy_early`: their
     device-to-host copies run under the rest of the backward and the offload takes them over ([Note: early
-    copies] in :mod:`refimpl.store.early`). No global gradient clipping or accumulation across backward calls
+    copies] in :mod:`refimpl.store.moves.early`). No global gradient clipping or accumulation across backward calls
     fits this step (each unit steps on its own gradients as they arrive). :meth:`finish` after the backward
     steps a unit some of whose parameters got no gradient.
     """

@@ -45,9 +45,9 @@ import torch  # noqa: E402
 
 from refimpl.runtime import CopyKind, TorchRuntime  # noqa: E402
 from refimpl.store import OffloadStore, PinnedHostPool, StoreConfig  # noqa: E402
-from refimpl.store.dedup import DedupConfig, SlicePlan  # noqa: E402
-from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy  # noqa: E402
-from refimpl.store.replica_sync import content_digest  # noqa: E402
+from refimpl.store.backends.dedup_config import DedupConfig, SlicePlan  # noqa: E402
+from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy  # noqa: E402
+from refimpl.store.backends.replica_sync import content_digest  # noqa: E402
 
 DTYPE = torch.bfloat16
 

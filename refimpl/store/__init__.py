@@ -5,10 +5,10 @@
     store.attach_optimizer(optimizer, name="optim")   # torch.optim state
     store.offload(); ...; store.reload()
 
-See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.offload`
-and :mod:`refimpl.store.reload` for one offload and one reload in flight,
-:mod:`refimpl.store.layout` for the flat layouts and the store's vocabulary,
-:mod:`refimpl.store.pool` for pinned host memory, :mod:`refimpl.store.backends`
+See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.moves.offload`
+and :mod:`refimpl.store.moves.reload` for one offload and one reload in flight,
+:mod:`refimpl.store.state.layout` for the flat layouts and the store's vocabulary,
+:mod:`refimpl.store.backends.pool` for pinned host memory, :mod:`refimpl.store.backends`
 for the backend seam and :mod:`refimpl.store.registry` for backends by name.
 """
 from refimpl.store.backends import LayoutSource, LocalBackend, StoreBackend, StreamingBackend
@@ -29,9 +29,10 @@ from refimpl.store.errors import (
     UnsupportedTensorError,
     WrongDeviceError,
 )
-from refimpl.store.parking import OffloadedTensorError, is_parked
-from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
-from refimpl.store.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
+from refimpl.store.state.guard import OffloadedTensorError
+from refimpl.store.state.parking import is_parked
+from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
+from refimpl.store.backends.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
 from refimpl.store.registry import create_backend, register_backend
 from refimpl.store.stats import StoreStats
 from refimpl.store.store import OffloadStore

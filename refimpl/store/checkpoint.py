@@ -50,8 +50,8 @@ import torch
 from refimpl.store.store import check_store
 from refimpl.store.config import Category
 from refimpl.store.errors import CheckpointPathError
-from refimpl.store.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
-from refimpl.store.layout import LayoutState
+from refimpl.store.backends.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
+from refimpl.store.state.layout import LayoutState
 
 DEFAULT_INCLUDE = (Category.PARAMS,)
 

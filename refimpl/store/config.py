@@ -57,7 +57,7 @@ CATEGORY_ORDER: dict[Category, int] = {c: i for i, c in enumerate(Category)}
 #: order in which a reload issues its layouts' copies: the order a training step first uses each category
 #: (the forward reads params and buffers, the backward writes grads, the optimizer step reads its state), so
 #: the tensors a streamed reload hands over first are the first ones needed (see [Note: streamed reload] in
-#: refimpl.store.reload). Identical on every rank, like CATEGORY_ORDER, which still orders everything else.
+#: refimpl.store.moves.reload). Identical on every rank, like CATEGORY_ORDER, which still orders everything else.
 FIRST_USE_ORDER: dict[Category, int] = {Category.PARAMS: 0, Category.BUFFERS: 1, Category.GRADS: 2,
                                         Category.OPTIMIZER: 3}
 

@@ -17,7 +17,7 @@ from refimpl.runtime.base import Runtime
 from refimpl.store.backends import LocalBackend, StoreBackend
 from refimpl.store.config import StoreConfig
 from refimpl.store.errors import UnknownBackendError
-from refimpl.store.pool import PinnedHostPool
+from refimpl.store.backends.pool import PinnedHostPool
 
 BackendFactory = Callable[..., StoreBackend]
 """``factory(runtime, pool, config, **options) -> StoreBackend``."""

@@ -51,10 +51,10 @@ class StoreStats:
     copies: dict[str, int] = field(default_factory=dict)
     #: seconds per phase of the last offload (``offload.collect`` ...) and reload (``reload.wait`` ...)
     phases: dict[str, float] = field(default_factory=dict)
-    #: the path the last offload took (its path's name, :mod:`refimpl.store.offload_paths`): ``streamed`` (first
+    #: the path the last offload took (its path's name, :mod:`refimpl.store.moves.offload_paths`): ``streamed`` (first
     #: offload, streaming backend), ``steady`` (unchanged since the reload), ``full``; "" before any
     last_offload_path: str = ""
-    #: the last offload's early copies ([Note: early copies] in refimpl.store.early): bytes
+    #: the last offload's early copies ([Note: early copies] in refimpl.store.moves.early): bytes
     #: ``OffloadStore.copy_early`` queued before it, bytes it took over, bytes it found changed since and copied
     #: again, and tensors ``copy_early`` skipped (not in a resident flat buffer; the offload copied them)
     last_early_copy_bytes: int = 0

@@ -3,21 +3,21 @@
 Theory of operation
 -------------------
 Attach what holds the state (modules, optimizers, explicit tensors). Each
-``offload`` builds one :class:`~refimpl.store.offload.Offload` and runs it; its
+``offload`` builds one :class:`~refimpl.store.moves.offload.Offload` and runs it; its
 stages, in order, each in its own module: copy ahead of collection
-(:mod:`refimpl.store.copies`), collect and group by storage
-(:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`) along the path the
-state calls for (:mod:`refimpl.store.offload_paths`: streamed first offload,
-steady, full), assign storages to flat layouts (:mod:`refimpl.store.assign`,
-:mod:`refimpl.store.layout`), have the backend (:mod:`refimpl.store.backends`)
+(:mod:`refimpl.store.moves.copies`), collect and group by storage
+(:mod:`refimpl.store.state.collect`, :mod:`refimpl.store.state.grouping`) along the path the
+state calls for (:mod:`refimpl.store.moves.offload_paths`: streamed first offload,
+steady, full), assign storages to flat layouts (:mod:`refimpl.store.moves.assign`,
+:mod:`refimpl.store.state.layout`), have the backend (:mod:`refimpl.store.backends`)
 copy each layout to host memory, park every registered tensor
-(:meth:`FlatLayout.park`), wait, release (:mod:`refimpl.store.release`). A
+(:meth:`FlatLayout.park`), wait, release (:mod:`refimpl.store.moves.release`). A
 storage's device memory is released only after the copies carrying its bytes
 have completed and all host memory of the offload is allocated (for a backend
 with ``early_release``, storage by storage while later copies run; otherwise
 once every finisher completed): ``Runtime.release`` shrinks the storage to 0
 bytes and the tensor objects stay. ``reload`` runs one
-:class:`~refimpl.store.reload.Reload`: one flat device buffer per layout, filled
+:class:`~refimpl.store.moves.reload.Reload`: one flat device buffer per layout, filled
 by the backend, every registered tensor re-pointed into it
 (:meth:`FlatLayout.repoint`). docs/store.md walks both, file by file.
 
@@ -30,8 +30,8 @@ Invariants:
   host copy before the error propagates. A failed reload leaves the state
   offloaded (the host copy is kept).
 * While offloaded every registered tensor is parked on one of the store's
-  read-only placeholders and guarded (see :mod:`refimpl.store.parking` and
-  :mod:`refimpl.store.guard`): using it raises ``OffloadedTensorError``, never
+  read-only placeholders and guarded (see :mod:`refimpl.store.state.parking` and
+  :mod:`refimpl.store.state.guard`): using it raises ``OffloadedTensorError``, never
   crashes the process, never reads a wrong value.
 * One operation at a time: other threads wait; the same thread gets a
   :class:`StoreStateError`.
@@ -45,8 +45,8 @@ Invariants:
 * After a reload the store holds registered tensors only weakly.
 
 The paths are described where they live: [Note: steady offload check] in
-:mod:`refimpl.store.residency`, [Note: why stream] in
-:mod:`refimpl.store.streaming`; pinning ahead at attach is :meth:`OffloadStore.pin_ahead`
+:mod:`refimpl.store.state.steady_check`, [Note: why stream] in
+:mod:`refimpl.store.moves.streaming`; pinning ahead at attach is :meth:`OffloadStore.pin_ahead`
 (``StoreConfig.pin_ahead``, the default on CUDA). ``StoreStats.phases`` times each
 phase and ``StoreStats.last_offload_path`` names the path the last offload took.
 """
@@ -64,23 +64,24 @@ import torch
 from refimpl.arguments import ArgumentTypeError, describe, expect, expect_bool, expect_name
 from refimpl.runtime.base import Runtime
 from refimpl.store.arguments import check_module, check_optimizer, check_runtime, check_tensors
-from refimpl.store.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
-from refimpl.store.grouping import group_by_storage
-from refimpl.store.host_readers import wait_for_host_readers
+from refimpl.store.state.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.state.grouping import group_by_storage
+from refimpl.store.backends.host_readers import wait_for_host_readers
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.copies import sort_key
-from refimpl.store.early import EarlyCopies
+from refimpl.store.moves.copies import sort_key
+from refimpl.store.moves.early import EarlyCopies
 from refimpl.store.errors import StoreClosedError, StoreError, StoreStateError
-from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
-from refimpl.store.assign import assign_layouts, gc_paused
-from refimpl.store.offload import Offload
-from refimpl.store.guard import unguard
-from refimpl.store.parking import Parking, caller_site, debug_mode
-from refimpl.store.pool import PinnedHostPool
+from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
+from refimpl.store.moves.assign import assign_layouts, gc_paused
+from refimpl.store.moves.offload import Offload
+from refimpl.store.state.guard import unguard
+from refimpl.store.debug import caller_site, debug_mode
+from refimpl.store.state.parking import Parking
+from refimpl.store.backends.pool import PinnedHostPool
 from refimpl.store.backends.base import streams
 from refimpl.store.registry import create_backend
-from refimpl.store.reload import Recover, Reload, StreamedReload
-from refimpl.store.residency import ItemSignature
+from refimpl.store.moves.reload import Recover, Reload, StreamedReload
+from refimpl.store.state.steady_check import ItemSignature
 from refimpl.store.stats import StoreStats
 
 logger = logging.getLogger(__name__)
@@ -386,7 +387,7 @@ class OffloadStore:
         takes the copies over and copies only the rest, and copies again every entry one of whose tensors was
         changed in place or re-pointed since (its version counter moved). A write that bypasses the version
         counter (through ``.data``, a raw pointer) after this call is not seen: see [Note: early copies] in
-        :mod:`refimpl.store.early`. A hint: a tensor not in a layout resident in one flat buffer (before the
+        :mod:`refimpl.store.moves.early`. A hint: a tensor not in a layout resident in one flat buffer (before the
         first reload, a backend without ``early_copies``) is skipped and the offload copies it as always
         (``StoreStats.last_early_skipped``). Safe to call from another thread than the offload's (the autograd
         engine's) while no other store operation runs there.
@@ -422,7 +423,7 @@ class OffloadStore:
         ``drop_grads``: gradients are released without a copy and come back as
         zeros. Categories already offloaded are skipped. Every registered tensor
         is parked while offloaded (safe to hold, not to use; see
-        :mod:`refimpl.store.parking`). Anything that fails before the device
+        :mod:`refimpl.store.state.parking`). Anything that fails before the device
         memory is released leaves the state on the device; a copy failing after
         some storages were released brings them back first (restored from the
         host copies their completed copies made).
@@ -529,7 +530,7 @@ class OffloadStore:
 
         ``stream``: return once the copies are issued and every tensor re-pointed; each tensor's first torch
         call waits on the device for its own bytes (see [Note: streamed reload] in
-        :mod:`refimpl.store.reload`), so the caller's next work (a forward, a gather, an optimizer step) runs
+        :mod:`refimpl.store.moves.reload`), so the caller's next work (a forward, a gather, an optimizer step) runs
         beside the copies. :meth:`finish_reload`, or the store's next operation, waits for the rest. A
         backend whose reload runs collectives (``local_dedup``) or a runtime that cannot order device work on
         a copy reloads whole instead.

@@ -35,7 +35,7 @@ def _device():
 def _store(net, opt, backend="local_dedup"):
     from refimpl.runtime import TorchRuntime
     from refimpl.store import OffloadStore
-    from refimpl.store.dedup import DedupConfig
+    from refimpl.store.backends.dedup_config import DedupConfig
 
     kw = {"dedup": DedupConfig(verify_replicas=True)} if backend == "local_dedup" else {}
     store = OffloadStore(TorchRuntime(), backend=backend, **kw)

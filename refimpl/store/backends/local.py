@@ -6,13 +6,12 @@ from typing import Awaitable
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
-from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend
+from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend, complement
 from refimpl.store.config import StoreConfig
-from refimpl.store.early import complement
 from refimpl.store.errors import StoreStateError
-from refimpl.store.layout import FlatLayout, LayoutKey
-from refimpl.store.parking import own_view
-from refimpl.store.pool import HostBuffer, PinnedHostPool
+from refimpl.store.state.layout import FlatLayout, LayoutKey
+from refimpl.store.state.storage_views import own_view
+from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 
 
 class LocalBackend(StoreBackend):
