@@ -3,6 +3,8 @@
 * :func:`assign_layouts` turns the collected storage groups into flat layouts,
   reusing a resident layout unchanged when its flat buffer still holds exactly
   its tensors (the steady-state fast path).
+* :func:`reserve_ahead` lays out the attached state the same way before any offload and has the backend reserve
+  (pin) the host memory the layouts will need (``OffloadStore.pin_ahead``).
 * :func:`gc_paused` keeps Python's cyclic collector out of the per-tensor loops.
 
 Giving device memory back is the next stage, :mod:`refimpl.store.moves.release`.
@@ -12,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import replace
-from typing import Iterator
+from typing import Iterable, Iterator
+
+import torch
 
 from refimpl.store.backends.base import StoreBackend
-from refimpl.store.state.grouping import StorageGroup
+from refimpl.store.state.collect import Item
+from refimpl.store.state.grouping import StorageGroup, group_by_storage
 from refimpl.store.config import StoreConfig
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry
 from refimpl.store.state.residency import adopt_if_unchanged
@@ -61,6 +66,23 @@ def assign_layouts(groups: list[StorageGroup], resident_layouts: list[FlatLayout
     return layouts
 
 
+def reserve_ahead(items: Iterable[Item], resident: list[FlatLayout], backend: StoreBackend, config: StoreConfig,
+                  device: torch.device) -> int:
+    """Lay ``items`` out as the next offload would (resident layouts reused, then let go again) and have
+    ``backend`` reserve each layout's host memory (``StoreBackend.reserve``); returns the host bytes reserved.
+    Nothing is copied or released."""
+    groups, _ = group_by_storage(items, device)
+    try:
+        layouts = assign_layouts(groups, resident, backend, config)
+    finally:
+        for lay in resident:
+            lay.unadopt()
+    for layout in sorted(layouts.values(), key=lambda lay: lay.key.sort_key()):
+        backend.reserve(layout)
+        layout.drop_bases()
+    return sum(layout.nbytes for layout in layouts.values())
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for a synchronous, allocation-heavy stretch."""
@@ -73,4 +95,4 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["gc_paused", "assign_layouts"]
+__all__ = ["assign_layouts", "gc_paused", "reserve_ahead"]

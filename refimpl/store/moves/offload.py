@@ -43,6 +43,7 @@ from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.moves.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
 from refimpl.store.state.guard import guard, guard_enabled
 from refimpl.store.state.parking import Parking
+from refimpl.store.stats import OffloadFigures
 from refimpl.store.moves.release import park_kept_views, release_layouts
 from refimpl.store.state.steady_check import ItemSignature, steady_unchanged
 
@@ -59,39 +60,37 @@ class Offload:
     collectors' check that no training phase is mid-step; ``resident``: the
     layouts of ``cats`` resident in one flat buffer; ``signature``: what the last
     full collection saw; ``streams``: the backend implements
-    :class:`~refimpl.store.backends.base.StreamingBackend`; ``counters``: the
-    store's counters, updated as the stages pass; ``parking``: the store's placeholders; ``early``: the copies
-    issued early ([Note: early copies] in :mod:`refimpl.store.moves.early`), taken over in stage 1.
+    :class:`~refimpl.store.backends.base.StreamingBackend`; ``parking``: the store's placeholders; ``early``:
+    the copies issued early ([Note: early copies] in :mod:`refimpl.store.moves.early`), taken over in stage 1.
+    The stages fill :attr:`figures`, which :meth:`run` returns.
     """
 
     def __init__(self, rt: Runtime, backend: StoreBackend, config: StoreConfig, *, cats: frozenset[Category],
                  drop_grads: bool, items: ItemSource, tensor_objects: Callable[[], Iterator[Any]],
                  check_phase: Callable[[], None], resident: list[FlatLayout], signature: ItemSignature | None,
-                 lookahead: int, streams: bool, counters: dict[str, Any], parking: Parking,
-                 early: EarlyCopies | None = None) -> None:
+                 lookahead: int, streams: bool, parking: Parking, early: EarlyCopies | None = None) -> None:
         self.rt, self.backend, self.config = rt, backend, config
         self.cats, self.drop_grads = cats, drop_grads
         self.items, self.tensor_objects, self.check_phase = items, tensor_objects, check_phase
         self.resident, self.last_signature, self.lookahead, self.streams = resident, signature, lookahead, streams
-        self.counters, self.parking = counters, parking
+        self.parking = parking
         #: the copies ``OffloadStore.copy_early`` issued since the last reload (taken over in stage 1)
         self.early = early
-        #: seconds of each phase (``offload.<phase>``), on the runtime's clock
-        self.laps: dict[str, float] = {}
+        #: what this offload did, filled as the stages pass (phases on the runtime's clock)
+        self.figures = OffloadFigures()
         self._last = rt.now()
         self.copies = OffloadCopies(rt, backend, config, drop_grads=drop_grads)
         self.path: OffloadPath | None = None
         #: the layouts of this offload by key (set by :meth:`lay_out`), and in processing order
         self.layouts: dict[LayoutKey, FlatLayout] = {}
         self.ordered: list[FlatLayout] = []
-        #: views of the flat buffers the user kept (parked at release), and the bytes the offload moves
+        #: views of the flat buffers the user kept (parked at release)
         self.strays: dict[int, set[int]] = {}
-        self.moved = 0
         #: ``(category, tensor)`` of the host-resident tensors guarded in place (see :meth:`guard_left_in_place`)
         self.left_in_place: list[tuple[Category, Any]] = []
 
-    async def run(self) -> int:
-        """Stages 1-7 in order (rolled back on failure); returns the bytes moved.
+    async def run(self) -> OffloadFigures:
+        """Stages 1-7 in order (rolled back on failure); returns :attr:`figures`.
 
         Between stage 6 and 7 the backend settles the offload's outcome (``StoreBackend.settle_offload``):
         a backend whose ranks agree on it may raise there because a peer failed; this rank then rolls back
@@ -131,6 +130,7 @@ class Offload:
         """Stage 2: choose the path (the steady check runs here) and collect."""
         self.check_phase()
         self.path = self._choose_path()
+        self.figures.path = self.path.name
         await self.path.collect()
         self._lap("collect")
 
@@ -138,13 +138,17 @@ class Offload:
         """Stage 3: the layouts of this offload, by key and in processing order."""
         self.layouts = await self.path.lay_out()
         self.ordered = self.path.ordered(self.layouts)
-        if isinstance(self.path, SteadyPath):
-            self.counters["steady_fast_offloads"] += 1
+        report = self.path.report
+        if report is not None:
+            self.figures.skipped_zero_size = len(report.skipped_zero_size)
+            self.figures.skipped_host_resident = len(report.skipped_host_resident)
         self._lap("plan")
 
     async def issue_copies(self) -> None:
         """Stage 4: every layout's copy issued (or taken over from the stream or the copies ahead)."""
-        await self.path.issue(self.copies, self.layouts, self.ordered)
+        copies, figures = self.copies, self.figures
+        await self.path.issue(copies, self.layouts, self.ordered)
+        figures.early_reused_bytes, figures.early_redone_bytes = copies.early_reused, copies.early_redone
         self._lap("issue")
 
     def park(self) -> None:
@@ -157,24 +161,23 @@ class Offload:
         for lay in self.ordered:
             lay.keep_one_base()
         grads_dropped = self.drop_grads
-        self.moved = sum(lay.data_nbytes for lay in self.ordered
-                         if not (grads_dropped and lay.category is Category.GRADS))
+        self.figures.moved_bytes = sum(lay.data_nbytes for lay in self.ordered
+                                       if not (grads_dropped and lay.category is Category.GRADS))
         self._lap("record")
 
     async def wait(self) -> None:
         """Stage 6: storages released as their copies complete (``early_release``), every finisher awaited."""
-        rt, c = self.rt, self.counters
-        c["copies"] = self.copies.describe()  # before the wait, not after the copies
+        rt, figures = self.rt, self.figures
+        figures.copies = self.copies.describe()  # before the wait, not after the copies
         await rt.point("store.offload.wait")
-        c["last_early_releases"] = 0
-        c["last_early_releases"] = await self.copies.release_early()
+        figures.released_as_copied = await self.copies.release_early()
         await self.copies.wait()
         self._lap("wait")
         await rt.point("store.offload.release")  # the last point where a failure rolls back
 
-    async def release(self) -> int:
+    async def release(self) -> OffloadFigures:
         """Stage 7 (nothing fails from here on): stray views parked, the device memory released, every
-        layout marked offloaded. Returns the bytes moved."""
+        layout marked offloaded. Returns :attr:`figures`."""
         await self.copies.close()
         park_kept_views(self.strays, self.ordered, self.copies.flats, self.parking)
         release_layouts(self.rt, self.ordered, self.drop_grads)
@@ -183,7 +186,7 @@ class Offload:
         if self.config.empty_cache:
             self.rt.empty_cache()
         self._lap("empty_cache")
-        return self.moved
+        return self.figures
 
     def guard_left_in_place(self) -> None:
         """Guard the host-resident tensors the offload left in place (an optimizer's CPU ``step`` counters
@@ -221,7 +224,7 @@ class Offload:
         """Record the seconds since the previous lap as ``offload.<phase>`` (the driver's own clock: the
         walk of an offload leaves this module only for its stages)."""
         now = self.rt.now()
-        self.laps["offload." + phase] = now - self._last
+        self.figures.phases["offload." + phase] = now - self._last
         self._last = now
 
     # ------------------------------------------------------------------ the path
@@ -244,16 +247,6 @@ class Offload:
     def signature(self) -> ItemSignature | None:
         """What this offload's collection saw, for the next steady check (None: keep the last one)."""
         return self.path.signature if self.path is not None else None
-
-    @property
-    def path_name(self) -> str:
-        """The path taken (``streamed``, ``steady``, ``full``)."""
-        return self.path.name if self.path is not None else ""
-
-    def skipped(self) -> tuple[int, int]:
-        """Registered tensors left out: ``(zero-size, host-resident)``."""
-        report = self.path.report if self.path is not None else None
-        return (len(report.skipped_zero_size), len(report.skipped_host_resident)) if report is not None else (0, 0)
 
 
 __all__ = ["Offload"]

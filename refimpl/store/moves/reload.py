@@ -37,7 +37,7 @@ from refimpl.store.errors import TensorChangedError
 from refimpl.store.state.guard import OnAccess, guard, unguard
 from refimpl.store.state.layout import FlatLayout, LayoutState
 from refimpl.store.state.tensor_changes import changed_tensors, force_repoint_prepare
-from refimpl.store.stats import PhaseClock
+from refimpl.store.stats import PhaseClock, ReloadFigures
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class Reload:
         #: names of the refs whose change the reload overwrote (only :class:`Recover` overwrites)
         self.overwritten: list[str] = []
 
-    async def run(self) -> int:
-        """Stages 1-5 in order (rolled back on failure); returns the bytes brought back.
+    async def run(self) -> ReloadFigures:
+        """Stages 1-5 in order (rolled back on failure); returns what it did (the bytes brought back, the phases).
 
         The backend settles the outcome before stage 5 (``settle_reload``), as it does for an offload: a
         peer's failure makes this rank roll back too (``agreed=False``, a reload of layouts that need no
@@ -83,7 +83,7 @@ class Reload:
             except BaseException:
                 await self.roll_back()
                 raise
-        return self.mark_resident()
+        return self.figures(self.mark_resident())
 
     async def issue_copies(self) -> None:
         """Stage 1: the backend prepares (``prepare_reload``), then each layout's flat buffer is allocated and
@@ -120,6 +120,10 @@ class Reload:
     def mark_resident(self) -> int:
         """Stage 5: every layout resident in its flat buffer; returns the bytes brought back."""
         return sum([lay.mark_resident(flat) for lay, flat in zip(self.layouts, self.copies.flats.values())])
+
+    def figures(self, moved: int, streaming: bool = False) -> ReloadFigures:
+        """What this reload did: ``moved`` bytes brought back (or on their way, ``streaming``), the phases so far."""
+        return ReloadFigures(moved, phases=dict(self.clock.laps), streaming=streaming)
 
     async def roll_back(self) -> None:
         """Undo stages 4 to 1: finishers drained, refs parked again, flat buffers freed."""
@@ -192,9 +196,9 @@ class StreamedReload(Reload):
         #: True while copies are in flight behind the guards (set by :meth:`run`, cleared by :meth:`finish`)
         self.streaming = False
 
-    async def run(self) -> int:
-        """Stages 1-3 and the arrival guards (or, where nothing can stream, the whole reload); returns the bytes
-        brought back so far (0 while streaming: :meth:`finish` returns them)."""
+    async def run(self) -> ReloadFigures:
+        """Stages 1-3 and the arrival guards (or, where nothing can stream, the whole reload); returns what it did
+        (while ``streaming``, the bytes on their way: :meth:`finish` returns them once landed)."""
         if not self.rt.orders_on_device:
             return await super().run()
         try:
@@ -205,7 +209,7 @@ class StreamedReload(Reload):
                 self.check()
                 self.repoint()
                 await self.wait()
-                return self.mark_resident()
+                return self.figures(self.mark_resident())
             self.check()
             self.repoint()
             self.arm()
@@ -215,7 +219,7 @@ class StreamedReload(Reload):
             await self.roll_back()
             raise
         self.streaming = True
-        return 0
+        return self.figures(sum(lay.data_nbytes for lay in self.layouts if not lay.dropped), streaming=True)
 
     def arm(self) -> None:
         """Guard every ref of every layout with its pieces' device wait (see the class Note)."""
