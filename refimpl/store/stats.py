@@ -20,7 +20,8 @@ class StoreStats:
     ``last_device_bytes_freed``: rise of the driver's free device memory over
     the last offload (``Runtime.memory_info``, not allocator counters).
     ``last_early_releases``: storages released as soon as their own copies
-    completed (backends with ``early_release``), overlapping the rest of the DMA.
+    completed (backends with ``release_as_copied``), overlapping the rest of the
+    DMA (the name predates "release as copied": records and dashboards read it).
     ``copies``: copies the last offload issued, by path (``flat``: resident
     layouts; ``direct``: one per storage; ``packed``: one per staging buffer).
     """

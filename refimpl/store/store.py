@@ -14,7 +14,7 @@ copy each layout to host memory, park every registered tensor
 (:meth:`FlatLayout.park`), wait, release (:mod:`refimpl.store.moves.release`). A
 storage's device memory is released only after the copies carrying its bytes
 have completed and all host memory of the offload is allocated (for a backend
-with ``early_release``, storage by storage while later copies run; otherwise
+with ``release_as_copied``, storage by storage while later copies run; otherwise
 once every finisher completed): ``Runtime.release`` shrinks the storage to 0
 bytes and the tensor objects stay. ``reload`` runs one
 :class:`~refimpl.store.moves.reload.Reload`: one flat device buffer per layout, filled
@@ -26,7 +26,7 @@ Invariants:
 * Every byte of attached state is, at every moment, in exactly one valid
   place: its device storage or the host copy. Nothing is released before
   validation (a bad tensor raises a :class:`StoreError` with the state where
-  it was); a failure after a storage was released early restores it from its
+  it was); a failure after a storage was released as copied restores it from its
   host copy before the error propagates. A failed reload leaves the state
   offloaded (the host copy is kept).
 * While offloaded every registered tensor is parked on one of the store's

@@ -27,7 +27,7 @@ awaited, also when the store is about to raise, so ranks never diverge.
 The store releases device memory only after every finisher of an offload
 has completed, and re-points tensors only after validation, so a backend error
 loses nothing. The one exception is opt-in: a backend that sets
-``early_release`` promises that nothing but the copies it issued through
+``release_as_copied`` promises that nothing but the copies it issued through
 ``source.copy_to_host`` reads the device data, and that by the time its
 ``offload`` returns all its host memory is allocated; the store may then
 release each storage as soon as the copies carrying its bytes completed, while
@@ -39,7 +39,7 @@ collective setup. ``settle_offload(error)`` ends every offload exactly once
 (``prepare_reload`` / ``settle_reload`` do the same for a reload), so a backend
 whose ranks must end an operation the same way can agree on its outcome there
 (``local_dedup``'s outcome votes, [Note: the outcome votes] in
-:mod:`refimpl.store.backends.dedup_outcome`). A backend that sets ``speculative_offload`` (no collectives
+:mod:`refimpl.store.backends.dedup_outcome`). A backend that sets ``copy_ahead`` (no collectives
 in ``offload``) may see ``offload`` of an unchanged layout issued before
 collection and ``prepare``; the store awaits and discards it if the layout
 turns out to have changed.
@@ -137,19 +137,19 @@ class StoreBackend(abc.ABC):
     Required: :attr:`name`, :meth:`offload` and :meth:`reload`. Optional, with
     defaults for a rank-local backend: the layout hooks (:meth:`placement_key`,
     :meth:`padded_numel`, :meth:`prepare`), host memory (:meth:`reserve`,
-    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`) and two
-    capability flags the store may use to overlap work (``speculative_offload``,
-    ``early_release``; both off by default). Streaming is :class:`StreamingBackend`.
+    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`) and three
+    capability flags the store may use to overlap work (``copy_ahead``,
+    ``release_as_copied``, ``early_copies``; all off by default). Streaming is :class:`StreamingBackend`.
     """
 
     #: the name ``OffloadStore(backend=...)`` uses
     name: ClassVar[str] = ""
     #: True if :meth:`offload` of an unchanged resident layout may be issued before collection (and
     #: possibly discarded); only for backends whose offload runs no collective. See the store's note.
-    speculative_offload: ClassVar[bool] = False
+    copy_ahead: ClassVar[bool] = False
     #: True if :meth:`offload` reads device data only through ``source.copy_to_host`` and nothing in its
     #: finisher reads it again: the store may then release each storage as soon as its copies completed
-    early_release: ClassVar[bool] = False
+    release_as_copied: ClassVar[bool] = False
     #: True if :meth:`copy_early` copies a resident layout's range into the host buffer the next offload uses
     #: and :meth:`offload_rest` copies the rest (see [Note: early copies] in :mod:`refimpl.store.moves.early`)
     early_copies: ClassVar[bool] = False

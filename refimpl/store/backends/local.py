@@ -23,8 +23,8 @@ class LocalBackend(StoreBackend):
     """
 
     name = "local"
-    speculative_offload = True
-    early_release = True
+    copy_ahead = True
+    release_as_copied = True
     early_copies = True
 
     def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:

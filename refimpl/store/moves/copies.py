@@ -5,12 +5,12 @@ The copy stages of :class:`refimpl.store.moves.offload.Offload` and
 
 * :class:`OffloadCopies` holds what one offload has in flight: copies issued
   ahead of collection for layouts resident in one flat buffer
-  (:meth:`~OffloadCopies.copy_ahead`, backends with ``speculative_offload``), the
+  (:meth:`~OffloadCopies.copy_ahead`, backends with ``copy_ahead``), the
   copies of the planned layouts (:meth:`~OffloadCopies.issue`), the device
   sources and staging ring they read through (:mod:`refimpl.store.moves.source`), and
-  the storages released while later copies still ran
-  (:meth:`~OffloadCopies.wait`). :meth:`~OffloadCopies.unwind` waits for every
-  copy and gives early-released storages their bytes back when the offload fails.
+  the storages released as their copies completed while later copies still ran
+  (:meth:`~OffloadCopies.release_as_copied`). :meth:`~OffloadCopies.unwind` waits for every
+  copy and gives the storages released as copied their bytes back when the offload fails.
 * :class:`ReloadCopies` allocates a reload's flat device buffers and has the
   backend fill them; :meth:`~ReloadCopies.release_flats` frees them when the reload fails.
 
@@ -29,9 +29,9 @@ from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.state.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.moves.early import EarlyCopies
-from refimpl.store.state.layout import FlatLayout, LayoutKey
+from refimpl.store.state.layout import FlatLayout, LayoutKey, ReleasedStorage
 from refimpl.store.state.storage_views import own_view
-from refimpl.store.moves.release import EarlyRelease, release_as_copied, copy_back_early_releases
+from refimpl.store.moves.release import copy_back_released, release_storages_as_copied
 from refimpl.store.state.residency import resident_flat
 from refimpl.store.moves.source import DeviceLayoutSource, StagingArea, describe_copies
 
@@ -77,8 +77,8 @@ class OffloadCopies:
         self.ahead: dict[LayoutKey, CopyAhead] = {}
         self.flats: dict[LayoutKey, torch.Tensor] = {}
         self.viewers: dict[int, ViewCount] = {}
-        #: storages released while later copies ran (what a rollback must bring back)
-        self.early: list[EarlyRelease] = []
+        #: storages released as their copies completed, while later copies ran (what a rollback must bring back)
+        self.released: list[ReleasedStorage] = []
         #: bytes of early copies taken over, and of early copies found stale and copied again
         self.early_reused = 0
         self.early_redone = 0
@@ -91,13 +91,13 @@ class OffloadCopies:
     async def copy_ahead(self, resident: list[FlatLayout], early: EarlyCopies | None = None) -> None:
         """Issue the copy of every layout resident in one flat buffer now, before collection.
 
-        Only for a backend with ``speculative_offload``; collecting tens of
+        Only for a backend with ``copy_ahead``; collecting tens of
         thousands of tensors then overlaps the DMA. A layout the offload lays out anew
         has its copy discarded (:meth:`discard_changed`). ``early``: the copies
         :meth:`OffloadStore.copy_early` issued; a layout's valid ones are taken over and only the rest is
         copied ([Note: early copies] in :mod:`refimpl.store.moves.early`); the store awaits whatever is not taken.
         """
-        if not getattr(self.backend, "speculative_offload", False):
+        if not self.backend.copy_ahead:
             return
         for layout in sorted(resident, key=sort_key):
             if not self.will_copy(layout):
@@ -156,12 +156,12 @@ class OffloadCopies:
         """Copies issued so far, by path (``flat``, ``direct``, ``packed``)."""
         return describe_copies(self.sources)
 
-    async def release_early(self) -> int:
-        """With a backend that allows it (``early_release``), release each storage as its copies complete;
+    async def release_as_copied(self) -> int:
+        """With a backend that allows it (``release_as_copied``), release each storage as its copies complete;
         returns how many were released."""
-        if not self.backend.early_release:
+        if not self.backend.release_as_copied:
             return 0
-        return await release_as_copied(self.rt, self.sources, self.early)
+        return await release_storages_as_copied(self.rt, self.sources, self.released)
 
     async def wait(self) -> None:
         """Await every backend finisher, in layout order."""
@@ -174,15 +174,15 @@ class OffloadCopies:
         await self.staging.close()
 
     async def unwind(self) -> None:
-        """After a failure: await every finisher (issued or ahead), then give storages released early
+        """After a failure: await every finisher (issued or ahead), then give the storages released as copied
         their bytes back from the host copies."""
         await drain([*self.pending, *(a.finisher for a in self.ahead.values())])
-        if self.early:
-            await copy_back_early_releases(self.rt, self.backend, self.early)
+        if self.released:
+            await copy_back_released(self.rt, self.backend, self.released)
 
     def forget(self) -> None:
         """Drop every view and source this offload made (after a failure the traceback keeps the frames)."""
-        self.flats.clear(), self.sources.clear(), self.ahead.clear(), self.early.clear()
+        self.flats.clear(), self.sources.clear(), self.ahead.clear(), self.released.clear()
 
 
 class ReloadCopies:

@@ -162,7 +162,7 @@ class EarlyCopies:
     @property
     def supported(self) -> bool:
         """Whether the backend can copy a resident layout's entries early (``StoreBackend.early_copies``)."""
-        return bool(getattr(self.backend, "early_copies", False))
+        return self.backend.early_copies
 
     def __bool__(self) -> bool:
         return bool(self._by_key)

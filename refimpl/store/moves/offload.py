@@ -2,9 +2,9 @@
 
 Read :meth:`Offload.run` top to bottom (as FSDP2's ``FSDPParamGroup.pre_forward``):
 
-1. :meth:`~Offload.copy_ahead` (phase ``speculate``): copies of the layouts
+1. :meth:`~Offload.copy_ahead` (phase ``copy_ahead``): copies of the layouts
    resident in one flat buffer start before anything is collected
-   (:mod:`refimpl.store.moves.copies`, backends with ``speculative_offload``).
+   (:mod:`refimpl.store.moves.copies`, backends with ``copy_ahead``).
 2. :meth:`~Offload.collect` (phase ``collect``): choose the path
    (:mod:`refimpl.store.moves.offload_paths`: streamed, steady or full; the steady
    check of :mod:`refimpl.store.state.steady_check` runs here) and collect.
@@ -15,7 +15,7 @@ Read :meth:`Offload.run` top to bottom (as FSDP2's ``FSDPParamGroup.pre_forward`
 5. :meth:`~Offload.park` (phase ``record``): every ref parked while the copies
    run (:meth:`FlatLayout.park`); the release's per-entry work done.
 6. :meth:`~Offload.wait` (phase ``wait``): storages released as their copies
-   complete (``early_release``), every finisher awaited.
+   complete (``release_as_copied``), every finisher awaited.
 7. :meth:`~Offload.release` (phase ``release``): the device memory goes
    (:mod:`refimpl.store.moves.release`), every layout marked offloaded, the
    host-resident tensors left in place guarded (:meth:`~Offload.guard_left_in_place`).
@@ -124,7 +124,7 @@ class Offload:
     async def copy_ahead(self) -> None:
         """Stage 1: issue the copies of the resident layouts before collection."""
         await self.copies.copy_ahead(self.resident, self.early)
-        self._lap("speculate")
+        self._lap("copy_ahead")
 
     async def collect(self) -> None:
         """Stage 2: choose the path (the steady check runs here) and collect."""
@@ -166,11 +166,11 @@ class Offload:
         self._lap("record")
 
     async def wait(self) -> None:
-        """Stage 6: storages released as their copies complete (``early_release``), every finisher awaited."""
+        """Stage 6: storages released as their copies complete (``release_as_copied``), every finisher awaited."""
         rt, figures = self.rt, self.figures
         figures.copies = self.copies.describe()  # before the wait, not after the copies
         await rt.point("store.offload.wait")
-        figures.released_as_copied = await self.copies.release_early()
+        figures.released_as_copied = await self.copies.release_as_copied()
         await self.copies.wait()
         self._lap("wait")
         await rt.point("store.offload.release")  # the last point where a failure rolls back
@@ -204,7 +204,7 @@ class Offload:
 
     async def roll_back(self) -> None:
         """Undo stages 6 to 1 after a failure: nothing is lost, the state stays on the device."""
-        await self.copies.unwind()  # 6: every finisher awaited, storages released early copied back
+        await self.copies.unwind()  # 6: every finisher awaited, storages released as copied copied back
         with torch.no_grad():
             for lay in self.ordered:  # 5: refs back where they were
                 if lay.state is LayoutState.PARKED:

@@ -1,12 +1,12 @@
 """Giving an offload's device memory back, the stage after the copies.
 
-* :func:`release_as_copied` releases storages one by one as the copies carrying
-  their bytes complete, overlapping the rest of the DMA (backends with
-  ``early_release``), and records each release so a later failure can restore it;
+* :func:`release_storages_as_copied` releases storages one by one as the copies
+  carrying their bytes complete, overlapping the rest of the DMA (backends with
+  ``release_as_copied``), and records each release so a later failure can restore it;
 * :func:`park_kept_views` parks views of the store's flat buffers that the user kept;
 * :func:`release_layouts` releases what is left and marks the layouts offloaded;
-* :func:`copy_back_early_releases` is the way back when the offload fails after
-  :func:`release_as_copied` released storages.
+* :func:`copy_back_released` is the way back when the offload fails after
+  :func:`release_storages_as_copied` released storages.
 
 :func:`park_kept_views` and :func:`release_layouts` are the last stage of an offload
 (:meth:`refimpl.store.moves.offload.Offload.release`); the other two run inside the
@@ -26,7 +26,7 @@ from refimpl.runtime.base import CopyKind, Runtime
 from refimpl.store.backends.base import StoreBackend
 from refimpl.store.state.grouping import storage_view
 from refimpl.store.config import Category
-from refimpl.store.state.layout import EarlyRelease, FlatLayout
+from refimpl.store.state.layout import FlatLayout, ReleasedStorage
 from refimpl.store.state.parking import Parking, park_strays
 from refimpl.store.moves.source import DeviceLayoutSource
 
@@ -42,14 +42,15 @@ def release_layouts(rt: Runtime, layouts: list[FlatLayout], drop_grads: bool) ->
         layout.release_device(release, done, drop_grads and layout.category is Category.GRADS)
 
 
-async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], released: list[EarlyRelease]) -> int:
+async def release_storages_as_copied(rt: Runtime, sources: list[DeviceLayoutSource],
+                                     released: list[ReleasedStorage]) -> int:
     """Release each storage as soon as every copy carrying its bytes has completed.
 
     Runs while later copies are still in flight, so the per-storage work of a
     scattered offload overlaps the DMA. Only entries that own their storage;
     all host memory is already pinned (``copy_to_host`` waited for every
     segment), so a pinning failure can no longer happen after this starts.
-    Appends an :class:`EarlyRelease` for each released storage to
+    Appends a :class:`ReleasedStorage` for each released storage to
     ``released`` as it goes (what a rollback must bring back if a later copy
     fails). Returns how many storages it released.
     """
@@ -70,9 +71,9 @@ async def release_as_copied(rt: Runtime, sources: list[DeviceLayoutSource], rele
     return count
 
 
-async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: list[EarlyRelease]) -> None:
-    """After a failed offload: give storages released early their bytes back from the host copies."""
-    for r in early:
+async def copy_back_released(rt: Runtime, backend: StoreBackend, released: list[ReleasedStorage]) -> None:
+    """After a failed offload: give the storages released as copied their bytes back from the host copies."""
+    for r in released:
         layout, entry = r.layout, r.entry
         host = backend.host_view(layout, entry.offset, entry.offset + entry.numel)
         if host is None:
@@ -82,8 +83,9 @@ async def copy_back_early_releases(rt: Runtime, backend: StoreBackend, early: li
         r.storage.resize_(r.nbytes)
         device = storage_view(r.storage, layout.dtype, rt.device, entry.numel)
         await rt.copy_async(device, host, CopyKind.H2D)
+    # "released early" is the wording log readers (and a test) know for storages released as copied
     logger.warning("offload failed after %d storage(s) were released early; their bytes were copied back",
-                   len(early))
+                   len(released))
 
 
 def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flats: dict[Any, torch.Tensor],
@@ -103,4 +105,4 @@ def park_kept_views(strays: dict[int, set[int]], layouts: list[FlatLayout], flat
                        "; ".join(found[:3]) or "none reachable from Python")
 
 
-__all__ = ["EarlyRelease", "copy_back_early_releases", "park_kept_views", "release_as_copied", "release_layouts"]
+__all__ = ["copy_back_released", "park_kept_views", "release_layouts", "release_storages_as_copied"]

@@ -152,8 +152,9 @@ class EntryOrigin(NamedTuple):
     offset: int
 
 
-class EarlyRelease(NamedTuple):
-    """A storage released while later copies ran (:meth:`FlatLayout.release_copied`), and what it held."""
+class ReleasedStorage(NamedTuple):
+    """A storage released as soon as its own copies completed, while later copies ran
+    (:meth:`FlatLayout.release_copied`), and what it held: what a failed offload copies back."""
 
     layout: Any  # the FlatLayout
     entry: StorageEntry
@@ -163,4 +164,4 @@ class EarlyRelease(NamedTuple):
     nbytes: int
 
 
-__all__ = ["EarlyRelease", "EntryOrigin", "StorageEntry", "TensorRef", "itemsize", "storage_id"]
+__all__ = ["EntryOrigin", "ReleasedStorage", "StorageEntry", "TensorRef", "itemsize", "storage_id"]

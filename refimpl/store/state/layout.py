@@ -65,7 +65,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from refimpl.store.config import Category
-from refimpl.store.state.entry import EarlyRelease, EntryOrigin, StorageEntry, TensorRef, itemsize, storage_id
+from refimpl.store.state.entry import EntryOrigin, ReleasedStorage, StorageEntry, TensorRef, itemsize, storage_id
 from refimpl.store.state.layout_key import LayoutKey, LayoutKeys
 from refimpl.store.state.segments import SegmentCutter
 from refimpl.store.errors import StoreStateError
@@ -439,7 +439,7 @@ class FlatLayout:
         self.mark_offloaded(dropped)
 
     def release_copied(self, entries: list[StorageEntry], remaining: dict[int, int],
-                       release: Callable[[torch.Tensor], None], released: list[EarlyRelease]) -> int:
+                       release: Callable[[torch.Tensor], None], released: list[ReleasedStorage]) -> int:
         """One copy carrying ``entries`` completed: release each entry of its own storage whose last copy
         it was (``remaining``: copies left per ``id(entry)``), recording it in ``released``. Returns how many."""
         count = 0
@@ -448,7 +448,7 @@ class FlatLayout:
             remaining[id(e)] = left
             if left == 0 and e.owns_storage and e.base is not None:
                 st = e.base.untyped_storage()
-                released.append(_new(EarlyRelease, (self, e, st, st.nbytes())))  # no __new__ frame
+                released.append(_new(ReleasedStorage, (self, e, st, st.nbytes())))  # no __new__ frame
                 release(e.base)
                 e.base = None
                 count += 1
@@ -460,5 +460,5 @@ class FlatLayout:
                 f"{self.nbytes / 2**20:.1f} MiB in {len(self.segments)} host segment(s), {self.state.value}")
 
 
-__all__ = ["EarlyRelease", "EntryOrigin", "FlatLayout", "LAYOUT_TRANSITIONS", "LayoutKey", "LayoutKeys",
-           "LayoutState", "StorageEntry", "TensorRef", "itemsize", "storage_id"]
+__all__ = ["EntryOrigin", "FlatLayout", "LAYOUT_TRANSITIONS", "LayoutKey", "LayoutKeys",
+           "LayoutState", "ReleasedStorage", "StorageEntry", "TensorRef", "itemsize", "storage_id"]

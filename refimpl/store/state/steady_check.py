@@ -2,7 +2,7 @@
 
 [Note: steady offload check]
 After a reload every registered tensor is a view into its layout's flat buffer and the copies of those buffers
-are issued first ("speculatively"). Deciding that nothing changed used to walk every tensor through the full
+are issued first, ahead of collection. Deciding that nothing changed used to walk every tensor through the full
 collection and planning (group_by_storage + adopt_if_unchanged + record_released): ~5 Python calls and a few
 objects per tensor, 150-340 ms for 25k MoE tensors, which could outlast the copy. The fast check compares what
 the collectors yield now with a signature taken at the last full collection (the same objects, in the same
