@@ -144,22 +144,12 @@ def tensors_for_save(
     return out
 
 
-def nest_by_source(names: Iterable[str]) -> dict[str, dict[str, str]]:
-    """``{"model": {"inp.weight": "model.inp.weight"}, ...}``: registered names split at the first dot."""
-    out: dict[str, dict[str, str]] = {}
-    for name in names:
-        head, _, rest = name.partition(".")
-        out.setdefault(head, {})[rest or head] = name
-    return out
-
-
 __all__ = [
     "CheckpointPathError",
     "SavePath",
     "SavedTensor",
     "hold_host_buffers",
     "host_readers_pending",
-    "nest_by_source",
     "save_path",
     "tensors_for_save",
     "wait_for_host_readers",

@@ -58,10 +58,7 @@ import torch
 
 from refimpl.runtime.base import CollectiveTimeoutError, CopyKind, Runtime, gather
 from refimpl.store.backends.base import LayoutSource, StoreBackend
-from refimpl.store.backends.dedup_config import (
-    DedupConfig, DedupError, LayoutMismatchError, MemberSlice, OperationMismatchError, PeerFailedError,
-    PeerUnavailableError, ReplicaMismatchError, ReplicaShare, SlicePlan,
-)
+from refimpl.store.backends.dedup_config import DedupConfig, DedupError, MemberSlice, ReplicaShare
 from refimpl.store.backends.dedup_gather import SegmentCopy, SliceGather
 from refimpl.store.backends.dedup_outcome import Code, OutcomeVotes, Stage, peer_error
 from refimpl.store.backends.local import LocalBackend
@@ -69,7 +66,6 @@ from refimpl.store.config import CATEGORY_ORDER, Category, StoreConfig
 from refimpl.store.state.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 from refimpl.store.backends.replica import ReplicaGroup
-from refimpl.store.debug import DEBUG_ENV, debug_mode
 from refimpl.store.state.storage_views import own_view
 from refimpl.store.backends.replica_sync import (
     agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree, members_agree_any,
@@ -435,18 +431,4 @@ class DedupBackend(StoreBackend):
         self._local.close()
 
 
-__all__ = [
-    "DEBUG_ENV",
-    "DedupBackend",
-    "DedupConfig",
-    "DedupError",
-    "LayoutMismatchError",
-    "MemberSlice",
-    "OperationMismatchError",
-    "PeerFailedError",
-    "PeerUnavailableError",
-    "ReplicaMismatchError",
-    "ReplicaShare",
-    "SlicePlan",
-    "debug_mode",
-]
+__all__ = ["DedupBackend"]

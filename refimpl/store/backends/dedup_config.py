@@ -189,8 +189,5 @@ class ReplicaShare:
         return self.host_bytes / self.layout_bytes if self.layout_bytes else 0.0
 
 
-SlicePlan = MemberSlice
-"""The old name of :class:`MemberSlice`."""
-
 __all__ = ["DedupConfig", "DedupError", "LayoutMismatchError", "MemberSlice", "OperationMismatchError",
-           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare", "SlicePlan"]
+           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare"]

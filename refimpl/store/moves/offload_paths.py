@@ -163,10 +163,6 @@ class SteadyPath(OffloadPath):
             adopt_resident(lay, self.flats[lay.key])
         return {lay.key: lay for lay in self.resident}
 
-    def ordered(self, layouts: dict[LayoutKey, FlatLayout]) -> list[FlatLayout]:
-        """``layouts`` in processing order (the same on every rank)."""
-        return sorted(layouts.values(), key=sort_key)
-
     def park_flats(self, copies: OffloadCopies) -> dict[LayoutKey, torch.Tensor]:
         """Every layout is parked from its flat buffer."""
         return self.flats

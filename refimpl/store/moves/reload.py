@@ -155,11 +155,9 @@ class StreamedReload(Reload):
 
     Layouts are issued in the order a training step first uses them (params,
     buffers, grads, optimizer state: ``FIRST_USE_ORDER`` in
-    :mod:`refimpl.store.config`), so what the forward touches lands first.
-    Before, buffers came after the optimizer state: in the colocated RL step
-    Qwen2's rotary ``inv_freq``, read in the first layer, made the training
-    step after a streamed switch wait on the device for the whole rest of the
-    reload (145 ms, the compute stream's wait on its pieces' event).
+    :mod:`refimpl.store.config`), so what the forward touches lands first (a
+    buffer read in the first layer, such as a rotary ``inv_freq``, would
+    otherwise wait for the optimizer state's pieces).
 
     The copy engine serves one stream's queued copies before another's, so a
     pinned copy of the caller's own (FSDP2's in backward) waits behind every

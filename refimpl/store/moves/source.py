@@ -65,7 +65,6 @@ class StagingArea:
         self._next = 0
         self._zeros: dict[torch.dtype, torch.Tensor] = {}
         self._last_zeros: _Zeros | None = None
-        self.packs = 0
 
     def zeros(self, n: int, dtype: torch.dtype, alignment_bytes: int) -> torch.Tensor:
         """``n`` device zeros of ``dtype`` (fills alignment gaps inside a packed run)."""
@@ -242,7 +241,6 @@ class DeviceLayoutSource(LayoutSource):
                 torch.cat(parts, out=packed)
         completion = self.rt.copy_async(seg[start - lo:end - lo], packed, CopyKind.D2H)
         self._staging.used_by(slot, completion)
-        self._staging.packs += 1
         self.copies["packed"] += 1
         return completion
 

@@ -20,11 +20,6 @@ from refimpl.store.config import Category
 from refimpl.store.state.guard import unguard
 
 
-def itemsize(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype``."""
-    return dtype.itemsize
-
-
 def storage_id(t: torch.Tensor) -> int:
     """Identity of ``t``'s storage (the StorageImpl address; valid for meta and 0-byte storages)."""
     return t.untyped_storage()._cdata
@@ -52,10 +47,6 @@ class TensorRef:
     dtensor: Any = None
     _weak_tensor: Any = None
     _weak_dtensor: Any = None
-
-    def geometry(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        """``(offset, size, stride)``."""
-        return self.offset, self.size, self.stride
 
     def weaken(self) -> None:
         """Keep only weak references to the tensor (and DTensor)."""
@@ -142,7 +133,7 @@ class StorageEntry:
     @property
     def nbytes(self) -> int:
         """Bytes of the entry."""
-        return self.numel * itemsize(self.dtype)
+        return self.numel * self.dtype.itemsize
 
 
 class EntryOrigin(NamedTuple):
@@ -164,4 +155,4 @@ class ReleasedStorage(NamedTuple):
     nbytes: int
 
 
-__all__ = ["EntryOrigin", "ReleasedStorage", "StorageEntry", "TensorRef", "itemsize", "storage_id"]
+__all__ = ["EntryOrigin", "ReleasedStorage", "StorageEntry", "TensorRef", "storage_id"]

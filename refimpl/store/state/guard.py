@@ -246,11 +246,6 @@ def is_guarded(t: torch.Tensor) -> bool:
     return type(t) in _ORIGINAL_CLASS
 
 
-def guarded_name(t: torch.Tensor) -> str | None:
-    """The name ``t`` was guarded under, or None if it is not guarded."""
-    return getattr(t, _NAME, None) if type(t) in _ORIGINAL_CLASS else None
-
-
 def guard_enabled() -> bool:
     """False only inside :func:`unguarded_parking` (the guard's own benchmark)."""
     return _ENABLED[0]
@@ -275,7 +270,6 @@ __all__ = [
     "guard",
     "guard_class",
     "guard_enabled",
-    "guarded_name",
     "is_guarded",
     "offloaded_text",
     "unguard",

@@ -65,7 +65,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from refimpl.store.config import Category
-from refimpl.store.state.entry import EntryOrigin, ReleasedStorage, StorageEntry, TensorRef, itemsize, storage_id
+from refimpl.store.state.entry import EntryOrigin, ReleasedStorage, StorageEntry, TensorRef, storage_id
 from refimpl.store.state.layout_key import LayoutKey, LayoutKeys
 from refimpl.store.state.segments import SegmentCutter
 from refimpl.store.errors import StoreStateError
@@ -151,7 +151,7 @@ class FlatLayout:
     @property
     def nbytes(self) -> int:
         """Bytes of the flat buffer (including alignment padding)."""
-        return self.numel * itemsize(self.dtype)
+        return self.numel * self.dtype.itemsize
 
     @property
     def data_nbytes(self) -> int:
@@ -461,4 +461,4 @@ class FlatLayout:
 
 
 __all__ = ["EntryOrigin", "FlatLayout", "LAYOUT_TRANSITIONS", "LayoutKey", "LayoutKeys",
-           "LayoutState", "ReleasedStorage", "StorageEntry", "TensorRef", "itemsize", "storage_id"]
+           "LayoutState", "ReleasedStorage", "StorageEntry", "TensorRef", "storage_id"]

@@ -1,13 +1,13 @@
 """The steady offload's check: is every registered tensor still where the last reload put it?
 
 [Note: steady offload check]
-After a reload every registered tensor is a view into its layout's flat buffer and the copies of those buffers
-are issued first, ahead of collection. Deciding that nothing changed used to walk every tensor through the full
-collection and planning (group_by_storage + adopt_if_unchanged + record_released): ~5 Python calls and a few
-objects per tensor, 150-340 ms for 25k MoE tensors, which could outlast the copy. The fast check compares what
-the collectors yield now with a signature taken at the last full collection (the same objects, in the same
-order; the ones left in place still left in place) and each registered tensor's address and geometry with
-where the reload put it. Any difference falls back to the full path, which decides exactly as before.
+After a reload every registered tensor is a view into its layout's flat buffer, and the copies of those
+buffers are issued first, ahead of collection. Deciding that nothing changed through the full collection and
+planning (group_by_storage, adopt_if_unchanged) costs about five Python calls and a few objects per tensor,
+which for tens of thousands of tensors can outlast the copy. The fast check compares what the collectors yield
+now with a signature taken at the last full collection (the same objects, in the same order; the ones left in
+place still left in place) and each registered tensor's address and geometry with where the reload put it. Any
+difference falls back to the full path, which decides as always.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refimpl.store.backends.dedup_config import DedupConfig, SlicePlan
+from refimpl.store.backends.dedup_config import DedupConfig, MemberSlice
 from refimpl.store.debug import DEBUG_ENV
 from refimpl.store.backends.replica import ReplicaGroup
 from refimpl.store.backends.replica_sync import _DIGEST_COLS, content_digest, shape_fingerprint
@@ -17,7 +17,7 @@ from tests._hypothesis import BUDGET
 @given(numel=st.integers(0, 10_000), n=st.integers(1, 16), itemsize=st.sampled_from([1, 2, 4, 8]),
        align=st.sampled_from([1, 16, 64, 256]))
 def test_slices_partition_the_layout_and_are_balanced(numel, n, itemsize, align):
-    plans = [SlicePlan.balanced(numel, n, i, itemsize=itemsize, align_bytes=align) for i in range(n)]
+    plans = [MemberSlice.balanced(numel, n, i, itemsize=itemsize, align_bytes=align) for i in range(n)]
     covered = []
     for p in plans:
         covered.extend(range(p.start, p.stop))
@@ -29,21 +29,21 @@ def test_slices_partition_the_layout_and_are_balanced(numel, n, itemsize, align)
 
 
 def test_slice_overlap_maps_tensor_ranges_into_the_slice():
-    p = SlicePlan.balanced(100, 4, 1, itemsize=4, align_bytes=4)  # chunk 25: slice [25, 50)
+    p = MemberSlice.balanced(100, 4, 1, itemsize=4, align_bytes=4)  # chunk 25: slice [25, 50)
     assert (p.start, p.stop, p.valid) == (25, 50, 25)
     assert p.overlap(0, 10) is None
     assert p.overlap(20, 10) == (5, 0, 5)     # tensor elements 5..9 -> slice 0..4
     assert p.overlap(30, 5) == (0, 5, 5)
     assert p.overlap(45, 20) == (0, 20, 5)
-    tail = SlicePlan.balanced(10, 4, 3, itemsize=4, align_bytes=64)  # chunk 16: rank 3 holds only padding
+    tail = MemberSlice.balanced(10, 4, 3, itemsize=4, align_bytes=64)  # chunk 16: rank 3 holds only padding
     assert tail.valid == 0 and tail.start == 10
 
 
 def test_slice_plan_rejects_bad_requests():
     with pytest.raises(ValueError, match="bad slice request"):
-        SlicePlan.balanced(10, 2, 2, itemsize=4)
+        MemberSlice.balanced(10, 2, 2, itemsize=4)
     with pytest.raises(ValueError, match="bad slice request"):
-        SlicePlan.balanced(10, 0, 0, itemsize=4)
+        MemberSlice.balanced(10, 0, 0, itemsize=4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool, torch.float16])
