@@ -19,7 +19,11 @@ once every finisher completed): ``Runtime.release`` shrinks the storage to 0
 bytes and the tensor objects stay. ``reload`` runs one
 :class:`~refimpl.store.moves.reload.Reload`: one flat device buffer per layout, filled
 by the backend, every registered tensor re-pointed into it
-(:meth:`FlatLayout.repoint`). docs/store.md walks both, file by file.
+(:meth:`FlatLayout.repoint`). docs/store.md walks both, file by file. Between
+operations the store holds its layouts and offloaded categories in a
+:class:`~refimpl.store.holdings.Holdings`; each operation returns its typed
+figures (:class:`~refimpl.store.stats.OffloadFigures`,
+:class:`~refimpl.store.stats.ReloadFigures`), which :meth:`OffloadStore.stats` reads.
 
 Invariants:
 
@@ -33,8 +37,8 @@ Invariants:
   read-only placeholders and guarded (see :mod:`refimpl.store.state.parking` and
   :mod:`refimpl.store.state.guard`): using it raises ``OffloadedTensorError``, never
   crashes the process, never reads a wrong value.
-* One operation at a time: other threads wait; the same thread gets a
-  :class:`StoreStateError`.
+* One operation at a time (:class:`~refimpl.store.exclusive.OperationLock`):
+  other threads wait; the same thread gets a :class:`StoreStateError`.
 * Every finisher a backend returned is awaited, also on the error path, in
   sorted layout order, so ranks running collectives inside backends agree.
 * ``offload`` of categories already offloaded does nothing; ``reload`` of

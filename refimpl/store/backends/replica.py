@@ -27,7 +27,7 @@ derived from the layout the training framework already declared, never guessed:
 
 A rank only knows its own groups (a DeviceMesh slice holds only the slice
 through this rank), but creating a process group is a collective over every
-rank. :mod:`refimpl.store.dedup` therefore exchanges each rank's groups once
+rank. :mod:`refimpl.store.backends.replica_sync` therefore exchanges each rank's groups once
 (see ``agree_on_groups`` there) and creates the union in one global order.
 Group names depend only on the member ranks, so every rank derives the same
 name for the same group.

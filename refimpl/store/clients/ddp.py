@@ -7,7 +7,7 @@ DDP's reducer registers a hook on each parameter's gradient accumulator
 through its own communication buckets: flat tensors it allocates and owns in
 C++, which Python never sees. The store keeps each parameter's autograd
 identity across offload and reload (see [Note: autograd identity] in
-:mod:`refimpl.store.state.parking`), so the reducer's hooks keep firing.
+:mod:`refimpl.store.state.repoint`), so the reducer's hooks keep firing.
 
 * ``gradient_as_bucket_view=False``: ``p.grad`` are tensors of their own; the
   module's parameters, gradients and buffers and the optimizer state are

@@ -37,7 +37,7 @@ this rank's shard is reduced), are local.
 
 Megatron registers its gradient hooks on each parameter's gradient accumulator;
 the store keeps those across a reload ([Note: autograd identity] in
-:mod:`refimpl.store.state.parking`). Megatron itself is not imported here: the
+:mod:`refimpl.store.state.repoint`). Megatron itself is not imported here: the
 objects are read by duck typing (``buffers``, ``expert_parallel_buffers``,
 ``chained_optimizers``, ``optimizer``), so megatron-core stays optional.
 """

@@ -35,8 +35,18 @@ One word, one meaning, across :mod:`refimpl.store`:
 * **stray view**: a tensor object the store does not know that views a flat
   buffer (the user kept a view after reload); parked at release with a warning.
 * **host segment** (:attr:`FlatLayout.segments`): a piece of the layout's
-  host buffer, cut at entry boundaries by :class:`~refimpl.store.state.segments.SegmentCutter`, so every ref
-  lies inside one pinned segment and can be viewed in host memory directly.
+  host buffer, cut at entry boundaries by
+  :class:`~refimpl.store.state.segments.SegmentCutter`, so every ref lies inside
+  one pinned segment and can be viewed in host memory directly.
+* **copy ahead**: the copy of a resident layout's flat buffer an offload issues
+  before it collects anything (its first stage and phase, ``copy_ahead``; the
+  backend flag of the same name), awaited and discarded if the layout changed.
+* **early copies**: copies of registered tensors the caller queues with
+  ``OffloadStore.copy_early`` before the offload, which takes them over
+  (:mod:`refimpl.store.moves.early`).
+* **release as copied**: a storage released as soon as the copies carrying its
+  bytes completed, while later copies still run (the backend flag
+  ``release_as_copied``; ``StoreStats.last_early_releases`` counts them).
 
 A layout moves through :class:`LayoutState` only by its own methods
 (:data:`LAYOUT_TRANSITIONS`): ``park`` / ``unpark``, ``mark_offloaded``,
@@ -50,8 +60,8 @@ allocator unmaps and remaps the same virtual range. The store cannot rely on
 owning the allocator (torch's caching allocator, FSDP2's and DDP's buffers),
 so it re-points the tensor objects instead: ``set_`` (``.data =`` for a tensor
 that requires grad, keeping its gradient accumulator: [Note: autograd identity]
-in :mod:`refimpl.store.state.parking`) onto the placeholder when parking and into a new flat buffer on reload. The price is
-this module's alias handling (entries, shared storages, stray views, the
+in :mod:`refimpl.store.state.repoint`) onto the placeholder when parking and into
+a new flat buffer on reload. The price is this module's alias handling (entries, shared storages, stray views, the
 steady check); the gain is that any tensor the frameworks hold keeps working
 and a resident layout leaves in one copy. :meth:`FlatLayout.repoint` is where
 the trade is made.
