@@ -37,11 +37,11 @@ from refimpl.store.errors import (
     UnsupportedTensorError,
     WrongDeviceError,
 )
-from refimpl.store.state.guard import OffloadedTensorError
-from refimpl.store.state.parking import is_parked
-from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
 from refimpl.store.backends.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
 from refimpl.store.registry import create_backend, register_backend
+from refimpl.store.state.guard import OffloadedTensorError
+from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
+from refimpl.store.state.parking import is_parked
 from refimpl.store.stats import StoreStats
 from refimpl.store.store import OffloadStore
 

@@ -47,11 +47,11 @@ from typing import Any, Iterable
 
 import torch
 
-from refimpl.store.store import check_store
+from refimpl.store.backends.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
 from refimpl.store.config import Category
 from refimpl.store.errors import CheckpointPathError
-from refimpl.store.backends.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
 from refimpl.store.state.layout import LayoutState
+from refimpl.store.store import check_store
 
 DEFAULT_INCLUDE = (Category.PARAMS,)
 

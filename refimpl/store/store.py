@@ -66,22 +66,22 @@ import torch
 from refimpl.arguments import expect, expect_bool, expect_name
 from refimpl.runtime.base import Runtime
 from refimpl.store.arguments import check_early_tensors, check_module, check_optimizer, check_runtime, check_tensors
-from refimpl.store.state.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.backends.base import streams
 from refimpl.store.backends.host_readers import wait_for_host_readers
+from refimpl.store.backends.pool import PinnedHostPool
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.moves.early import EarlyCopies
+from refimpl.store.debug import caller_site, debug_mode
 from refimpl.store.errors import StoreError, StoreStateError
 from refimpl.store.exclusive import OperationLock
 from refimpl.store.holdings import Holdings
-from refimpl.store.state.layout import FlatLayout, LayoutKey
 from refimpl.store.moves.assign import gc_paused, reserve_ahead
+from refimpl.store.moves.early import EarlyCopies
 from refimpl.store.moves.offload import Offload
-from refimpl.store.debug import caller_site, debug_mode
-from refimpl.store.state.parking import Parking
-from refimpl.store.backends.pool import PinnedHostPool
-from refimpl.store.backends.base import streams
-from refimpl.store.registry import create_backend
 from refimpl.store.moves.reload import Recover, Reload, StreamedReload
+from refimpl.store.registry import create_backend
+from refimpl.store.state.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.state.layout import FlatLayout, LayoutKey
+from refimpl.store.state.parking import Parking
 from refimpl.store.state.steady_check import ItemSignature
 from refimpl.store.stats import OffloadFigures, StoreFigures, StoreStats
 

@@ -67,10 +67,10 @@ from typing import Awaitable, ClassVar, Hashable, Iterable, Iterator, NamedTuple
 import torch
 
 from refimpl.runtime.base import Completion, Runtime
+from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.state.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.state.storage_views import own_view
-from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 
 logger = logging.getLogger(__name__)
 

@@ -62,10 +62,10 @@ from refimpl.store.backends.dedup_config import DedupConfig, DedupError, MemberS
 from refimpl.store.backends.dedup_gather import SegmentCopy, SliceGather
 from refimpl.store.backends.dedup_outcome import Code, OutcomeVotes, Stage, peer_error
 from refimpl.store.backends.local import LocalBackend
-from refimpl.store.config import CATEGORY_ORDER, Category, StoreConfig
-from refimpl.store.state.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 from refimpl.store.backends.replica import ReplicaGroup
+from refimpl.store.config import CATEGORY_ORDER, Category, StoreConfig
+from refimpl.store.state.layout import FlatLayout, LayoutKey, StorageEntry
 from refimpl.store.state.storage_views import own_view
 from refimpl.store.backends.replica_sync import (
     agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree, members_agree_any,

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 
 from refimpl.runtime.base import CollectiveTimeoutError
-from refimpl.store.debug import debug_mode
 from refimpl.store.backends.replica import ReplicaGroup, ReplicaPolicy
+from refimpl.store.debug import debug_mode
 
 
 class DedupError(RuntimeError):

@@ -7,11 +7,11 @@ import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
 from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend, complement
+from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 from refimpl.store.config import StoreConfig
 from refimpl.store.errors import StoreStateError
 from refimpl.store.state.layout import FlatLayout, LayoutKey
 from refimpl.store.state.storage_views import own_view
-from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 
 
 class LocalBackend(StoreBackend):

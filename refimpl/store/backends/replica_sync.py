@@ -25,9 +25,9 @@ from typing import Any, Iterable, MutableMapping, Sequence
 import torch
 
 from refimpl.runtime.base import WORLD, GroupError, ReduceOp, Runtime
+from refimpl.store.backends.replica import ReplicaGroup, warn_if_multi_host
 from refimpl.store.config import CATEGORY_ORDER
 from refimpl.store.state.layout import FlatLayout
-from refimpl.store.backends.replica import ReplicaGroup, warn_if_multi_host
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ import torch
 from refimpl.arguments import ArgumentTypeError, expect_name
 from refimpl.runtime.base import CopyKind
 from refimpl.store.arguments import check_optimizer
-from refimpl.store.store import check_store
 from refimpl.store.clients.base import StoreClient
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
 from refimpl.store.state.parking import ViewPlace, park_views, repoint_views
+from refimpl.store.store import check_store
 
 logger = logging.getLogger(__name__)
 

@@ -49,13 +49,13 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 import torch
 
 from refimpl.arguments import expect_name
-from refimpl.store.store import check_store
+from refimpl.store.backends.dedup_config import DedupConfig
+from refimpl.store.backends.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 from refimpl.store.clients.base import StoreClient
 from refimpl.store.config import Category
-from refimpl.store.backends.dedup_config import DedupConfig
 from refimpl.store.errors import StoreError
 from refimpl.store.state.parking import Parking, ViewPlace, park_views, repoint_views
-from refimpl.store.backends.replica import LOCAL, ReplicaGroup, ReplicaPolicy
+from refimpl.store.store import check_store
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Iterable, Iterator
 import torch
 
 from refimpl.store.backends.base import StoreBackend
+from refimpl.store.config import StoreConfig
 from refimpl.store.state.collect import Item
 from refimpl.store.state.grouping import StorageGroup, group_by_storage
-from refimpl.store.config import StoreConfig
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry
 from refimpl.store.state.residency import adopt_if_unchanged
 

@@ -26,14 +26,14 @@ import torch
 
 from refimpl.runtime.base import Runtime, gather
 from refimpl.store.backends.base import Piece, StoreBackend
-from refimpl.store.state.grouping import ViewCount
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.moves.early import EarlyCopies
-from refimpl.store.state.layout import FlatLayout, LayoutKey, ReleasedStorage
-from refimpl.store.state.storage_views import own_view
 from refimpl.store.moves.release import copy_back_released, release_storages_as_copied
-from refimpl.store.state.residency import resident_flat
 from refimpl.store.moves.source import DeviceLayoutSource, StagingArea, describe_copies
+from refimpl.store.state.grouping import ViewCount
+from refimpl.store.state.layout import FlatLayout, LayoutKey, ReleasedStorage
+from refimpl.store.state.residency import resident_flat
+from refimpl.store.state.storage_views import own_view
 
 logger = logging.getLogger(__name__)
 

@@ -38,14 +38,14 @@ from refimpl.store.backends.base import StoreBackend
 from refimpl.store.config import Category, StoreConfig
 from refimpl.store.moves.copies import OffloadCopies
 from refimpl.store.moves.early import EarlyCopies
-from refimpl.store.state.grouping import ViewCount
-from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.moves.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
-from refimpl.store.state.guard import guard, guard_enabled
-from refimpl.store.state.parking import Parking
-from refimpl.store.stats import OffloadFigures
 from refimpl.store.moves.release import park_kept_views, release_layouts
+from refimpl.store.state.grouping import ViewCount
+from refimpl.store.state.guard import guard, guard_enabled
+from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
+from refimpl.store.state.parking import Parking
 from refimpl.store.state.steady_check import ItemSignature, steady_unchanged
+from refimpl.store.stats import OffloadFigures
 
 logger = logging.getLogger(__name__)
 

@@ -25,17 +25,17 @@ from typing import Callable, ClassVar, Iterator
 import torch
 
 from refimpl.runtime.base import Runtime, gather
-from refimpl.store.moves.assign import assign_layouts, gc_paused
 from refimpl.store.backends.base import StoreBackend
-from refimpl.store.state.collect import Item
 from refimpl.store.config import Category, StoreConfig
+from refimpl.store.moves.assign import assign_layouts, gc_paused
 from refimpl.store.moves.copies import OffloadCopies, sort_key
+from refimpl.store.moves.source import StagingArea
+from refimpl.store.moves.streaming import LayoutStream
+from refimpl.store.state.collect import Item
 from refimpl.store.state.grouping import CollectReport, StorageGrouper, ViewCount, group_by_storage
 from refimpl.store.state.layout import FlatLayout, LayoutKey
 from refimpl.store.state.residency import adopt_resident
 from refimpl.store.state.steady_check import ItemSignature
-from refimpl.store.moves.source import StagingArea
-from refimpl.store.moves.streaming import LayoutStream
 
 ItemSource = Callable[[], Iterator[Item]]
 """Yields the registered items of the offload's categories, from every collector, each call afresh."""

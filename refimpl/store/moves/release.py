@@ -24,11 +24,11 @@ import torch
 
 from refimpl.runtime.base import CopyKind, Runtime
 from refimpl.store.backends.base import StoreBackend
-from refimpl.store.state.grouping import storage_view
 from refimpl.store.config import Category
+from refimpl.store.moves.source import DeviceLayoutSource
+from refimpl.store.state.grouping import storage_view
 from refimpl.store.state.layout import FlatLayout, ReleasedStorage
 from refimpl.store.state.parking import Parking, park_strays
-from refimpl.store.moves.source import DeviceLayoutSource
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import torch
 from refimpl.runtime.base import Runtime
 from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.config import Category
-from refimpl.store.moves.copies import ReloadCopies, reload_order
 from refimpl.store.errors import TensorChangedError
+from refimpl.store.moves.copies import ReloadCopies, reload_order
 from refimpl.store.state.guard import OnAccess, guard, unguard
 from refimpl.store.state.layout import FlatLayout, LayoutState
 from refimpl.store.state.tensor_changes import changed_tensors, force_repoint_prepare

@@ -25,10 +25,10 @@ import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime
 from refimpl.store.backends.base import LayoutSource
+from refimpl.store.backends.pool import HostBuffer
 from refimpl.store.config import StoreConfig
 from refimpl.store.state.layout import FlatLayout, StorageEntry
 from refimpl.store.state.storage_views import own_view
-from refimpl.store.backends.pool import HostBuffer
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 from refimpl.runtime.base import Completion, Runtime
 from refimpl.store.backends.base import StoreBackend
-from refimpl.store.state.grouping import StorageGroup
 from refimpl.store.config import Category, StoreConfig
+from refimpl.store.moves.source import DeviceLayoutSource, StagingArea
+from refimpl.store.state.grouping import StorageGroup
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutKeys, StorageEntry
 from refimpl.store.state.segments import SegmentCutter
-from refimpl.store.moves.source import DeviceLayoutSource, StagingArea
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 
-from refimpl.store.state.collect import EXPLICIT_KIND, HOST_RESIDENT_OK, Item, split_dtensor
 from refimpl.store.config import Category
+from refimpl.store.state.collect import EXPLICIT_KIND, HOST_RESIDENT_OK, Item, split_dtensor
 from refimpl.store.errors import (
     MixedDtypeError,
     SharedStorageError,

@@ -75,15 +75,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 from refimpl.store.config import Category
-from refimpl.store.state.entry import EntryOrigin, ReleasedStorage, StorageEntry, TensorRef, storage_id
-from refimpl.store.state.layout_key import LayoutKey, LayoutKeys
-from refimpl.store.state.segments import SegmentCutter
 from refimpl.store.errors import StoreStateError
+from refimpl.store.state.entry import EntryOrigin, ReleasedStorage, StorageEntry, TensorRef, storage_id
 from refimpl.store.state.guard import GUARDED_CLASSES as _GUARDED
 from refimpl.store.state.guard import guard, guard_enabled
+from refimpl.store.state.layout_key import LayoutKey, LayoutKeys
 from refimpl.store.state.parking import Parking
 from refimpl.store.state.repoint import ZERO_STRIDES as _ZEROS
 from refimpl.store.state.repoint import repoint_tensor, zero_strides
+from refimpl.store.state.segments import SegmentCutter
 from refimpl.store.state.storage_views import own_view
 
 

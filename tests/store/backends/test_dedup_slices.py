@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.store.backends.dedup_config import DedupConfig, MemberSlice
-from refimpl.store.debug import DEBUG_ENV
 from refimpl.store.backends.replica import ReplicaGroup
 from refimpl.store.backends.replica_sync import _DIGEST_COLS, content_digest, shape_fingerprint
+from refimpl.store.debug import DEBUG_ENV
 from tests._hypothesis import BUDGET
 
 
