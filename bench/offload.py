@@ -53,7 +53,7 @@ from bench.baselines import Method, line_rate, make_method, rss_bytes, sync
 from sim.presets.bench_shapes import SHAPES, StateShape
 from refimpl.runtime.base import Runtime
 from refimpl.store import StoreConfig
-from refimpl.store.replica_sync import content_digest
+from refimpl.store.backends.replica_sync import content_digest
 
 logger = logging.getLogger(__name__)
 

@@ -71,8 +71,8 @@ def predict_dedup(world_size: int, group_size: int, state_bytes: int, *, preset:
     import torch
 
     from refimpl.store import OffloadStore, StoreConfig
-    from refimpl.store.dedup import DedupConfig
-    from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
+    from refimpl.store.backends.dedup_config import DedupConfig
+    from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy
     from sim.calibrate.calibration import host_overheads
     from sim.machine.collectives import NcclComm, TopologyCollectiveCost
     from sim.machine.flows import FlowTransport

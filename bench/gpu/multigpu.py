@@ -447,9 +447,9 @@ def dedup(args, checks: list) -> list[dict]:
     g."""
     from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
-    from refimpl.store.dedup import DedupConfig
-    from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
-    from refimpl.store.replica_sync import content_digest
+    from refimpl.store.backends.dedup_config import DedupConfig
+    from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy
+    from refimpl.store.backends.replica_sync import content_digest
 
     n = dist.get_world_size()
     rt = TorchRuntime()

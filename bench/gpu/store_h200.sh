@@ -111,7 +111,7 @@ fi
 if [[ "$WHAT" == *" tests "* ]]; then
   echo "=== store tests (CUDA ones included)"
   $PY -m pytest -q -p no:cacheprovider tests/store/test_store_cuda.py tests/runtime/test_torch_runtime_cuda.py tests/store/test_store_consolidate.py tests/store/test_store_offload.py \
-      tests/store/test_store_errors.py tests/store/test_store_pool.py 2>&1 | tee "$OUT/store_tests.txt" | tail -25
+      tests/store/test_store_errors.py tests/store/backends/test_store_pool.py 2>&1 | tee "$OUT/store_tests.txt" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 

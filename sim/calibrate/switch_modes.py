@@ -135,14 +135,17 @@ def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, st
 
 #: the host stages of a steady offload (``StoreStats.phases`` of a record): what is left of the offload once its
 #: copies ran early
-OFFLOAD_HOST_PHASES = ("offload.speculate", "offload.collect", "offload.plan", "offload.issue", "offload.record",
+OFFLOAD_HOST_PHASES = ("offload.copy_ahead", "offload.collect", "offload.plan", "offload.issue", "offload.record",
                        "offload.release")
+#: the names older records carry for a phase of :data:`OFFLOAD_HOST_PHASES` (the store called copy_ahead speculate)
+OLD_PHASE_NAMES = {"offload.copy_ahead": "offload.speculate"}
 
 
 def store_offload_host_s(rec: dict[str, Any]) -> float | None:
     """The store's host work in the record's last offload (its ``store_phases`` but the wait), or None where the
     record has none or its last offload was not steady (the first one collects everything)."""
-    ph = rec.get("store_phases") or {}
+    ph = dict(rec.get("store_phases") or {})
+    ph.update({new: ph[old] for new, old in OLD_PHASE_NAMES.items() if new not in ph and old in ph})
     if not all(k in ph for k in OFFLOAD_HOST_PHASES) or len(rec.get("steps") or []) < 2:
         return None
     return float(sum(ph[k] for k in OFFLOAD_HOST_PHASES))

@@ -286,7 +286,7 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
     B("vote_never_times_out", "sim/votes.py",
       "        if v.verdict is None:\n            self._world.engine.record(",
       "        if False:\n            self._world.engine.record(",
-      ("tests/runtime/test_contract_sim.py", "tests/store/test_dedup_outcome_sim.py"),
+      ("tests/runtime/test_contract_sim.py", "tests/store/backends/test_dedup_outcome_sim.py"),
       "a vote a rank never joins is never settled: its peers wait for ever instead of naming it",
       ci_tests=("tests/runtime/test_contract_sim.py::test_contract_in_simulator[votes-2]",)),
 )

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from refimpl.runtime.base import CollectiveTimeoutError
 from refimpl.runtime.errors import DedupError, PeerFailedError  # one class with the lifecycle's
-from refimpl.store.parking import debug_mode
-from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
+from refimpl.store.backends.replica import ReplicaGroup, ReplicaPolicy
+from refimpl.store.debug import debug_mode
 
 
 class ReplicaMismatchError(DedupError):
@@ -178,8 +178,5 @@ class ReplicaShare:
         return self.host_bytes / self.layout_bytes if self.layout_bytes else 0.0
 
 
-SlicePlan = MemberSlice
-"""The old name of :class:`MemberSlice`."""
-
 __all__ = ["DedupConfig", "DedupError", "LayoutMismatchError", "MemberSlice", "OperationMismatchError",
-           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare", "SlicePlan"]
+           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare"]
