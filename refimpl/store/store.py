@@ -393,6 +393,8 @@ class OffloadStore:
             figures.early_copy_bytes, figures.early_skipped = queued_early
             figures.seconds, figures.device_bytes_freed = rt.now() - t0, rt.memory_info().free - free_before
             self._count_offload(figures, cats, len(offload.ordered))
+        if offload.error_after_commit is not None:  # completed on this rank as on its peers; say what failed
+            raise offload.error_after_commit
 
     def _count_offload(self, figures: OffloadFigures, cats: frozenset[Category], layouts: int) -> None:
         """A completed offload's figures go into the store's; logged."""

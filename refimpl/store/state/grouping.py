@@ -206,10 +206,13 @@ class StorageGrouper:
                 f"{name} is offloaded by an offload store (its bytes are in host memory); reload() that "
                 f"store first (or recover() it after a TensorChangedError)"
             )
-        if not storage.resizable():
+        if not storage.resizable() and sid not in self.own:  # the store's own flat buffer: see release_layouts
             raise UnsupportedTensorError(
-                f"{name}: its storage is not resizable (memory from numpy, DLPack or from_blob that the "
-                f"store cannot release); attach a torch-allocated copy instead (t = t.clone())"
+                f"{name}: its storage is not resizable, so the store cannot release it: memory from numpy "
+                f"(torch.from_numpy), DLPack or from_blob, or a storage torch marked so when it was exported "
+                f"(t.numpy(), a DLPack capsule) before it was ever offloaded. Attach a torch-allocated copy "
+                f"(t = t.clone(); a parameter: with torch.no_grad(): p.data = p.data.clone()) and export copies "
+                f"(p.detach().clone().numpy()). Nothing was moved"
             )
         known = self.known_viewers.get(sid)
         if known is not None:
