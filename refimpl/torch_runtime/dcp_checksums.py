@@ -269,7 +269,8 @@ def checksummed(writer: Any) -> contextlib.AbstractContextManager:
 
 def verified(reader: Any) -> contextlib.AbstractContextManager:
     """Inside the block, ``reader.read_metadata`` first checks the metadata file and ``reader.read_data``
-    every item its plan reads (see the module docstring). Raises :class:`CheckpointIntegrityError` at once for a reader that is not file based."""
+    every item its plan reads (see the module docstring). Raises :class:`CheckpointIntegrityError` at once
+    for a reader that is not file based."""
     if not file_based(reader):
         raise CheckpointIntegrityError(
             f"checkpoint reader {type(reader).__name__} keeps no files to verify; use a FileSystemReader, or "
