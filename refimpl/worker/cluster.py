@@ -234,7 +234,7 @@ class ClusterFuture:
         for this call's result).
         """
         ok, value = self._settle(timeout_s)
-        self._cluster._unread.pop(self.seq, None)
+        self._cluster._mark_read(self.seq)
         if not ok:
             raise value
         self._cluster._raise_dropped(before=self.seq, current=self)
@@ -250,6 +250,8 @@ class ClusterFuture:
         """``(True, result)`` or ``(False, the call's ClusterError)``, waiting for the ranks' answers if not yet
         known; :class:`CallPendingError` (outcome still open) when ``timeout_s`` runs out first."""
         if self._outcome is None:
+            if self._since is None:
+                self._since = time.perf_counter()
             try:
                 self._outcome = (True, self._cluster._gather(self, timeout_s))
             except CallPendingError:
@@ -403,9 +405,7 @@ class Cluster:
         from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
 
         method, now = future.method, time.perf_counter()
-        if future._since is None:
-            future._since = now
-        hung_at = future._since + self.call_timeout_s
+        hung_at = (future._since or now) + self.call_timeout_s
         deadline = hung_at if timeout_s is None else min(hung_at, now + timeout_s)
         pending = {ref: rank for rank, ref in enumerate(future._refs)}
         results: list[Any] = [None] * len(future._refs)
@@ -516,6 +516,10 @@ class Cluster:
                                      role=self.role, ranks=silent, method=method)
         self._stop(err)
         raise err
+
+    def _mark_read(self, seq: int) -> None:
+        """Call ``seq``'s outcome has been handed to the caller: no later call raises it."""
+        self._unread.pop(seq, None)
 
     def _raise_dropped(self, before: int | None = None, current: ClusterFuture | None = None) -> None:
         """Raise :class:`DroppedCallError` for the first call numbered below ``before`` (any, if None) that
