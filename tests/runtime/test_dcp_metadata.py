@@ -66,12 +66,13 @@ def _save(rank, world_size, root):
     return mesh, saved
 
 
-def _load(mesh, root, verify=True):
-    """``(outcome, tensors the load changed)`` of one load into a fresh net (seed 1)."""
+def _load(mesh, root, verify=True, target=None):
+    """``(outcome, tensors the load changed)`` of one load into ``target`` (default: a fresh net, seed 1), which
+    is put back as it was afterwards."""
     from refimpl.store import CheckpointError
     from refimpl.torch_runtime import dcp
 
-    target = _sharded(1, mesh)
+    target = _sharded(1, mesh) if target is None else target
     before = _locals(target)
     try:
         dcp.load_into({"model": target.state_dict()}, root, verify=verify)
@@ -80,7 +81,11 @@ def _load(mesh, root, verify=True):
         outcome = (type(e).__name__, str(e))
     except BaseException as e:  # noqa: BLE001 - any other outcome is reported, not raised, so every rank reports
         outcome = ("other", f"{type(e).__name__}: {e}")
-    return outcome, _changed(before, target)
+    changed = _changed(before, target)
+    with torch.no_grad():
+        for k, v in target.state_dict().items():
+            v._local_tensor.copy_(before[k])
+    return outcome, changed
 
 
 def integer_field_bits(data: bytes) -> list[int]:
@@ -134,13 +139,14 @@ def _flipped_metadata_job(rank, world_size, root):
     meta = pickle.loads(data)
     chunk_ints = sum(2 * len(c.offsets) for md in meta.state_dict_metadata.values() for c in md.chunks)
     bits = bits_to_flip(data)
-    clean = _load(mesh, root)
+    target = _sharded(1, mesh)
+    clean = _load(mesh, root, target=target)
     results = []
     for bit in bits:
         if rank == 0:
             _flip(path, bit)
         torch.distributed.barrier()
-        results.append((bit, *_load(mesh, root)))
+        results.append((bit, *_load(mesh, root, target=target)))
         torch.distributed.barrier()
         if rank == 0:
             _flip(path, bit)  # back
@@ -164,8 +170,11 @@ def test_every_flipped_bit_of_the_metadata_fails_the_load_on_every_rank_and_chan
         assert all(".metadata" in outcome[1] for _, outcome, _ in rep["results"]), "the error names the file"
 
 
-def _uncovered_shard_job(rank, world_size, root, verify):
-    """Rank 1's chunk of ``model.0.weight`` one row short in the metadata; its checksum written to match."""
+def _uncovered_shard_job(rank, world_size, root):
+    """Rank 1's chunk of ``model.0.weight`` one row short in the metadata: loaded unverified, then verified with
+    the metadata's checksum written to match (only the coverage check is left to fail it)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
     from refimpl.torch_runtime import dcp_checksums
 
     mesh, saved = _save(rank, world_size, root)
@@ -179,21 +188,21 @@ def _uncovered_shard_job(rank, world_size, root, verify):
         last.sizes = torch.Size([last.sizes[0] - 1, *last.sizes[1:]])
         with open(path, "wb") as f:
             pickle.dump(meta, f)
-        if verify:  # the checksum matches the changed metadata: only the coverage check is left to fail it
-            from torch.distributed.checkpoint import FileSystemWriter
-
-            dcp_checksums.write_metadata_checksum(FileSystemWriter(root))
     torch.distributed.barrier()
-    return _load(mesh, root, verify=verify)
+    unverified = _load(mesh, root, verify=False)
+    if rank == 0:
+        dcp_checksums.write_metadata_checksum(FileSystemWriter(root))
+    torch.distributed.barrier()
+    return {"verify=False": unverified, "verify=True": _load(mesh, root, verify=True)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verify", [True, False])
-def test_metadata_that_leaves_part_of_a_shard_unread_fails_the_load_on_every_rank(tmp_path, verify):
-    results = run_distributed(_uncovered_shard_job, 2, args=(str(tmp_path / "ckpt"), verify), timeout=180)
-    for rank, (outcome, changed) in enumerate(results):
-        assert outcome != "loaded", f"rank {rank} loaded a checkpoint whose chunks leave part of its shard unread"
-        name, message = outcome
-        assert name == "CheckpointIntegrityError", (rank, outcome)
-        assert "model.0.weight" in message and "rank 1" in message, (rank, message)
-        assert changed == [], f"rank {rank}: the failed load wrote {changed} into the target"
+def test_metadata_that_leaves_part_of_a_shard_unread_fails_the_load_on_every_rank(tmp_path):
+    results = run_distributed(_uncovered_shard_job, 2, args=(str(tmp_path / "ckpt"),), timeout=180)
+    for rank, loads in enumerate(results):
+        for how, (outcome, changed) in loads.items():
+            assert outcome != "loaded", f"rank {rank}, {how}: loaded metadata whose chunks leave part of a shard unread"
+            name, message = outcome
+            assert name == "CheckpointIntegrityError", (rank, how, outcome)
+            assert "model.0.weight" in message and "rank 1" in message, (rank, how, message)
+            assert changed == [], f"rank {rank}, {how}: the failed load wrote {changed} into the target"

@@ -49,15 +49,15 @@ def _same(a, b):
 
 
 def test_a_failed_call_whose_future_was_dropped_is_raised_by_the_next_call(roles):
-    from refimpl.worker import ClusterError, DroppedCallError, WorkerCallError
+    from refimpl.worker import ClusterError, WorkerCallError
 
     s, _ = roles
     start = s.bump_count()
     s.bump()
     s.bump(1, blocking=False)  # rank 1 raises, rank 0 applies it; nobody reads the future
-    with pytest.raises(DroppedCallError, match=r"s: an earlier call bump\(\).*rank 1.*planted failure of bump") as e:
+    with pytest.raises(ClusterError, match=r"s: an earlier call bump\(\).*rank 1.*planted failure of bump") as e:
         s.bump()
-    assert isinstance(e.value, ClusterError) and (e.value.method, e.value.ranks) == ("bump", (1,))
+    assert type(e.value).__name__ == "DroppedCallError" and (e.value.method, e.value.ranks) == ("bump", (1,))
     assert isinstance(e.value.__cause__, WorkerCallError)
     counts = s.bump_count()  # raised once: the role serves calls again
     assert counts[0] - start[0] in (2, 3) and counts[0] - counts[1] == 1, "the ranks differ by the failed update"
@@ -68,19 +68,20 @@ def test_a_failed_call_whose_future_was_dropped_is_raised_by_the_next_call(roles
 
 
 def test_a_bounded_get_that_runs_out_leaves_the_role_alive(roles):
-    from refimpl.worker import CallPendingError
+    from refimpl.worker import ClusterError
     from tests.worker.ray_workers import batch
 
     _, t = roles
     t.offload_states()
     w = t.weights()
     f = t.hold("b1", blocking=False)
-    with pytest.raises(CallPendingError, match=r"hold\(\).*0.5 s") as e:
+    with pytest.raises(ClusterError, match=r"hold\(\).*0.5 s") as e:
         f.get(timeout_s=0.5)
-    assert isinstance(e.value, TimeoutError) and e.value.future is f
+    assert isinstance(e.value, TimeoutError) and type(e.value).__name__ == "CallPendingError", repr(e.value)
+    assert e.value.future is f
     t.release("b1")
     assert f.get() == [True, True], "the call went on and its result is there"
-    with pytest.raises(CallPendingError) as e:
+    with pytest.raises(TimeoutError) as e:
         t.hold("b2", timeout_s=0.3)  # a blocking call with a bound hands its future over
     t.release("b2")
     assert e.value.future.get() == [True, True]
