@@ -14,20 +14,11 @@ import re
 import pytest
 import torch
 
-from tests.worker._ray import start_ray
-
 ROUNDS = 40
 
 
 @pytest.fixture(scope="module")
-def ray_mod():
-    ray = start_ray()
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def roles(ray_mod):
+def roles(ray_module):
     """Role ``s`` (one call at a time per actor, an interruptible store) and role ``t`` (two at once)."""
     from refimpl.worker import Cluster, ResourcePool
     from tests.worker.ray_workers import ToyWorker
