@@ -182,12 +182,14 @@ class LazyWake:
         False if their canary failed (agreed: every group was then aborted and rebuilt).
         """
         rt, groups = self.role.rt, self.role.names
-        error: Exception | None = None
+        error: BaseException | None = None
         votes = [1] * len(groups)
         try:
             await rt.point("lifecycle.use")
             votes = request_votes(groups, names)
-        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too): every rank fails together
             error = exc
             log.error("rank %d: use(%r) failed: %r", rt.rank, names, exc)
         agreed = await self.role.outcome("use.request", error, votes)
