@@ -72,7 +72,7 @@ class AgreementMismatchError(AgreementError):
 
 #: the lifecycle's agreement points, so that a mismatch names a peer's point this rank never reached
 POINTS: tuple[str, ...] = (
-    "start", "user", "pause.decide", "plan", "plan.preflight", "plan.apply", "release_memory", "canary",
+    "start", "create", "user", "pause.decide", "plan", "plan.preflight", "plan.apply", "release_memory", "canary",
     "weight_sync", "use.request", "run_on", "suspend.preflight", "suspend", "resume.preflight", "resume",
     "destroy", "rebuild.preflight", "rebuild", "warm",
 )

@@ -226,16 +226,24 @@ class PGLifecycle:
         if self.state is PGState.FAILED:
             self._require("start")
         await self.control.ensure(self.rt)
+        async with self._operation("start"):
+            await self._start_agreed()
+        self._started = True
+
+    async def _start_agreed(self) -> None:
+        """:meth:`start`'s agreement (same groups, in this lifecycle, values combined), then its agreed creations."""
         error: BaseException | None = None
         rank = self.rt.rank
+        create: list[str] = []
         try:
             missing = [n for n in self.groups if not self._known(n) and self._given[n] is None]
             if missing:
                 raise GroupError(f"rank {rank}: groups {missing} are unknown to the runtime; pass their GroupSpecs "
                                  "so the lifecycle creates them")
+            create = [n for n in self.groups if not self._known(n)]
         except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
             error = exc
-        low_rank, neg_high_rank = await self.role.outcome("start", error, [rank, -rank])
+        low_rank, neg_high_rank, none_to_create = await self.role.outcome("start", error, [rank, -rank, int(not create)])
         if (low_rank, -neg_high_rank) != (0, self.rt.world_size - 1):
             raise LifecycleError(
                 f"rank {rank}: an all_reduce(MIN) of the ranks on control group {self.control.name!r} gave "
@@ -243,11 +251,15 @@ class PGLifecycle:
                 "values, so ranks cannot agree (in the simulator, a payload='meta' world has meta tensors that carry no data "
                 "and its collectives move no bytes; the lifecycle needs host values combined)"
             )
-        for name in self.groups:
+        if none_to_create:
+            return
+
+        async def one(name: str) -> None:  # every rank walks every group, in order (group creation is collective)
             spec = self._given[name]
             if spec is not None and not self._known(name):
                 await self.rt.new_group(spec)
-        self._started = True
+
+        await self.role.walk("create", one)
 
     async def agree(self, flag: bool) -> bool:
         """True on every rank iff every rank passed True (``all_reduce(MIN)`` on the control group)."""

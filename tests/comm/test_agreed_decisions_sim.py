@@ -128,19 +128,19 @@ def test_an_address_in_use_at_one_ranks_rebuild_is_retried_with_the_deployments_
 
 
 class _CorruptControl:
-    """Rank 0's copy of the result of the control group's ``nth`` collective comes back corrupted (+1 everywhere)."""
+    """Rank 0's copy of the result of the first control-group collective after ``point`` comes back corrupted (+1)."""
 
-    def __init__(self, nth: int):
-        self.nth, self.seen = nth, 0
+    def __init__(self, point: str):
+        self.point, self.armed, self.fired = point, False, False
 
     def on_point(self, rank, name):
+        self.armed = self.armed or (rank == 0 and name == self.point)
         return None
 
     def on_collective(self, rank, group, op, seq):
-        if rank == 0 and group == "lifecycle.control":
-            self.seen += 1
-            if self.seen == self.nth:
-                return sim.FaultAction.corrupt()
+        if rank == 0 and self.armed and not self.fired and group == "lifecycle.control":
+            self.fired = True
+            return sim.FaultAction.corrupt()
         return None
 
     def on_group_create(self, rank, spec):
@@ -154,17 +154,19 @@ def test_a_control_group_result_corrupted_on_one_rank_is_named_as_such_not_as_a_
     """No agreement survives a corrupted result of its last round on one rank (that rank cannot tell its peers, who
     read the true result); the lifecycle assumes a reliable control group (Gloo over TCP). What it can do: a header
     that no all_reduce(MIN) can produce is reported as a corrupted result, not as ranks calling different operations."""
-    world = sim.SimWorld(2, group_timeouts=True, faults=_CorruptControl(nth=2))
+    faults = _CorruptControl("lifecycle.pause.decide")
+    world = sim.SimWorld(2, group_timeouts=True, faults=faults)
 
     async def job(rt):
         lc = PGLifecycle(rt, _mesh(2), config=LifecycleConfig(policy=PGPolicy.DESTROY, agree_timeout_s=30.0))
-        await lc.start()  # the control group's first collective
+        await lc.start()
         try:
-            await lc.pause()  # its second: corrupted on rank 0
+            await lc.pause()  # its decision's agreement: corrupted on rank 0
         except Exception as exc:  # noqa: BLE001 - which error, is the assertion
             return lc.state, type(exc).__name__, str(exc)
         return lc.state, None, None
 
     state, name, msg = world.run(job, return_exceptions=True)[0]
+    assert faults.fired
     assert state is PGState.FAILED
     assert name == "AgreementError" and "corrupted" in msg and "'pause.decide'" in msg, (name, msg)
