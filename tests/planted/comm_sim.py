@@ -73,10 +73,6 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       ("tests/comm/test_interrupt_sim.py",),
       "a call cancelled while its rank waits at an agreement leaves that rank in its state (DESTROYED), groups "
       "half taken down"),
-    B("vote_space_not_about_anything", "refimpl/runtime/votes.py",
-      '    return f"{kind}.{zlib.crc32(about.encode()):08x}.{n}"', '    return f"{kind}.{n}"',
-      ("tests/runtime/test_contract_sim.py",),
-      "vote spaces numbered by creation order only: two stores (roles) made in different orders pair their votes"),
     B("resuspend_from_the_local_flag", "refimpl/comm/lifecycle.py",
       "vote=lambda _: self.preservation.disabled is None)",
       "vote=lambda _: True)\n            kept = self.preservation.disabled is None",
