@@ -31,12 +31,15 @@ Rules that keep every rank in step:
    :mod:`refimpl.comm.role_groups`).
 2. Every rank runs the same sequence of agreements: loops go over all role
    groups on every rank; a rank that is not a member of a group does nothing
-   for it but still votes. Each agreement carries its point and sequence
-   number, so ranks at different agreements fail together with
-   :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
-   :mod:`refimpl.comm.agreement`); decisions that change what ranks do next
+   for it but still votes. Each agreement carries its point, sequence
+   number and scope (this lifecycle's role, named by its groups), so ranks at
+   different agreements, or in another role's lifecycle of the process, fail
+   together with :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
+   :mod:`refimpl.comm.agreement`), and no group is created before an agreement
+   of its operation; decisions that change what ranks do next
    (suspending again after a sync) are voted, never read from a per-process flag.
-3. Any exception, on any rank, ends the same way everywhere: abort the role's
+3. Any exception (an interrupt too: ``KeyboardInterrupt``, a cancelled call), on
+   any rank, ends the same way everywhere: abort the role's
    groups without delay, turn preservation off for the life of the process,
    state FAILED, re-raise (the failing rank its own error, the others
    :class:`PeerFailedError`). A rank that never arrives makes the others fail
