@@ -56,7 +56,7 @@ import logging
 import weakref
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
-from refimpl.comm.agreement import AgreementError, ControlGroup
+from refimpl.comm.agreement import ControlGroup
 from refimpl.comm.blocking import BlockingPGLifecycle
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.decisions import (
@@ -300,7 +300,8 @@ class PGLifecycle:
         """
         rt = self.rt
         failing: list[str] = []
-        vote, error = False, None  # type: bool, BaseException | None
+        vote = False
+        error: BaseException | None = None
         try:
             await rt.point("lifecycle.pause.decide")
             if policy.preserves:
