@@ -42,8 +42,9 @@ every rank, before any group is created.
 Ray call; any ``BaseException`` but ``GeneratorExit``) inside a step or a walk
 is a failure like any other: the rank takes it to the step's agreement (its
 peers are waiting there), every rank falls back, and the interrupt is re-raised
-on the rank that got it. Interrupted while waiting at an agreement, a rank
-falls back alone and re-raises; its peers time out at that agreement.
+on the rank that got it. Interrupted while waiting at an agreement (or
+anywhere else in an operation), a rank falls back alone and re-raises
+(``PGLifecycle``'s operations do it); its peers time out at that agreement.
 """
 from __future__ import annotations
 
@@ -155,11 +156,6 @@ class RoleGroups:
             await self.on_failure.fall_back(point, error or exc)
             if error is not None:
                 raise error from exc
-            raise
-        except GeneratorExit:
-            raise
-        except BaseException as exc:  # interrupted while waiting for the peers: fail here; they time out
-            await self.on_failure.fall_back(point, error or exc)
             raise
         if not ok:
             cause = error or PeerFailedError(
