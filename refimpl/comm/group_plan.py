@@ -323,12 +323,14 @@ class PlannedGroups:
                     votes[i] = int(self.left_down[name])
             return votes
 
-        error: Exception | None = None
+        error: BaseException | None = None
         votes = [int(GroupAction.DESTROY)] * len(names) + [1] * (3 * len(names))
         try:
             await rt.point("lifecycle.plan")
             votes = await facts()
-        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too): every rank fails together
             error = exc
             log.error("rank %d: planning the pause failed: %r", rt.rank, exc)
         agreed = await role.outcome("plan", error, votes)

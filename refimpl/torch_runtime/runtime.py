@@ -186,9 +186,10 @@ class TorchRuntime(Runtime):
             return await super().vote(key, ranks, point, code, marks, timeout_s=timeout_s, wait=wait)
         return self._ballots.vote(key, tuple(ranks), ballot, timeout_s, wait)
 
-    def vote_space(self, kind: str) -> str:
-        """A key space numbered per process: every TorchRuntime of the process votes in the same store."""
-        return next_space(kind)
+    def vote_space(self, kind: str, about: str = "") -> str:
+        """A key space numbered per process and per ``about``: every TorchRuntime of the process votes in the same
+        store (see :meth:`Runtime.vote_space <refimpl.runtime.base.Runtime.vote_space>`)."""
+        return next_space(kind, about)
 
     def mark_arrival(self, group: str, point: str) -> None:
         """Count this arrival in the rendezvous store (one ``add``)."""
