@@ -72,24 +72,26 @@ class SwitchCosts:
     A suspend and a resume cost about in proportion to the suspendable bytes
     (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
     init at the first collective, counted although it lands outside the
-    switch window) cost about the same whatever the size. Defaults, measured on
-    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-lazy-wake/``,
-    ``comm_raw``; ``tests/comm/test_switch_costs_records.py`` recomputes them):
-    suspend 1.02 s/GiB and resume 0.55 s/GiB (14 two-rank communicators of
-    480 MiB, one after the other), destroy 0.247 s and init (the first
-    collective) 0.175 s for two ranks, destroy 0.034 s and init 0.033 s for one
-    rank (medians over the lifecycle's own walk, ``comm_raw.mesh_walk``). A
-    two-rank communicator is destroyed rather than suspended from 276 MiB.
-    (Before this record the defaults were 0.8 / 0.3 s/GiB, 0.2 s, 0.18 s,
-    0.036 s and an assumed 0.25 s: the same choice for every communicator
-    measured, a break-even at 354 MiB.)
+    switch window) cost about the same whatever the size. ``_single`` is a
+    communicator of one rank, ``_multi`` one of more. The defaults are the
+    simulator's calibrated constants (docs/calibration.md), from records that
+    no validation scores: suspend 0.736 s/GiB and resume 0.519 s/GiB (14
+    two-rank communicators of 480 MiB on 2 x H200, NCCL 2.32.3), a destroy with
+    the runtime's proxy waker (its default) 0.0167 s one-rank and 0.0165 s
+    two-rank (the destroy's own cost, on one H200 and in NCCL's log of
+    destroy walks on 2 x H200), the lazy init 0.0284 s one-rank and 0.175 s
+    two-rank. ``tests/comm/test_switch_costs_records.py`` recomputes them. With
+    them a two-rank communicator is destroyed rather than suspended from about
+    156 MiB on. A runtime without the proxy waker waits half a poll period
+    (0.25 s) more per destroy on average: pass ``destroy_s_single`` and
+    ``destroy_s_multi`` with that added.
     """
 
-    suspend_s_per_gib: float = 1.02
-    resume_s_per_gib: float = 0.55
-    destroy_s_single: float = 0.034
-    destroy_s_multi: float = 0.247
-    init_s_single: float = 0.033
+    suspend_s_per_gib: float = 0.736
+    resume_s_per_gib: float = 0.519
+    destroy_s_single: float = 0.0167
+    destroy_s_multi: float = 0.0165
+    init_s_single: float = 0.0284
     init_s_multi: float = 0.175
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ from refimpl.runtime.base import CopyKind
 from sim.presets import PRESET_DIR, list_presets, load_preset_data
 from sim.machine.topology import ElementKind, LinkKind, Topology, TopologyError
 
-EXPECTED = {"h200-1x", "hgx-h200-8x", "hgx-h200-8x-ib", "hgx-h20-8x", "a6000-4x-nvlink"}
+EXPECTED = {"h200-1x", "h200-2x", "hgx-h200-8x", "hgx-h200-8x-ib", "hgx-h20-8x", "a6000-4x-nvlink"}
 
 
 def test_every_preset_loads_and_every_constant_says_where_it_came_from():
