@@ -58,6 +58,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from refimpl.runtime.base import CommMemory, GroupSpec
@@ -311,6 +312,41 @@ def destroy_walk_seconds(params: Sequence[CommParams], *, wake_proxies: bool = T
     return t - start
 
 
+@dataclass(frozen=True)
+class GroupSwitch:
+    """What one rank pays for one group's communicator across a switch that destroys and rebuilds it (seconds)."""
+
+    #: ranks of the group
+    ranks: int
+    #: destroying its initialised communicator (:func:`destroy_seconds`)
+    destroy_s: float
+    #: ``recreate_group``: the process-group object (:func:`rebuild_seconds`)
+    rebuild_s: float
+    #: its first collective after the rebuild beyond the collective itself: the lazy init (:func:`first_use_seconds`)
+    first_use_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Destroy, rebuild and first use together."""
+        return self.destroy_s + self.rebuild_s + self.first_use_s
+
+
+def predict_group_switch(topology: "str | Topology", ranks: int, *, wake_proxies: bool = True,
+                         since_init_s: float | None = None) -> GroupSwitch:
+    """[Note: a destroy, with and without the proxy waker] One group of ``ranks`` ranks destroyed, rebuilt and used
+    again, on ``topology`` (a preset name or file, or a :class:`~sim.machine.topology.Topology`): the hook a
+    prediction outside the simulated runtime (the RL step on N GPUs) calls for each group its switch takes down.
+    ``wake_proxies`` and ``since_init_s`` as :func:`destroy_seconds`."""
+    from sim.machine.topology import Topology
+
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ValueError(f"ranks must be a positive integer (the group's size), got {ranks!r}")
+    topo = topology if isinstance(topology, Topology) else Topology.from_preset(topology)
+    p = topo.comm.for_size(ranks)
+    return GroupSwitch(ranks, destroy_seconds(p, wake_proxies=wake_proxies, since_init_s=since_init_s),
+                       rebuild_seconds(p), first_use_seconds(p))
+
+
 class NcclComm:
     """Communicator memory and lifecycle times from a preset's ``comm`` section (see module docstring).
 
@@ -450,4 +486,5 @@ class NcclComm:
 
 
 __all__ = ["SHARE_MIN_BYTES", "BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost",
-           "destroy_seconds", "destroy_walk_seconds", "first_use_seconds", "poll_wait_seconds", "rebuild_seconds"]
+           "GroupSwitch", "destroy_seconds", "destroy_walk_seconds", "first_use_seconds", "poll_wait_seconds",
+           "predict_group_switch", "rebuild_seconds"]
