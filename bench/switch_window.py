@@ -214,8 +214,12 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             from refimpl.output import envelope
 
-            json.dump(envelope("bench switch-window", {"header": header, "results": [asdict(r) for r in results]}), f,
-                      indent=1)
+            settings = {"dp": args.dp, "tp": args.tp, "cp": args.cp, "pp": args.pp, "ep": args.ep, "etp": args.etp,
+                        "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,
+                        "rollout_s": args.rollout_s, "cooldown_s": args.cooldown_s, "groups_per_rank": groups,
+                        "topology": args.topology or None, "wake_proxies": args.wake_proxies == "on"}
+            json.dump(envelope("bench switch-window", {"header": header, "settings": settings,
+                                                       "results": [asdict(r) for r in results]}), f, indent=1)
     return 0
 
 
