@@ -139,7 +139,7 @@ def format_table(pred: Prediction, no_poll: Prediction | None = None) -> str:
     lines.append(f"{'lifecycle cost (sleep + update)':<36}{want:>8.3f}s{mean:>10.3f}s{min(costs):>13.3f}-{max(costs):.3f} s"
                  + (f"{statistics.fmean(no_poll.costs()):>17.3f}s" if no_poll else ""))
     lines.append(f"simulated / report: {mean / want - 1:+.1%} (range {min(costs) / want - 1:+.1%} to "
-                 f"{max(costs) / want - 1:+.1%})" + (f"; without the poll {statistics.fmean(no_poll.costs()) / want - 1:+.1%}"
+                 f"{max(costs) / want - 1:+.1%})" + (f"; with a proxy waker (not Relax's code) {statistics.fmean(no_poll.costs()) / want - 1:+.1%}"
                                                     if no_poll else ""))
     if no_poll is not None:
         n = waiting_destroys()
