@@ -26,11 +26,13 @@ sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
 first collective (charged by the collective itself, ``init_at_collective``);
 a group destroyed before any collective costs ``destroy_uninitialized``, an
-initialised one waits for its NCCL proxy thread's next 500 ms poll timeout
-(``proxy_poll``, from the end of its init) and costs ``destroy`` more. So the
-weight sync, which destroys the sync group right after its first collective,
-waits almost a whole poll period, and a pause that destroys the groups the
-training step just initialised is paced by those inits. Agreements are
+initialised one ``destroy``, after, where the record's runtime did not wake
+NCCL's proxy thread (its ``wake_proxies``, [Note: the runtime's proxy waker in
+a record] in :mod:`sim.calibrate.records`), the wait for the thread's next
+500 ms poll timeout (``proxy_poll``, from the end of its init). So without the
+waker the weight sync, which destroys the sync group right after its first
+collective, waits almost a whole poll period, and a pause that destroys the
+groups the training step just initialised is paced by those inits. Agreements are
 collectives on the Gloo control group (``agreement`` each, where the preset has
 it); a canary on a just-resumed group pays ``resume_first_collective`` on top of
 the collective model.
@@ -52,8 +54,12 @@ against the measured mean. Nothing of the validated record decides it.
 [Note: validate is blind] No constant, spread, rate or correction may come from
 any part of a validated file: a record that a calibrated preset's
 ``fitted_on`` lists, or that a constant's ``source`` names (the file, or its
-directory), is refused whole. The held-out records (:data:`sim.calibrate.records.HELD_OUT`),
-which ``timeshare sim calibrate`` refuses to read, are scored apart. Figures of
+directory), is refused whole; and no preset constant or shipped default names a
+record of the validation set (:data:`sim.calibrate.records.VALIDATION_SET`, what
+``timeshare sim validate`` scores when given no record; ``tests/sim/calibrate/test_blind.py``).
+The dedup replay's PCIe layout is the preset's, never the record's. The held-out
+records (:data:`sim.calibrate.records.HELD_OUT`), which ``timeshare sim calibrate``
+refuses to read, are scored apart, and their score is printed first. Figures of
 0.1 s and more and figures under 0.1 s are scored apart, each by its relative
 error (no absolute floor); a figure measured as 0 has no relative error and is
 counted, not scored.
