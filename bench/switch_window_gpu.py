@@ -61,16 +61,13 @@ def _gathered(obj: Any) -> list[Any]:
 
 
 def _why_no_suspend(cuda: bool) -> str | None:
-    """None if NCCL can suspend here, else why not."""
+    """None if NCCL can suspend here, else the first reason it cannot."""
     if not cuda:
         return "Gloo run (no NCCL communicators)"
-    from refimpl.torch_runtime.nccl_validation import NcclOffloadUnavailableError, require_offload_nccl
+    from refimpl.torch_runtime.nccl_validation import NcclFacts, offload_nccl_problems
 
-    try:
-        require_offload_nccl()
-    except NcclOffloadUnavailableError as e:
-        return str(e).splitlines()[0]
-    return None
+    problems = offload_nccl_problems(NcclFacts.probe(), os.environ)
+    return str(problems[0]) if problems else None
 
 
 def _mesh(args: argparse.Namespace, world: int) -> dict[str, Any]:
