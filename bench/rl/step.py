@@ -47,6 +47,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     mcfg = model_config(cfg.tiny)
     mixed = cfg.mixed_precision if cfg.mixed_precision is not None else device.type == "cuda"
     trainer = build_trainer(cfg, mcfg, device, groups.mesh, mixed)
+    if groups.managed is not None:  # FSDP2's states and the params' meshes follow each rebuild of the mesh's groups
+        groups.managed.follow(trainer.model)
     rec["params"], rec["mesh"] = trainer.params, list(trainer.mesh.shape)
     rec["mesh_dims"], rec["mesh_groups"] = list(trainer.mesh.mesh_dim_names or ()), list(groups.lifecycle)
     rollout_dtype = torch.bfloat16 if mixed else torch.float32

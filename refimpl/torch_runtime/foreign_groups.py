@@ -31,14 +31,6 @@ touched.
 
 A non-member rank holds no group object (``None``): it takes part in the
 rebuild (``dist.new_group`` is called by every rank) and swaps nothing.
-
-A group the runtime made itself can be rebuilt in place the same way
-(:meth:`TorchRuntime.rebuild_in_place`): a framework object built on it (a
-``DeviceMesh`` made with ``DeviceMesh.from_group``, FSDP2's states) then follows
-the rebuild. What Python holds by *name* rather than by object (a ``DeviceMesh``
-resolves its groups by their torch names) is rewritten by whoever built it, from
-the runtime's rebuilt hook (:meth:`TorchRuntime.on_rebuilt`;
-:mod:`refimpl.torch_runtime.mesh_groups` for a mesh).
 """
 from __future__ import annotations
 
@@ -116,11 +108,6 @@ class AdoptedGroups:
             spec = replace(spec, backend=spec.backend or own.backend)  # a non-member's spec names none
         self._groups[spec.name] = ForeignGroup(kwargs)
         return spec
-
-    def in_place(self, name: str) -> None:
-        """Rebuild group ``name``, which the runtime made itself, in place as well: a framework built objects on it
-        (a ``DeviceMesh``, FSDP's states), so its rebuild re-points their references as for an adopted group."""
-        self._groups.setdefault(name, ForeignGroup())
 
     def create_kwargs(self, name: str) -> dict[str, Any] | None:
         """The extra ``dist.new_group`` arguments that re-create adopted group ``name`` (None: not adopted)."""

@@ -13,40 +13,43 @@ order as ``new_group`` requires, and builds the mesh on this rank's group of
 each dimension with ``DeviceMesh.from_group``. The default group carries no
 collective of the mesh, so its communicator never exists. The names go to the
 lifecycle, which destroys and rebuilds (or suspends) them like any role group;
-FSDP2 and DTensor built on the mesh follow each rebuild:
+the mesh, and FSDP2 and DTensor built on it, follow each rebuild:
 
 [Note: a mesh rebuilt in place] A rebuild makes a new ``ProcessGroup`` with a
-new torch name. Two kinds of reference must follow it:
+new torch name. Two kinds of reference must follow it, and after each rebuild
+of one of this rank's mesh groups (the runtime's rebuilt hook,
+:meth:`TorchRuntime.on_rebuilt`) :class:`MeshGroups` points both at it:
 
-* *Objects.* FSDP2 keeps the groups themselves (each unit's mesh info: the
-  shard, replicate and reduce-scatter groups), and the mesh its registry of
-  them. Each mesh group is rebuilt in place (:meth:`TorchRuntime.rebuild_in_place`,
-  [Note: rebuilt in place] in :mod:`refimpl.torch_runtime.foreign_groups`): every
-  Python reference to the old object is pointed at the new one.
 * *Names.* A ``DeviceMesh`` resolves its groups by their torch names
   (``_dim_group_names``, looked up by ``_resolve_process_group``; DTensor's
-  redistributions and functional collectives pass ``(mesh, dim)`` and reach the
-  name the same way). Re-pointing objects leaves those names naming a destroyed
-  group, so after each rebuild of one of its groups (the runtime's rebuilt hook,
-  :meth:`TorchRuntime.on_rebuilt`) the old name is replaced by the new one, by
-  value, in the mesh, in its flattened meshes and in every sub-mesh sliced from
-  it that is still alive (found by one ``gc.get_referrers`` of the mesh per
-  rebuild walk), and the mesh's registry is keyed by the new name.
+  redistributions and functional collectives pass ``(mesh, dim)`` and reach
+  the name the same way). The old name is replaced by the new one, by value,
+  in the mesh, its flattened meshes and every mesh the followed modules use
+  (each FSDP2 state's mesh, each DTensor parameter's mesh: a sub-mesh sliced
+  from this one, such as ``mesh["shard"]``, is rewritten where FSDP2 holds it),
+  and the registries of those meshes are keyed by the new name.
+* *Objects.* FSDP2 keeps the groups themselves, in each unit's mesh info (the
+  shard, replicate and reduce-scatter groups; FSDP2 holds them nowhere else).
+  Every attribute of those mesh infos that holds the old group is pointed at
+  the new one.
 
-Torch names are short digit strings (``"1"``, ``"2"``: the same interned object
-as every other such string in the process), so the names are rewritten by value
-in the meshes only, never looked for by identity in the whole heap.
-
-:meth:`MeshGroups.problems` says what, if anything, still resolves to a group
-that is not the runtime's live one (the mesh, its registry, FSDP2's states): the
+The modules to follow are named with :meth:`MeshGroups.follow` (the model after
+``fully_shard``); their states are read at each rebuild, so states made later
+(FSDP2's lazy init at the first forward) are covered. Nothing walks the heap:
+a rebuild costs a pass over the followed modules, not a scan of every Python
+object (a ``gc.get_referrers`` over a process with ``transformers`` loaded
+holds the interpreter for tens of milliseconds, on the thread that runs a
+resume beside the training step's start). What the followed modules and the
+mesh do not reach (a sub-mesh or a group object kept elsewhere) is the
+caller's to refresh; :meth:`MeshGroups.problems` says what, of the mesh and a
+module's FSDP2 states, does not resolve to the runtime's live group: the
 tests' check that the mesh resolves to the rebuilt groups.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -54,6 +57,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from refimpl.runtime.base import GroupError, GroupSpec
 
 log = logging.getLogger(__name__)
+
+#: the attributes of FSDP2's mesh infos that hold process groups
+FSDP_GROUP_ATTRS = ("shard_process_group", "replicate_process_group", "reduce_scatter_process_group")
 
 
 def mesh_group_names(shape: Sequence[int], dim_names: Sequence[str], prefix: str) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -78,11 +84,11 @@ def mesh_group_names(shape: Sequence[int], dim_names: Sequence[str], prefix: str
 
 
 class MeshGroups:
-    """A ``DeviceMesh`` on groups the runtime made (:func:`build_mesh_groups`), rebuilt in place with them.
+    """A ``DeviceMesh`` on groups the runtime made (:func:`build_mesh_groups`), following each of their rebuilds.
 
     ``names``: every group of every dimension (give them all to the lifecycle: every rank walks every group);
-    ``by_dim``: dimension -> its groups' names; ``mine``: dimension -> this rank's group of it; ``mesh``: the ``DeviceMesh``. :meth:`close` removes the
-    runtime hook."""
+    ``by_dim``: dimension -> its groups' names; ``mine``: dimension -> this rank's group of it; ``mesh``: the
+    ``DeviceMesh``. :meth:`follow` names the modules built on it; :meth:`close` stops following."""
 
     def __init__(self, rt: Any, shape: Sequence[int], dim_names: Sequence[str], *, prefix: str,
                  timeout_s: float = 600.0) -> None:
@@ -96,54 +102,64 @@ class MeshGroups:
         self.mine: dict[str, str] = {}
         for dim, name, ranks in groups:
             rt.run(rt.new_group(GroupSpec(name, ranks, timeout_s=timeout_s)))
-            rt.rebuild_in_place(name)
             if rt.rank in ranks:
                 self.mine[dim] = name
-        pgs = [rt.process_group(self.mine[dim]) for dim in self.dim_names]
-        if any(pg is None for pg in pgs):
-            raise GroupError(f"rank {rt.rank}: the mesh's groups {[self.mine[d] for d in self.dim_names]} have no "
-                             "process group here; build_mesh_groups needs torch.distributed initialised")
-        device_type = rt.device.type
+        #: this rank's groups' current process groups, by name (what a rebuild replaces)
+        self._pgs = {self.mine[dim]: rt.process_group(self.mine[dim]) for dim in self.dim_names}
+        if any(pg is None for pg in self._pgs.values()):
+            raise GroupError(f"rank {rt.rank}: the mesh's groups {list(self._pgs)} have no process group here; "
+                             "build_mesh_groups needs torch.distributed initialised")
         layout = torch.arange(math.prod(self.shape), dtype=torch.int).view(*self.shape)
-        self.mesh: DeviceMesh = DeviceMesh.from_group(pgs, device_type, mesh=layout, mesh_dim_names=self.dim_names)
-        self._round: set[str] = set()
-        self._meshes: list[Any] = []
-        #: names rewritten so far, over every rebuild (each of this rank's groups once per rebuild walk)
+        self.mesh: DeviceMesh = DeviceMesh.from_group([self._pgs[self.mine[d]] for d in self.dim_names],
+                                                      rt.device.type, mesh=layout, mesh_dim_names=self.dim_names)
+        self._modules: list[Any] = []
+        #: over every rebuild: names rewritten in meshes, group attributes re-pointed in FSDP2's mesh infos
         self.renamed = 0
+        self.repointed = 0
         self._remove = rt.on_rebuilt(self._rebuilt)
 
+    def follow(self, *modules: Any) -> None:
+        """Follow the rebuilds in ``modules`` too: every FSDP2 state and DTensor parameter in them (the model after
+        ``fully_shard``); read again at each rebuild."""
+        self._modules.extend(modules)
+
     def _rebuilt(self, name: str, old_torch_name: str, pg: Any) -> None:
-        """The runtime's rebuilt hook: the mesh's name of group ``name`` follows the rebuild."""
-        if pg is None or name not in self.mine.values():
+        """The runtime's rebuilt hook: the mesh's names and FSDP2's groups follow the rebuild of group ``name``."""
+        if pg is None or name not in self._pgs:
             return
-        if name in self._round or not self._meshes:  # a new rebuild walk: find the meshes alive now, once
-            self._round.clear()
-            self._meshes = self._find_meshes()
-        self._round.add(name)
-        new = str(pg.group_name)
-        for attrs in self._meshes:
-            names = attrs.get("_dim_group_names")
+        old, self._pgs[name] = self._pgs[name], pg
+        new_name = str(pg.group_name)
+        infos, meshes = self._targets()
+        for mesh in meshes:
+            names = getattr(mesh, "_dim_group_names", None)
             if isinstance(names, list):
                 for i, n in enumerate(names):
                     if n == old_torch_name:
-                        names[i] = new
+                        names[i] = new_name
                         self.renamed += 1
-        registry = self.mesh._pg_registry
-        registry.pop(old_torch_name, None)
-        registry[new] = pg
-        log.debug("rank %d: mesh group %r renamed %s -> %s", self.rt.rank, name, old_torch_name, new)
+            registry = getattr(mesh, "_pg_registry", None)
+            if isinstance(registry, dict) and old_torch_name in registry:
+                del registry[old_torch_name]
+                registry[new_name] = pg
+        for info in infos:
+            attrs = vars(info)
+            for key in FSDP_GROUP_ATTRS:
+                if attrs.get(key) is old:
+                    attrs[key] = pg
+                    self.repointed += 1
+        log.debug("rank %d: mesh group %r rebuilt as %s (was %s)", self.rt.rank, name, new_name, old_torch_name)
 
-    def _find_meshes(self) -> list[dict[str, Any]]:
-        """The attribute dicts of the mesh, its flattened meshes and every live sub-mesh sliced from it."""
-        root = self.mesh
-        found = {id(root): vars(root)}
-        for flat in root._flatten_mapping.values():
-            found[id(flat)] = vars(flat)
-        for holder in gc.get_referrers(root):
-            attrs = vars(holder) if isinstance(holder, DeviceMesh) else holder if isinstance(holder, dict) else None
-            if attrs is not None and attrs.get("_root_mesh") is root and "_dim_group_names" in attrs:
-                found[id(attrs)] = attrs
-        return list(found.values())
+    def _targets(self) -> tuple[list[Any], list[Any]]:
+        """FSDP2's mesh infos in the followed modules, and every mesh to rewrite (each once)."""
+        infos: dict[int, Any] = {}
+        meshes: dict[int, Any] = {id(self.mesh): self.mesh}
+        for flat in self.mesh._flatten_mapping.values():
+            meshes[id(flat)] = flat
+        for info, mesh in _fsdp_meshes(self._modules):
+            if info is not None:
+                infos[id(info)] = info
+            meshes[id(mesh)] = mesh
+        return list(infos.values()), list(meshes.values())
 
     def group_of(self, dim: str) -> Any:
         """The live process group of this rank's group of mesh dimension ``dim``."""
@@ -151,7 +167,8 @@ class MeshGroups:
 
     def problems(self, module: Any = None) -> list[str]:
         """What resolves to a process group other than the runtime's live one of the same mesh group: the mesh
-        (by name and by its registry) and, given a module, every FSDP2 state in it. Empty when all follow."""
+        (by name, and by its registry) and, given a module, every FSDP2 state and DTensor parameter in it. Empty
+        when all follow."""
         out = []
         live = {}
         for d, dim in enumerate(self.dim_names):
@@ -159,46 +176,61 @@ class MeshGroups:
             if not self.rt.group_live(name):
                 out.append(f"group {name!r} is down")
                 continue
-            pg = live[dim] = self.group_of(dim)
+            pg = live[name] = self.group_of(dim)
             if self.mesh._dim_group_names[d] != str(pg.group_name):
                 out.append(f"mesh dimension {dim!r} names {self.mesh._dim_group_names[d]!r}, the live group "
                            f"{name!r} is {pg.group_name!r}")
             elif self.mesh.get_group(dim) is not pg:
                 out.append(f"mesh dimension {dim!r} resolves to another object than the live group {name!r}")
         if module is not None:
-            out += _fsdp_problems(module, set(map(id, live.values())))
-        return out
+            live_ids = {id(pg) for pg in live.values()}
+            live_names = {str(pg.group_name) for pg in live.values()}
+            for info, mesh in _fsdp_meshes([module]):
+                for key in FSDP_GROUP_ATTRS:
+                    pg = getattr(info, key, None) if info is not None else None
+                    if pg is not None and id(pg) not in live_ids:
+                        out.append(f"an FSDP2 mesh info's {key} is not a live mesh group")
+                stale = [n for n in getattr(mesh, "_dim_group_names", []) if n not in live_names]
+                if stale:
+                    out.append(f"a mesh of the module names {stale}, not a live mesh group")
+        return sorted(set(out))
 
     def close(self) -> None:
         """Stop following rebuilds (the runtime hook removed)."""
         self._remove()
 
 
-def _fsdp_problems(module: Any, live: set[int]) -> list[str]:
-    """FSDP2 states in ``module`` whose groups are not among the live ones (by object)."""
+def _fsdp_meshes(modules: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """``(mesh info or None, mesh)`` of every FSDP2 parameter group (its mesh infos) and every DTensor parameter
+    (its mesh) in ``modules``."""
     from torch.distributed.fsdp import FSDPModule
 
-    out = []
-    for fqn, m in module.named_modules():
-        if not isinstance(m, FSDPModule):
-            continue
-        group = m._get_fsdp_state()._fsdp_param_group
-        if group is None:
-            continue
-        info = group.mesh_info
-        for attr in ("shard_process_group", "replicate_process_group", "reduce_scatter_process_group"):
-            pg = getattr(info, attr, None)
-            if pg is not None and id(pg) not in live:
-                out.append(f"FSDP unit {fqn or '<root>'}: {attr} is not a live mesh group")
-    return out
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                group = m._get_fsdp_state()._fsdp_param_group
+                if group is not None:
+                    for holder in (group, *group.fsdp_params):
+                        for attr in ("mesh_info", "post_forward_mesh_info"):
+                            info = getattr(holder, attr, None)
+                            if info is not None:
+                                yield info, info.mesh
+                    for fsdp_param in group.fsdp_params:
+                        spmd = getattr(fsdp_param, "_spmd_mesh", None)
+                        if spmd is not None:
+                            yield None, spmd
+        for p in module.parameters():
+            spec = getattr(p, "_spec", None)
+            if spec is not None:
+                yield None, spec.mesh
 
 
 def build_mesh_groups(rt: Any, shape: Sequence[int], dim_names: Iterable[str], *, prefix: str = "mesh",
                       timeout_s: float = 600.0) -> MeshGroups:
     """Make the groups of a mesh of ``shape`` (``dim_names``) with the runtime and the ``DeviceMesh`` on them;
     every rank calls it, with the same arguments (module docstring). Give ``MeshGroups.names`` to the
-    lifecycle and ``MeshGroups.mesh`` to ``fully_shard``."""
+    lifecycle, ``MeshGroups.mesh`` to ``fully_shard``, and the sharded model to :meth:`MeshGroups.follow`."""
     return MeshGroups(rt, tuple(shape), tuple(dim_names), prefix=prefix, timeout_s=timeout_s)
 
 
-__all__ = ["MeshGroups", "build_mesh_groups", "mesh_group_names"]
+__all__ = ["FSDP_GROUP_ATTRS", "MeshGroups", "build_mesh_groups", "mesh_group_names"]

@@ -453,19 +453,11 @@ class TorchRuntime(Runtime):
             hook(name, old_torch_name, pg)
         return spec
 
-    def rebuild_in_place(self, name: str) -> None:
-        """Rebuild group ``name`` (made by :meth:`new_group`) in place: after each rebuild every Python reference
-        to its old process group names the new one, as for an adopted group ([Note: rebuilt in place] in
-        :mod:`refimpl.torch_runtime.foreign_groups`). For a group a framework builds objects on
-        (``DeviceMesh.from_group``, FSDP2)."""
-        self._entry(name)
-        self._adopted.in_place(name)
-
     def on_rebuilt(self, fn: Callable[[str, str, Any], None]) -> Callable[[], None]:
         """Call ``fn(name, old_torch_name, new_process_group)`` after each rebuild of a group (on the rebuilding
-        thread, after the references to the old object were re-pointed; ``new_process_group`` is None on a
-        non-member). Returns a function that removes the hook. What Python holds by name (a ``DeviceMesh``'s
-        group names) is rewritten from here."""
+        thread; after an adopted group's references were re-pointed; ``new_process_group`` is None on a
+        non-member). Returns a function that removes the hook. Whoever built objects on a group the runtime made
+        points them at the rebuilt one from here (:mod:`refimpl.torch_runtime.mesh_groups` for a mesh)."""
         self._rebuilt_hooks.append(fn)
 
         def remove() -> None:

@@ -2,10 +2,11 @@
 
 FSDP2 trains a small model over the mesh while every mesh group is destroyed and rebuilt between steps; a second
 model on a mesh of its own, never rebuilt, trains beside it. Checked: the two train to the same bits; while the
-groups are down torch holds no process group of the mesh; after each rebuild the mesh, a sub-mesh sliced before
-the destroy and every FSDP2 state resolve to the rebuilt groups (``problems()`` is empty and the names changed);
-the world group carries no collective; and with the hook removed a rebuild leaves the mesh naming a destroyed
-group, which ``problems()`` reports and a gather refuses (the check can fail). Wrong shapes are refused."""
+groups are down torch holds no process group of the mesh; after each rebuild the mesh, every FSDP2 state and (on
+the 2-D mesh) a third model sharded over the sub-mesh ``mesh["shard"]`` resolve to the rebuilt groups
+(``problems()`` is empty and the names changed) and train on; the world group carries no collective; and with the
+hook removed a rebuild leaves the mesh naming a destroyed group, which ``problems()`` reports and a gather refuses
+(the check can fail). Wrong shapes are refused."""
 import pytest
 
 from tests._dist import run_distributed
@@ -59,33 +60,39 @@ def _mesh_run(rank, world_size, shape):
             refused.append(str(e))
     moved = build_mesh_groups(rt, shape, dims, prefix="moved")
     still = build_mesh_groups(rt, shape, dims, prefix="still")
-    held = moved.mesh["shard"] if len(shape) == 2 else None  # a sub-mesh sliced before any destroy
     m1, o1 = _model(moved.mesh)
     m2, o2 = _model(still.mesh)
+    moved.follow(m1)
+    sub = None
+    if len(shape) == 2:  # FSDP over a sub-mesh sliced before any destroy, and the same over the mesh never rebuilt
+        sub, o3 = _model(moved.mesh["shard"])
+        twin, o4 = _model(still.mesh["shard"])
+        moved.follow(sub)
     out = {"names": moved.names, "mine": moved.mine, "refused": refused, "losses": [], "same_bits": [],
            "down": [], "problems": [], "renamed": [], "held": []}
     for step in range(3):
         out["losses"].append((_train(rank, m1, o1, step), _train(rank, m2, o2, step)))
         out["same_bits"].append(_bits(m1) == _bits(m2))
+        if sub is not None:
+            _train(rank, sub, o3, step), _train(rank, twin, o4, step)
+            out["held"].append(_bits(sub) == _bits(twin))
         before = list(moved.mesh._dim_group_names)
         for name in moved.names:
             rt.run(rt.destroy_group(name))
         out["down"].append([g["name"] for g in rt.live_process_groups() if g["name"].startswith("moved.")])
         for name in moved.names:
             rt.run(rt.recreate_group(name))
-        out["problems"].append(moved.problems(m1))
+        out["problems"].append(moved.problems(m1) + (moved.problems(sub) if sub is not None else []))
         now = list(moved.mesh._dim_group_names)
         out["renamed"].append(all(a != b for a, b in zip(before, now)) and
                               now == [str(moved.group_of(d).group_name) for d in dims])
-        if held is not None:
-            out["held"].append(held._dim_group_names == [now[-1]])
     out["world_collectives"] = dist.group.WORLD._get_sequence_number_for_group()
     moved.close()  # no longer followed: a rebuild leaves the mesh's names naming destroyed groups
     for name in moved.names:
         rt.run(rt.destroy_group(name))
     for name in moved.names:
         rt.run(rt.recreate_group(name))
-    out["stale"] = moved.problems()
+    out["stale"] = moved.problems(m1)
     try:
         _bits(m1)
         out["stale_gather"] = "gathered"
