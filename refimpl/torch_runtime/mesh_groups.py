@@ -37,9 +37,9 @@ The modules to follow are named with :meth:`MeshGroups.follow` (the model after
 ``fully_shard``); their states are read at each rebuild, so states made later
 (FSDP2's lazy init at the first forward) are covered. Nothing walks the heap:
 a rebuild costs a pass over the followed modules, not a scan of every Python
-object (a ``gc.get_referrers`` over a process with ``transformers`` loaded
-holds the interpreter for tens of milliseconds, on the thread that runs a
-resume beside the training step's start). What the followed modules and the
+object (a ``gc.get_referrers`` visits every object the collector tracks and
+holds the interpreter meanwhile, on the thread that runs a resume beside the
+training step's start). What the followed modules and the
 mesh do not reach (a sub-mesh or a group object kept elsewhere) is the
 caller's to refresh; :meth:`MeshGroups.problems` says what, of the mesh and a
 module's FSDP2 states, does not resolve to the runtime's live group: the
@@ -153,7 +153,7 @@ class MeshGroups:
         """FSDP2's mesh infos in the followed modules, and every mesh to rewrite (each once)."""
         infos: dict[int, Any] = {}
         meshes: dict[int, Any] = {id(self.mesh): self.mesh}
-        for flat in self.mesh._flatten_mapping.values():
+        for flat in getattr(self.mesh, "_flatten_mapping", {}).values():  # (a torch without it keeps them elsewhere)
             meshes[id(flat)] = flat
         for info, mesh in _fsdp_meshes(self._modules):
             if info is not None:
