@@ -72,8 +72,9 @@ def trainer_groups(rt: Any, cfg: StepConfig, world_size: int, device: torch.devi
 
     mg = build_mesh_groups(rt, shape, dims, prefix=MESH_PREFIX)
     loss = tuple(mg.mine[d] for d, n in zip(dims, shape) if n > 1)
-    # the sync-first gather runs before the pause; a sync after the rollout gathers over the shard groups
-    sync = frozenset() if cfg.sync_first else frozenset(mg.by_dim["shard"])
+    # the sync-first gather runs before the pause; a sync after the rollout gathers over the shard groups, unless
+    # they have one rank each (a gather over one rank runs no collective)
+    sync = frozenset() if cfg.sync_first or shape[-1] == 1 else frozenset(mg.by_dim["shard"])
     return TrainerGroups(mesh=mg.mesh, lifecycle=mg.names, loss=loss, check=CONTROL_GROUP, sync=sync, managed=mg)
 
 

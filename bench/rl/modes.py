@@ -66,11 +66,14 @@ class SwitchDriver:
     """
 
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any, *,
-                 sync_first: bool = False, rebuild_ahead: bool = False, model: Any = None) -> None:
+                 sync_first: bool = False, rebuild_ahead: bool = False, model: Any = None,
+                 sync_needs_groups: bool = False) -> None:
         """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
         streamed reload is finished before the first of them steps. ``sync_first``: the weight sync runs before
         the offload (:meth:`sync_resident`), so the reload phase brings everything back. ``rebuild_ahead`` (off
-        the sequential mode; needs ``model``, the trainer's root module): [Note: rebuild ahead]."""
+        the sequential mode; needs ``model``, the trainer's root module): [Note: rebuild ahead].
+        ``sync_needs_groups``: the weight sync after the rollout gathers over the lifecycle's groups, which then
+        come back before it (:meth:`weight_sync`)."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
@@ -80,6 +83,9 @@ class SwitchDriver:
         self.mode, self.lc, self.store = mode, lifecycle, store
         self.sync_first = sync_first
         self.rebuild_ahead = rebuild_ahead and mode != "sequential"
+        self.wake_for_sync = sync_needs_groups and not sync_first
+        #: the groups came back for this switch's weight sync (the reload phase has no resume to run)
+        self.woken = False
         self.t0 = clock.t0
         self._ahead: tuple[dict[str, Any], Any] | None = None
         self.sync, self.stream_sync = clock.sync, clock.stream_sync
@@ -148,8 +154,15 @@ class SwitchDriver:
     def weight_sync(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
         """The weight-sync phase: params back, then the gather into the rollout copy. Off the sequential mode both
         reloads are streamed and issued first (the params' copies, the rest's behind them), so each parameter's
-        gather waits on the device for its own bytes while later ones are still copying."""
-        def fn() -> None:
+        gather waits on the device for its own bytes while later ones are still copying.
+
+        With ``wake_for_sync`` (the gather runs over the lifecycle's groups: a managed mesh of several ranks) the
+        groups come back first, for the sync and the training step after it: the lifecycle's resume (ahead on a
+        thread with ``rebuild_ahead``, joined before the gather's first collective), then the sync under
+        ``PGLifecycle.weight_sync`` from ACTIVE (agreed; it arms preservation as a sync after a pause does), and
+        the reload phase finds them up. Otherwise the sync would rebuild them and take them down again, and the
+        resume rebuild them once more after the cooldown their second destroy started."""
+        def issue() -> None:
             t = time.perf_counter()
             if self.switch is None:
                 self.store.reload("params")
@@ -158,12 +171,33 @@ class SwitchDriver:
                 self.store.reload("params", stream=True)
                 self.store.reload(stream=True)
             s["reload_params_store_s"] = time.perf_counter() - t  # streamed: the time to issue both
+
+        def gather() -> None:
             t = time.perf_counter()
             sync_weights()
             self.stream_sync()
             s["gather_copy_s"] = time.perf_counter() - t
 
-        self.life.weight_sync(fn)
+        if not self.wake_for_sync:
+            self.life.weight_sync(lambda: (issue(), gather()))
+            return
+        self._wake(s)
+        issue()
+        self.join_ahead()
+        self.life.weight_sync(gather)
+        self.woken = True
+
+    def _wake(self, s: dict[str, Any]) -> None:
+        """The lifecycle's resume: on a thread with ``rebuild_ahead`` (joined by :meth:`join_ahead`), else here."""
+        from refimpl.comm.overlap import RESUME
+
+        if self.rebuild_ahead:
+            self.switch.resume(join=False, background=True)
+            self._ahead = (s, self.switch.running(RESUME))
+        elif self.switch is None:
+            self.life.resume()
+        else:
+            self.switch.resume()
 
     def sync_resident(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
         """``sync_first``: the weight-sync phase before the offload, the gather reading the params where training
@@ -175,28 +209,28 @@ class SwitchDriver:
         s["gather_copy_s"] = time.perf_counter() - t
 
     def resume(self, s: dict[str, Any]) -> None:
-        """The reload phase: the groups come back; the rest of the state too (streamed: still on its way); with
-        ``sync_first`` all of it, params first (off the sequential mode issued before the resume, streamed). With
-        ``rebuild_ahead`` the resume starts first, on a thread, and is joined by the next forward."""
-        from refimpl.comm.overlap import RESUME
-
+        """The reload phase: the groups come back (unless they came back for the weight sync); the rest of the
+        state too (streamed: still on its way); with ``sync_first`` all of it, params first (off the sequential
+        mode issued before the resume, streamed). With ``rebuild_ahead`` the resume starts first, on a thread, and
+        is joined by the next forward."""
+        woken, self.woken = self.woken, False
         t = time.perf_counter()
-        if self.rebuild_ahead:  # the rebuild's host work starts at the rollout's end, beside the copies' issue
-            self.switch.resume(join=False, background=True)
-            self._ahead = (s, self.switch.running(RESUME))
+        if self.rebuild_ahead and not woken:  # the rebuild's host work starts at the rollout's end, beside the issue
+            self._wake(s)
         if self.switch is not None and self.sync_first:
             self.store.reload(stream=True)
         if self.switch is None:
-            self.life.resume()
+            if not woken:
+                self.life.resume()
             t = time.perf_counter()
             self.store.reload()
             self.sync()
         elif self.mode == "overlapped":
-            if not self.rebuild_ahead:
+            if not (self.rebuild_ahead or woken):
                 self.switch.resume()
             self.store.finish_reload()
         else:  # the resume (and the warm-up of rebuilt groups) beside the copies; the rest streams on into training
-            if not self.rebuild_ahead:
+            if not (self.rebuild_ahead or woken):
                 self.switch.resume()
             self.train_start = "stream"
         s["reload_rest_store_s"] = time.perf_counter() - t

@@ -18,12 +18,14 @@
                 allocator; ``driver``: ``empty_cache`` after the rollout (docs/store.md compares the two).
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather each full parameter
                 (``DTensor.full_tensor``) and copy it into the rollout weights
-                (:class:`bench.rl.weights.RolloutWeights`). With ``sync_first`` this phase comes right after
+                (:class:`bench.rl.weights.RolloutWeights`); where the gather runs over the lifecycle's
+                groups (a managed mesh of several ranks) :meth:`PGLifecycle.resume` brings them back first and
+                the sync runs from ACTIVE (:meth:`bench.rl.modes.SwitchDriver.weight_sync`). With ``sync_first`` this phase comes right after
                 ``train``, before the offload (verl's order: the rollout generates with the weights just
                 trained): the gather reads the params where training left them, nothing is reloaded for it,
                 and the lifecycle's groups are still up (the sync uses none of them, so it is not under
                 :meth:`PGLifecycle.weight_sync`; ``PAUSED_LIVE`` then never arms preservation).
-``reload``      :meth:`PGLifecycle.resume` and the store's reload of the rest.
+``reload``      :meth:`PGLifecycle.resume` (unless the weight sync ran it) and the store's reload of the rest.
 
 How the offload, weight sync and reload run their copies beside the lifecycle is the mode's
 (:class:`bench.rl.modes.SwitchDriver`). After every sync, outside the timed phases, at a quiet point after the
@@ -99,7 +101,8 @@ class ColocatedStep:
         #: one record per switch step, in order
         self.steps: list[dict[str, Any]] = []
         self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first,
-                                   rebuild_ahead=cfg.rebuild_ahead, model=trainer.model)
+                                   rebuild_ahead=cfg.rebuild_ahead, model=trainer.model,
+                                   sync_needs_groups=bool(groups.sync))
         self.profiler = StretchProfiler(cfg.profile and rank == 0, cfg.out, self.cuda)
 
     def train(self, step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:
