@@ -118,6 +118,10 @@ def test_step_config_refuses_bad_values():
         StepConfig(free="pool")
     with pytest.raises(ValueError, match="steps must be >= 1"):
         StepConfig(steps=0)
+    with pytest.raises(ValueError, match="needs sync_first and offload_in_backward"):
+        StepConfig(sync_in_backward=True, sync_first=True)
+    assert StepConfig(sync_first=True, offload_in_backward=True).sync_in_backward is True  # on exactly then
+    assert StepConfig(sync_first=True).sync_in_backward is False
 
 
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
@@ -239,6 +243,8 @@ def _check_switch_ngpu(on, off, n_groups):
         # the sync ran in the backward, unit by unit, and left nothing to the weight-sync phase
         early = s["early_sync"]
         assert [u["unit"] for u in early["units"]] == list(range(len(on["early_units_bytes"])))
+        at = [u["at_s"] for u in early["units"]]  # issued one after the other inside the step's training phase
+        assert at == sorted(at) and spans[(k, "train")]["start_s"] <= at[0] <= at[-1] <= spans[(k, "train")]["end_s"]
         assert early["bytes"] == sum(u["bytes"] for u in early["units"]) > 0
     assert len(set(names)) == len(names)  # the mesh named new groups after every rebuild
     terms = on["summary"]["ngpu"]

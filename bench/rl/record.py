@@ -17,7 +17,8 @@ run is cut short) and ``rl_step_<world>.png``, a timeline of the phases (:func:`
   and agreement where the next forward joined it; :func:`resume_ahead_spans`), ``early_sync`` (the weight
   sync in the backward, per FSDP unit in the order the backward steps them: bytes, host and device seconds),
   ``mesh_problems`` / ``mesh_names`` (what the mesh resolves to after the step's rebuild); per run ``mesh``,
-  ``mesh_dims``, ``mesh_groups``, ``world_collectives`` and ``process_groups_at_end``;
+  ``mesh_dims``, ``mesh_groups``, ``trainer_groups`` (which groups the lifecycle manages and which carry the
+  loss, the weight check and the weight sync), ``world_collectives`` and ``process_groups_at_end``;
 * ``summary`` (:func:`summarize`): per-phase seconds (the mean over the steps after the first, which pinned its
   host memory), the switch overhead (offload + weight_sync + reload) and the time the copies alone need at the
   line rates measured in the same run, the switch cost (:func:`switch_costs`) against the same copy time

@@ -51,11 +51,14 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
         groups.managed.follow(trainer.model)
     rec["params"], rec["mesh"] = trainer.params, list(trainer.mesh.shape)
     rec["mesh_dims"], rec["mesh_groups"] = list(trainer.mesh.mesh_dim_names or ()), list(groups.lifecycle)
+    # which groups carry what (a managed mesh of one rank carries nothing: no communicator at all)
+    rec["trainer_groups"] = {"managed_mesh": groups.managed is not None, "lifecycle": list(groups.lifecycle),
+                             "loss": list(groups.loss), "check": groups.check, "sync": sorted(groups.sync)}
     rollout_dtype = torch.bfloat16 if mixed else torch.float32
     rollout = build_rollout(mcfg, device, rollout_dtype)
     store = open_store(rt, device, cfg, trainer, rec)
     weights = RolloutWeights(rt, device, trainer.model, rollout, rollout_dtype, check_group=groups.check,
-                             gather_in_rollout_dtype=cfg.gather_in_rollout_dtype)
+                             gather_in_rollout_dtype=cfg.gather_in_rollout_dtype, clock_t0=clock.t0)
     if cfg.sync_in_backward:  # each unit gathered into the rollout copy right after its step in the backward
         weights.set_units(trainer.units)
         trainer.stepper.on_stepped = weights.sync_unit

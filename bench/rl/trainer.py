@@ -27,7 +27,7 @@ class Trainer:
     model: Any
     #: parameters of the whole model (before sharding)
     params: int
-    #: the FSDP device mesh, ``(replicate, shard)`` on two or more ranks
+    #: the FSDP device mesh (:func:`mesh_layout`)
     mesh: Any
     #: the FSDP units' parameters in the order a backward reduces them (:func:`fsdp_units`)
     units: list[list[torch.nn.Parameter]]

@@ -53,12 +53,15 @@ class RolloutWeights:
     """The rollout role's unsharded copy of the trainer's weights (in ``dtype``): the sync into it and its check.
 
     ``rt``: the runtime whose group ``check_group`` the digests are compared over (run where no group of the
-    lifecycle needs to be up); ``gather_in_rollout_dtype``: cast each sharded param before its gather."""
+    lifecycle needs to be up); ``gather_in_rollout_dtype``: cast each sharded param before its gather;
+    ``clock_t0``: the phases' clock's zero (``time.perf_counter()``), where the sync in the backward places its
+    units."""
 
     def __init__(self, rt: Any, device: torch.device, trainer: torch.nn.Module, rollout: torch.nn.Module,
-                 dtype: torch.dtype, *, check_group: str = "world", gather_in_rollout_dtype: bool = True) -> None:
+                 dtype: torch.dtype, *, check_group: str = "world", gather_in_rollout_dtype: bool = True,
+                 clock_t0: float = 0.0) -> None:
         self.rt, self.device, self.trainer, self.dtype = rt, device, trainer, dtype
-        self.check_group, self.cast_first = check_group, gather_in_rollout_dtype
+        self.check_group, self.cast_first, self.t0 = check_group, gather_in_rollout_dtype, clock_t0
         self.params = dict(rollout.named_parameters())
         self._trainer_params = dict(trainer.named_parameters())
         self._units: list[list[str]] = []
@@ -70,7 +73,7 @@ class RolloutWeights:
         """The whole parameter ``p`` in the rollout's dtype (cast before the gather with ``gather_in_rollout_dtype``:
         an elementwise cast gives the same bits on either side of an all-gather)."""
         if self.cast_first:
-            return full_tensor(p.detach().to(self.dtype)).to(self.dtype)
+            return full_tensor(p.detach().to(self.dtype))
         return full_tensor(p).to(self.dtype)
 
     def sync(self) -> None:
@@ -89,8 +92,8 @@ class RolloutWeights:
         joins it). Every rank calls it for the same units in the same order (a training step's backward)."""
         t = time.perf_counter()
         names = self._units[i]
-        row: dict[str, Any] = {"unit": i, "bytes": sum(self.params[n].numel() * self.params[n].element_size()
-                                                       for n in names)}
+        row: dict[str, Any] = {"unit": i, "at_s": t - self.t0,
+                               "bytes": sum(self.params[n].numel() * self.params[n].element_size() for n in names)}
         if self.device.type == "cuda":
             if self._side is None:
                 self._side = torch.cuda.Stream(self.device)
@@ -110,8 +113,9 @@ class RolloutWeights:
 
     def finish_early(self) -> dict[str, Any]:
         """After the backward: the compute stream waits for the side stream; the record of the units synced since
-        the last call (per unit ``bytes``, ``issue_s`` on the host and, on CUDA, ``device_s`` between events on
-        the side stream; the device is synchronised to read them)."""
+        the last call (per unit ``at_s``, when its sync was issued on the phases' clock, ``bytes``, ``issue_s`` on
+        the host and, on CUDA, ``device_s`` between events on the side stream; the side stream is synchronised
+        to read them)."""
         if self._side is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side)
             self._side.synchronize()

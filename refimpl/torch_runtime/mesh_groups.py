@@ -112,6 +112,10 @@ class MeshGroups:
         layout = torch.arange(math.prod(self.shape), dtype=torch.int).view(*self.shape)
         self.mesh: DeviceMesh = DeviceMesh.from_group([self._pgs[self.mine[d]] for d in self.dim_names],
                                                       rt.device.type, mesh=layout, mesh_dim_names=self.dim_names)
+        if not isinstance(getattr(self.mesh, "_dim_group_names", None), list):
+            raise GroupError(f"torch {torch.__version__}'s DeviceMesh keeps no list of group names "
+                             "(_dim_group_names), so a rebuild cannot be followed; use a torch that has it (2.8 or "
+                             "later) or leave the mesh's groups outside the lifecycle")
         self._modules: list[Any] = []
         #: over every rebuild: names rewritten in meshes, group attributes re-pointed in FSDP2's mesh infos
         self.renamed = 0
@@ -163,6 +167,8 @@ class MeshGroups:
 
     def group_of(self, dim: str) -> Any:
         """The live process group of this rank's group of mesh dimension ``dim``."""
+        if dim not in self.mine:
+            raise ValueError(f"the mesh has no dimension {dim!r}; its dimensions are {self.dim_names}")
         return self.rt.process_group(self.mine[dim])
 
     def problems(self, module: Any = None) -> list[str]:
