@@ -9,6 +9,7 @@ the rollout gets the trainer's weights, checked bitwise after every sync. Read i
 :mod:`bench.rl.modes`        how a switch runs: ``sequential``, ``overlapped``, ``streamed``, and the sync first
 :mod:`bench.rl.early_copies` the optimizer stepped in the backward, each unit's state copied early
 :mod:`bench.rl.trainer`      the trainer role (FSDP2 / HSDP, its optimizers)
+:mod:`bench.rl.groups`       the trainer's process groups: the mesh's, under the lifecycle, and which carries what
 :mod:`bench.rl.rollout`      the rollout role (generation into a KV cache in the memory the trainer freed)
 :mod:`bench.rl.weights`      the weight sync's copy and its bitwise check
 :mod:`bench.rl.record`       what is written: spans, step records, the summary and the switch cost

@@ -60,6 +60,25 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="the weight sync before the offload, from the trainer's params where training left them "
                     "(verl's order: the rollout generates with the weights just trained); the reload then brings "
                     "everything back, streamed off the sequential mode")
+    ap.add_argument("--managed-mesh", action=argparse.BooleanOptionalAction, default=True,
+                    help="build the FSDP mesh on groups the lifecycle takes down at the pause and rebuilds in place "
+                    "(DeviceMesh.from_group), the loss reduced over them and the weight check over the Gloo control "
+                    "group, so no NCCL communicator of the trainer lives through the rollout (default); "
+                    "--no-managed-mesh: init_device_mesh's groups, which the lifecycle does not manage")
+    ap.add_argument("--flat-mesh", action=argparse.BooleanOptionalAction, default=True,
+                    help="leave a replicate dimension of one rank out of the mesh: FSDP over the shard groups alone "
+                    "instead of HSDP with a one-rank all-reduce per unit (default)")
+    ap.add_argument("--rebuild-ahead", action=argparse.BooleanOptionalAction, default=True,
+                    help="off the sequential mode, run the lifecycle's resume (cooldown, rebuild, warm-up) on a "
+                    "thread from the rollout's end, beside the reload's copies, joined in a pre-hook of the next "
+                    "forward before its first collective (default)")
+    ap.add_argument("--sync-in-backward", action=argparse.BooleanOptionalAction, default=None,
+                    help="with --sync-first and --offload-in-backward: gather each FSDP unit's params into the "
+                    "rollout copy right after the unit's optimizer step in the backward (on a side stream on "
+                    "CUDA), so no weight sync is left after the step (default: on exactly then)")
+    ap.add_argument("--gather-in-rollout-dtype", action=argparse.BooleanOptionalAction, default=True,
+                    help="the weight sync casts each sharded param to the rollout's dtype before gathering it "
+                    "(half the bytes with bf16; the same bits) (default)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -70,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       mixed_precision={"auto": None, "on": True, "off": False}[a.mixed_precision],
                       profile=a.profile, stream_window_mib=a.stream_window_mib, stream_sm_ctas=a.stream_sm_ctas,
                       batch_ahead=a.batch_ahead, offload_in_backward=a.offload_in_backward, sync_first=a.sync_first,
+                      managed_mesh=a.managed_mesh, flat_mesh=a.flat_mesh, rebuild_ahead=a.rebuild_ahead,
+                      sync_in_backward=a.sync_in_backward, gather_in_rollout_dtype=a.gather_in_rollout_dtype,
                       **{**small, **kw})
 
 

@@ -34,12 +34,25 @@ class StepConfig:
     batch_ahead: bool = True  # the next training batch copied to the device at the rollout's end, before the reloads
     offload_in_backward: bool = False  # the optimizer stepped per FSDP unit in the backward, its state copied early
     sync_first: bool = False  # the weight sync before the offload, from the trainer's resident params (verl's order)
+    # the switch on several GPUs (bench/rl/mesh.py, bench/rl/modes.py; docs/comm.md, "The switch on N GPUs"):
+    managed_mesh: bool = True  # the FSDP mesh on groups the lifecycle takes down; no collective on the world group
+    flat_mesh: bool = True  # a replicate dimension of one rank left out of the mesh (1-D FSDP instead of (1, N) HSDP)
+    rebuild_ahead: bool = True  # off the sequential mode: the resume on a thread from the rollout's end, joined in
+    #                             the first forward's pre-hook
+    sync_in_backward: bool | None = None  # with sync_first and early copies: each unit gathered into the rollout
+    #                                       copy right after its step; None: on exactly then
+    gather_in_rollout_dtype: bool = True  # the weight sync gathers params already cast to the rollout's dtype
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
             raise ValueError(f"free must be 'driver' or 'allocator', got {self.free!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.sync_in_backward is None:
+            self.sync_in_backward = self.sync_first and self.offload_in_backward
+        if self.sync_in_backward and not (self.sync_first and self.offload_in_backward):
+            raise ValueError("sync_in_backward gathers each unit right after its optimizer step in the backward: it "
+                             "needs sync_first and offload_in_backward (--sync-first --offload-in-backward)")
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

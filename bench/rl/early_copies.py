@@ -3,7 +3,7 @@ state handed to the store for its device-to-host copies right after its step."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -18,11 +18,14 @@ class StepInBackward:
     device-to-host copies run under the rest of the backward and the offload takes them over ([Note: early
     copies] in the store). No global gradient clipping or accumulation across backward calls fits this step
     (each unit steps on its own gradients as they arrive). :meth:`finish` after the backward steps a unit some
-    of whose parameters got no gradient.
+    of whose parameters got no gradient. ``on_stepped(i)``, when given, runs after unit ``i``'s early copies in a
+    step with ``early`` set: the weight sync in the backward (:meth:`bench.rl.weights.RolloutWeights.sync_unit`).
     """
 
-    def __init__(self, units: list[list[torch.nn.Parameter]], optims: list[Any], store: Any) -> None:
+    def __init__(self, units: list[list[torch.nn.Parameter]], optims: list[Any], store: Any,
+                 on_stepped: Callable[[int], None] | None = None) -> None:
         self.units, self.optims, self.store = units, optims, store
+        self.on_stepped = on_stepped
         self.early = False
         self._count = [0] * len(units)
         self._stepped = [False] * len(units)
@@ -41,6 +44,8 @@ class StepInBackward:
         self._stepped[i] = True
         if self.early:
             self.store.copy_early(self._state(i))
+            if self.on_stepped is not None:
+                self.on_stepped(i)
 
     def _state(self, i: int) -> list[torch.Tensor]:
         """Unit ``i``'s parameters and their optimizer state on the parameters' device (AdamW's step counters, on

@@ -28,6 +28,21 @@ With ``--sync-first`` (any mode) the weight sync comes before the offload, readi
 training left them (:meth:`SwitchDriver.sync_resident`), and the reload phase brings the whole state back. Early
 copies (``--offload-in-backward``) are the trainer's: :class:`bench.rl.early_copies.StepInBackward`. What a
 switch costs the step is counted in the record ([Note: switch cost] in :mod:`bench.rl.record`).
+
+[Note: rebuild ahead] With ``rebuild_ahead`` (``--rebuild-ahead``, the default) off the
+sequential mode, the reload phase starts the lifecycle's resume on a worker
+thread first (``OverlappedSwitch.resume(join=False, background=True)``: the
+cooldown's rest, the rebuild of the trainer's groups and the warm-up that
+creates their communicators) and then issues the reload's copies, so the
+rebuild runs beside the copies and the phase ends once they are issued. A
+forward pre-hook on the trainer's model, ahead of FSDP2's own, joins it
+(the thread, then one agreement on the control group) before the training
+step's first collective: the first FSDP all-gather waits for the rebuilt
+groups, not the reload phase. Nothing between the two runs a collective on the
+trainer's groups or the control group, so the thread's agreements never
+interleave with the caller's. The step's record holds where the thread ran,
+the wait at the join and the agreement (``resume_ahead``); docs/comm.md, "The
+switch on N GPUs", says what it hides and what it costs.
 """
 from __future__ import annotations
 
@@ -51,16 +66,28 @@ class SwitchDriver:
     """
 
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any, *,
-                 sync_first: bool = False) -> None:
+                 sync_first: bool = False, rebuild_ahead: bool = False, model: Any = None,
+                 sync_needs_groups: bool = False) -> None:
         """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
         streamed reload is finished before the first of them steps. ``sync_first``: the weight sync runs before
-        the offload (:meth:`sync_resident`), so the reload phase brings everything back."""
+        the offload (:meth:`sync_resident`), so the reload phase brings everything back. ``rebuild_ahead`` (off
+        the sequential mode; needs ``model``, the trainer's root module): [Note: rebuild ahead].
+        ``sync_needs_groups``: the weight sync after the rollout gathers over the lifecycle's groups, which then
+        come back before it (:meth:`weight_sync`)."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
             raise ValueError(f"switch mode {mode!r} is not one of {MODES}")
+        if rebuild_ahead and mode != "sequential" and model is None:
+            raise ValueError("rebuild_ahead joins the resume in a forward pre-hook of the trainer's model: pass model")
         self.mode, self.lc, self.store = mode, lifecycle, store
         self.sync_first = sync_first
+        self.rebuild_ahead = rebuild_ahead and mode != "sequential"
+        self.wake_for_sync = sync_needs_groups and not sync_first
+        #: the groups came back for this switch's weight sync (the reload phase has no resume to run)
+        self.woken = False
+        self.t0 = clock.t0
+        self._ahead: tuple[dict[str, Any], Any] | None = None
         self.sync, self.stream_sync = clock.sync, clock.stream_sync
         self.life = lifecycle.sync
         self.switch = OverlappedSwitch(lifecycle) if mode != "sequential" else None
@@ -71,6 +98,39 @@ class SwitchDriver:
         self.train_start = "device"
         optims = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         self._hooks = [o.register_step_pre_hook(self._before_step) for o in optims] if mode == "streamed" else []
+        if self.rebuild_ahead:  # prepended: ahead of FSDP2's root pre-forward and its first all-gather
+            self._hooks.append(model.register_forward_pre_hook(self._before_forward, prepend=True))
+
+    @property
+    def ahead_pending(self) -> bool:
+        """A resume started ahead (:meth:`resume`) is not joined yet."""
+        return self._ahead is not None
+
+    def _before_forward(self, _module: Any, _args: Any) -> None:
+        """Rebuild ahead: the first forward after a switch joins the resume before its first collective."""
+        self.join_ahead()
+
+    def join_ahead(self) -> None:
+        """Wait for a resume started ahead (its thread, then the agreement on its outcome) and write where it ran
+        into its step's ``resume_ahead``: seconds on the phases' clock; nothing when none is pending."""
+        from refimpl.comm.overlap import RESUME
+
+        if self._ahead is None:
+            return
+        s, bg = self._ahead
+        self._ahead = None
+        t = time.perf_counter()
+        try:
+            bg.join()
+        except BaseException:  # noqa: BLE001 - raised on every rank by the agreement below
+            pass
+        waited = time.perf_counter()
+        self.switch.join([RESUME])
+        agreed = time.perf_counter()
+        s["resume_ahead"] = {"start_s": bg.started_at - self.t0, "end_s": bg.ended_at - self.t0,
+                             "thread_s": bg.ended_at - bg.started_at, "join_at_s": t - self.t0,
+                             "join_wait_s": waited - t, "join_agree_s": agreed - waited}
+        s["lifecycle_state"] = self.lc.state.name
 
     def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         """Streamed: the reload still streaming under the forward and backward is finished before the optimizer
@@ -94,8 +154,15 @@ class SwitchDriver:
     def weight_sync(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
         """The weight-sync phase: params back, then the gather into the rollout copy. Off the sequential mode both
         reloads are streamed and issued first (the params' copies, the rest's behind them), so each parameter's
-        gather waits on the device for its own bytes while later ones are still copying."""
-        def fn() -> None:
+        gather waits on the device for its own bytes while later ones are still copying.
+
+        With ``wake_for_sync`` (the gather runs over the lifecycle's groups: a managed mesh of several ranks) the
+        groups come back first, for the sync and the training step after it: the lifecycle's resume (ahead on a
+        thread with ``rebuild_ahead``, joined before the gather's first collective), then the sync under
+        ``PGLifecycle.weight_sync`` from ACTIVE (agreed; it arms preservation as a sync after a pause does), and
+        the reload phase finds them up. Otherwise the sync would rebuild them and take them down again, and the
+        resume rebuild them once more after the cooldown their second destroy started."""
+        def issue() -> None:
             t = time.perf_counter()
             if self.switch is None:
                 self.store.reload("params")
@@ -104,12 +171,33 @@ class SwitchDriver:
                 self.store.reload("params", stream=True)
                 self.store.reload(stream=True)
             s["reload_params_store_s"] = time.perf_counter() - t  # streamed: the time to issue both
+
+        def gather() -> None:
             t = time.perf_counter()
             sync_weights()
             self.stream_sync()
             s["gather_copy_s"] = time.perf_counter() - t
 
-        self.life.weight_sync(fn)
+        if not self.wake_for_sync:
+            self.life.weight_sync(lambda: (issue(), gather()))
+            return
+        self._wake(s)
+        issue()
+        self.join_ahead()
+        self.life.weight_sync(gather)
+        self.woken = True
+
+    def _wake(self, s: dict[str, Any]) -> None:
+        """The lifecycle's resume: on a thread with ``rebuild_ahead`` (joined by :meth:`join_ahead`), else here."""
+        from refimpl.comm.overlap import RESUME
+
+        if self.rebuild_ahead:
+            self.switch.resume(join=False, background=True)
+            self._ahead = (s, self.switch.running(RESUME))
+        elif self.switch is None:
+            self.life.resume()
+        else:
+            self.switch.resume()
 
     def sync_resident(self, s: dict[str, Any], sync_weights: Callable[[], None]) -> None:
         """``sync_first``: the weight-sync phase before the offload, the gather reading the params where training
@@ -121,27 +209,36 @@ class SwitchDriver:
         s["gather_copy_s"] = time.perf_counter() - t
 
     def resume(self, s: dict[str, Any]) -> None:
-        """The reload phase: the groups come back; the rest of the state too (streamed: still on its way); with
-        ``sync_first`` all of it, params first (off the sequential mode issued before the resume, streamed)."""
+        """The reload phase: the groups come back (unless they came back for the weight sync); the rest of the
+        state too (streamed: still on its way); with ``sync_first`` all of it, params first (off the sequential
+        mode issued before the resume, streamed). With ``rebuild_ahead`` the resume starts first, on a thread, and
+        is joined by the next forward."""
+        woken, self.woken = self.woken, False
         t = time.perf_counter()
+        if self.rebuild_ahead and not woken:  # the rebuild's host work starts at the rollout's end, beside the issue
+            self._wake(s)
         if self.switch is not None and self.sync_first:
             self.store.reload(stream=True)
         if self.switch is None:
-            self.life.resume()
+            if not woken:
+                self.life.resume()
             t = time.perf_counter()
             self.store.reload()
             self.sync()
         elif self.mode == "overlapped":
-            self.switch.resume()
+            if not (self.rebuild_ahead or woken):
+                self.switch.resume()
             self.store.finish_reload()
         else:  # the resume (and the warm-up of rebuilt groups) beside the copies; the rest streams on into training
-            self.switch.resume()
+            if not (self.rebuild_ahead or woken):
+                self.switch.resume()
             self.train_start = "stream"
         s["reload_rest_store_s"] = time.perf_counter() - t
 
     def after_train(self) -> None:
         """After a training step (untimed): a resume still beside it joined, a streamed reload's tensors that
         the step did not touch handed over and its layouts made resident."""
+        self.join_ahead()
         if self.switch is not None and self.switch.pending:
             self.switch.join()
         if self.switch is not None:

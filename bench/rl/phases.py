@@ -1,10 +1,12 @@
 """The phases of one colocated RL step on one rank, in order, each timed between device synchronisations.
 
-``train``       forward/backward/step on the previous rollout's sequences; the loss is averaged over the
-                trainer's group ``trainer.dp``. With early copies each FSDP unit steps its own AdamW inside
+``train``       forward/backward/step on the previous rollout's sequences; the loss is averaged over every
+                rank (over the mesh's groups, or ``trainer.dp`` without a managed mesh:
+                :mod:`bench.rl.groups`). With early copies each FSDP unit steps its own AdamW inside
                 the backward and, in a step before a switch, hands its params and state to
                 ``OffloadStore.copy_early`` (:class:`bench.rl.early_copies.StepInBackward`): the offload's
-                copies run here.
+                copies run here; with the sync in the backward each unit's params are gathered into the
+                rollout copy right after too, and the ``weight_sync`` phase only ends it.
 ``offload``     :meth:`PGLifecycle.pause` with ``release_memory`` = the store's offload of params, grads and
                 optimizer state.
 ``rollout``     the rollout role allocates its KV cache, generates, frees it, and hands its sequences to the
@@ -16,12 +18,14 @@
                 allocator; ``driver``: ``empty_cache`` after the rollout (docs/store.md compares the two).
 ``weight_sync`` :meth:`PGLifecycle.weight_sync`: reload the params, gather each full parameter
                 (``DTensor.full_tensor``) and copy it into the rollout weights
-                (:class:`bench.rl.weights.RolloutWeights`). With ``sync_first`` this phase comes right after
+                (:class:`bench.rl.weights.RolloutWeights`); where the gather runs over the lifecycle's
+                groups (a managed mesh of several ranks) :meth:`PGLifecycle.resume` brings them back first and
+                the sync runs from ACTIVE (:meth:`bench.rl.modes.SwitchDriver.weight_sync`). With ``sync_first`` this phase comes right after
                 ``train``, before the offload (verl's order: the rollout generates with the weights just
                 trained): the gather reads the params where training left them, nothing is reloaded for it,
                 and the lifecycle's groups are still up (the sync uses none of them, so it is not under
                 :meth:`PGLifecycle.weight_sync`; ``PAUSED_LIVE`` then never arms preservation).
-``reload``      :meth:`PGLifecycle.resume` and the store's reload of the rest.
+``reload``      :meth:`PGLifecycle.resume` (unless the weight sync ran it) and the store's reload of the rest.
 
 How the offload, weight sync and reload run their copies beside the lifecycle is the mode's
 (:class:`bench.rl.modes.SwitchDriver`). After every sync, outside the timed phases, at a quiet point after the
@@ -39,21 +43,25 @@ import torch
 
 from bench.rl.clock import PhaseClock
 from bench.rl.config import StepConfig
+from bench.rl.groups import TrainerGroups
 from bench.rl.modes import SwitchDriver
 from bench.rl.profiling import StretchProfiler
 from bench.rl.rollout import generate, next_batch
 from bench.rl.trainer import Trainer
 from bench.rl.weights import RolloutWeights
-from refimpl.runtime import ReduceOp
 
 logger = logging.getLogger(__name__)
 
 
 def nccl_held(rt, lc) -> dict[str, Any]:
-    """What the lifecycle's groups hold in the rollout, measured right after the offload phase: the lifecycle's
-    state, the groups still live (not destroyed, not suspended) and their NCCL memory by ``ncclCommMemStats``
-    (None where the loaded NCCL has no ``ncclCommMemStats``; a live group whose communicator was never created
-    holds none)."""
+    """What NCCL holds in the rollout, measured right after the offload phase.
+
+    The lifecycle's view: its state, its groups still live (not destroyed, not suspended) and their NCCL memory by
+    ``ncclCommMemStats`` (``bytes``; None where the loaded NCCL has no ``ncclCommMemStats``; a live group whose
+    communicator was never created holds none). ``process``: every process group alive in the process, whoever
+    made it (torch's registry: :meth:`TorchRuntime.live_process_groups`), how many NCCL communicators exist and
+    their bytes (None without ``ncclCommMemStats``: the count is then what is known), and the live groups other
+    than the default group and the lifecycle's control group (``others``)."""
     live = [n for n in lc.groups if rt.group_live(n) and not rt.group_suspended(n)]
     try:
         mem = lc.comm_memory()
@@ -61,7 +69,14 @@ def nccl_held(rt, lc) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - NCCL < 2.29.7: no ncclCommMemStats
         logger.debug("ncclCommMemStats unavailable: %s", e)
         held = None
-    return {"state": lc.state.name, "live_groups": live, "bytes": held}
+    groups = rt.live_process_groups()
+    comms = [g for g in groups if g["backend"] == "nccl" and g["communicator"]]
+    sizes = [g["bytes"] for g in comms]
+    control = lc.config.control_group
+    process = {"groups": groups, "nccl_communicators": len(comms),
+               "nccl_bytes": None if None in sizes else int(sum(sizes)),
+               "others": [g["name"] or g["torch_name"] for g in groups if not g["default"] and g["name"] != control]}
+    return {"state": lc.state.name, "live_groups": live, "bytes": held, "process": process}
 
 
 class ColocatedStep:
@@ -73,10 +88,11 @@ class ColocatedStep:
 
     def __init__(self, cfg: StepConfig, rank: int, world_size: int, *, rt: Any, clock: PhaseClock, lifecycle: Any,
                  store: Any, trainer: Trainer, rollout: torch.nn.Module, weights: RolloutWeights, mcfg: Any,
-                 rec: dict[str, Any]) -> None:
+                 rec: dict[str, Any], groups: TrainerGroups) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.rt, self.clock, self.lc, self.store = rt, clock, lifecycle, store
         self.trainer, self.rollout, self.weights, self.mcfg, self.rec = trainer, rollout, weights, mcfg, rec
+        self.groups = groups
         self.device = clock.device
         self.cuda = self.device.type == "cuda"
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed + 1 + rank)  # each rank its own data
@@ -84,7 +100,9 @@ class ColocatedStep:
         self.data = data.to(self.device) if cfg.batch_ahead else data
         #: one record per switch step, in order
         self.steps: list[dict[str, Any]] = []
-        self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first)
+        self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first,
+                                   rebuild_ahead=cfg.rebuild_ahead, model=trainer.model,
+                                   sync_needs_groups=bool(groups.sync))
         self.profiler = StretchProfiler(cfg.profile and rank == 0, cfg.out, self.cuda)
 
     def train(self, step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:
@@ -105,26 +123,36 @@ class ColocatedStep:
             else:
                 self.trainer.optims[0].step()
                 self.trainer.optims[0].zero_grad(set_to_none=True)
+            if self.weights.early:  # the sync in the backward: the side stream joined, its units recorded
+                s["early_sync"] = self.weights.finish_early()
             loss = out.loss.detach().float().reshape(1).clone()
+            s["loss_local"] = float(loss.item())  # this rank's, before the sum (compared bit for bit across runs)
             t = time.perf_counter()
-            rt.run(rt.all_reduce(loss, ReduceOp.SUM, group="trainer.dp", timeout_s=120))
+            self.groups.reduce_loss(rt, loss)
             clock.sync()
-            s["first_collective_s"] = time.perf_counter() - t  # lazy init of a rebuilt group lands here
+            s["first_collective_s"] = time.perf_counter() - t  # without a warm-up, a rebuilt group's lazy init
             s["loss"] = float(loss.item()) / self.world_size
             del out, x
         driver.train_start = "device"
 
     def quiet_point(self, synced: dict[str, Any] | None) -> dict[str, int]:
         """Untimed, after a training step: check the last sync's rollout weights (``synced``: its step record, which
-        holds the trainer digests taken before that switch's offload); return the trainer's digests now."""
+        holds the trainer digests taken before that switch's offload, unless it was checked already); return the
+        trainer's digests now. With a managed mesh, what the mesh and FSDP2 resolve their groups to is checked
+        too (``mesh_problems``: empty when every reference names the live, rebuilt groups)."""
         self.driver.after_train()  # a streamed reload's untouched tensors handed over (none: the step touched them all)
         t = time.perf_counter()
-        if synced is not None:
+        pending = synced is not None and "_trainer_digests" in synced
+        if pending:
             synced["weight_check"] = self.weights.check(synced.pop("_trainer_digests"))
         now = self.weights.trainer_digests()
         self.clock.sync()
-        if synced is not None:
+        if pending:
             synced["weight_check_s"] = time.perf_counter() - t
+        mg = self.groups.managed
+        if synced is not None and mg is not None:
+            synced["mesh_problems"] = mg.problems(self.trainer.model)
+            synced["mesh_names"] = list(mg.mesh._dim_group_names)
         return now
 
     def switch_step(self, step: int) -> dict[str, Any]:
@@ -133,7 +161,13 @@ class ColocatedStep:
         s: dict[str, Any] = {"step": step}
         self.train(step, s)
         s["_trainer_digests"] = self.quiet_point(self.steps[-1] if self.steps else None)
-        if cfg.sync_first:  # the rollout gets the weights just trained, read where they are (no reload)
+        if cfg.sync_in_backward:  # the rollout copy holds the weights just trained since the backward: check it now
+            t = time.perf_counter()
+            s["weight_check"] = self.weights.check(s.pop("_trainer_digests"))
+            s["weight_check_s"] = time.perf_counter() - t
+            with clock.phase(step, "weight_sync"):
+                driver.sync_resident(s, lambda: None)
+        elif cfg.sync_first:  # the rollout gets the weights just trained, read where they are (no reload)
             with clock.phase(step, "weight_sync"):
                 driver.sync_resident(s, self.weights.sync)
         self.offload(step, s)
@@ -185,7 +219,8 @@ class ColocatedStep:
         st = self.store.stats()
         s["reload_bytes_last"] = st.last_reload_bytes
         s["params_bytes"] = st.bytes_by_category.get("params", 0)
-        s["lifecycle_state"] = self.lc.state.name
+        if not self.driver.ahead_pending:  # a resume ahead writes it when the next forward joins it
+            s["lifecycle_state"] = self.lc.state.name
 
     def after_steps(self) -> list[dict[str, Any]]:
         """The training step after the last switch (its cost belongs to that switch), then two after no switch.

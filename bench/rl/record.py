@@ -11,10 +11,18 @@ run is cut short) and ``rl_step_<world>.png``, a timeline of the phases (:func:`
   (:func:`span_breakdown`);
 * ``steps``: one dict per step with the figures its phases wrote (bytes moved, the store's and the gather's
   seconds, the weight check); ``after_steps``: the training steps after the last switch;
+* the switch on several GPUs, per step: ``nccl_in_rollout`` (the lifecycle's groups and, under ``process``,
+  every process group alive in the process with its NCCL communicator and bytes), ``resume_ahead`` (a resume
+  run on a thread from the rollout's end: where it ran on the phases' clock, its rebuild and warm-up, the wait
+  and agreement where the next forward joined it; :func:`resume_ahead_spans`), ``early_sync`` (the weight
+  sync in the backward, per FSDP unit in the order the backward steps them: bytes, host and device seconds),
+  ``mesh_problems`` / ``mesh_names`` (what the mesh resolves to after the step's rebuild); per run ``mesh``,
+  ``mesh_dims``, ``mesh_groups``, ``trainer_groups`` (which groups the lifecycle manages and which carry the
+  loss, the weight check and the weight sync), ``world_collectives`` and ``process_groups_at_end``;
 * ``summary`` (:func:`summarize`): per-phase seconds (the mean over the steps after the first, which pinned its
   host memory), the switch overhead (offload + weight_sync + reload) and the time the copies alone need at the
-  line rates measured in the same run, and the switch cost (:func:`switch_costs`) against the same copy time
-  and the step.
+  line rates measured in the same run, the switch cost (:func:`switch_costs`) against the same copy time
+  and the step, and the N-GPU terms' means (:func:`ngpu_terms`).
 
 The simulator reads these records (``sim.calibrate.colocated``, ``sim.calibrate.switch_modes``): their keys
 are part of the benchmark's interface.
@@ -62,6 +70,22 @@ def runtime_spans(rt, t0: float) -> list[dict[str, Any]]:
     return [{"name": n, "start_s": a - t0, "end_s": e - t0} for n, a, e in rt.spans]
 
 
+def resume_ahead_spans(rec: dict[str, Any]) -> None:
+    """Into each step's ``resume_ahead`` (a resume run on a thread from the rollout's end: [Note: rebuild ahead]
+    in :mod:`bench.rl.modes`), the seconds of the lifecycle's spans inside it: ``rebuild_s`` (the walk that
+    re-creates the groups, its warm-up included), ``warm_s`` (the warm-up: the communicators' creation by a first
+    collective) and ``resume_s``; the cooldown's rest and the agreements are ``resume_s`` less ``rebuild_s``."""
+    rt_spans = rec.get("runtime_spans") or []
+    for s in [*rec.get("steps", []), *rec.get("after_steps", [])]:
+        ahead = s.get("resume_ahead")
+        if not ahead:
+            continue
+        for key, name in (("rebuild_s", "lifecycle.rebuild"), ("warm_s", "lifecycle.warm"),
+                          ("resume_s", "lifecycle.resume")):
+            ahead[key] = sum(sp["end_s"] - sp["start_s"] for sp in rt_spans if sp["name"] == name
+                             and sp["start_s"] >= ahead["start_s"] - 1e-3 and sp["end_s"] <= ahead["end_s"] + 1e-3)
+
+
 def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     """Per-phase seconds (mean over steps after the first when there are several), switch overhead vs copies at line."""
     spans = rec["spans"]
@@ -81,7 +105,7 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
     cost = costs.get("switch_cost_s")
     step_s = (costs["train_plain_s"] + per["rollout"] + cost) if cost is not None else None
     return {
-        "switch_cost_s": cost, "switch_costs": costs,
+        "switch_cost_s": cost, "switch_costs": costs, "ngpu": ngpu_terms(last),
         "switch_cost_x_copy_time": (cost / copy_line) if (cost is not None and copy_line) else None,
         "step_s": step_s, "switch_cost_share_of_step": (cost / step_s) if step_s else None,
         "steps_used": use, "phase_s": per, "switch_overhead_s": overhead, "offload_bytes": off_b,
@@ -90,6 +114,29 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "overhead_x_copy_time": (overhead / copy_line) if copy_line else None,
         "weights_bitwise_equal_every_sync": all(s["weight_check"]["bitwise_equal"] for s in rec["steps"])
         and rec["initial_sync"]["bitwise_equal"],
+    }
+
+
+def ngpu_terms(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The terms of the switch on several GPUs, over ``steps`` (the steady ones): the means of a resume run ahead
+    (``resume_ahead``: its thread's seconds, the rebuild and warm-up in it, the wait and agreement at the join),
+    of the sync in the backward (``early_sync``: bytes, host seconds issuing it, device seconds on its stream)
+    and the most NCCL communicators, bytes and other groups any of them saw alive in the rollout."""
+    def mean(rows: list[dict[str, Any]], key: str) -> float | None:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    ahead = [s["resume_ahead"] for s in steps if s.get("resume_ahead")]
+    early = [s["early_sync"] for s in steps if s.get("early_sync")]
+    held = [s["nccl_in_rollout"]["process"] for s in steps if "process" in s.get("nccl_in_rollout", {})]
+    sizes = [h["nccl_bytes"] for h in held]
+    return {
+        "resume_ahead": {k: mean(ahead, k) for k in ("thread_s", "rebuild_s", "warm_s", "resume_s", "join_wait_s",
+                                                     "join_agree_s")} if ahead else None,
+        "early_sync": {k: mean(early, k) for k in ("bytes", "issue_s", "device_s")} if early else None,
+        "nccl_in_rollout": {"communicators": max((h["nccl_communicators"] for h in held), default=None),
+                            "bytes": None if None in sizes or not sizes else max(sizes),
+                            "others": sorted({o for h in held for o in h["others"]})} if held else None,
     }
 
 
@@ -174,5 +221,5 @@ def write_outputs(rec: dict[str, Any], out_dir: str) -> tuple[str, str | None]:
     return jpath, png
 
 
-__all__ = ["PHASES", "phase_spans", "public_fields", "runtime_spans", "span_breakdown", "summarize", "switch_costs",
-           "write_outputs", "write_png"]
+__all__ = ["PHASES", "ngpu_terms", "phase_spans", "public_fields", "resume_ahead_spans", "runtime_spans", "span_breakdown",
+           "summarize", "switch_costs", "write_outputs", "write_png"]

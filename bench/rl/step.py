@@ -4,12 +4,9 @@ Each rank holds two roles on one device: the trainer (:mod:`bench.rl.trainer`: a
 built from a config, random weights, no downloads, sharded with FSDP2, its AdamW state registered with an
 :class:`~refimpl.store.OffloadStore`) and the rollout (:mod:`bench.rl.rollout`: an unsharded copy of the
 weights that generates into a pre-sized KV cache). The lifecycle (:class:`~refimpl.comm.PGLifecycle`) manages
-the trainer's group ``trainer.dp``; the steps' phases are :mod:`bench.rl.phases`, the record :mod:`bench.rl.record`.
-
-Not done here: the FSDP mesh's own groups (``init_device_mesh``) are not under the lifecycle, which manages
-``trainer.dp`` (the loss, the weight check); their NCCL memory stays held through the rollout. FSDP2 keeps the
-group objects it was built with, and every policy may destroy groups (even ``PAUSED_LIVE`` at the first pause,
-before a good weight sync arms preservation).
+the trainer's groups: with a managed mesh (the default) the FSDP mesh's own groups, rebuilt in place so FSDP2 and
+the mesh follow each rebuild, else ``trainer.dp`` beside ``init_device_mesh``'s groups (:mod:`bench.rl.groups`);
+the steps' phases are :mod:`bench.rl.phases`, the record :mod:`bench.rl.record`.
 """
 from __future__ import annotations
 
@@ -24,8 +21,9 @@ import torch
 from bench.rl.clock import PhaseClock, line_rates
 from bench.rl.config import StepConfig, model_config
 from bench.rl.early_copies import StepInBackward
+from bench.rl.groups import CONTROL_GROUP, TrainerGroups, trainer_groups
 from bench.rl.phases import ColocatedStep
-from bench.rl.record import phase_spans, public_fields, runtime_spans, summarize, write_outputs
+from bench.rl.record import phase_spans, public_fields, resume_ahead_spans, runtime_spans, summarize, write_outputs
 from bench.rl.rollout import build_rollout
 from bench.rl.trainer import Trainer, build_trainer
 from bench.rl.weights import RolloutWeights
@@ -42,20 +40,32 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     clock = PhaseClock(device)
     rt_t0 = rt.now() - (time.perf_counter() - clock.t0)  # the runtime's clock at the phases' zero
     rec = _versions(cfg, world_size, device)
-    lc = start_lifecycle(rt, cfg, world_size, device, rec)
+    world_start = _world_collectives(rt)
+    groups = trainer_groups(rt, cfg, world_size, device)
+    lc = start_lifecycle(rt, cfg, groups, device, rec)
     torch.manual_seed(cfg.seed)
     mcfg = model_config(cfg.tiny)
     mixed = cfg.mixed_precision if cfg.mixed_precision is not None else device.type == "cuda"
-    trainer = build_trainer(cfg, mcfg, device, world_size, mixed)
+    trainer = build_trainer(cfg, mcfg, device, groups.mesh, mixed)
+    if groups.managed is not None:  # FSDP2's states and the params' meshes follow each rebuild of the mesh's groups
+        groups.managed.follow(trainer.model)
     rec["params"], rec["mesh"] = trainer.params, list(trainer.mesh.shape)
+    rec["mesh_dims"], rec["mesh_groups"] = list(trainer.mesh.mesh_dim_names or ()), list(groups.lifecycle)
+    # which groups carry what (a managed mesh of one rank carries nothing: no communicator at all)
+    rec["trainer_groups"] = {"managed_mesh": groups.managed is not None, "lifecycle": list(groups.lifecycle),
+                             "loss": list(groups.loss), "check": groups.check, "sync": sorted(groups.sync)}
     rollout_dtype = torch.bfloat16 if mixed else torch.float32
     rollout = build_rollout(mcfg, device, rollout_dtype)
     store = open_store(rt, device, cfg, trainer, rec)
-    weights = RolloutWeights(rt, device, trainer.model, rollout, rollout_dtype)
+    weights = RolloutWeights(rt, device, trainer.model, rollout, rollout_dtype, check_group=groups.check,
+                             gather_in_rollout_dtype=cfg.gather_in_rollout_dtype, clock_t0=clock.t0)
+    if cfg.sync_in_backward:  # each unit gathered into the rollout copy right after its step in the backward
+        weights.set_units(trainer.units)
+        trainer.stepper.on_stepped = weights.sync_unit
     weights.sync()  # the rollout starts from the trainer's weights
     rec["initial_sync"] = weights.check(weights.trainer_digests())
     run = ColocatedStep(cfg, rank, world_size, rt=rt, clock=clock, lifecycle=lc, store=store, trainer=trainer,
-                        rollout=rollout, weights=weights, mcfg=mcfg, rec=rec)
+                        rollout=rollout, weights=weights, mcfg=mcfg, rec=rec, groups=groups)
     for step in range(cfg.steps):
         run.switch_step(step)
         if rank == 0:  # a partial record after every step, in case the run is cut short
@@ -65,13 +75,23 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["spans"] = phase_spans(clock.spans)
     rec["steps"] = [public_fields(x) for x in run.steps]
     rec["runtime_spans"] = runtime_spans(rt, rt_t0)
+    resume_ahead_spans(rec)
     rec["lifecycle_stats"] = asdict(lc.stats)
     rec["store_phases"] = dict(store.stats().phases)
     rec["allocator_by_phase"] = clock.allocator
     rec["sm_copies"] = int(getattr(rt, "sm_copies", 0))  # host-to-device copies made on SMs (--stream-sm-ctas)
+    rec["process_groups_at_end"] = rt.live_process_groups()
+    # collectives on the world group over the run (a managed mesh runs none: its NCCL communicator never exists)
+    rec["world_collectives"] = {"start": world_start, "end": _world_collectives(rt)}
     rec["summary"] = summarize(rec)
+    groups.close()
     store.close()
     return rec
+
+
+def _world_collectives(rt) -> int | None:
+    """Collectives issued on the default (world) group so far in this process (None without one)."""
+    return next((g["collectives"] for g in rt.live_process_groups() if g["default"]), None)
 
 
 def _device(cfg: StepConfig, rank: int) -> torch.device:
@@ -97,15 +117,13 @@ def _versions(cfg: StepConfig, world_size: int, device: torch.device) -> dict[st
     return rec
 
 
-def start_lifecycle(rt, cfg: StepConfig, world_size: int, device: torch.device, rec: dict[str, Any]):
-    """The trainer's group ``trainer.dp`` over every rank, under a started :class:`~refimpl.comm.PGLifecycle` with
-    the configured policy (``auto``: :func:`~refimpl.torch_runtime.switch_policy.default_switch_policy`, its
-    choice and reason recorded)."""
+def start_lifecycle(rt, cfg: StepConfig, groups: TrainerGroups, device: torch.device, rec: dict[str, Any]):
+    """The trainer's groups (``groups.lifecycle``) under a started :class:`~refimpl.comm.PGLifecycle` with the
+    configured policy (``auto``: :func:`~refimpl.torch_runtime.switch_policy.default_switch_policy`, its choice
+    and reason recorded)."""
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
-    from refimpl.runtime import GroupSpec
 
-    rt.run(rt.new_group(GroupSpec("trainer.dp", tuple(range(world_size)))))
     policy, parallel = cfg.lifecycle_policy, False
     if policy == "auto":
         from refimpl.torch_runtime.switch_policy import default_switch_policy
@@ -114,16 +132,18 @@ def start_lifecycle(rt, cfg: StepConfig, world_size: int, device: torch.device, 
         policy, parallel = chosen.policy.name, chosen.parallel_destroy
         rec["policy_choice"] = {"policy": policy, "parallel_destroy": parallel, "reason": chosen.reason}
     rec["policy"] = policy
-    # the weight sync gathers over the FSDP mesh, not over trainer.dp: it needs none of the lifecycle's groups, so
-    # they go down at the pause and stay down through the sync (every policy); off the sequential mode the resume
-    # creates the rebuilt communicators (warm_rebuilt) beside the reload's copies instead of at the first collective
+    # a weight sync that needs none of the lifecycle's groups (sync first, or a sync over a mesh the lifecycle does
+    # not manage) leaves them down through it (every policy); off the sequential mode the resume creates the
+    # rebuilt communicators (warm_rebuilt) beside the reload's copies instead of at the first collective, except
+    # on a managed mesh of one rank, whose group carries no collective (its communicator is never created)
+    warm = cfg.mode != "sequential" and bool(groups.loss or groups.managed is None or rt.world_size > 1)
     rec["wake_proxies"] = bool(getattr(rt, "wake_proxies", False))
-    rec["sync_needs_no_group"] = True
-    rec["warm_rebuilt"] = cfg.mode != "sequential"
-    lc = PGLifecycle(rt, ["trainer.dp"], plan=GroupPlanRules(sync_groups=set()), config=LifecycleConfig(
-        policy=PGPolicy[policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
-        canary_timeout_s=60, control_group="trainer.control", parallel_destroy=parallel,
-        warm_rebuilt=cfg.mode != "sequential"))
+    rec["sync_needs_no_group"] = not groups.sync
+    rec["warm_rebuilt"] = warm
+    lc = PGLifecycle(rt, list(groups.lifecycle), plan=GroupPlanRules(sync_groups=set(groups.sync)),
+                     config=LifecycleConfig(policy=PGPolicy[policy], cooldown_s=cfg.cooldown_s, agree_timeout_s=120,
+                                            canary_timeout_s=60, control_group=CONTROL_GROUP,
+                                            parallel_destroy=parallel, warm_rebuilt=warm))
     lc.sync.start()
     return lc
 

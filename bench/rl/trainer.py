@@ -1,6 +1,9 @@
 """The trainer role: a ``transformers`` causal LM sharded with FSDP2 on this rank, and its AdamW optimizers.
 
-On two or more ranks the mesh is 2-D HSDP ``(replicate, shard)``; every decoder layer is its own FSDP unit,
+On two or more ranks the mesh is 2-D HSDP ``(replicate, shard)`` (:func:`mesh_layout`; with ``flat_mesh`` a
+replicate dimension of one rank is left out: 1-D FSDP over the shard group); the mesh's groups are the runtime's,
+under the lifecycle, with ``managed_mesh`` (:mod:`refimpl.torch_runtime.mesh_groups`), else
+``init_device_mesh``'s (:func:`fsdp_mesh`). Every decoder layer is its own FSDP unit,
 with early copies the head too (as torchtitan wraps its output layer: its gradients are reduced, stepped and
 copied first in the backward), then the root. With early copies each unit has its own AdamW, stepped inside the
 backward (:class:`bench.rl.early_copies.StepInBackward`), element for element the same update as one AdamW
@@ -24,7 +27,7 @@ class Trainer:
     model: Any
     #: parameters of the whole model (before sharding)
     params: int
-    #: the FSDP device mesh, ``(replicate, shard)`` on two or more ranks
+    #: the FSDP device mesh (:func:`mesh_layout`)
     mesh: Any
     #: the FSDP units' parameters in the order a backward reduces them (:func:`fsdp_units`)
     units: list[list[torch.nn.Parameter]]
@@ -34,28 +37,38 @@ class Trainer:
     stepper: StepInBackward | None = None
 
 
-def fsdp_mesh(device: torch.device, world_size: int, shard: int):
-    """The FSDP mesh: ``(world / shard, shard)`` named ``(replicate, shard)`` on two or more ranks, else ``(1,)``."""
+def mesh_layout(world_size: int, shard: int, flat: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The FSDP mesh's shape and dimension names: ``(world / shard, shard)`` named ``(replicate, shard)`` on two
+    or more ranks, ``(shard,)`` alone when ``flat`` and the replicate dimension has one rank, ``(1,)`` on one."""
+    if world_size == 1:
+        return (1,), ("shard",)
+    shard = min(shard, world_size)
+    if world_size % shard:
+        raise ValueError(f"--shard {shard} must divide the world size {world_size}")
+    if flat and world_size == shard:
+        return (shard,), ("shard",)
+    return (world_size // shard, shard), ("replicate", "shard")
+
+
+def fsdp_mesh(device: torch.device, world_size: int, shard: int, flat: bool = False):
+    """The FSDP mesh of :func:`mesh_layout` made by ``init_device_mesh`` (its groups outside the lifecycle; a
+    dimension over every rank reuses the world group)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if world_size > 1:
-        shard = min(shard, world_size)
-        if world_size % shard:
-            raise ValueError(f"--shard {shard} must divide the world size {world_size}")
-        return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device.type, (1,))
+    shape, names = mesh_layout(world_size, shard, flat)
+    return init_device_mesh(device.type, shape, mesh_dim_names=names)
 
 
-def build_trainer(cfg: StepConfig, mcfg: Any, device: torch.device, world_size: int, mixed: bool) -> Trainer:
-    """The model built from ``mcfg`` on ``device`` (random weights), sharded with ``fully_shard`` (bf16 params and
-    fp32 reduction when ``mixed``), and its optimizers (:class:`Trainer`; its ``stepper`` not yet set)."""
+def build_trainer(cfg: StepConfig, mcfg: Any, device: torch.device, mesh: Any, mixed: bool) -> Trainer:
+    """The model built from ``mcfg`` on ``device`` (random weights), sharded with ``fully_shard`` over ``mesh``
+    (bf16 params and fp32 reduction when ``mixed``), and its optimizers (:class:`Trainer`; its ``stepper`` not
+    yet set)."""
     from torch.distributed.fsdp import fully_shard
     from transformers import Qwen2ForCausalLM
 
     with torch.device(device):
         model = Qwen2ForCausalLM(mcfg)
     params = sum(p.numel() for p in model.parameters())
-    mesh = fsdp_mesh(device, world_size, cfg.shard)
     mp_kwargs = {}
     if mixed:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -83,4 +96,4 @@ def fsdp_units(model: Any, head: bool = False) -> list[list[torch.nn.Parameter]]
     return units
 
 
-__all__ = ["Trainer", "build_trainer", "fsdp_mesh", "fsdp_units"]
+__all__ = ["Trainer", "build_trainer", "fsdp_mesh", "fsdp_units", "mesh_layout"]

@@ -74,17 +74,19 @@ class SwitchCosts:
     init at the first collective, counted although it lands outside the
     switch window) cost about the same whatever the size; ``_single`` is a
     communicator of one rank, ``_multi`` one of more. The defaults are the
-    medians of a measurement on 2 x H200 that
-    ``tests/comm/test_switch_costs_records.py`` recomputes from its record;
-    docs/comm.md gives them, their source and the earlier defaults. With them a
-    two-rank communicator is destroyed rather than suspended from 276 MiB on.
+    simulator's calibrated constants, from records that no validation scores,
+    for a runtime with the proxy waker on (its default);
+    ``tests/comm/test_switch_costs_records.py`` recomputes them and docs/comm.md
+    gives them with their sources. A runtime without the proxy waker waits
+    about half a poll period more per destroy: pass ``destroy_s_single`` and
+    ``destroy_s_multi`` with that added.
     """
 
-    suspend_s_per_gib: float = 1.02
-    resume_s_per_gib: float = 0.55
-    destroy_s_single: float = 0.034
-    destroy_s_multi: float = 0.247
-    init_s_single: float = 0.033
+    suspend_s_per_gib: float = 0.736
+    resume_s_per_gib: float = 0.519
+    destroy_s_single: float = 0.0167
+    destroy_s_multi: float = 0.0165
+    init_s_single: float = 0.0284
     init_s_multi: float = 0.175
 
     def __post_init__(self) -> None:
@@ -323,12 +325,14 @@ class PlannedGroups:
                     votes[i] = int(self.left_down[name])
             return votes
 
-        error: Exception | None = None
+        error: BaseException | None = None
         votes = [int(GroupAction.DESTROY)] * len(names) + [1] * (3 * len(names))
         try:
             await rt.point("lifecycle.plan")
             votes = await facts()
-        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too): every rank fails together
             error = exc
             log.error("rank %d: planning the pause failed: %r", rt.rank, exc)
         agreed = await role.outcome("plan", error, votes)

@@ -31,12 +31,15 @@ Rules that keep every rank in step:
    :mod:`refimpl.comm.role_groups`).
 2. Every rank runs the same sequence of agreements: loops go over all role
    groups on every rank; a rank that is not a member of a group does nothing
-   for it but still votes. Each agreement carries its point and sequence
-   number, so ranks at different agreements fail together with
-   :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
-   :mod:`refimpl.comm.agreement`); decisions that change what ranks do next
+   for it but still votes. Each agreement carries its point, sequence
+   number and scope (this lifecycle's role, named by its groups), so ranks at
+   different agreements, or in another role's lifecycle of the process, fail
+   together with :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
+   :mod:`refimpl.comm.agreement`), and no group is created before an agreement
+   of its operation; decisions that change what ranks do next
    (suspending again after a sync) are voted, never read from a per-process flag.
-3. Any exception, on any rank, ends the same way everywhere: abort the role's
+3. Any exception (an interrupt too: ``KeyboardInterrupt``, a cancelled call), on
+   any rank, ends the same way everywhere: abort the role's
    groups without delay, turn preservation off for the life of the process,
    state FAILED, re-raise (the failing rank its own error, the others
    :class:`PeerFailedError`). A rank that never arrives makes the others fail
@@ -47,13 +50,13 @@ Rules that keep every rank in step:
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import weakref
-import zlib
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
-from refimpl.comm.agreement import AgreementError, ControlGroup
+from refimpl.comm.agreement import ControlGroup
 from refimpl.comm.blocking import BlockingPGLifecycle
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.decisions import (
@@ -94,6 +97,26 @@ _DISABLED: "weakref.WeakKeyDictionary[Runtime, str]" = weakref.WeakKeyDictionary
 def preservation_disabled_reason(rt: Runtime) -> str | None:
     """Why preservation was turned off on this runtime's process, or None."""
     return _DISABLED.get(rt)
+
+
+# The lifecycle managing each group of a runtime: two lifecycles of one group would destroy and rebuild it under each
+# other, and would share one scope of agreements (refimpl.comm.agreement).
+_MANAGED: "weakref.WeakKeyDictionary[Runtime, dict[str, weakref.ref[PGLifecycle]]]" = weakref.WeakKeyDictionary()
+
+
+def _claim(rt: Runtime, lifecycle: "PGLifecycle") -> None:
+    """Record ``lifecycle`` as the manager of its groups on ``rt``; ValueError if a live one already manages one."""
+    managed = _MANAGED.setdefault(rt, {})
+    for name in lifecycle.groups:
+        ref = managed.get(name)
+        other = ref() if ref is not None else None
+        if other is not None and other is not lifecycle and other.state is not PGState.FAILED:
+            raise ValueError(
+                f"group {name!r} is already managed by another PGLifecycle on this runtime (groups "
+                f"{list(other.groups)}, {other.state.name}); one lifecycle per role: pass each group to one of them"
+            )
+    for name in lifecycle.groups:
+        managed[name] = weakref.ref(lifecycle)
 
 
 async def _call(fn: Callable[[], Any] | None) -> Any:
@@ -149,9 +172,10 @@ class PGLifecycle:
         unique_names(gates)
         self.gates = tuple(gates)
         self.facts = dict(facts or {})
-        # wide enough for the longest agreement: the plan's four lanes per group, after [succeeded, first failing rank]
+        # agreements scoped by the role (its group names, the same on every rank): another role's lifecycle met on a
+        # shared control group, or paired with it by creation order, is a mismatch on every rank
         self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s,
-                                    width=2 + 4 * max(1, len(self.groups)))
+                                    scope=f"the lifecycle of groups {list(self.groups)}")
         self.cooldown = PortCooldown(self.config.cooldown_s)
         self.state = PGState.ACTIVE
         self.history: list[tuple[float, PGState, PGEvent, PGState]] = []
@@ -169,6 +193,7 @@ class PGLifecycle:
         self.lazy = LazyWake(self.role, self.stats, self.plan_rules.wake_groups, host=self)
         #: SUSPEND_PLANNED's agreed per-group plan and its walks (see refimpl.comm.group_plan)
         self.planned = PlannedGroups(self.role, self.plan_rules, left_down=self.lazy.left_down)
+        _claim(rt, self)
 
     # ------------------------------------------------------------------ facts
 
@@ -192,22 +217,36 @@ class PGLifecycle:
     # ------------------------------------------------------------------ public operations
 
     async def start(self) -> None:
-        """Create the control group and any role group given as a spec; check all ranks manage the same groups."""
+        """Create the control group, agree with every rank, then create any role group given as a spec.
+
+        The agreement checks that every rank manages the same groups (the lifecycle's scope,
+        :mod:`refimpl.comm.agreement`) and that it is in this lifecycle, not another role's, before
+        any group is created ([Note: no creation before an agreement] in :mod:`refimpl.comm.role_groups`).
+        A failed agreement fails every rank (FAILED).
+        """
         if self._started:
             return
+        if self.state is PGState.FAILED:
+            self._require("start")
         await self.control.ensure(self.rt)
-        for name in self.groups:
-            if self._known(name):
-                continue
-            spec = self._given[name]
-            if spec is None:
-                raise GroupError(f"group {name!r} is unknown to the runtime; pass its GroupSpec so the lifecycle creates it")
-            await self.rt.new_group(spec)
-        digest = zlib.crc32("\0".join(self.groups).encode()) & 0x7FFFFFFF
+        async with self._operation("start"):
+            await self._start_agreed()
+        self._started = True
+
+    async def _start_agreed(self) -> None:
+        """:meth:`start`'s agreement (same groups, in this lifecycle, values combined), then its agreed creations."""
+        error: BaseException | None = None
         rank = self.rt.rank
-        lo, neg_hi, low_rank, neg_high_rank = await self.control.reduce_min(
-            self.rt, [digest, -digest, rank, -rank], "start"
-        )
+        create: list[str] = []
+        try:
+            missing = [n for n in self.groups if not self._known(n) and self._given[n] is None]
+            if missing:
+                raise GroupError(f"rank {rank}: groups {missing} are unknown to the runtime; pass their GroupSpecs "
+                                 "so the lifecycle creates them")
+            create = [n for n in self.groups if not self._known(n)]
+        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+            error = exc
+        low_rank, neg_high_rank, none_to_create = await self.role.outcome("start", error, [rank, -rank, int(not create)])
         if (low_rank, -neg_high_rank) != (0, self.rt.world_size - 1):
             raise LifecycleError(
                 f"rank {rank}: an all_reduce(MIN) of the ranks on control group {self.control.name!r} gave "
@@ -215,12 +254,15 @@ class PGLifecycle:
                 "values, so ranks cannot agree (in the simulator, a payload='meta' world has meta tensors that carry no data "
                 "and its collectives move no bytes; the lifecycle needs host values combined)"
             )
-        if lo != -neg_hi:
-            raise AgreementError(
-                f"rank {self.rt.rank}: ranks manage different role groups (this rank: {list(self.groups)}); "
-                "every rank must pass the same group names to PGLifecycle"
-            )
-        self._started = True
+        if none_to_create:
+            return
+
+        async def one(name: str) -> None:  # every rank walks every group, in order (group creation is collective)
+            spec = self._given[name]
+            if spec is not None and not self._known(name):
+                await self.rt.new_group(spec)
+
+        await self.role.walk("create", one)
 
     async def agree(self, flag: bool) -> bool:
         """True on every rank iff every rank passed True (``all_reduce(MIN)`` on the control group)."""
@@ -239,7 +281,7 @@ class PGLifecycle:
         await self.start()
         self._require("pause")
         policy = policy or self.config.policy
-        with self.rt.span("lifecycle.pause"):
+        async with self._operation("pause", span="lifecycle.pause"):
             self.stats.pauses += 1
             event = await self._decide_pause(policy)
             event = await self._bring_up_left_down(event)
@@ -258,7 +300,8 @@ class PGLifecycle:
         """
         rt = self.rt
         failing: list[str] = []
-        vote, error = False, None
+        vote = False
+        error: BaseException | None = None
         try:
             await rt.point("lifecycle.pause.decide")
             if policy.preserves:
@@ -266,7 +309,9 @@ class PGLifecycle:
                 if failing:
                     log.warning("rank %d: preservation gates failed: %s", rt.rank, ", ".join(failing))
             vote = local_vote(policy, failing, self.preservation, two_phase=self.config.two_phase)
-        except Exception as exc:  # noqa: BLE001 - agreed below, so every rank fails together
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too), so every rank fails together
             error = exc
         lo, neg_hi, gates_all, vote_all = await self.role.outcome(
             "pause.decide", error, [policy.code, -policy.code, int(not failing), int(vote)]
@@ -330,7 +375,7 @@ class PGLifecycle:
         await self.start()
         self._require("weight_sync")
         paused = self.state
-        with self.rt.span("lifecycle.weight_sync"):
+        async with self._operation("weight_sync", span="lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
             stay_down = self.plan_rules.sync_groups == frozenset() and paused in (PGState.SUSPENDED, PGState.DESTROYED)
             if stay_down:  # the sync uses none of the role's groups: they stay as the pause left them
@@ -365,7 +410,7 @@ class PGLifecycle:
         """Bring the groups back for training (ACTIVE): resume, rebuild, or nothing if they stayed live."""
         await self.start()
         self._require("resume")
-        with self.rt.span("lifecycle.resume"):
+        async with self._operation("resume", span="lifecycle.resume"):
             self.stats.resumes += 1
             if self.state is PGState.PAUSED_LIVE:
                 self.transition(PGEvent.RESUME)
@@ -386,7 +431,8 @@ class PGLifecycle:
         """
         await self.start()
         self._require("use")
-        return await self.lazy.use(names)
+        async with self._operation("use"):
+            return await self.lazy.use(names)
 
     async def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
         """:meth:`use` ``names``, then run ``fn`` (sync or async) as one agreed step on every rank.
@@ -397,9 +443,26 @@ class PGLifecycle:
         """
         await self.start()
         self._require("use")
-        return await self.lazy.run_on(names, fn)
+        async with self._operation("run_on"):
+            return await self.lazy.run_on(names, fn)
 
     # ------------------------------------------------------------------ performing transitions
+
+    @contextlib.asynccontextmanager
+    async def _operation(self, op: str, *, span: str | None = None) -> AsyncIterator[None]:
+        """One public operation (inside the runtime's ``span``): no group created before one of its agreements; an
+        interrupt (``KeyboardInterrupt``, a cancelled call) that no agreed step took to its peers still ends this
+        rank FAILED, groups aborted ([Note: interrupts] in :mod:`refimpl.comm.role_groups`)."""
+        self.role.begin_operation()
+        try:
+            with self.rt.span(span) if span is not None else contextlib.nullcontext():
+                yield
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and self.state is not PGState.FAILED:
+                await self.fall_back(op, exc)
+            raise
 
     def _known(self, name: str) -> bool:
         try:
@@ -410,12 +473,12 @@ class PGLifecycle:
 
     def _require(self, op: str) -> None:
         """Refuse ``op`` unless the state is one :data:`refimpl.comm.states.OPERATIONS` allows for it."""
-        allowed = allowed_states(op)
         if self.state is PGState.FAILED:
             raise LifecycleFailedError(
                 f"rank {self.rt.rank}: {op}() after the lifecycle failed ({self.failure!r}); its groups were "
                 "aborted and preservation is off. Restart the workers."
             ) from self.failure
+        allowed = allowed_states(op)
         if self.state not in allowed:
             raise LifecycleStateError(
                 f"rank {self.rt.rank}: {op}() needs state {' or '.join(sorted(s.name for s in allowed))}, "

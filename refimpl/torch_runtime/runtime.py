@@ -148,6 +148,7 @@ class TorchRuntime(Runtime):
         self._point_hooks: dict[str, list[Callable[[], None]]] = {}
         self._ballots = StoreBallotBox(_default_store if self._distributed else lambda: None, self.rank)
         self._adopted = AdoptedGroups()  # groups a framework made (refimpl.torch_runtime.foreign_groups)
+        self._rebuilt_hooks: list[Callable[[str, str, Any], None]] = []
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
 
@@ -186,9 +187,10 @@ class TorchRuntime(Runtime):
             return await super().vote(key, ranks, point, code, marks, timeout_s=timeout_s, wait=wait)
         return self._ballots.vote(key, tuple(ranks), ballot, timeout_s, wait)
 
-    def vote_space(self, kind: str) -> str:
-        """A key space numbered per process: every TorchRuntime of the process votes in the same store."""
-        return next_space(kind)
+    def vote_space(self, kind: str, about: str = "") -> str:
+        """A key space numbered per process and per ``about``: every TorchRuntime of the process votes in the same
+        store (see :meth:`Runtime.vote_space <refimpl.runtime.base.Runtime.vote_space>`)."""
+        return next_space(kind, about)
 
     def mark_arrival(self, group: str, point: str) -> None:
         """Count this arrival in the rendezvous store (one ``add``)."""
@@ -444,10 +446,43 @@ class TorchRuntime(Runtime):
         # the generation is used up even if creation fails, so every rank's next
         # attempt uses the same (fresh) generation, as in the simulator
         g.spec = spec
+        old_torch_name = g.torch_name
         pg, store = self._create_checked(spec, self._adopted.create_kwargs(name))
         self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
         self._adopted.rebuilt(name, pg)
+        for hook in tuple(self._rebuilt_hooks):
+            hook(name, old_torch_name, pg)
         return spec
+
+    def on_rebuilt(self, fn: Callable[[str, str, Any], None]) -> Callable[[], None]:
+        """Call ``fn(name, old_torch_name, new_process_group)`` after each rebuild of a group (on the rebuilding
+        thread; after an adopted group's references were re-pointed; ``new_process_group`` is None on a
+        non-member). Returns a function that removes the hook. Whoever built objects on a group the runtime made
+        points them at the rebuilt one from here (:mod:`refimpl.torch_runtime.mesh_groups` for a mesh)."""
+        self._rebuilt_hooks.append(fn)
+
+        def remove() -> None:
+            if fn in self._rebuilt_hooks:
+                self._rebuilt_hooks.remove(fn)
+
+        return remove
+
+    def process_group(self, name: str) -> Any:
+        """The live ``torch.distributed`` process group of group ``name`` on this rank (None on a non-member or
+        without ``torch.distributed``); a destroyed group raises :class:`GroupError`."""
+        g = self._entry(name)
+        if not g.live:
+            raise GroupError(f"group {name!r} is destroyed; recreate_group({name!r}) first")
+        return g.pg
+
+    def live_process_groups(self) -> list[dict[str, Any]]:
+        """Every process group alive in this process (torch's registry, the default group included), with the
+        runtime's name for it, its backend, ranks, collectives issued, whether an NCCL communicator exists and
+        its bytes by ``ncclCommMemStats`` (see :func:`refimpl.torch_runtime.group_census.live_groups`)."""
+        from refimpl.torch_runtime.group_census import live_groups
+
+        names = {g.torch_name: n for n, g in self._groups.items() if g.live and g.torch_name}
+        return [row.as_dict() for row in live_groups(names)]
 
     def foreign_group_spec(self, name: str, handle: Any) -> GroupSpec:
         """The spec (ranks, backend, timeout as created) of a ``torch.distributed`` process group made outside

@@ -109,7 +109,7 @@ def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) ->
         collective_cost=TopologyCollectiveCost(topo),
         memory=TopologyMemory(topo, record=record_memory),
         faults=plan,
-        comm=NcclComm(topo, lazy_init=scn.lazy_init),
+        comm=NcclComm(topo, lazy_init=scn.lazy_init, proxy_wake=scn.wake_proxies),
         group_timeouts=scn.watchdog,  # a deployment's watchdog: each group's timeout_s (600 s, torch's default)
         trace=False,
     )
