@@ -101,16 +101,22 @@ def test_optimizer_step_while_offloaded_names_the_offload_not_torchs_aliasing_er
     opt.step()  # and training goes on
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_views_and_reshapes_of_an_offloaded_tensor_raise_and_nothing_aliases_the_placeholder(device):
-    """A view of a parked tensor would alias the placeholder (NaN, 0 for integers): every way of making one
-    raises, for a parameter and an integer buffer."""
+def _offloaded_model_and_integers(device):
+    """An offloaded model (``_offloaded_model``), its first weight, and an integer tensor ``n`` (``arange(6)``)
+    offloaded by another store (``other``): a parameter and an integer buffer, each parked."""
     model, opt, store, want = _offloaded_model(device)
-    w = model[0].weight
     n = torch.arange(6, device=device)
     other = OffloadStore(TorchRuntime(device))
     other.attach_tensors("buffers", {"n": n}, name="b")
     other.offload()
+    return model, opt, store, want, model[0].weight, n, other
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_views_and_reshapes_of_an_offloaded_tensor_raise_and_nothing_aliases_the_placeholder(device):
+    """A view of a parked tensor would alias the placeholder (NaN, 0 for integers): every way of making one
+    raises, for a parameter and an integer buffer."""
+    model, opt, store, want, w, n, other = _offloaded_model_and_integers(device)
     for name, t in ((r"model\.0\.weight", w), (r"b\.n", n)):
         _raises(name, lambda: t.view(-1), "view")
         _raises(name, lambda: t.reshape(-1), "reshape")
@@ -131,12 +137,7 @@ def test_as_subclass_make_subclass_and_the_legacy_constructor_of_an_offloaded_te
     """``p.as_subclass(torch.Tensor)``, ``torch.Tensor._make_subclass(torch.Tensor, p)`` and ``torch.Tensor(p)`` make
     a new tensor object on ``p``'s storage below ``__torch_function__``: before, they returned the placeholder's
     values (NaN, zeros for integers) with no error."""
-    model, opt, store, want = _offloaded_model(device)
-    w = model[0].weight
-    n = torch.arange(6, device=device)
-    other = OffloadStore(TorchRuntime(device))
-    other.attach_tensors("buffers", {"n": n}, name="b")
-    other.offload()
+    model, opt, store, want, w, n, other = _offloaded_model_and_integers(device)
     for name, t in ((r"model\.0\.weight", w), (r"b\.n", n)):
         _raises(name, lambda: t.as_subclass(torch.Tensor), "as_subclass")
         _raises(name, lambda: torch.Tensor._make_subclass(torch.Tensor, t), "_make_subclass")
