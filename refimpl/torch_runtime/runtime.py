@@ -93,15 +93,14 @@ class TorchRuntime(Runtime):
     ``pin_prefault``: how pinned host buffers are faulted in before
     ``cudaHostRegister`` (:data:`refimpl.torch_runtime.pinning.PREFAULT_MODES`);
     defaults to the environment variable ``TIMESHARE_PIN_PREFAULT``, else
-    ``DEFAULT_CUDA_PREFAULT`` (``"touch"``) with CUDA (the store's pinning ahead
-    at 12.4 GB/s on the H200 host, 6.4x registering untouched memory) and
-    ``"none"`` without.
+    ``DEFAULT_CUDA_PREFAULT`` (``"touch"``: registering memory already touched is
+    several times faster than registering untouched memory; docs/store.md has the
+    figures) with CUDA and ``"none"`` without.
     ``device_cache``: what :meth:`empty_cache` gives back and where the store's flat buffers come from
     (:data:`refimpl.torch_runtime.device_cache.DEVICE_CACHE_MODES`; default: the environment variable
     ``TIMESHARE_DEVICE_CACHE``, else ``"shared"``).
     ``wake_proxies``: destroy NCCL communicators with a :class:`~refimpl.torch_runtime.proxy_wake.ProxyWaker`
-    (the destroy does not wait out its UDS proxy thread's 500 ms poll: 0.017 s instead of 0.24-0.42 s for a
-    one-rank communicator on the H200); default: on with CUDA unless the environment variable
+    (the destroy does not wait out its UDS proxy thread's 500 ms poll; docs/comm.md has the figures); default: on with CUDA unless the environment variable
     ``TIMESHARE_WAKE_PROXIES`` is ``0``. ``proxy_wakes`` counts the proxy threads woken.
     """
 
@@ -411,9 +410,8 @@ class TorchRuntime(Runtime):
     async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
         """Destroy the groups with their NCCL shutdowns overlapped: ``ProcessGroup.shutdown()`` of every group at once
         from a thread pool (each waits for its communicator's proxy poll, [Note: the proxy's 500 ms poll] in
-        sim.presets), then torch's bookkeeping (``dist.destroy_process_group``) one by one. On 2 x H200 the 14
-        groups of the switch-window benchmark, destroyed right after their first collectives, took 0.51 s so
-        against 2.0-2.5 s one by one (``bench/results/2026-11-30-h200x2-switch-8-steps/``). ``abort`` (the failure path)
+        sim.presets, unless the proxy waker ends it), then torch's bookkeeping (``dist.destroy_process_group``) one
+        by one, so the waits overlap instead of adding up (docs/comm.md has the figures). ``abort`` (the failure path)
         aborts them one by one, as :meth:`destroy_group` does. Errors per group, as
         :meth:`Runtime.destroy_groups <refimpl.runtime.base.Runtime.destroy_groups>`.
         """

@@ -1,4 +1,4 @@
-"""sim.calibrate.colocated: the simulated colocated RL step's invariants, on a record shaped like bench/rl_loop.py's."""
+"""sim.calibrate.colocated: the simulated colocated RL step's invariants, on a record shaped like bench.rl's."""
 from __future__ import annotations
 
 import copy
