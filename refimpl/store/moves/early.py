@@ -273,6 +273,10 @@ class EarlyCopies:
             c.changed = not all(same[at:at + len(c.entries)])
             at += len(c.entries)
             changed += c.changed
+        if changed:
+            logger.info("%d early cop%s changed after copy_early without a version counter moving (a fused optimizer "
+                        "step, a BatchNorm forward, a write through .data): copied again", changed,
+                        "y" if changed == 1 else "ies")
         return changed
 
     async def take(self, layout: FlatLayout) -> Taken | None:

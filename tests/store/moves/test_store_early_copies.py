@@ -4,6 +4,8 @@ again whatever changed in place or moved since. Bitwise what a plain offload giv
 GPU (where the copies run on the copy stream, issued from the autograd engine's thread)."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -80,7 +82,9 @@ def test_an_offload_takes_over_the_early_copies_and_copies_only_the_rest():
 
 
 @pytest.mark.parametrize("change", ["add_", "copy_", "optimizer_step"])
-def test_a_tensor_changed_in_place_after_its_early_copy_is_copied_again(change):
+def test_a_tensor_changed_in_place_after_its_early_copy_is_copied_again(change, caplog):
+    """A change the version counters see is found by them: the digest at the offload finds nothing more."""
+    caplog.set_level(logging.INFO, logger="refimpl.store.moves.early")
     m, opt, store, dev = _setup()
     _train(m, opt, dev, seed=2)
     early = _layer_state(m, opt, 0)
@@ -98,6 +102,8 @@ def test_a_tensor_changed_in_place_after_its_early_copy_is_copied_again(change):
     st = store.stats()
     assert st.last_early_redone_bytes > 0
     assert st.last_early_reused_bytes + st.last_early_redone_bytes == _nbytes(early)
+    assert not [r for r in caplog.records if "without a version counter moving" in r.getMessage()], \
+        "a change the counters see was left to the digest"
     if change == "optimizer_step":
         assert st.last_early_reused_bytes == 0
     store.reload()
