@@ -85,6 +85,9 @@ same all-reduce in a steady step) and the streamed reload's wait. Beside it:
 the step (plain training + rollout + switch cost).
 
     python -m sim.calibrate.switch_modes RECORD.json [--policies DESTROY_DEFERRED,SUSPEND_PLANNED,PAUSED_LIVE]
+
+With ``--ranks 2,4,8`` the same composition is made for one rank of an N-GPU step from a one-GPU record, for the
+earlier mechanism and the current one, on FSDP2 and HSDP meshes (:mod:`sim.calibrate.switch_ngpu`).
 """
 from __future__ import annotations
 
@@ -123,13 +126,21 @@ def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, st
     ``start + i / (n - 1) * (end - start)`` of the step (the root at ``end``: the step's end, where the optimizer's
     own time moved into the backward), its copy starts then or when the copy before it ends, at the line rate
     ``d2h_bps``."""
-    if not units_bytes:
+    return unit_chain_tail([b / d2h_bps for b in units_bytes], train_s, start_share, end_share)
+
+
+def unit_chain_tail(units_s: list[float], train_s: float, start_share: float = FIRST_WAIT_SHARE,
+                    end_share: float = 1.0) -> float:
+    """Seconds a chain of per-unit works run past the end of a step of ``train_s`` that steps its optimizer per unit
+    in the backward: unit ``i`` of ``n`` (backward order, the root last) is final as :func:`early_copies_tail`
+    says, and its work (``units_s[i]`` seconds, on one stream) starts then or when the work before it ends."""
+    if not units_s:
         return 0.0
     start, end = start_share * train_s, end_share * train_s
-    n, t = len(units_bytes), 0.0
-    for i, b in enumerate(units_bytes):
+    n, t = len(units_s), 0.0
+    for i, d in enumerate(units_s):
         ready = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
-        t = max(t, ready) + b / d2h_bps
+        t = max(t, ready) + d
     return max(0.0, t - train_s)
 
 
@@ -319,8 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-first", action=argparse.BooleanOptionalAction, default=None,
                     help="the weight sync before the offload from the resident params, everything reloaded after "
                     "(default: as the record ran)")
+    ap.add_argument("--ranks", default=None,
+                    help="comma-separated rank counts: predict the step on that many GPUs from this one-GPU record "
+                    "(the sync-first streamed step with early copies), the earlier mechanism and the current one")
+    ap.add_argument("--meshes", default="fsdp,hsdp",
+                    help="with --ranks: fsdp (FSDP2 over every rank) and/or hsdp (replicate x shard)")
+    ap.add_argument("--hsdp-shard", type=int, default=2, help="with --ranks: the shard size of an HSDP mesh")
+    ap.add_argument("--link-share", type=int, default=1,
+                    help="with --ranks: ranks copying at once through one host uplink (their line rates divided)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.ranks:
+        return _main_ngpu(a)
     try:
         with open(a.record) as f:
             rec = json.load(f)
@@ -336,7 +357,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "early_offload_phase_s",
+def _main_ngpu(a: argparse.Namespace) -> int:
+    """The ``--ranks`` form of :func:`main`: the N-GPU rows of :mod:`sim.calibrate.switch_ngpu`."""
+    from sim.calibrate.switch_ngpu import check_inputs_blind, checked_ratio, format_ngpu, predict_table
+
+    try:
+        ranks = [int(x) for x in a.ranks.split(",")]
+        policies = a.policies.split(",")
+        if len(policies) != 1 and a.policies != ",".join(POLICIES):
+            raise ValueError("with --ranks give one policy (--policies DESTROY_DEFERRED)")
+        policy = policies[0] if len(policies) == 1 else "DESTROY_DEFERRED"
+        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"))
+        with open(a.record) as f:
+            rec = json.load(f)
+        rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), policy=policy, hsdp_shard=a.hsdp_shard,
+                             link_share=a.link_share, preset=a.preset)
+    except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
+        print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=1) if a.json else format_ngpu(rows, checked_ratio()))
+    return 0
+
+
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "unit_chain_tail", "early_offload_phase_s",
            "reload_issue_host_s",
            "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 
