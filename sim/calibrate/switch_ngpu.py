@@ -137,16 +137,17 @@ def unit_tensors(rec: dict[str, Any]) -> list[int]:
     return [1, *[(tensors - 3) // layers] * layers, 2]
 
 
-def sync_in_backward_units_s(rec_rank: dict[str, Any], shard: int, per_tensor_s: float) -> list[float]:
+def sync_in_backward_units_s(rec_rank: dict[str, Any], shard: int, per_tensor_s: float,
+                             preset: str | None = None) -> list[float]:
     """Seconds each unit's weight sync takes on the side stream, in backward order: its parameters x the per-tensor
     gather time plus the bytes this rank receives (``(shard - 1) / shard`` of the unit's full params in the rollout's
-    dtype) at NVLink rate."""
+    dtype) at the NVLink rate of ``preset`` (default :data:`~sim.calibrate.colocated.MULTI_PRESET`)."""
     from sim.calibrate.colocated import MULTI_PRESET, gather_bytes_s
 
     out = []
     for b, t in zip(rec_rank["early_units_bytes"], unit_tensors(rec_rank)):
         params_rank = b / EARLY_BYTES_PER_PARAM * ROLLOUT_PARAM_BYTES  # this rank's shard, in the rollout's dtype
-        out.append(t * per_tensor_s + gather_bytes_s(params_rank, shard, MULTI_PRESET))
+        out.append(t * per_tensor_s + gather_bytes_s(params_rank, shard, preset or MULTI_PRESET))
     return out
 
 
@@ -175,9 +176,11 @@ def _agreement_s(preset: str, ranks: int) -> float:
 
 def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechanisms: Iterable[str] = MECHANISMS,
                  policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
-                 preset: str = "calibrated/h200-1x") -> list[dict[str, Any]]:
+                 preset: str = "calibrated/h200-1x", multi_preset: str | None = None) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
-    (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up."""
+    (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
+    one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
+    preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, store_offload_host_s,
                                             unit_chain_tail)
@@ -190,6 +193,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     if not cfg.get("sync_first") or cfg.get("mode") != "streamed":
         raise RecordError("the input record must be of the streamed step with --sync-first (config.sync_first, "
                           "config.mode 'streamed')")
+    multi = MULTI_PRESET if multi_preset is None else multi_preset
     replicate, shard = mesh_shape(mesh, ranks, hsdp_shard)
     r = per_rank_record(rec, ranks, shard, link_share=link_share)
     r["config"].update(lifecycle_policy=policy, mode="streamed")
@@ -213,7 +217,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     rows = []
     for mech in mechanisms:
         if mech == "old":
-            lc = lifecycle(ranks, MULTI_PRESET)
+            lc = lifecycle(ranks, multi)
             q = {**p, "lifecycle_s": lc, "first_use_extra_s": lc["first_use_extra"],
                  "early_offload_phase_s": phase_1 - one["offload"] + lc["offload"]}
             row = _compose(q, policy, "streamed", 0.8, p["line"], "in_order", _first_wait(r), r["early_units_bytes"],
@@ -225,15 +229,15 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                       "pause_s": lc["offload"], "lifecycle_groups": [["trainer.dp", ranks]]}
         else:
             groups = mesh_groups(replicate, shard)
-            lc = lifecycle(ranks, MULTI_PRESET, groups)
+            lc = lifecycle(ranks, multi, groups)
             off = phase_1 - one["offload"] + lc["offload"]
             per_tensor = LOOP_CONSTANTS["gather_per_tensor_multi_s"]["value"]
-            sync_units = sync_in_backward_units_s(r, shard, per_tensor)
+            sync_units = sync_in_backward_units_s(r, shard, per_tensor, multi)
             ws = unit_chain_tail(sync_units, train)
             issue = p["reload_issue_host_s"]
             rel = issue
             thread = lc["reload"]  # cooldown's rest, rebuild per group, warm-up per member group, agreements
-            join = max(0.0, thread - rel) + _agreement_s(MULTI_PRESET, ranks)
+            join = max(0.0, thread - rel) + _agreement_s(multi, ranks)
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
                          + rest["sim_copies_s"] + rest["store_host_s"])
@@ -272,12 +276,12 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
     loop constant's source); raises :class:`RecordError` naming the first that is, or comes from, a record the
     predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS
-    from sim.presets import PRESET_DIR
+    from sim.presets import load_preset_data
 
     rel = _repo_relative(record_path)
     sources = [rel]
     for name in presets:
-        data = json.loads((PRESET_DIR / f"{name}.json").read_text())
+        data = load_preset_data(name)
         sources += [f"{name}:{k}: {c.get('source', '')}" for k, c in data.get("constants", {}).items()]
         sources += [f"{name}:fitted_on: {x}" for x in (data.get("fitted_on") or {}).get("records", [])]
     sources += [f"LOOP_CONSTANTS:{k}: {c['source']}" for k, c in LOOP_CONSTANTS.items()]
