@@ -86,8 +86,8 @@ the step (plain training + rollout + switch cost).
 
     python -m sim.calibrate.switch_modes RECORD.json [--policies DESTROY_DEFERRED,SUSPEND_PLANNED,PAUSED_LIVE]
 
-With ``--ranks 2,4,8`` the same composition is made for one rank of an N-GPU step from a one-GPU record, for the
-earlier mechanism and the current one, on FSDP2 and HSDP meshes (:mod:`sim.calibrate.switch_ngpu`).
+The same composition for one rank of an N-GPU step, from a one-GPU record, for the earlier mechanism and the
+current one on FSDP2 and HSDP meshes: :mod:`sim.calibrate.switch_ngpu`.
 """
 from __future__ import annotations
 
@@ -330,18 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-first", action=argparse.BooleanOptionalAction, default=None,
                     help="the weight sync before the offload from the resident params, everything reloaded after "
                     "(default: as the record ran)")
-    ap.add_argument("--ranks", default=None,
-                    help="comma-separated rank counts: predict the step on that many GPUs from this one-GPU record "
-                    "(the sync-first streamed step with early copies), the earlier mechanism and the current one")
-    ap.add_argument("--meshes", default="fsdp,hsdp",
-                    help="with --ranks: fsdp (FSDP2 over every rank) and/or hsdp (replicate x shard)")
-    ap.add_argument("--hsdp-shard", type=int, default=2, help="with --ranks: the shard size of an HSDP mesh")
-    ap.add_argument("--link-share", type=int, default=1,
-                    help="with --ranks: ranks copying at once through one host uplink (their line rates divided)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.ranks:
-        return _main_ngpu(a)
     try:
         with open(a.record) as f:
             rec = json.load(f)
@@ -354,28 +344,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
         return 2
     print(json.dumps(rows, indent=1) if a.json else format_rows(rows))
-    return 0
-
-
-def _main_ngpu(a: argparse.Namespace) -> int:
-    """The ``--ranks`` form of :func:`main`: the N-GPU rows of :mod:`sim.calibrate.switch_ngpu`."""
-    from sim.calibrate.switch_ngpu import check_inputs_blind, checked_ratio, format_ngpu, predict_table
-
-    try:
-        ranks = [int(x) for x in a.ranks.split(",")]
-        policies = a.policies.split(",")
-        if len(policies) != 1 and a.policies != ",".join(POLICIES):
-            raise ValueError("with --ranks give one policy (--policies DESTROY_DEFERRED)")
-        policy = policies[0] if len(policies) == 1 else "DESTROY_DEFERRED"
-        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"))
-        with open(a.record) as f:
-            rec = json.load(f)
-        rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), policy=policy, hsdp_shard=a.hsdp_shard,
-                             link_share=a.link_share, preset=a.preset)
-    except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
-        print(f"sim.calibrate.switch_modes: {a.record}: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(rows, indent=1) if a.json else format_ngpu(rows, checked_ratio()))
     return 0
 
 

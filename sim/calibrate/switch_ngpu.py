@@ -36,13 +36,15 @@ Inputs only from records that are not the ones the predictions are checked again
 :func:`check_inputs_blind` refuses such a record as input and any constant of the presets or
 :data:`~sim.calibrate.colocated.LOOP_CONSTANTS` whose source names one.
 
-    python -m sim.calibrate.switch_modes ONE_GPU_RECORD.json --ranks 2,4,8 [--meshes fsdp,hsdp] [--json]
+    python -m sim.calibrate.switch_ngpu ONE_GPU_RECORD.json --ranks 2,4,8 [--meshes fsdp,hsdp] [--json]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
+import sys
 import statistics
 from pathlib import Path
 from typing import Any, Iterable
@@ -354,7 +356,43 @@ def predict_table(rec: dict[str, Any], ranks: Iterable[int], meshes: Iterable[st
     return rows
 
 
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the predicted N-GPU rows for a one-GPU record (the checked 2-GPU figure beside its row)."""
+    from sim.calibrate.switch_modes import POLICIES
+
+    ap = argparse.ArgumentParser(description="Predicted switch cost of the colocated RL step on N GPUs, from a "
+                                 "one-GPU record of the sync-first streamed step with early copies")
+    ap.add_argument("record", help="an rl_step_1.json of bench.rl (--offload-in-backward --sync-first --mode streamed)")
+    ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts (each 2 or more)")
+    ap.add_argument("--meshes", default="fsdp,hsdp",
+                    help="fsdp (FSDP2 over every rank) and/or hsdp (replicate x shard)")
+    ap.add_argument("--mechanisms", default=",".join(MECHANISMS),
+                    help="old (trainer.dp rebuilt inline, the gather after the step) and/or new (the defaults)")
+    ap.add_argument("--policy", default="DESTROY_DEFERRED", choices=POLICIES)
+    ap.add_argument("--hsdp-shard", type=int, default=HSDP_SHARD, help="the shard size of an HSDP mesh")
+    ap.add_argument("--link-share", type=int, default=1,
+                    help="ranks copying at once through one host uplink (their line rates divided)")
+    ap.add_argument("--preset", default="calibrated/h200-1x", help="the one-GPU preset")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        ranks = [int(x) for x in a.ranks.split(",")]
+        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"))
+        with open(a.record) as f:
+            rec = json.load(f)
+        rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), mechanisms=tuple(a.mechanisms.split(",")),
+                             policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset)
+    except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
+        print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=1) if a.json else format_ngpu(rows, checked_ratio()))
+    return 0
+
+
 __all__ = ["CHECKED", "CHECKED_FIGURE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
            "format_ngpu", "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
-           "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors"]
+           "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 

@@ -142,10 +142,10 @@ def test_a_checked_record_never_feeds_an_input(tmp_path):
 
 
 def test_the_command_refuses_a_checked_record_and_prints_the_table(capsys):
-    from sim.calibrate.switch_modes import main
+    from sim.calibrate.switch_ngpu import main
 
     assert main([str(ROOT / CHECKED_FIGURE), "--ranks", "2"]) == 2
     assert "checked against" in capsys.readouterr().err
-    assert main([str(ROOT / INPUT), "--ranks", "2", "--meshes", "fsdp", "--policies", "DESTROY_DEFERRED"]) == 0
+    assert main([str(ROOT / INPUT), "--ranks", "2", "--meshes", "fsdp", "--policy", "DESTROY_DEFERRED"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | fsdp 1x2 | old |" in out and "measured 1.72" in out and "| 2 | fsdp 1x2 | new |" in out
