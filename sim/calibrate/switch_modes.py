@@ -182,6 +182,18 @@ def reload_issue_host_s(rec: dict[str, Any]) -> float | None:
     return sum(vals) / len(vals)
 
 
+def first_wait_share(rec: dict[str, Any], reload_order: str | None = None, batch_ahead: bool | None = None) -> float:
+    """The share of the record's training step before its first wait on a streamed reload with the ``in_order``
+    engine (module docstring): :data:`FIRST_WAIT_SHARE` where the reload is issued in first-use order and the step
+    copies no batch larger than :data:`INLINE_COPY_BYTES` at its start, else 0. ``reload_order`` and ``batch_ahead``
+    default to the record's."""
+    cfg = rec.get("config") or {}
+    order = rec.get("reload_order", "category") if reload_order is None else reload_order
+    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
+    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
+    return FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
+
+
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
                   copy_engine: str = "in_order", reload_order: str | None = None,
@@ -214,9 +226,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     if order not in RELOAD_ORDERS:
         raise ValueError(f"reload_order must be one of {RELOAD_ORDERS}, got {order!r}")
     cfg = rec.get("config") or {}
-    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
-    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
-    first_wait = FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
+    first_wait = first_wait_share(rec, order, batch_ahead)
     if early_units_bytes is None and rec.get("offload_in_backward"):
         early_units_bytes = rec.get("early_units_bytes")
     first = bool(cfg.get("sync_first", False)) if sync_first is None else sync_first
@@ -347,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "unit_chain_tail", "early_offload_phase_s",
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "first_wait_share", "unit_chain_tail", "early_offload_phase_s",
            "reload_issue_host_s",
            "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 

@@ -184,7 +184,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
     preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
-    from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, store_offload_host_s,
+    from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share, store_offload_host_s,
                                             unit_chain_tail)
 
     mechanisms = tuple(mechanisms)
@@ -222,7 +222,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             lc = lifecycle(ranks, multi)
             q = {**p, "lifecycle_s": lc, "first_use_extra_s": lc["first_use_extra"],
                  "early_offload_phase_s": phase_1 - one["offload"] + lc["offload"]}
-            row = _compose(q, policy, "streamed", 0.8, p["line"], "in_order", _first_wait(r), r["early_units_bytes"],
+            row = _compose(q, policy, "streamed", 0.8, p["line"], "in_order", first_wait_share(r), r["early_units_bytes"],
                            True)
             terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
                      "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
@@ -243,7 +243,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
                          + rest["sim_copies_s"] + rest["store_host_s"])
-            under = _first_wait(r) * train
+            under = first_wait_share(r) * train
             wait = max(0.0, rest_left - rel - join - under)
             tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], train)
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
@@ -257,19 +257,6 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
                      "bytes_per_rank": p["offload_bytes"], "train_s": train, "rollout_s": rollout})
     return rows
-
-
-def _first_wait(r: dict[str, Any]) -> float:
-    """The share of the training step before its first wait on the streamed reload, as
-    :func:`sim.calibrate.switch_modes.predict_modes` reads it from a record (its reload order, its batch)."""
-    from sim.calibrate.switch_modes import FIRST_WAIT_SHARE, INLINE_COPY_BYTES
-
-    cfg = r.get("config") or {}
-    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
-    ahead = bool(cfg.get("batch_ahead", False))
-    if r.get("reload_order", "category") == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES):
-        return FIRST_WAIT_SHARE
-    return 0.0
 
 
 def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calibrated/h200-1x",
