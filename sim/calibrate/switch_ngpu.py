@@ -222,8 +222,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             lc = lifecycle(ranks, multi)
             q = {**p, "lifecycle_s": lc, "first_use_extra_s": lc["first_use_extra"],
                  "early_offload_phase_s": phase_1 - one["offload"] + lc["offload"]}
-            row = _compose(q, policy, "streamed", 0.8, p["line"], "in_order", first_wait_share(r), r["early_units_bytes"],
-                           True)
+            row = _compose(q, policy, "streamed", 0.8, p["line"], "in_order", first_wait_share(r),
+                           r["early_units_bytes"], True)
             terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
                      "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
                      "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"]}
@@ -314,8 +314,8 @@ def checked_ratio() -> dict[str, Any]:
 
 def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = None) -> str:
     """The rows as a markdown table (seconds; x copies), with the checked figure beside the 2-GPU old rows."""
-    head = ("| ranks | mesh | mechanism | offload | weight sync | reload | join wait | stream wait | early copies tail | "
-            "switch cost | copies at line | x copies |\n" + "|---" * 12 + "|")
+    head = ("| ranks | mesh | mechanism | offload | weight sync | reload | join wait | stream wait | "
+            "early copies tail | switch cost | copies at line | x copies |\n" + "|---" * 12 + "|")
     body = []
     for r in rows:
         t = r["terms"]
