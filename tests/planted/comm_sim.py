@@ -268,6 +268,11 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "    cost = off + ws + rel + extra + wait", "    cost = off + ws + rel + wait",
       ("tests/sim/calibrate/test_switch_modes.py",),
       "the predicted switch cost per mode leaves out the first step's lazy init of rebuilt groups"),
+    B("early_offload_keeps_the_copy_wait", "sim/calibrate/switch_modes.py",
+      '        off_store = p.get("store_offload_host_s") or parts["offload"]["store_host_s"]',
+      '        off_store = sum(parts["offload"].values())',
+      ("tests/sim/calibrate/test_switch_modes.py",),
+      "with early copies and no offload phase of the record's own, the prediction still charges the copies' wait"),
     # ------------------------------------------------------------------ sim planner and commands
     B("planner_forgets_the_window", "sim/planner/plan.py",
       'out["rollout_resident"] = st.total - sum(st.bytes[x] for x in include) + win["held"]',
