@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.planner.plan_model import MODEL_PRESETS, GpuSpec, Layout, PlanInputError, Workload
+from sim.planner.plan_inputs import MODEL_PRESETS, GpuSpec, Layout, PlanInputError, Workload
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model(text: str | None, args: argparse.Namespace, flag: str = "--model"):
-    from sim.planner.plan_model import model_preset, shape_from_hf_config, shape_from_sizes
+    from sim.planner.plan_inputs import model_preset, shape_from_hf_config, shape_from_sizes
 
     if flag == "--model" and args.params_b is not None:
         if text:
@@ -128,7 +128,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def _cluster(args: argparse.Namespace, fc) -> tuple[str, int, int | None, int]:
     """(preset, nodes, GPUs per node used or None for all, GPUs in all) from the options and the config."""
-    from sim.planner.plan_model import Machine
+    from sim.planner.plan_inputs import Machine
     from sim.presets import load_preset_data
 
     nodes = args.nodes or (fc.nodes if fc else 1)
@@ -186,7 +186,7 @@ def inputs_from_args(args: argparse.Namespace):
     (raises :class:`PlanInputError` naming the bad option or config key)."""
     from sim.planner.plan import PlanInputs
     from sim.planner.plan_layout import layout_choices
-    from sim.planner.plan_model import gpu_flops
+    from sim.planner.plan_inputs import gpu_flops
 
     _check_numbers(args)
     fc = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.planner.plan_model import Layout
+from sim.planner.plan_inputs import Layout
 
 #: one colour per kind of timeline segment, the same in every picture (colour-blind-safe palette)
 SEGMENT_COLOURS = {"compute": "#0072B2", "switch": "#E69F00", "switch out": "#D55E00", "weight sync": "#009E73",

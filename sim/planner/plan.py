@@ -38,7 +38,7 @@ What is simulated and what is computed (docs/plan.md says it in full):
   reload all-gathers the rest over NVLink (computed from the topology).
 * Compute: training 8 x active params x tokens FLOPs for the actor (6 for
   forward/backward, 2 for the old log-probs), 8 for a critic, 2 for each
-  scoring role, at ``mfu`` of the GPU's peak (:data:`sim.planner.plan_model.GPU_FLOPS`).
+  scoring role, at ``mfu`` of the GPU's peak (:data:`sim.planner.plan_inputs.GPU_FLOPS`).
 * Rollout: needs a KV cache for its batch; with less it runs in waves (time
   grows as need / available), or speed is proportional to KV memory when
   ``tokens_per_s_per_gib`` is given; with ``kv_gib`` given the need is strict.
@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from refimpl.comm import PGPolicy
-from sim.planner.plan_model import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
+from sim.planner.plan_inputs import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
                             Workload, gpu_flops, model_preset, role_state)
 from sim.planner.plan_layout import LayoutCost, layout_cost, micro_batches
 from sim.planner.plan_sim import SIM_TENSORS, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.planner.plan_model import Layout, ModelShape, PlanInputError, Workload, model_preset, shape_from_hf_config
+from sim.planner.plan_inputs import Layout, ModelShape, PlanInputError, Workload, model_preset, shape_from_hf_config
 
-#: aliases of :data:`sim.planner.plan_model.MODEL_PRESETS` in model names and paths (lower case, after the org/)
+#: aliases of :data:`sim.planner.plan_inputs.MODEL_PRESETS` in model names and paths (lower case, after the org/)
 MODEL_ALIASES = {"llama-3.1-70b": "Llama-3-70B", "llama-3.3-70b": "Llama-3-70B", "meta-llama-3-70b": "Llama-3-70B",
                  "llama-2-7b": "Llama-2-7B", "llama-2-13b": "Llama-2-13B", "qwen2.5-7b": "Qwen2.5-7B",
                  "qwen3-4b": "Qwen3-4B", "qwen3-30b-a3b": "Qwen3-30B-A3B", "llama-3-70b": "Llama-3-70B"}

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from sim.planner.plan_layout import describe
-from sim.planner.plan_model import Layout, PlanInputError
+from sim.planner.plan_inputs import Layout, PlanInputError
 from sim.planner.plan_rank import rank, recommend, ties
 
 

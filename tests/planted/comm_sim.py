@@ -229,7 +229,7 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       'out["rollout_resident"] = st.total - sum(st.bytes[x] for x in include)',
       ("tests/test_cli_rows.py::test_pg_policies_compete_on_the_kv_cache_they_give_back",),
       "the planner leaves the groups held through the rollout out of the resident bytes"),
-    B("dense_params_include_experts", "sim/planner/plan_model.py",
+    B("dense_params_include_experts", "sim/planner/plan_inputs.py",
       "        return self.params - self.expert_params", "        return self.params",
       ("tests/sim/planner/test_plan.py::test_a_moe_models_dense_parameters_leave_its_experts_out",),
       "a MoE model's dense parameters count its experts too"),

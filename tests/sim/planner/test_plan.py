@@ -6,7 +6,7 @@ import pytest
 from refimpl.cli import main
 from sim.planner.plan import (PG_POLICIES, Candidate, PlanInputs, Planner, default_inputs, make_plan, pareto, rank,
                              recommend)
-from sim.planner.plan_model import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
+from sim.planner.plan_inputs import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
                             shape_from_sizes)
 
 
@@ -200,7 +200,7 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     # out; sleep + update + wake per policy
     from pathlib import Path
 
-    from sim.planner.plan_model import GpuSpec
+    from sim.planner.plan_inputs import GpuSpec
     from sim.calibrate.switch_window import mesh_groups
 
     report = json.loads((Path(__file__).resolve().parents[3] / "bench/results/2026-11-30-h200x2-all-policies"
