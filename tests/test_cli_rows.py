@@ -102,7 +102,7 @@ def test_calibrated_preset_needs_no_gpu_tflops():
     assert rc == 0 and data["inputs"]["gpu"]["flops"] == 989e12
 
 
-def test_differences_inside_the_models_error_are_ties_not_a_ranking():
+def test_differences_inside_the_estimates_error_are_ties_not_a_ranking():
     from sim.planner.plan_rank import Candidate, Outcome, recommend, tie_margin, ties
 
     def out(off, pg, step, switch):

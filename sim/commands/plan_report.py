@@ -39,7 +39,7 @@ def layout_table(plan: dict[str, Any], wide: bool = False) -> str:
 
 
 def candidate_table(plan: dict[str, Any], rows: int, wide: bool = False) -> str:
-    """The ranked candidates; ``=`` marks those tied with the fastest inside the model's error; why the ones that do
+    """The ranked candidates; ``=`` marks those tied with the fastest inside the estimate's error; why the ones that do
     not fit do not, under the table."""
     from refimpl.output import table
 
@@ -62,7 +62,7 @@ def candidate_table(plan: dict[str, Any], rows: int, wide: bool = False) -> str:
             why.append(f"  #{i} does not fit: {o['reason']}")
         body.append(row)
     out = table(head, body, wide=wide, right=tuple(range(2, len(head) - 1)), min_widths={1: 28},
-                title="candidates, fastest first (= : a tie with the fastest, inside the model's error)")
+                title="candidates, fastest first (= : a tie with the fastest, inside the estimate's error)")
     return "\n".join([out, *why])
 
 

@@ -78,7 +78,7 @@ def pareto(outcomes: list[Outcome]) -> list[Outcome]:
     return rank(front)
 
 
-#: the model's stated error on a step-time difference between two candidates (docs/plan.md, "Ties"):
+#: the estimate's stated error on a step-time difference between two candidates (docs/plan.md, "Ties"):
 #: the simulated switch windows are within 15% of the 2 x H200 measurement (docs/calibration.md) ...
 SWITCH_REL_ERROR = 0.15
 #: ... the layout's communication formulas are not measured here (assumption: 25%) ...
@@ -93,7 +93,7 @@ def _layout_total(o: Outcome) -> float:
 
 
 def tie_margin(a: Outcome, b: Outcome) -> float:
-    """Seconds within which the step times of ``a`` and ``b`` are a tie: inside the model's stated error."""
+    """Seconds within which the step times of ``a`` and ``b`` are a tie: inside the estimate's stated error."""
     la, lb = _layout_total(a), _layout_total(b)
     rest = abs((a.step_s - a.switch_s - la) - (b.step_s - b.switch_s - lb))
     return SWITCH_REL_ERROR * max(a.switch_s, b.switch_s) + LAYOUT_REL_ERROR * max(la, lb) + STEP_REL_ERROR * rest
@@ -116,7 +116,7 @@ def ties(ranked: list[Outcome]) -> list[Outcome]:
 def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
     """The recommended candidate and a sentence saying why.
 
-    Among the candidates tied with the fastest (inside the model's error, :func:`ties`) the one with the
+    Among the candidates tied with the fastest (inside the estimate's error, :func:`ties`) the one with the
     fewest moving parts (:func:`moving_parts`) is recommended: a difference the model cannot resolve is
     no reason to offload more or to run a PG lifecycle. The sentence gives the margin to the fastest
     candidate that is not a tie, and what offloading nothing would cost.
@@ -129,7 +129,7 @@ def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
     best = min(tied, key=lambda o: (moving_parts(o.candidate), o.step_s))
     parts = [f"step {best.step_s:.2f} s, of which {best.switch_s:.2f} s switching"]
     if len(tied) > 1:
-        parts.append(f"{len(tied) - 1} other candidate(s) within the model's error of the fastest "
+        parts.append(f"{len(tied) - 1} other candidate(s) within the estimate's error of the fastest "
                      f"({tie_margin(tied[0], tied[-1]):.2f} s): a tie, so the one with the fewest moving parts")
     rest = [o for o in ok if o not in tied]
     if rest:
