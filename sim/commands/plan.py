@@ -185,7 +185,7 @@ def inputs_from_args(args: argparse.Namespace):
     """(:class:`sim.planner.plan.PlanInputs`, the :class:`sim.planner.plan_config.FrameworkConfig` read or None) from parsed options
     (raises :class:`PlanInputError` naming the bad option or config key)."""
     from sim.planner.plan import PlanInputs
-    from sim.planner.plan_layout import layout_choices
+    from sim.planner.layout_cost import layout_choices
     from sim.planner.plan_inputs import gpu_flops
 
     _check_numbers(args)

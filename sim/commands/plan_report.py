@@ -81,7 +81,7 @@ def answer_for(fc: Any, plan: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _header(plan: dict[str, Any]) -> list[str]:
-    from sim.planner.plan_layout import describe
+    from sim.planner.layout_cost import describe
 
     inp = plan["inputs"]
     m, w = inp["model"], inp["workload"]

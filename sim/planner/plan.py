@@ -59,7 +59,7 @@ from typing import Any, Callable
 from refimpl.comm import PGPolicy
 from sim.planner.plan_inputs import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
                             Workload, gpu_flops, model_preset, role_state)
-from sim.planner.plan_layout import LayoutCost, layout_cost, micro_batches
+from sim.planner.layout_cost import LayoutCost, layout_cost, micro_batches
 from sim.planner.plan_sim import SIM_TENSORS, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)
 from sim.planner.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend, ties  # noqa: F401 (re-exported)
 
@@ -104,7 +104,7 @@ class PlanInputs:
     gpus_per_node: int | None = None  # use only the first N GPUs of each node of the preset (None: all)
     # (offload, backend, score_offload, pg_policy) -> whether the user's framework can express it (None: all can)
     allow: Callable[[tuple[str, ...], str, bool, str], bool] | None = None
-    layouts: list[Layout] | None = None  # other layouts to compare (sim.planner.plan_layouts); None: only ``layout``
+    layouts: list[Layout] | None = None  # other layouts to compare (sim.planner.layout_stage); None: only ``layout``
 
 
 class Planner:
@@ -468,7 +468,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
     layouts: list[dict[str, Any]] = []
     layout_stats: dict[str, Any] = {}
     if inputs.layouts:
-        from sim.planner.plan_layouts import compare_layouts
+        from sim.planner.layout_stage import compare_layouts
 
         chosen, layouts = compare_layouts(inputs, Planner, progress, tick)
         layout_stats = layouts.pop()["stats"]
@@ -520,7 +520,7 @@ def plan_size(inputs: PlanInputs) -> int:
         planner = Planner(replace(inputs, layouts=None))
     except PlanInputError:
         return 0
-    from sim.planner.plan_layouts import SHORTLIST
+    from sim.planner.layout_stage import SHORTLIST
 
     n = len(planner.offload_candidates())
     return planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()

@@ -46,7 +46,7 @@ class Outcome:
     pinned_rank_gib: float
     pinned_node_gib: float
     timeline: list[tuple[str, str, float]] = field(default_factory=list)  # (role, kind, seconds) in step order
-    layout_s: dict[str, dict[str, float]] = field(default_factory=dict)  # per role: what the layout adds (plan_layout)
+    layout_s: dict[str, dict[str, float]] = field(default_factory=dict)  # per role: what the layout adds (layout_cost)
     memory_gib: dict[str, float] = field(default_factory=dict)  # GPU memory in use in each role's turn
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from sim.planner.plan_layout import describe
+from sim.planner.layout_cost import describe
 from sim.planner.plan_inputs import Layout, PlanInputError
 from sim.planner.plan_rank import rank, recommend, ties
 
