@@ -17,7 +17,7 @@ ROLL offloads every state of every role (``is_offload_states``), through ``offlo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -345,10 +345,5 @@ def changed(fc: FrameworkConfig, keys: dict[str, Any]) -> dict[str, tuple[Any, A
     return out
 
 
-def with_layout(fc: FrameworkConfig, layout: Layout) -> FrameworkConfig:
-    """The same config on another layout (the rollout's TP kept)."""
-    return replace(fc, layout=replace(layout, rollout_tp=fc.layout.rollout_tp))
-
-
 __all__ = ["FrameworkConfig", "MODEL_ALIASES", "answer", "changed", "current_value", "expressible", "read_config", "resolve_model",
-           "snippet", "with_layout"]
+           "snippet"]
