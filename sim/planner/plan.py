@@ -276,20 +276,46 @@ class Planner:
         return b / each + (a - b) / self.m.pcie
 
     def evaluate(self, c: Candidate) -> Outcome:
-        """Cost of one candidate (see the module docstring for what is simulated)."""
+        """Cost of one candidate (see the module docstring for what is simulated): the roles' switch costs, the
+        memory of each turn and the KV cache left to the rollout, why it does not fit, and the step's timeline."""
         roles = list(c.order) or self.w.roles()
         trained = [r for r in roles if r in ("actor_train", "critic")]
         scoring = [r for r in roles if r in ("reference", "reward")]
         cpu_policy = c.offload == ("fsdp_cpu",)
         include = () if cpu_policy else tuple(x for x in ("params", "grads", "optimizer") if x in c.offload)
+        costs, resident, pinned = self._role_costs(c, trained, scoring, include)
+        turns, fixed, kv = self._memory(costs, resident, trained + scoring, include, cpu_policy)
+        reasons = self._reasons(costs, turns, kv, pinned)
+        rollout_s = self._rollout_s(kv)
+        compute = {}
+        for r in trained + scoring:
+            base = self._compute_s(r)
+            if cpu_policy and r in trained:
+                base, _added = self._fsdp_cpu_train(r, base)
+            compute[r] = base
+        timeline, switch = self._timeline(roles, trained, costs, compute, rollout_s, include)
+        step = rollout_s + sum(compute.values()) + switch
+        in_rollout = fixed + min(max(kv, 0.0), self.kv_need)
+        peak = max([*turns.values(), in_rollout])
+        memory = {r: v / GiB for r, v in turns.items()}
+        memory["rollout"] = in_rollout / GiB
+        return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
+                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline,
+                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory)
+
+    def _role_costs(self, c: Candidate, trained: list[str], scoring: list[str], include: tuple[str, ...]
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+        """(switch costs per role, bytes each role keeps on the GPU between its turns, pinned host bytes per rank)
+        of candidate ``c``: the trained roles' simulated copies (``local_dedup`` moving 1/R of the replicated bytes
+        over PCIe and all-gathering the rest), the scoring roles' weights, the engine's sleeping weights."""
+        cpu_policy = c.offload == ("fsdp_cpu",)
         costs: dict[str, dict[str, float]] = {}
         resident: dict[str, float] = {}
         pinned = 0.0
         for r in trained:
-            s = self._simulate(r, include, c.pg_policy)
+            s = dict(self._simulate(r, include, c.pg_policy))
             st = self.states[r]
             off_b = sum(st.bytes[x] for x in include)
-            s = dict(s)
             if c.backend == "local_dedup" and include:
                 rep = sum(st.replicated[x] for x in include)
                 if rep:
@@ -307,21 +333,32 @@ class Planner:
             resident[r] = 0.0 if c.score_offload else self.states[r].total
             pinned += s["pinned"]
         pinned += self.engine_bytes  # the engine's weights sleep in host memory (vLLM sleep level 1)
+        return costs, resident, pinned
+
+    def _memory(self, costs: dict[str, dict[str, float]], resident: dict[str, float], roles: list[str],
+                include: tuple[str, ...], cpu_policy: bool) -> tuple[dict[str, float], float, float]:
+        """(GPU bytes in use in each role's turn, bytes held through the rollout besides its KV cache, the KV
+        cache bytes left to the rollout)."""
         comm = costs["actor_train"]["comm_train"]
         reserve = self.inp.reserve_gib * GiB
-        # memory of each turn
         turns = {}
-        for r in trained + scoring:
+        for r in roles:
             others = sum(v for k, v in resident.items() if k != r)
-            own = 0.0 if (cpu_policy and r in trained) else self.states[r].total
-            if cpu_policy and r in trained:
+            trained_on_cpu = cpu_policy and r in ("actor_train", "critic")
+            own = 0.0 if trained_on_cpu else self.states[r].total
+            if trained_on_cpu:
                 own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
             turns[r] = reserve + comm + others + own + self._activations(r)
         actor_rollout = costs["actor_train"]["rollout_resident"]  # resident actor state + communicators kept
         st_a = self.states["actor_train"]
         comm_rollout = max(0.0, actor_rollout - (st_a.total - sum(st_a.bytes[x] for x in include)))
         fixed = reserve + comm_rollout + sum(resident.values()) + self.engine_bytes
-        kv = self.m.gpu_bytes - fixed
+        return turns, fixed, self.m.gpu_bytes - fixed
+
+    def _reasons(self, costs: dict[str, dict[str, float]], turns: dict[str, float], kv: float,
+                 pinned: float) -> list[str]:
+        """Why a candidate does not fit (empty when it does): a simulation that failed, a turn larger than the GPU,
+        a rollout without the KV cache it needs, pinned host memory beyond the node's."""
         reasons = [costs[r]["failed"] for r in costs if costs[r].get("failed")]
         worst = max(turns, key=turns.get)
         if turns[worst] > self.m.gpu_bytes:
@@ -333,27 +370,29 @@ class Planner:
             reasons.append(f"rollout gets {max(kv, 0) / GiB:.1f} GiB of KV cache, {what}")
         if pinned * self.m.per_node > self.m.host_per_node:
             reasons.append(f"pinned host {pinned * self.m.per_node / GiB:.0f} GiB exceeds the node's {self.m.host_per_node / GiB:.0f} GiB")
+        return reasons
+
+    def _rollout_s(self, kv: float) -> float:
+        """The rollout's time with ``kv`` bytes of KV cache per GPU: in waves when it has less than it needs, or in
+        proportion to its memory when a speed per GiB is given."""
         kv_used = min(max(kv, 1.0), self.kv_need)
         if self.w.tokens_per_s_per_gib:
             gen = self.w.sequences * self.w.response_len
-            rollout_s = gen / (self.m.gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
-        else:
-            rollout_s = self.rollout_full * max(1.0, self.kv_need / kv_used)
-        # compute and switches along the order
-        compute = {}
-        timeline: list[tuple[str, str, float]] = []
-        for r in trained + scoring:
-            base = self._compute_s(r)
-            if cpu_policy and r in trained:
-                base, _added = self._fsdp_cpu_train(r, base)
-            compute[r] = base
+            return gen / (self.m.gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
+        return self.rollout_full * max(1.0, self.kv_need / kv_used)
+
+    def _timeline(self, roles: list[str], trained: list[str], costs: dict[str, dict[str, float]],
+                  compute: dict[str, float], rollout_s: float, include: tuple[str, ...]
+                  ) -> tuple[list[tuple[str, str, float]], float]:
+        """(the step's segments in order, the seconds spent switching): the roles' turns and the switches between
+        them along ``roles``, the weight sync before the rollout, the first collectives after a wake."""
         # the trained roles' first collectives after the wake (lazy NCCL init of rebuilt groups) are switch cost
         # ([Note: the switch cost] in sim.machine.switch_cost), paid at the start of their compute turn
         first_use = {r: costs[r]["train_overhead_s"] for r in trained}
         switch = sum(first_use.values())
-        seq = roles
-        for i, r in enumerate(seq):
-            nxt = seq[(i + 1) % len(seq)]
+        timeline: list[tuple[str, str, float]] = []
+        for i, r in enumerate(roles):
+            nxt = roles[(i + 1) % len(roles)]
             if r == "rollout":
                 timeline.append((r, "compute", rollout_s))
                 continue
@@ -375,17 +414,11 @@ class Planner:
             t = self._switch(off, on)
             timeline.append((f"{r}->{nxt}", "switch", t))
             switch += t
-        first = seq[1] if len(seq) > 1 else None
+        first = roles[1] if len(roles) > 1 else None
         if first is not None:
             timeline.insert(1, (f"rollout->{first}", "switch", costs[first]["reload_s"]))
             switch += costs[first]["reload_s"]
-        step = rollout_s + sum(compute.values()) + switch
-        peak = max([*turns.values(), fixed + min(max(kv, 0.0), self.kv_need)])
-        memory = {r: v / GiB for r, v in turns.items()}
-        memory["rollout"] = (fixed + min(max(kv, 0.0), self.kv_need)) / GiB
-        return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
-                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline,
-                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory)
+        return timeline, switch
 
     # ------------------------------------------------------------------ search
 
