@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.planner.plan import MICRO_BATCH_TERMS
 from sim.planner.plan_inputs import Layout
 
 #: one colour per kind of timeline segment, the same in every picture (colour-blind-safe palette)
@@ -67,17 +68,28 @@ def candidate_table(plan: dict[str, Any], rows: int, wide: bool = False) -> str:
 
 
 def answer_for(fc: Any, plan: dict[str, Any]) -> dict[str, Any] | None:
-    """The recommendation in the config's own keys: all of them, those that change, and a YAML snippet."""
+    """The recommendation in the config's own keys: all of them, those that change, and a YAML snippet; when nothing
+    fits but a smaller micro-batch does, that key (``fix``); None when there is neither. ``ignored``: keys of the
+    config the framework does not define and ignores (and so does the plan)."""
     from sim.planner.plan_config import answer, changed, snippet
 
     rec = plan["recommendation"]
-    if rec is None:
+    fix = (plan.get("micro_batch_fix") or {}).get("keys")
+    if rec is None and not (fix and plan["micro_batch_fix"]["fits"]):
         return None
-    lay = Layout(**plan["inputs"]["layout"])
-    keys = answer(fc, rec["candidate"], lay, rec["rollout_gib"], plan["inputs"]["engine_gib"], plan["inputs"]["gpu_gib"])
+    if rec is None:
+        keys = dict(fix)
+    else:
+        lay = Layout(**plan["inputs"]["layout"])
+        keys = answer(fc, rec["candidate"], lay, rec["rollout_gib"], plan["inputs"]["engine_gib"],
+                      plan["inputs"]["gpu_gib"])
     diff = changed(fc, keys)
-    return {"framework": fc.framework, "keys": keys, "changed": {k: {"now": now, "set": v} for k, (now, v) in diff.items()},
-            "snippet": snippet(keys), "config_gpu_memory_utilization": fc.gpu_memory_utilization}
+    out = {"framework": fc.framework, "keys": keys, "changed": {k: {"now": now, "set": v} for k, (now, v) in diff.items()},
+           "snippet": snippet(keys), "config_gpu_memory_utilization": fc.gpu_memory_utilization,
+           "ignored": list(fc.ignored)}
+    if rec is None:
+        out["fix"] = dict(fix)
+    return out
 
 
 def _header(plan: dict[str, Any]) -> list[str]:
@@ -120,8 +132,13 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
             lines.append(f"it fits on {more['nodes']} nodes ({more['cluster']}): {more['candidate']}, step "
                          f"{more['step_s']:.2f} s" + "".join(f"; set {k}={v}" for k, v in more.get("keys", {}).items()))
         elif "more_nodes" in plan:
-            lines.append("it does not fit on 2, 4 or 8 times the nodes either")
-    elif ans:
+            driver = plan.get("memory_driver") or {}
+            per_gpu = driver.get("biggest") in MICRO_BATCH_TERMS
+            lines.append("it does not fit on 2, 4 or 8 times the nodes either"
+                         + (": the micro-batch's memory is per GPU, more GPUs do not shrink it" if per_gpu else ""))
+    if ans and ans.get("ignored"):
+        lines.append(f"keys {ans['framework']} does not define and ignores (so does the plan): " + ", ".join(ans["ignored"]))
+    if rec is not None and ans:
         lines.append(f"answer ({ans['framework']} keys; paste into the config, or pass each as KEY=VALUE):")
         lines += ["  " + x for x in ans["snippet"].splitlines()]
         if ans["changed"]:
@@ -129,7 +146,7 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
                 f"{k} {'(not set)' if c['now'] is None else c['now']} -> {c['set']}" for k, c in ans["changed"].items()))
         else:
             lines.append("the config already has these settings")
-    else:
+    elif rec is not None:
         order = " -> ".join(rec["candidate"]["order"])
         lines.append(f"recommendation: {rec['candidate']['label']}; order {order}")
     if rec is not None:

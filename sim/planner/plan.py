@@ -60,7 +60,7 @@ from refimpl.comm import PGPolicy
 from sim.planner.plan_inputs import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
                             Workload, gpu_flops, model_preset, role_state)
 from sim.planner.layout_cost import LayoutCost, layout_cost, micro_batches
-from sim.planner.plan_sim import SIM_TENSORS, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)
+from sim.planner.plan_sim import SIM_TENSORS, quiet_protocol_logs, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)
 from sim.planner.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend, ties  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,18 @@ PG_STEPS, PG_WARMUP = 4, 2
 RESERVE_GIB = 2.0
 #: assumption: fraction of HBM bandwidth a decode step reaches
 DECODE_HBM_EFF = 0.6
+#: what a role's turn holds on a GPU, in words (:meth:`Planner.memory_driver` names the largest)
+MEMORY_TERMS = {
+    "reserve": "the CUDA context and allocator reserve",
+    "communicators": "the NCCL communicators",
+    "other_roles_state": "the state of the other roles kept on the GPU",
+    "state": "the role's own state (weights, gradients, optimizer)",
+    "layer_activations": "one layer's activations of the micro-batch",
+    "logits": "the fp32 logits over the vocabulary and their gradient",
+    "checkpointed_inputs": "the checkpointed layer inputs of the micro-batch",
+}
+#: the terms that grow with the micro-batch (a smaller one shrinks them in proportion)
+MICRO_BATCH_TERMS = ("layer_activations", "logits", "checkpointed_inputs")
 
 
 
@@ -194,8 +206,9 @@ class Planner:
 
         pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
         t0 = time.perf_counter()
-        per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
-                            cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
+        with quiet_protocol_logs():
+            per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
+                                cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
         self.sim_wall_s += time.perf_counter() - t0
         r = summarize(pol, per_rank, PG_WARMUP)
         held = (r.held_in_rollout_gib or 0.0) * GiB
@@ -245,16 +258,21 @@ class Planner:
     def _compute_s(self, role: str) -> float:
         return self._ideal_compute_s(role) + self.layout_cost(role).total
 
-    def _activations(self, role: str) -> float:
+    def _activation_terms(self, role: str) -> dict[str, float]:
+        """Bytes of ``role``'s activations in its turn, per :data:`MEMORY_TERMS` name: one layer's activations
+        (recomputed under checkpointing), the fp32 logits over the vocabulary and their gradient, and (trained
+        roles) the checkpointed layer inputs of the micro-batches in flight."""
         model = self.w.reward_model if role == "reward" else self.inp.model
         t, tp = self.w.micro_batch_tokens / self.lay.cp, self.lay.tp
-        per_layer = t * model.hidden * 34 / tp  # one layer's activations, recomputed under checkpointing
-        logits = t * model.vocab * 8 / tp  # fp32 logits and their gradient
+        out = {"layer_activations": t * model.hidden * 34 / tp, "logits": t * model.vocab * 8 / tp}
         if role in ("actor_train", "critic"):
             # 1F1B: the first stage holds the checkpointed inputs of up to pp micro-batches in flight
             in_flight = min(self.lay.pp, micro_batches(self.w, self.lay))
-            return per_layer + logits + in_flight * t * model.hidden * 2 * model.layers / self.lay.pp / tp
-        return per_layer + logits
+            out["checkpointed_inputs"] = in_flight * t * model.hidden * 2 * model.layers / self.lay.pp / tp
+        return out
+
+    def _activations(self, role: str) -> float:
+        return sum(self._activation_terms(role).values())
 
     def _fsdp_cpu_train(self, role: str, compute: float) -> tuple[float, float]:
         """(train time, added time) of a trained role under CPUOffloadPolicy: shards copied in per pass, CPU Adam."""
@@ -299,9 +317,11 @@ class Planner:
         peak = max([*turns.values(), in_rollout])
         memory = {r: v / GiB for r, v in turns.items()}
         memory["rollout"] = in_rollout / GiB
+        offloaded = {r: list(c.offload if cpu_policy else include) for r in trained if cpu_policy or include}
+        offloaded.update({r: ["params"] for r in scoring if c.score_offload})
         return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
                        max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline,
-                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory)
+                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory, offloaded)
 
     def _role_costs(self, c: Candidate, trained: list[str], scoring: list[str], include: tuple[str, ...]
                     ) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
@@ -339,21 +359,50 @@ class Planner:
                 include: tuple[str, ...], cpu_policy: bool) -> tuple[dict[str, float], float, float]:
         """(GPU bytes in use in each role's turn, bytes held through the rollout besides its KV cache, the KV
         cache bytes left to the rollout)."""
-        comm = costs["actor_train"]["comm_train"]
         reserve = self.inp.reserve_gib * GiB
-        turns = {}
-        for r in roles:
-            others = sum(v for k, v in resident.items() if k != r)
-            trained_on_cpu = cpu_policy and r in ("actor_train", "critic")
-            own = 0.0 if trained_on_cpu else self.states[r].total
-            if trained_on_cpu:
-                own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
-            turns[r] = reserve + comm + others + own + self._activations(r)
+        turns = {r: sum(self._turn_terms(r, costs, resident, cpu_policy).values()) for r in roles}
         actor_rollout = costs["actor_train"]["rollout_resident"]  # resident actor state + communicators kept
         st_a = self.states["actor_train"]
         comm_rollout = max(0.0, actor_rollout - (st_a.total - sum(st_a.bytes[x] for x in include)))
         fixed = reserve + comm_rollout + sum(resident.values()) + self.engine_bytes
         return turns, fixed, self.m.gpu_bytes - fixed
+
+    def _turn_terms(self, role: str, costs: dict[str, dict[str, float]], resident: dict[str, float],
+                    cpu_policy: bool) -> dict[str, float]:
+        """Bytes in use on a GPU in ``role``'s turn, per :data:`MEMORY_TERMS` name."""
+        trained_on_cpu = cpu_policy and role in ("actor_train", "critic")
+        own = 0.0 if trained_on_cpu else self.states[role].total
+        if trained_on_cpu:
+            own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
+        return {"reserve": self.inp.reserve_gib * GiB, "communicators": costs["actor_train"]["comm_train"],
+                "other_roles_state": sum(v for k, v in resident.items() if k != role), "state": own,
+                **self._activation_terms(role)}
+
+    def memory_driver(self, outcome: Outcome) -> dict[str, Any] | None:
+        """What fills the GPU in the largest turn of an ``outcome`` that does not fit it, or None when its turns fit:
+        the role, its need, the terms in GiB, the biggest, and the micro-batch (tokens) that would fit, 0 if none."""
+        turns = {r: v for r, v in outcome.memory_gib.items() if r != "rollout"}
+        role = max(turns, key=turns.get)
+        gpu = self.m.gpu_bytes
+        if turns[role] * GiB <= gpu:
+            return None
+        c = outcome.candidate
+        cpu_policy = c.offload == ("fsdp_cpu",)
+        include = () if cpu_policy else tuple(x for x in ("params", "grads", "optimizer") if x in c.offload)
+        roles = [r for r in (list(c.order) or self.w.roles()) if r != "rollout"]
+        costs, resident, _pinned = self._role_costs(c, [r for r in roles if r in ("actor_train", "critic")],
+                                                    [r for r in roles if r in ("reference", "reward")], include)
+        terms = self._turn_terms(role, costs, resident, cpu_policy)
+        need = sum(terms.values())
+        micro = sum(terms.get(t, 0.0) for t in MICRO_BATCH_TERMS)
+        tokens = self.w.micro_batch_tokens
+        fit = int(tokens * (gpu - (need - micro)) / micro) if micro > 0 and gpu > need - micro else 0
+        biggest = max(terms, key=terms.get)
+        model = self.w.reward_model if role == "reward" else self.inp.model
+        return {"role": role, "need_gib": need / GiB, "gpu_gib": gpu / GiB, "biggest": biggest,
+                "terms_gib": {k: v / GiB for k, v in terms.items()}, "micro_batch_tokens": tokens,
+                "micro_batch_tokens_that_fit": min(fit, tokens - 1), "sequence_tokens": self.w.prompt_len + self.w.response_len,
+                "vocab": model.vocab, "layers": model.layers, "hidden": model.hidden, "candidate": c.label()}
 
     def _reasons(self, costs: dict[str, dict[str, float]], turns: dict[str, float], kv: float,
                  pinned: float) -> list[str]:
@@ -467,13 +516,13 @@ class Planner:
         self.progress(f"plan: staged search of about {n_off + self.inp.top * (len(PG_POLICIES) - 1) + n_ord - 1} candidates "
                       f"(--exhaustive: {n_off * len(PG_POLICIES) * n_ord})")
         stage1 = rank(self._run(self.offload_candidates(), "offload settings"))
-        rec1, _why = recommend(stage1)  # the tie-aware pick goes on whatever the faster ones get
+        rec1, _why = recommend(stage1, self.kv_need / GiB)  # the tie-aware pick goes on whatever the faster ones get
         best = [o.candidate for o in stage1 if o.feasible and (rec1 is None or o.candidate != rec1.candidate)]
         best = ([rec1.candidate] if rec1 else []) + best[: self.inp.top - (1 if rec1 else 0)]
         best = best or [o.candidate for o in stage1[: self.inp.top]]
         stage2 = self._run([x for c in best for x in self.pg_candidates(c)], "process-group policies")
         ranked = rank(stage1 + stage2)
-        pick, _why = recommend(ranked)
+        pick, _why = recommend(ranked, self.kv_need / GiB)
         lead = (pick or ranked[0]).candidate
         stage3 = self._run([Candidate(lead.offload, lead.backend, lead.score_offload, lead.pg_policy, o)
                             for o in self.orders()[1:]], "role orders")
@@ -489,6 +538,41 @@ class Planner:
             if self.tick is not None:
                 self.tick(what)
         return out
+
+
+def memory_words(d: dict[str, Any]) -> str:
+    """One clause saying what drives the memory of a turn that does not fit (:meth:`Planner.memory_driver`): the
+    biggest term with its GiB and what it is made of, and the micro-batch that would fit."""
+    tokens, seq = d["micro_batch_tokens"], d["sequence_tokens"]
+    made = f"{tokens:,} tokens a micro-batch"
+    if tokens % seq == 0:
+        made += f" ({tokens // seq} sequences of {seq:,} tokens)"
+    detail = {"logits": f": {made} x {d['vocab']:,} vocabulary x 8 bytes",
+              "checkpointed_inputs": f": {made} x {d['layers']} layers x {d['hidden']:,} hidden x 2 bytes",
+              "layer_activations": f": {made}"}.get(d["biggest"], "")
+    text = (f"the largest part of the {d['role']}'s {d['need_gib']:.1f} GiB is {MEMORY_TERMS[d['biggest']]}, "
+            f"{d['terms_gib'][d['biggest']]:.1f} GiB{detail}")
+    fit = d["micro_batch_tokens_that_fit"]
+    if fit >= 1:
+        text += f"; a micro-batch of at most {fit:,} tokens fits"
+        if fit >= seq:
+            text += f" ({fit // seq} sequences)"
+    elif d["biggest"] in MICRO_BATCH_TERMS:
+        text += "; even a micro-batch of one token does not fit beside the rest"
+    return text
+
+
+def _does_not_fit(planner: Planner, ranked: list[Outcome], why: str) -> tuple[dict[str, Any] | None, str]:
+    """(what drives the memory of the candidate closest to fitting a GPU, the reason with it) when nothing fits."""
+    over = [o for o in ranked if o.memory_gib and max(v for r, v in o.memory_gib.items() if r != "rollout")
+            > planner.m.gpu_bytes / GiB]
+    if not over:
+        return None, why
+    closest = min(over, key=lambda o: max(v for r, v in o.memory_gib.items() if r != "rollout"))
+    driver = planner.memory_driver(closest)
+    if driver is None:
+        return None, why
+    return driver, f"does not fit: {closest.reason}; {memory_words(driver)}"
 
 
 def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
@@ -509,7 +593,10 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
     planner = Planner(inputs, progress)
     planner.tick = tick
     ranked = planner.search()
-    best, why = recommend(ranked)
+    best, why = recommend(ranked, planner.kv_need / GiB)
+    driver = None
+    if best is None:
+        driver, why = _does_not_fit(planner, ranked, why)
     return {
         "inputs": {
             "model": asdict(inputs.model),
@@ -536,6 +623,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
         "ties": [o.candidate.label() for o in ties(ranked)],
         "recommendation": best.to_dict() if best else None,
         "reason": why,
+        "memory_driver": driver,  # when nothing fits: what fills the GPU in the turn closest to fitting
         # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
         # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
         "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
@@ -564,6 +652,6 @@ def default_inputs() -> PlanInputs:
     return PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="hgx-h200-8x", layout=Layout(dp=8))
 
 
-__all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
+__all__ = ["Candidate", "MEMORY_TERMS", "MICRO_BATCH_TERMS", "OFFLOAD_SETS", "memory_words", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
            "make_plan", "pareto", "plan_size", "rank", "recommend", "ties"]
 
