@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--layouts", choices=("given", "search"), default=None,
                    help="search: compare the layouts the training backend allows (TP, PP, CP, EP, FSDP) before the "
                         "offload settings; given: plan only the layout given (default: search with CONFIG, else given)")
+    s.add_argument("--crossover", action="store_true",
+                   help="also sweep the response length, the model size (layers) and the GPU count, colocated against "
+                        "split into a rollout and a training pool, and say where the faster one changes (about 10-20 "
+                        "more plans)")
+    s.add_argument("--no-split", action="store_true",
+                   help="do not compare the colocated step with a split into a rollout and a training pool")
     s.add_argument("--rows", type=int, default=15, help="rows of the ranked table (default 15)")
     s.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout (the table is not printed)")
@@ -251,7 +257,8 @@ def inputs_from_args(args: argparse.Namespace):
                                   heads=model.heads)]
     inputs = PlanInputs(model=model, cluster=cluster, nodes=nodes, layout=layout, workload=workload, gpu=gpu,
                         overlap=args.overlap, exhaustive=args.exhaustive, pg_groups=args.pg_groups,
-                        cooldown_s=args.cooldown_s, gpus_per_node=gpn, allow=allow, layouts=layouts)
+                        cooldown_s=args.cooldown_s, gpus_per_node=gpn, allow=allow, layouts=layouts,
+                        split=not args.no_split, crossover=args.crossover)
     return inputs, fc
 
 
@@ -273,7 +280,8 @@ def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8), tick=None) -> dict | 
         lay = inputs.layout
         lay = replace(lay, dp=lay.dp * k, fsdp=0 if lay.fsdp in (0, lay.dp) else lay.fsdp, eddp=0)
         try:
-            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None), tick=tick)
+            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None, split=False,
+                                     crossover=False), tick=tick)
         except PlanInputError:
             continue
         rec = plan["recommendation"]
@@ -303,7 +311,8 @@ def micro_batch_fix_plan(inputs, plan: dict, fc) -> dict | None:
             return None
         keys, tokens = {"--micro-batch-tokens": fit}, fit
     w = replace(inputs.workload, micro_batch_tokens=tokens)
-    again = make_plan(replace(inputs, workload=w, layout=Layout(**plan["inputs"]["layout"]), layouts=None))
+    again = make_plan(replace(inputs, workload=w, layout=Layout(**plan["inputs"]["layout"]), layouts=None, split=False,
+                              crossover=False))
     rec = again["recommendation"]
     out = {"keys": keys, "micro_batch_tokens": tokens, "fits": rec is not None,
            "step_s": rec["step_s"] if rec else None, "candidate": rec["candidate"]["label"] if rec else None}
@@ -321,7 +330,7 @@ def stderr_progress(msg: str) -> None:
 def _is_default(args: argparse.Namespace) -> bool:
     fresh = argparse.ArgumentParser()
     add_arguments(fresh)
-    output_only = {"json", "png", "rows", "quiet", "wide"}
+    output_only = {"json", "png", "rows", "quiet", "wide", "crossover", "no_split"}
     return all(getattr(args, k, v) == v for k, v in vars(fresh.parse_args([])).items() if k not in output_only)
 
 

@@ -75,10 +75,11 @@ def answer_for(fc: Any, plan: dict[str, Any]) -> dict[str, Any] | None:
 
     rec = plan["recommendation"]
     fix = (plan.get("micro_batch_fix") or {}).get("keys")
-    if rec is None and not (fix and plan["micro_batch_fix"]["fits"]):
+    split_fits = (plan.get("split") or {}).get("verdict") == "split"
+    if rec is None and not (fix and plan["micro_batch_fix"]["fits"]) and not split_fits:
         return None
     if rec is None:
-        keys = dict(fix)
+        keys = dict(fix or {})
     else:
         lay = Layout(**plan["inputs"]["layout"])
         keys = answer(fc, rec["candidate"], lay, rec["rollout_gib"], plan["inputs"]["engine_gib"],
@@ -89,6 +90,13 @@ def answer_for(fc: Any, plan: dict[str, Any]) -> dict[str, Any] | None:
            "ignored": list(fc.ignored)}
     if rec is None:
         out["fix"] = dict(fix)
+    split = plan.get("split") or {}
+    if split.get("verdict") == "split" and split.get("best"):
+        from sim.planner.plan_config import split_answer
+
+        gpn = plan["inputs"]["gpus"] // plan["inputs"]["nodes"]
+        out["split"] = split_answer(fc, split["best"], gpn)
+        out["split"]["snippet"] = snippet(out["split"]["keys"])
     return out
 
 
@@ -105,6 +113,22 @@ def _header(plan: dict[str, Any]) -> list[str]:
         f"step: {w['prompts']} prompts x {w['samples_per_prompt']} samples, {w['tokens'] / 1e6:.2f}M tokens; the "
         f"rollout needs {inp['kv_need_gib']:.1f} GiB of KV cache per GPU for its batch, {inp['rollout_full_s']:.2f} s with it",
     ]
+
+
+def _split_lines(plan: dict[str, Any]) -> list[str]:
+    """Colocated or split, in a line; the split's keys where it is the faster; where the answer turns."""
+    split = plan.get("split")
+    if not split:
+        return []
+    lines = [f"colocate or split: {split['why']}"]
+    ans = (plan.get("answer") or {}).get("split")
+    if ans:
+        lines.append(f"split ({ans['entry']}): " + ", ".join(f"{k}={v}" for k, v in ans["keys"].items()))
+    if plan.get("crossover"):
+        from sim.planner.split import crossover_words
+
+        lines += [f"where it turns, {line}" for line in crossover_words(plan["crossover"])]
+    return lines
 
 
 def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> str:
@@ -151,6 +175,7 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
         lines.append(f"recommendation: {rec['candidate']['label']}; order {order}")
     if rec is not None:
         lines.append(f"reason: {plan['reason']}")
+    lines += _split_lines(plan)
     if plan.get("pg_switch_windows"):
         lines.append("PG-policy switch costs over the Megatron families (sleep + update_weights + wake_up + the first "
                      "collectives' extra after the wake, s): "

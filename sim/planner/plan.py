@@ -117,6 +117,11 @@ class PlanInputs:
     # (offload, backend, score_offload, pg_policy) -> whether the user's framework can express it (None: all can)
     allow: Callable[[tuple[str, ...], str, bool, str], bool] | None = None
     layouts: list[Layout] | None = None  # other layouts to compare (sim.planner.layout_stage); None: only ``layout``
+    # whether the rollout shares these GPUs (colocated); False: the training pool of a split, the rollout on GPUs of
+    # its own (sim.planner.split): no engine here, no KV cache to leave it, no rollout time in the step
+    rollout_here: bool = True
+    split: bool = True  # also say whether splitting the GPUs into a rollout and a training pool is faster
+    crossover: bool = False  # and where that answer turns (response length, model size, GPUs): a sweep of plans
 
 
 class Planner:
@@ -159,16 +164,18 @@ class Planner:
             self.states["reference"] = role_state(model, self.lay, trained=False)
         if self.w.reward_model is not None:
             self.states["reward"] = role_state(self.w.reward_model, self.lay, trained=False)
-        self.engine_bytes = model.params * 2 / self.lay.rollout_tp
+        self.rollout_here = inputs.rollout_here
+        self.engine_bytes = model.params * 2 / self.lay.rollout_tp if inputs.rollout_here else 0.0
         seq = self.w.prompt_len + self.w.response_len
         self.kv_need = (self.w.kv_gib * GiB if self.w.kv_gib is not None
                         else self.w.sequences * seq * model.kv_bytes_per_token / self.m.gpus)
         self.kv_min = seq * model.kv_bytes_per_token / self.lay.rollout_tp  # one sequence per engine
-        if self.w.rollout_s is not None:
-            self.rollout_full = self.w.rollout_s
-        else:
-            avg_kv = self.kv_need * (self.w.prompt_len + self.w.response_len / 2) / seq
-            self.rollout_full = self.w.response_len * (self.engine_bytes + avg_kv) / (self.m.hbm_bw * DECODE_HBM_EFF)
+        self.rollout_full = self.w.rollout_s if self.w.rollout_s is not None else self.decode_s(self.kv_need)
+
+    @property
+    def kv_need_gib(self) -> float | None:
+        """The KV cache the rollout needs per GPU (GiB), or None when the rollout is not on these GPUs."""
+        return self.kv_need / GiB if self.rollout_here else None
 
     # ------------------------------------------------------------------ simulation
 
@@ -413,7 +420,7 @@ class Planner:
         if turns[worst] > self.m.gpu_bytes:
             reasons.append(f"{worst} needs {turns[worst] / GiB:.1f} GiB of a {self.m.gpu_bytes / GiB:.1f} GiB GPU")
         need = self.w.kv_gib * GiB if self.w.kv_gib is not None else self.kv_min
-        if kv < need:
+        if kv < need and self.rollout_here:
             what = ("needs the {:.1f} asked for" if self.w.kv_gib is not None else
                     "needs at least {:.1f} for one sequence").format(need / GiB)
             reasons.append(f"rollout gets {max(kv, 0) / GiB:.1f} GiB of KV cache, {what}")
@@ -422,13 +429,31 @@ class Planner:
         return reasons
 
     def _rollout_s(self, kv: float) -> float:
-        """The rollout's time with ``kv`` bytes of KV cache per GPU: in waves when it has less than it needs, or in
-        proportion to its memory when a speed per GiB is given."""
-        kv_used = min(max(kv, 1.0), self.kv_need)
+        """The rollout's time with ``kv`` bytes of KV cache per GPU (:meth:`rollout_time` on these GPUs)."""
+        if not self.rollout_here:
+            return 0.0
+        return self.rollout_time(self.kv_need, min(max(kv, 1.0), self.kv_need), self.m.gpus)
+
+    def decode_s(self, kv: float) -> float:
+        """Decode-bound seconds of ``response_len`` decode steps, each reading the engine's weights and the average of
+        ``kv`` bytes of KV cache per GPU (the batch's, as it grows from the prompts to the full responses)."""
+        seq = self.w.prompt_len + self.w.response_len
+        engine = self.inp.model.params * 2 / self.lay.rollout_tp
+        avg_kv = kv * (self.w.prompt_len + self.w.response_len / 2) / seq
+        return self.w.response_len * (engine + avg_kv) / (self.m.hbm_bw * DECODE_HBM_EFF)
+
+    def rollout_time(self, kv_need: float, kv_used: float, gpus: int) -> float:
+        """The rollout's seconds on ``gpus`` GPUs that need ``kv_need`` bytes of KV cache each and get ``kv_used``:
+        in waves of ``kv_used`` when that is less (each wave decodes the full response, reading the weights and its
+        own KV), or, with a speed per GiB given, in proportion to the memory. With ``rollout_s`` given (the time on
+        this plan's GPUs with all the KV they need) the decode estimate is scaled to it."""
         if self.w.tokens_per_s_per_gib:
             gen = self.w.sequences * self.w.response_len
-            return gen / (self.m.gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
-        return self.rollout_full * max(1.0, self.kv_need / kv_used)
+            return gen / (gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
+        seconds = self.decode_s(kv_used) * max(1.0, kv_need / kv_used)
+        if self.w.rollout_s is not None:
+            seconds *= self.w.rollout_s / self.decode_s(self.kv_need)
+        return seconds
 
     def _timeline(self, roles: list[str], trained: list[str], costs: dict[str, dict[str, float]],
                   compute: dict[str, float], rollout_s: float, include: tuple[str, ...]
@@ -516,13 +541,13 @@ class Planner:
         self.progress(f"plan: staged search of about {n_off + self.inp.top * (len(PG_POLICIES) - 1) + n_ord - 1} candidates "
                       f"(--exhaustive: {n_off * len(PG_POLICIES) * n_ord})")
         stage1 = rank(self._run(self.offload_candidates(), "offload settings"))
-        rec1, _why = recommend(stage1, self.kv_need / GiB)  # the tie-aware pick goes on whatever the faster ones get
+        rec1, _why = recommend(stage1, self.kv_need_gib)  # the tie-aware pick goes on whatever the faster ones get
         best = [o.candidate for o in stage1 if o.feasible and (rec1 is None or o.candidate != rec1.candidate)]
         best = ([rec1.candidate] if rec1 else []) + best[: self.inp.top - (1 if rec1 else 0)]
         best = best or [o.candidate for o in stage1[: self.inp.top]]
         stage2 = self._run([x for c in best for x in self.pg_candidates(c)], "process-group policies")
         ranked = rank(stage1 + stage2)
-        pick, _why = recommend(ranked, self.kv_need / GiB)
+        pick, _why = recommend(ranked, self.kv_need_gib)
         lead = (pick or ranked[0]).candidate
         stage3 = self._run([Candidate(lead.offload, lead.backend, lead.score_offload, lead.pg_policy, o)
                             for o in self.orders()[1:]], "role orders")
@@ -593,10 +618,19 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
     planner = Planner(inputs, progress)
     planner.tick = tick
     ranked = planner.search()
-    best, why = recommend(ranked, planner.kv_need / GiB)
+    best, why = recommend(ranked, planner.kv_need_gib)
     driver = None
     if best is None:
         driver, why = _does_not_fit(planner, ranked, why)
+    split = cross = None
+    if inputs.split and inputs.rollout_here:
+        from sim.planner.split import colocate_or_split, crossover
+
+        split = colocate_or_split(inputs, planner, best)
+        if tick is not None:
+            tick("colocate or split")
+        if inputs.crossover:
+            cross = crossover(inputs, planner, tick=tick)
     return {
         "inputs": {
             "model": asdict(inputs.model),
@@ -624,10 +658,13 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
         "recommendation": best.to_dict() if best else None,
         "reason": why,
         "memory_driver": driver,  # when nothing fits: what fills the GPU in the turn closest to fitting
+        "split": split,  # colocated or split into a rollout and a training pool (sim.planner.split)
+        "crossover": cross,  # with inputs.crossover: where the faster of the two changes
         # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
         # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
         "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
-        "simulations": len(planner.sims) + len(planner.pg_windows) + layout_stats.get("simulations", 0),
+        "simulations": (len(planner.sims) + len(planner.pg_windows) + layout_stats.get("simulations", 0)
+                        + (split or {}).get("simulations", 0)),
         "simulation_wall_s": planner.sim_wall_s + layout_stats.get("simulation_wall_s", 0.0),
         "wall_s": time.perf_counter() - t0,
     }
@@ -643,8 +680,13 @@ def plan_size(inputs: PlanInputs) -> int:
         return 0
     from sim.planner.layout_stage import SHORTLIST
 
+    from sim.planner.split import SWEEPS
+
     n = len(planner.offload_candidates())
-    return planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()
+    size = planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()
+    if inputs.split and inputs.rollout_here:
+        size += 1 + (sum(len(f) for f in SWEEPS.values()) if inputs.crossover else 0)
+    return size
 
 
 def default_inputs() -> PlanInputs:

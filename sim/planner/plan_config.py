@@ -402,6 +402,32 @@ def answer(fc: FrameworkConfig, cand: dict[str, Any], layout: Layout, kv_gib: fl
     return out
 
 
+def split_answer(fc: FrameworkConfig, option: dict[str, Any], gpus_per_node: int) -> dict[str, Any]:
+    """The framework's keys for a split (:class:`sim.planner.split.SplitOption` fields): the two pools, one step off
+    policy, the training pool's offload keys; and how the framework runs it (``entry``)."""
+    rollout, train = option["rollout_gpus"], option["train_gpus"]
+    keys = offload_keys(fc, option["train_offload"]) if option.get("train_offload") else {}
+    if fc.framework == "verl":
+        one_node = rollout + train <= gpus_per_node
+        per = gpus_per_node if not one_node else None
+        keys["actor_rollout_ref.hybrid_engine"] = False
+        keys["trainer.nnodes"], keys["trainer.n_gpus_per_node"] = (1, train) if one_node else (train // per, per)
+        keys["rollout.nnodes"], keys["rollout.n_gpus_per_node"] = (1, rollout) if one_node else (rollout // per, per)
+        name = "one_step_off_ppo_trainer" if fc.family == "fsdp" else "one_step_off_ppo_megatron_trainer"
+        entry = (f"python -m verl.experimental.one_step_off_policy.main_ppo --config-name {name} (verl's one step off "
+                 "policy trainer; its config adds the rollout pool's rollout.nnodes and rollout.n_gpus_per_node)")
+        return {"keys": keys, "entry": entry}
+    keys["async_generation_ratio"] = 1  # one batch generated ahead: one step off policy
+    keys["generate_opt_level"] = 1  # ROLL's asynchronous pipeline asks for it
+    train_map = f"list(range(0,{train}))"
+    keys["actor_train.device_mapping"] = train_map
+    keys["actor_infer.device_mapping"] = f"list(range({train},{train + rollout}))"
+    for role, section in (("reference", "reference"), ("critic", "critic")):
+        if role in fc.role_keys:
+            keys[f"{section}.device_mapping"] = train_map
+    return {"keys": keys, "entry": "ROLL's RLVR pipeline with async_generation_ratio 1 (its asynchronous training)"}
+
+
 def micro_batch_fix(fc: FrameworkConfig, tokens: int, seq_len: int) -> dict[str, int] | None:
     """The config's micro-batch key set to at most ``tokens`` a micro-batch (sequences of ``seq_len`` tokens where
     the key counts sequences); None when not even one sequence fits."""
@@ -446,4 +472,4 @@ def changed(fc: FrameworkConfig, keys: dict[str, Any]) -> dict[str, tuple[Any, A
 
 
 __all__ = ["FrameworkConfig", "MODEL_ALIASES", "TRAINED", "answer", "changed", "current_value", "expressible",
-           "micro_batch_fix", "offload_keys", "read_config", "resolve_model", "snippet"]
+           "micro_batch_fix", "offload_keys", "split_answer", "read_config", "resolve_model", "snippet"]

@@ -96,6 +96,26 @@ def test_every_role_the_plan_offloads_has_its_key_in_the_answer_and_pasting_it_b
     assert rc == 0 and data2["answer"]["changed"] == {}, data2["answer"]["changed"]
 
 
+def test_verl_answers_only_keys_verl_has_with_the_reward_models_sleep(tmp_path):
+    from sim.planner.config_keys import verl_schema
+    from sim.planner.plan_config import read_config
+
+    data = yaml.safe_load(VERL_FSDP2.read_text())
+    data["reward_model"] = {"enable": True, "model": {"path": "Qwen/Qwen3-4B"}}  # verl's legacy section, migrated
+    rc, plan = plan_json([str(write(tmp_path / "rm.yaml", data)), "--layouts", "given", "data.train_batch_size=64"])
+    assert rc == 0
+    keys = plan["answer"]["keys"]
+    assert "reward.reward_model.rollout.free_cache_engine" in keys and plan["inputs"]["workload"]["reward_model"]
+    assert all(verl_schema("fsdp").knows(k) for k in keys), keys
+    # the config's own legacy key wins in verl's migration, so the answer sets that one
+    data["reward_model"]["rollout"] = {"free_cache_engine": False}
+    fc = read_config(str(write(tmp_path / "rm2.yaml", data)))
+    assert fc.role_keys["reward"] == {"params": "reward_model.rollout.free_cache_engine"}
+    rc, plan = plan_json(["--layouts", "given", *VERL_MEGATRON_SCRIPT])
+    keys = (plan["answer"] or {}).get("keys") or plan["more_nodes"]["keys"]
+    assert not any("grad_offload" in k for k in keys) and all(verl_schema("megatron").knows(k) for k in keys), keys
+
+
 def test_roll_answers_only_keys_roll_has():
     from sim.planner.config_keys import roll_schema
 
