@@ -55,7 +55,7 @@ def check_published() -> list[dict[str, Any]]:
         out.append({"name": setup["name"], "published_speedup": setup["speedup"], "published_range": (low, high),
                     "colocated_s": col, "colocated_rollout_s": colocated.rollout_s if colocated is not None else None,
                     "cut": f"{cut.rollout_gpus}:{cut.train_gpus}", "cut_step_s": cut.step_s,
-                    "cut_rollout_s": cut.rollout_s, "cut_train_s": cut.train_s,
+                    "cut_rollout_s": cut.rollout_s, "cut_train_s": cut.train_s, "cut_sync_s": cut.sync_s,
                     "speedup": col / cut.step_s if col and cut.step_s else None,
                     "best_cut": f"{best.rollout_gpus}:{best.train_gpus}" if best else None,
                     "best_speedup": col / best.step_s if col and best else None})

@@ -160,10 +160,16 @@ def test_a_typo_in_the_file_and_in_a_roll_override_are_refused(tmp_path):
     assert rc == EXIT_BAD_INPUT and "did you mean rollout_batch_size?" in one_error_line(err)
 
 
-def test_plus_adds_a_key_and_plus_plus_adds_or_sets_as_hydra_does():
-    rc, _out, err = run(["plan", "--quiet", str(VERL_FSDP2), "--layouts", "given", "+trainer.my_tag=abc",
-                         "++actor_rollout_ref.actor.fsdp_config.param_offload=false", "data.train_batch_size=64"])
-    assert rc == 0, err
+def test_plus_adds_a_key_plus_plus_adds_or_sets_and_tilde_deletes_as_hydra_does():
+    rc, data = plan_json([str(VERL_FSDP2), "--layouts", "given", "+trainer.my_tag=abc", "++data.train_batch_size=64",
+                          "++actor_rollout_ref.actor.fsdp_config.param_offload=false", "~data.max_response_length"])
+    assert rc == 0
+    w = data["inputs"]["workload"]
+    assert (w["prompts"], w["response_len"]) == (64, 512)  # set by ++; deleted by ~: verl's default 512 (not 2,048)
+    from sim.planner.plan_config import read_config
+
+    fc = read_config(str(VERL_FSDP2), ["++actor_rollout_ref.actor.fsdp_config.param_offload=false"])
+    assert fc.current["actor_rollout_ref.actor.fsdp_config.param_offload"] is False  # the file's true, set by ++
     rc, _out, err = run(["plan", "--quiet", str(VERL_FSDP2), "+data.train_batch_size=64"])
     assert rc == EXIT_BAD_INPUT and "already a key" in one_error_line(err)
 
@@ -286,6 +292,44 @@ def test_a_verl_megatron_launch_script_as_written_is_planned():
     assert (w["prompts"], w["samples_per_prompt"], w["response_len"]) == (1024, 5, 1024)
     keys = data["answer"]["keys"] if data["answer"] else data["more_nodes"]["keys"]
     assert keys and all(k.startswith(("actor_rollout_ref.", "critic.", "trainer.")) for k in keys)
+
+
+def test_verl_megatron_offload_keys_are_the_ones_that_move_what_the_timeline_moves():
+    """verl 0.9.1's Megatron workers: ``megatron.param_offload`` moves parameters and gradients, ``optimizer_offload``
+    the optimizer; there is no ``grad_offload`` (verl 0.8's) in the shipped key data, so the answer never sets it."""
+    from sim.planner.config_keys import verl_schema
+    from sim.planner.plan_config import expressible, offload_keys, read_config
+
+    a = "actor_rollout_ref"
+    schema = verl_schema("megatron")
+    assert schema.knows(f"{a}.actor.megatron.param_offload") and schema.knows(f"{a}.actor.megatron.optimizer_offload")
+    assert not schema.knows(f"{a}.actor.megatron.grad_offload")
+    # a 13B job on 4 GPUs: its rollout is short of KV cache, the trained state goes out between turns
+    script = [*VERL_MEGATRON_SCRIPT, "actor_rollout_ref.model.path=meta-llama/Llama-2-13b-hf",
+              "trainer.n_gpus_per_node=4", "data.max_response_length=4096"]
+    rc, data = plan_json(["--layouts", "given", *script])
+    assert rc == 0
+    offloaded, keys = data["recommendation"]["offloaded"], data["answer"]["keys"]
+    assert set(offloaded["actor_train"]) == {"params", "grads", "optimizer"}, offloaded
+    assert keys[f"{a}.actor.megatron.param_offload"] is True and keys[f"{a}.actor.megatron.optimizer_offload"] is True
+    assert keys[f"{a}.ref.megatron.param_offload"] is ("reference" in offloaded)
+    assert not any("grad_offload" in k for k in keys) and all(schema.knows(k) for k in keys), keys
+    # pasted back as overrides, the config offloads what the timeline offloads
+    pasted = read_config(None, [*script[2:], *(f"{k}={str(v).lower()}" for k, v in keys.items()
+                                               if isinstance(v, bool))], config_path="config",
+                         config_name="ppo_megatron_trainer.yaml")
+    assert pasted.offloads() == {r: set(c) for r, c in offloaded.items()}
+    # each offload verl can express maps onto the keys that move exactly that, and back
+    fc = read_config(None, script[2:], config_path="config", config_name="ppo_megatron_trainer.yaml")
+    for off in ((), ("params", "grads"), ("optimizer",), ("params", "grads", "optimizer")):
+        assert expressible(fc, off, "local", False, "none")
+        set_ = offload_keys(fc, {"offload": off, "score_offload": False})
+        assert set_[f"{a}.actor.megatron.param_offload"] is ("params" in off)
+        assert set_[f"{a}.actor.megatron.optimizer_offload"] is ("optimizer" in off)
+        again = read_config(None, [*script[2:], *(f"{k}={str(v).lower()}" for k, v in set_.items())],
+                            config_path="config", config_name="ppo_megatron_trainer.yaml")
+        assert again.offloads().get("actor_train", set()) == set(off), off
+    assert not expressible(fc, ("grads",), "local", False, "none")  # no key moves the gradients alone
 
 
 def test_config_name_of_a_file_in_config_path_with_a_defaults_list(tmp_path):

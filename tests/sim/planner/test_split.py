@@ -121,5 +121,8 @@ def test_the_published_speedups_are_the_check_and_the_model_falls_below_them():
         assert low <= r["published_speedup"] <= high
         assert r["speedup"] is not None and r["speedup"] < low, r  # below the published range, as stated
         assert r["colocated_rollout_s"] < 0.3 * r["colocated_s"], r  # the reason: the rollout is a small share
+        # the published cut of the node's 8 GPUs, its step the slower pool plus the weight sync
+        assert sum(int(n) for n in r["cut"].split(":")) == 8, r
+        assert r["cut_step_s"] == pytest.approx(max(r["cut_rollout_s"], r["cut_train_s"]) + r["cut_sync_s"])
     assert {name: v["range"] for name, v in PUBLISHED.items()} == {
         "verl one_step_off_policy": (1.23, 1.40), "verl fully_async_policy": (1.72, 2.67), "AReaL": (1.0, 2.77)}
