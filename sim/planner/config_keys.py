@@ -193,12 +193,13 @@ def _moved(key: str) -> str | None:
 def unknown_key_error(key: str, schema: KeySchema, other: KeySchema | None, where: str, strategy: str = "") -> str:
     """The one line that refuses ``key``: what it is not, what it may be instead, and the close match."""
     text = f"{where}: {key}: not a key of {schema.name}"
-    if other is not None and other.knows(key):
+    other_strategy = other is not None and other.knows(key)
+    if other_strategy:  # the key is right for the other strategy: a close match of this one's would mislead
         text += f"; it is a key of {other.name}, but the strategy is {strategy}"
     moved = _moved(key)
     if moved:
         text += f" ({moved})"
-    near = schema.closest(key)
+    near = None if other_strategy else schema.closest(key)
     if near:
         text += f"; did you mean {near}?"
     return text
@@ -246,7 +247,7 @@ def check_config(file_keys: Iterable[str], overrides: list[tuple[str, str, Any]]
     for kind, key, _value in overrides:
         exists = schema.has(key) or key in in_file or (schema.knows(key) and not schema.strict_section(key))
         if kind in ("", "~") and not exists:
-            raise PlanInputError(unknown_key_error(key, schema, other, f"override {kind}{key}", strategy)
+            raise PlanInputError(unknown_key_error(key, schema, other, f"override {kind}".rstrip(), strategy)
                                  + " (Hydra refuses to set a key the config does not have; +KEY=VALUE adds one)")
         if kind == "+" and (schema.has(key) or key in in_file):
             raise PlanInputError(f"override +{key}=...: {key} is already a key of {schema.name}; drop the + to set it "

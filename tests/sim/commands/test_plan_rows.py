@@ -144,6 +144,7 @@ def test_a_key_of_the_other_strategy_is_refused():
     line = one_error_line(err)
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in line
     assert "Megatron trainer config" in line and "the strategy is fsdp2" in line
+    assert "did you mean" not in line  # not the FSDP config's nearest key (the rollout's tensor_model_parallel_size)
 
 
 def test_a_typo_in_the_file_and_in_a_roll_override_are_refused(tmp_path):
