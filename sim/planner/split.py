@@ -314,6 +314,17 @@ def _turns(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for a, b in zip(done, done[1:]) if _side(a) != _side(b)]
 
 
+def _runs(points: list[dict[str, Any]]) -> list[tuple[str, list[Any]]]:
+    """Neighbouring points of a sweep with the same faster side, as (side, their values)."""
+    runs: list[tuple[str, list[Any]]] = []
+    for p in points:
+        if runs and runs[-1][0] == _side(p):
+            runs[-1][1].append(p["value"])
+        else:
+            runs.append((_side(p), [p["value"]]))
+    return runs
+
+
 def crossover_words(cross: dict[str, Any]) -> list[str]:
     """One line per swept axis: where the faster of colocated and split changes, or that it does not."""
     names = {"response_len": ("response length", "{:,.0f} tokens"), "layers": ("model size", "{:.1f}B params"),
@@ -324,10 +335,19 @@ def crossover_words(cross: dict[str, Any]) -> list[str]:
         done = [p for p in result["points"] if p.get("value") is not None and p.get("speedup") is not None]
         seen = ", ".join(f"{fmt.format(p['value'])} {p['speedup']:.2f}x" for p in done)
         words = {"split": "split faster", "colocate": "colocated faster", "tie": "a tie"}
-        if result["turns"]:
-            turns = "; ".join(f"{words[t['from']]} up to {fmt.format(t['between'][0])}, {words[t['to']]} from "
-                              f"{fmt.format(t['between'][1])}" for t in result["turns"])
-            lines.append(f"{name}: {turns} (split's speed-up: {seen})")
+        runs = _runs([p for p in done if _side(p) is not None])
+        if len(runs) > 1:
+            parts = []
+            for i, (side, values) in enumerate(runs):
+                if i == 0:
+                    parts.append(f"{words[side]} up to {fmt.format(values[-1])}")
+                elif i == len(runs) - 1:
+                    parts.append(f"{words[side]} from {fmt.format(values[0])}")
+                elif len(values) == 1:
+                    parts.append(f"{words[side]} at {fmt.format(values[0])}")
+                else:
+                    parts.append(f"{words[side]} from {fmt.format(values[0])} to {fmt.format(values[-1])}")
+            lines.append(f"{name}: {', '.join(parts)} (split's speed-up: {seen})")
         elif done:
             lines.append(f"{name}: {words[_side(done[0])]} over the whole sweep (split's speed-up: {seen})")
     return lines

@@ -8,7 +8,8 @@ from sim.planner.plan import Planner, PlanInputs, default_inputs
 from sim.planner.plan_config import read_config, split_answer
 from sim.planner.plan_inputs import GiB, Layout, Workload, model_preset
 from sim.planner.plan_rank import rank, recommend
-from sim.planner.split import PUBLISHED, SPLIT_TIE, colocate_or_split, crossover, rollout_pool, scale_layers
+from sim.planner.split import (PUBLISHED, SPLIT_TIE, colocate_or_split, crossover, crossover_words, rollout_pool,
+                               scale_layers)
 from sim.planner.split_check import check_published
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -81,6 +82,10 @@ def test_crossover_says_where_the_faster_of_the_two_changes():
     assert cross["turns"] and cross["turns"][0]["from"] == "colocate"
     lo, hi = cross["turns"][0]["between"]
     assert values.index(hi) == values.index(lo) + 1
+    # in words, each run of one side once: "colocated faster up to 4 GPUs, split faster from 8 GPUs"
+    line = crossover_words({"gpus": cross})[0]
+    assert line.startswith(f"GPU count: colocated faster up to {lo} GPUs, "), line
+    assert line.count("colocated faster") == 1 + sum(a != b == "colocate" for a, b in zip(verdicts, verdicts[1:]))
 
 
 def test_scale_layers_keeps_the_embedding_and_scales_the_rest():
