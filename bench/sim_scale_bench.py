@@ -3,7 +3,7 @@
     python bench/sim_scale_bench.py [--ranks 8,64,1024] [--out bench/results/sim_scale.json]
     python bench/sim_scale_bench.py --growth [--ranks 1024,2048,4096,8192,16384] [--repeat 3] [--no-fold] [--out FILE]
 
-``--growth`` (issue 18) measures what a user gets from ``timeshare sim run`` on the default
+``--growth`` measures what a user gets from ``timeshare sim run`` on the default
 multi-node scenario, ``{"world_size": N, "topology": "hgx-h200-8x-ib"}`` (a dense 7B FSDP shard of
 1,455 tensors per rank): each size runs ``python -m refimpl sim run`` in a fresh process, whose
 wall time, CPU time and peak RSS are taken from outside (``os.wait4``), and the table shows seconds per 1k ranks and the ratio to the first
@@ -11,7 +11,7 @@ row (1.0 = linear growth). The goal: 16,384 ranks in at most 60 s and 4 GB, 1,02
 ``--repeat N`` runs each size N times and reports the run with the least wall time (every run is in
 the record, with the machine's load average before it: on a shared machine wall time is the
 least reliable figure, CPU time less so, peak RSS not at all).
-``--no-fold`` simulates every rank (the simulator before issue 18); keep it to 1,024 ranks or less
+``--no-fold`` simulates every rank (no symmetric job folded); keep it to 1,024 ranks or less
 on a shared machine (about 5 MB per rank).
 
 For each size it runs the shipped ``scale_1024`` scenario shrunk to that many ranks (TP8 x DP n/8 on
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default=None, help="comma-separated sizes")
     p.add_argument("--out", help="write the measurements as JSON here")
-    p.add_argument("--growth", action="store_true", help="the default multi-node scenario through the CLI (issue 18)")
+    p.add_argument("--growth", action="store_true", help="the default multi-node scenario through the CLI")
     p.add_argument("--no-fold", action="store_true", help="with --growth: simulate every rank")
     p.add_argument("--repeat", type=int, default=1, help="with --growth: runs per size; the table shows the best")
     p.add_argument("--note", help="with --growth --out: a note for the record (the machine, its load)")

@@ -116,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim topology preset (a name, or a preset file) for collective, memory and communicator "
                              "models; a machine with a calibrated preset gets it (default: calibrated/hgx-h200-8x, "
                              "measured communicator constants; '' for the simulator's defaults)")
+    parser.add_argument("--wake-proxies", choices=("on", "off"), default="on",
+                        help="whether the runtime wakes NCCL's proxy thread in a destroy (default on, as TorchRuntime "
+                             "does; off: each destroy waits for the proxy's next 500 ms poll, as without the waker)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
                         help=f"policies (or variants) to run, any case: {', '.join(POLICY_ROWS)} "
                              "(repeatable; default all)")
@@ -197,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
         for policy in policies:
             per_rank = simulate(policy, dp=args.dp, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp,
                                 steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
-                                cooldown_s=args.cooldown_s, topology=args.topology or None)
+                                cooldown_s=args.cooldown_s, topology=args.topology or None,
+                                wake_proxies=args.wake_proxies == "on")
             results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
             tick(policy)
     def say(text: str) -> None:
@@ -207,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     world = args.dp * args.tp * args.cp * args.pp
     mesh = f"tp {args.tp} cp {args.cp} dp {args.dp} pp {args.pp} ep {args.ep}"
     header = (f"switch cost per RL step (simulated): {world} ranks ({mesh}), {groups} Megatron groups per rank, "
-              f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
+              f"topology {args.topology or 'defaults'}, proxy waker {args.wake_proxies}, cooldown {args.cooldown_s:g} s, "
+              f"rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header, wide=args.wide))
     late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
@@ -223,8 +228,12 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             from refimpl.output import envelope
 
-            json.dump(envelope("bench switch-window", {"header": header, "results": [asdict(r) for r in results]}), f,
-                      indent=1)
+            settings = {"dp": args.dp, "tp": args.tp, "cp": args.cp, "pp": args.pp, "ep": args.ep, "etp": args.etp,
+                        "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,
+                        "rollout_s": args.rollout_s, "cooldown_s": args.cooldown_s, "groups_per_rank": groups,
+                        "topology": args.topology or None, "wake_proxies": args.wake_proxies == "on"}
+            json.dump(envelope("bench switch-window", {"header": header, "settings": settings,
+                                                       "results": [asdict(r) for r in results]}), f, indent=1)
     return 0
 
 

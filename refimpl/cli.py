@@ -48,8 +48,7 @@ def build_parser(argv: list[str] | None = None, *, lazy: bool = False) -> argpar
     """The ``timeshare`` parser. With ``lazy``, only the subcommand that ``argv`` names has its module
     imported and its arguments added (the others stay listed with their help): a command line that names
     a subcommand is parsed the same either way, and ``timeshare sim run`` skips importing the benchmark,
-    demo and plan modules (about 0.1 s, issue 18). Without a subcommand every one is wired, as without
-    ``lazy``."""
+    demo and plan modules. Without a subcommand every one is wired, as without ``lazy``."""
     command, subcommand = _asked_for(argv) if lazy else (None, None)
     if command not in SUBCOMMANDS:
         command = subcommand = None

@@ -63,6 +63,19 @@ ROOMS: dict[str, tuple[Floor, ...]] = {
         Floor("planner", "timeshare plan: which offload settings fit a model on a cluster", ("sim.planner",)),
         Floor("commands", "timeshare sim and timeshare plan", ("sim.commands",)),
     ),
+    "refimpl.store": (
+        Floor("leaves", "what every room may import: categories, options, errors, figures and stats, debug mode",
+              ("refimpl.store.config", "refimpl.store.errors", "refimpl.store.stats", "refimpl.store.debug")),
+        Floor("state", "what is registered and where it points: collectors, entries, layouts, parking, the guard",
+              ("refimpl.store.state",)),
+        Floor("backends", "where host bytes live: the seam, local and local_dedup, the pinned pool, replica groups",
+              ("refimpl.store.backends",)),
+        Floor("moves", "one offload or reload in flight: its stages, paths, copies, release; the early copies",
+              ("refimpl.store.moves",)),
+        Floor("face", "OffloadStore and what it shares: holdings, arguments, backends by name, checkpoints",
+              ("refimpl.store",)),
+        Floor("clients", "torch DDP and Megatron-core attached in one call", ("refimpl.store.clients",)),
+    ),
 }
 
 #: (importer block, imported block) pairs on one floor that may be imported sideways
@@ -302,10 +315,21 @@ def _draw(floors: tuple[Floor, ...], path, width: int = 92) -> list[str]:
     for i in reversed(range(len(floors))):
         floor = floors[i]
         lines.append("+" + f"- {i + 1} {floor.name} ".ljust(width - 2, "-") + "+")
-        lines.append("| " + floor.what.ljust(width - 4) + " |")
-        lines.append("| " + "   ".join(f"[ {path(b)} ]" for b in floor.blocks).ljust(width - 4) + " |")
+        rows = _wrap(floor.what.split(" "), " ", width - 4) + _wrap([f"[ {path(b)} ]" for b in floor.blocks], "   ",
+                                                                    width - 4)
+        lines.extend("| " + row.ljust(width - 4) + " |" for row in rows)
     lines.append("+" + "-" * (width - 2) + "+")
     return lines
+
+
+def _wrap(parts: list[str], sep: str, width: int) -> list[str]:
+    """``parts`` joined by ``sep`` into rows of at most ``width`` characters (a part longer than that stands alone)."""
+    rows = [""]
+    for part in parts:
+        if rows[-1] and len(rows[-1]) + len(sep) + len(part) > width:
+            rows.append("")
+        rows[-1] += (sep if rows[-1] else "") + part
+    return rows
 
 
 def render_floors() -> str:

@@ -1,4 +1,4 @@
-"""The colocated RL step in the simulator: per-phase prediction for a record of ``bench/rl_loop.py``.
+"""The colocated RL step in the simulator: per-phase prediction for a record of ``bench.rl``.
 
 Theory of operation
 -------------------
@@ -75,7 +75,7 @@ from sim.calibrate.records import RecordError
 
 log = logging.getLogger(__name__)
 
-#: phases of the step (bench/rl_loop.py PHASES)
+#: phases of the step (bench/rl/record.py PHASES)
 PHASES = ("train", "offload", "rollout", "weight_sync", "reload")
 #: the issue's tolerance for the prediction per phase
 TOLERANCE = 0.15
@@ -84,7 +84,7 @@ TOLERANCE = 0.15
 def _steady(rec: dict[str, Any]) -> list[dict[str, Any]]:
     steps = rec.get("steps") or []
     if not steps:
-        raise RecordError("the record has no 'steps'; pass an rl_step_<world>.json written by bench/rl_loop.py")
+        raise RecordError("the record has no 'steps'; pass an rl_step_<world>.json written by bench.rl")
     return steps[1:] if len(steps) > 1 else steps
 
 
@@ -159,7 +159,7 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     ``trainer.dp`` over ``world`` ranks in the steady step (the last of ``steps``), and what training's first
     all-reduce after the wake takes beyond the same all-reduce in a step without a switch (``first_use_extra``:
     the lazy init of a rebuilt communicator), by the real :class:`~refimpl.comm.PGLifecycle` on a
-    :class:`~sim.world.SimWorld` of the preset, driven as bench/rl_loop.py drives it: a training collective on
+    :class:`~sim.world.SimWorld` of the preset, driven as bench.rl drives it: a training collective on
     the group (its communicator initialised), ``train_s`` of training, the pause, ``rollout_s`` of rollout, the
     weight sync, the resume. The preset's NCCL create / init / destroy costs (a destroy waits for the proxy
     thread's next poll unless ``proxy_wake``) and the cooldown apply. ``sync_needs_groups=False``: the plan
@@ -183,7 +183,7 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
                       comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)
 
     async def job(rt):
-        """The RL step's lifecycle calls, as bench/rl_loop.py makes them."""
+        """The RL step's lifecycle calls, as bench.rl makes them."""
         await rt.new_group(GroupSpec("trainer.dp", tuple(range(world)), backend="nccl"))
         lc = PGLifecycle(rt, ["trainer.dp"], plan=GroupPlanRules(sync_groups=None if sync_needs_groups else set()),
                          config=LifecycleConfig(policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120,
@@ -381,7 +381,7 @@ def compare(rec: dict[str, Any], pred: dict[str, Any] | None = None, *, preset: 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the per-phase comparison of a record."""
-    ap = argparse.ArgumentParser(description="Simulated colocated RL step against a bench/rl_loop.py record")
+    ap = argparse.ArgumentParser(description="Simulated colocated RL step against a bench.rl record")
     ap.add_argument("record")
     ap.add_argument("--preset", default="calibrated/h200-1x")
     ap.add_argument("--fit", action="store_true", help="also print the LOOP_CONSTANTS this record gives")

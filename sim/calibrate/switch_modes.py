@@ -7,7 +7,7 @@ Theory of operation
 at the record's line rates, the preset's store host time) and the real
 :class:`~refimpl.comm.PGLifecycle` on a simulated world (pause / weight sync /
 resume). This module keeps those parts and composes them the way each mode of
-``bench/switch_modes.py`` runs them:
+``bench/rl/modes.py`` runs them:
 
 * ``sequential``: offload = pause walk + store offload; weight sync = bring-up
   + params reload + gather + post-sync walk; reload = resume + reload of the rest.
@@ -95,7 +95,7 @@ from typing import Any
 
 from sim.calibrate.colocated import predict_step
 
-#: the switch modes (bench/switch_modes.py MODES)
+#: the switch modes (bench/rl/modes.py MODES)
 MODES = ("sequential", "overlapped", "streamed")
 #: policies a prediction covers by default: the two that free NCCL memory on NCCL >= 2.29.7 and the one that keeps it
 POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
@@ -135,14 +135,17 @@ def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, st
 
 #: the host stages of a steady offload (``StoreStats.phases`` of a record): what is left of the offload once its
 #: copies ran early
-OFFLOAD_HOST_PHASES = ("offload.speculate", "offload.collect", "offload.plan", "offload.issue", "offload.record",
+OFFLOAD_HOST_PHASES = ("offload.copy_ahead", "offload.collect", "offload.plan", "offload.issue", "offload.record",
                        "offload.release")
+#: the names older records carry for a phase of :data:`OFFLOAD_HOST_PHASES` (the store called copy_ahead speculate)
+OLD_PHASE_NAMES = {"offload.copy_ahead": "offload.speculate"}
 
 
 def store_offload_host_s(rec: dict[str, Any]) -> float | None:
     """The store's host work in the record's last offload (its ``store_phases`` but the wait), or None where the
     record has none or its last offload was not steady (the first one collects everything)."""
-    ph = rec.get("store_phases") or {}
+    ph = dict(rec.get("store_phases") or {})
+    ph.update({new: ph[old] for new, old in OLD_PHASE_NAMES.items() if new not in ph and old in ph})
     if not all(k in ph for k in OFFLOAD_HOST_PHASES) or len(rec.get("steps") or []) < 2:
         return None
     return float(sum(ph[k] for k in OFFLOAD_HOST_PHASES))
@@ -227,7 +230,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
 def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
              copy_engine: str = "in_order", first_wait_share: float = 0.0,
              early_units_bytes: list[int] | None = None, sync_first: bool = False) -> dict[str, Any]:
-    """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
+    """One mode's row from a step prediction: the parts composed the way bench/rl/modes.py runs them."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
     early_tail = 0.0
@@ -295,7 +298,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the predicted rows for a record's step (its model, line rates, train and rollout)."""
     ap = argparse.ArgumentParser(description="Predicted switch cost per policy and mode of a colocated RL step")
-    ap.add_argument("record", help="an rl_step_<world>.json of bench/rl_loop.py (its model, line rates, phases)")
+    ap.add_argument("record", help="an rl_step_<world>.json of bench.rl (its model, line rates, phases)")
     ap.add_argument("--preset", default="calibrated/h200-1x")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--modes", default=",".join(MODES))

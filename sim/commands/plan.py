@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "lifecycle driver of `timeshare bench switch-window`")
     s.add_argument("--cooldown-s", type=float, default=2.0,
                    help="with --pg-groups megatron: port-release cooldown of the destroying policies (default 2)")
+    s.add_argument("--wake-proxies", choices=("on", "off"), default="on",
+                   help="with --pg-groups megatron: whether the runtime wakes NCCL's proxy thread in a destroy "
+                        "(default on, as TorchRuntime; off: each destroy waits for the proxy's 500 ms poll)")
     s.add_argument("--layouts", choices=("given", "search"), default=None,
                    help="search: compare the layouts the training backend allows (TP, PP, CP, EP, FSDP) before the "
                         "offload settings; given: plan only the layout given (default: search with CONFIG, else given)")
@@ -257,8 +260,8 @@ def inputs_from_args(args: argparse.Namespace):
                                   heads=model.heads)]
     inputs = PlanInputs(model=model, cluster=cluster, nodes=nodes, layout=layout, workload=workload, gpu=gpu,
                         overlap=args.overlap, exhaustive=args.exhaustive, pg_groups=args.pg_groups,
-                        cooldown_s=args.cooldown_s, gpus_per_node=gpn, allow=allow, layouts=layouts,
-                        split=not args.no_split, crossover=args.crossover)
+                        cooldown_s=args.cooldown_s, wake_proxies=args.wake_proxies == "on", gpus_per_node=gpn,
+                        allow=allow, layouts=layouts, split=not args.no_split, crossover=args.crossover)
     return inputs, fc
 
 

@@ -113,6 +113,7 @@ class PlanInputs:
     reserve_gib: float = RESERVE_GIB
     pg_groups: str = "layout"  # see PG_GROUPS
     cooldown_s: float = 2.0  # port-release cooldown of the destroying policies (pg_groups "megatron")
+    wake_proxies: bool = True  # the runtime wakes NCCL's proxy in a destroy (TorchRuntime's default; pg_groups "megatron")
     gpus_per_node: int | None = None  # use only the first N GPUs of each node of the preset (None: all)
     # (offload, backend, score_offload, pg_policy) -> whether the user's framework can express it (None: all can)
     allow: Callable[[tuple[str, ...], str, bool, str], bool] | None = None
@@ -215,7 +216,8 @@ class Planner:
         t0 = time.perf_counter()
         with quiet_protocol_logs():
             per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
-                                cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
+                                cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref,
+                                wake_proxies=self.inp.wake_proxies)
         self.sim_wall_s += time.perf_counter() - t0
         r = summarize(pol, per_rank, PG_WARMUP)
         held = (r.held_in_rollout_gib or 0.0) * GiB
@@ -647,6 +649,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
             "overlap": inputs.overlap,
             "pg_groups": inputs.pg_groups,
             "cooldown_s": inputs.cooldown_s,
+            "wake_proxies": inputs.wake_proxies,
             "kv_need_gib": planner.kv_need / GiB,
             "rollout_full_s": planner.rollout_full,
             "engine_gib": planner.engine_bytes / GiB,

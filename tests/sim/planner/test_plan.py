@@ -212,9 +212,11 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     # the calibrated H200 preset cut to its first two GPUs: the measured 2 x H200 host
     inputs = PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="calibrated/hgx-h200-8x", gpus_per_node=2,
                         layout=Layout(dp=st["dp"], tp=st["tp"]), workload=Workload(rollout_s=st["rollout_s"]),
-                        gpu=GpuSpec(989e12, "H200 dense bf16"), pg_groups="megatron", cooldown_s=st["cooldown_s"])
+                        gpu=GpuSpec(989e12, "H200 dense bf16"), pg_groups="megatron", cooldown_s=st["cooldown_s"],
+                        wake_proxies=False)  # the record predates the runtime's proxy waker
     plan = make_plan(inputs)
     assert plan["inputs"]["gpus"] == 2 and plan["inputs"]["pg_groups"] == "megatron"
+    assert plan["inputs"]["wake_proxies"] is False
     assert (st["steps"], st["warmup"]) == (4, 2)  # the plan's lifecycle driver runs PG_STEPS, PG_WARMUP = 4, 2
     lead = plan["recommendation"]["candidate"]
     same = [o for o in plan["outcomes"] if all(o["candidate"][k] == lead[k]
