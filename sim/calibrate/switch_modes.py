@@ -85,6 +85,9 @@ same all-reduce in a steady step) and the streamed reload's wait. Beside it:
 the step (plain training + rollout + switch cost).
 
     python -m sim.calibrate.switch_modes RECORD.json [--policies DESTROY_DEFERRED,SUSPEND_PLANNED,PAUSED_LIVE]
+
+The same composition for one rank of an N-GPU step, from a one-GPU record, for the earlier mechanism and the
+current one on FSDP2 and HSDP meshes: :mod:`sim.calibrate.switch_ngpu`.
 """
 from __future__ import annotations
 
@@ -123,13 +126,21 @@ def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, st
     ``start + i / (n - 1) * (end - start)`` of the step (the root at ``end``: the step's end, where the optimizer's
     own time moved into the backward), its copy starts then or when the copy before it ends, at the line rate
     ``d2h_bps``."""
-    if not units_bytes:
+    return unit_chain_tail([b / d2h_bps for b in units_bytes], train_s, start_share, end_share)
+
+
+def unit_chain_tail(units_s: list[float], train_s: float, start_share: float = FIRST_WAIT_SHARE,
+                    end_share: float = 1.0) -> float:
+    """Seconds a chain of per-unit works run past the end of a step of ``train_s`` that steps its optimizer per unit
+    in the backward: unit ``i`` of ``n`` (backward order, the root last) is final as :func:`early_copies_tail`
+    says, and its work (``units_s[i]`` seconds, on one stream) starts then or when the work before it ends."""
+    if not units_s:
         return 0.0
     start, end = start_share * train_s, end_share * train_s
-    n, t = len(units_bytes), 0.0
-    for i, b in enumerate(units_bytes):
+    n, t = len(units_s), 0.0
+    for i, d in enumerate(units_s):
         ready = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
-        t = max(t, ready) + b / d2h_bps
+        t = max(t, ready) + d
     return max(0.0, t - train_s)
 
 
@@ -171,6 +182,18 @@ def reload_issue_host_s(rec: dict[str, Any]) -> float | None:
     return sum(vals) / len(vals)
 
 
+def first_wait_share(rec: dict[str, Any], reload_order: str | None = None, batch_ahead: bool | None = None) -> float:
+    """The share of the record's training step before its first wait on a streamed reload with the ``in_order``
+    engine (module docstring): :data:`FIRST_WAIT_SHARE` where the reload is issued in first-use order and the step
+    copies no batch larger than :data:`INLINE_COPY_BYTES` at its start, else 0. ``reload_order`` and ``batch_ahead``
+    default to the record's."""
+    cfg = rec.get("config") or {}
+    order = rec.get("reload_order", "category") if reload_order is None else reload_order
+    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
+    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
+    return FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
+
+
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
                   fwd_bwd_share: float = 0.8, wake_proxies: bool | None = None,
                   copy_engine: str = "in_order", reload_order: str | None = None,
@@ -203,9 +226,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     if order not in RELOAD_ORDERS:
         raise ValueError(f"reload_order must be one of {RELOAD_ORDERS}, got {order!r}")
     cfg = rec.get("config") or {}
-    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
-    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
-    first_wait = FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
+    first_wait = first_wait_share(rec, order, batch_ahead)
     if early_units_bytes is None and rec.get("offload_in_backward"):
         early_units_bytes = rec.get("early_units_bytes")
     first = bool(cfg.get("sync_first", False)) if sync_first is None else sync_first
@@ -336,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "early_offload_phase_s",
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "first_wait_share",
+           "unit_chain_tail", "early_offload_phase_s",
            "reload_issue_host_s",
            "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 

@@ -17,7 +17,7 @@ def test_a_machine_name_resolves_to_its_calibrated_preset():
 
 def test_plan_uses_the_calibrated_preset_of_its_cluster():
     from sim.planner.plan import Planner, PlanInputs
-    from sim.planner.plan_model import model_preset
+    from sim.planner.plan_inputs import model_preset
 
     assert Planner(PlanInputs(model=model_preset("Qwen2.5-7B"))).cluster_ref == "calibrated/hgx-h200-8x"
 

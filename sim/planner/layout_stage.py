@@ -3,7 +3,7 @@
 :func:`compare_layouts` runs the offload stage of the search (every offload setting the user's
 framework can express, PG policy ``none``) on each layout of ``PlanInputs.layouts`` (and the
 user's own), and picks the layout whose best candidate is fastest; layouts tied with it inside
-the model's error (:func:`sim.planner.plan_rank.tie_margin`) are settled in favour of the user's layout,
+the estimate's error (:func:`sim.planner.plan_rank.tie_margin`) are settled in favour of the user's layout,
 then of the one with the fewest model-parallel ranks (less to change and less to go wrong). A layout
 that the model or the cluster cannot take (heads not divisible by TP, layers by PP) is skipped with
 its reason.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from sim.planner.plan_layout import describe
-from sim.planner.plan_model import Layout, PlanInputError
+from sim.planner.layout_cost import describe
+from sim.planner.plan_inputs import Layout, PlanInputError
 from sim.planner.plan_rank import rank, recommend, ties
 
 
@@ -86,7 +86,7 @@ def compare_layouts(inputs: Any, planner_class: Any, progress: Callable[[str], N
 def _layout_reason(best: Any, chosen: Layout, row: dict[str, Any], mine: Any, own: Layout) -> str:
     """One sentence: why the chosen layout, against the user's."""
     if chosen is own:
-        return "your layout: no other layout compared is faster by more than the model's error"
+        return "your layout: no other layout compared is faster by more than the estimate's error"
     if mine is None:
         return f"{row['layout']}: your layout does not fit"
     m, mrow = mine[0], mine[2]

@@ -102,16 +102,21 @@ _EXTRA = {
                                  head_dim=128), "meta-llama/Llama-2-13b-hf config.json", 0),
     "Llama-3-70B": (Architecture(layers=80, hidden=8192, intermediate=28672, vocab=128256, heads=64, kv_heads=8,
                                  head_dim=128), "meta-llama/Meta-Llama-3-70B config.json", 0),
+    # verl's default model (ppo_trainer.yaml's actor_rollout_ref.model.path) and its GRPO examples' model
+    "DeepSeek-LLM-7B": (Architecture(layers=30, hidden=4096, intermediate=11008, vocab=102400, heads=32, kv_heads=32,
+                                     head_dim=128), "deepseek-ai/deepseek-llm-7b-base config.json", 0),
 }
 
 #: model presets of ``timeshare plan --model``: name -> (architecture, source, experts per token)
 MODEL_PRESETS: dict[str, tuple[Architecture, str, int]] = {
     "Qwen2.5-7B": _EXTRA["Qwen2.5-7B"],
+    "Qwen2-7B": (_EXTRA["Qwen2.5-7B"][0], "Qwen/Qwen2-7B config.json (the shapes of Qwen2.5-7B; biases left out)", 0),
     "Qwen3-4B": (ARCHITECTURES["qwen3-4b"][0], "Qwen/Qwen3-4B config.json", 0),
     "Qwen3-30B-A3B": (ARCHITECTURES["moe-30b-a3b"][0], "Qwen/Qwen3-30B-A3B config.json (8 of 128 experts per token)", 8),
     "Llama-2-7B": (ARCHITECTURES["dense-7b"][0], "meta-llama/Llama-2-7b-hf config.json", 0),
     "Llama-2-13B": _EXTRA["Llama-2-13B"],
     "Llama-3-70B": _EXTRA["Llama-3-70B"],
+    "DeepSeek-LLM-7B": _EXTRA["DeepSeek-LLM-7B"],
 }
 
 
@@ -305,7 +310,7 @@ class Layout:
         if self.shard not in ("all", "optimizer"):
             raise PlanInputError(f"layout shard: expected 'all' or 'optimizer', got {self.shard!r}")
         if self.world != gpus:
-            raise PlanInputError(f"--tp {self.tp} x --pp {self.pp} x --cp {self.cp} x --dp {self.dp} = {self.world} ranks, "
+            raise PlanInputError(f"--tp {self.tp} x --pp {self.pp} x --cp {self.cp} x --dp {self.dp} = {self.world:,} ranks, "
                                  f"but the cluster has {gpus} GPUs; change --dp (or --nodes / --cluster)")
         if model.layers and model.layers % self.pp:
             raise PlanInputError(f"--pp {self.pp}: the model's {model.layers} layers do not split into {self.pp} stages")
@@ -314,8 +319,12 @@ class Layout:
         fsdp = self.fsdp or self.dp
         if fsdp < 1 or self.dp % fsdp:
             raise PlanInputError(f"--fsdp: expected a divisor of --dp {self.dp}, got {fsdp}")
-        eddp = self.eddp or (self.dp * self.cp * self.tp) // self.ep
-        if model.expert_params and self.ep * eddp != self.dp * self.cp * self.tp:
+        expert_ranks = self.dp * self.cp * self.tp
+        if expert_ranks % self.ep:
+            raise PlanInputError(f"--ep {self.ep}: expected a divisor of dp x cp x tp = {expert_ranks} (the ranks the "
+                                 "experts are spread over)")
+        eddp = self.eddp or expert_ranks // self.ep
+        if model.expert_params and self.ep * eddp != expert_ranks:
             raise PlanInputError(f"--ep {self.ep} x --eddp {eddp} must equal dp x cp x tp = {self.dp * self.cp * self.tp}")
         rtp = self.rollout_tp
         if not rtp:

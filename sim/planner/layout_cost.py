@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sim.planner.plan_model import Layout, Machine, ModelShape, Workload
+from sim.planner.plan_inputs import Layout, Machine, ModelShape, Workload
 
 #: passes of a trained role per micro-batch that communicate activations: forward, backward, recomputed forward
 TRAIN_PASSES = 3
