@@ -9,6 +9,7 @@ import torch
 
 from refimpl.store.backends.base import StoreBackend
 from refimpl.store.config import Category
+from refimpl.store.state.grouping import BASE_SUFFIX
 from refimpl.store.state.guard import unguard
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
 
@@ -82,6 +83,8 @@ class Holdings:
                     continue
                 st = host.untyped_storage()
                 for r in e.refs:
+                    if r.name.endswith(BASE_SUFFIX):  # a view's base the store attached with it: not registered
+                        continue
                     out[r.name] = torch.empty(0, dtype=layout.dtype).set_(
                         st, host.storage_offset() + r.offset, r.size, r.stride)
         return out

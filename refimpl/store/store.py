@@ -324,9 +324,10 @@ class OffloadStore:
         stream after the work already queued on the calling thread's current stream (call it right after the
         kernels that last write them, e.g. in the optimizer-in-backward hook that stepped them). The next offload
         takes the copies over and copies only the rest, and copies again every entry one of whose tensors was
-        changed in place or re-pointed since (its version counter moved). A write that bypasses the version
-        counter (through ``.data``, a raw pointer) after this call is not seen: see [Note: early copies] in
-        :mod:`refimpl.store.moves.early`. A hint: a tensor not in a layout resident in one flat buffer (before the
+        changed in place or re-pointed since (its version counter moved), or whose bytes changed without the
+        counter seeing it (a fused optimizer step, a BatchNorm forward, a write through ``.data``: each copied
+        range is digested here and again at the offload; see [Note: early copies] in
+        :mod:`refimpl.store.moves.early`). A hint: a tensor not in a layout resident in one flat buffer (before the
         first reload, a backend without ``early_copies``) is skipped and the offload copies it as always
         (``StoreStats.last_early_skipped``). Safe to call from another thread than the offload's (the autograd
         engine's) while no other store operation runs there.
@@ -393,6 +394,8 @@ class OffloadStore:
             figures.early_copy_bytes, figures.early_skipped = queued_early
             figures.seconds, figures.device_bytes_freed = rt.now() - t0, rt.memory_info().free - free_before
             self._count_offload(figures, cats, len(offload.ordered))
+        if offload.error_after_commit is not None:  # completed on this rank as on its peers; say what failed
+            raise offload.error_after_commit
 
     def _count_offload(self, figures: OffloadFigures, cats: frozenset[Category], layouts: int) -> None:
         """A completed offload's figures go into the store's; logged."""

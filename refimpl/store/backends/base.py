@@ -137,9 +137,10 @@ class StoreBackend(abc.ABC):
     Required: :attr:`name`, :meth:`offload` and :meth:`reload`. Optional, with
     defaults for a rank-local backend: the layout hooks (:meth:`placement_key`,
     :meth:`padded_numel`, :meth:`prepare`), host memory (:meth:`reserve`,
-    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`) and three
+    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`), three
     capability flags the store may use to overlap work (``copy_ahead``,
-    ``release_as_copied``, ``early_copies``; all off by default). Streaming is :class:`StreamingBackend`.
+    ``release_as_copied``, ``early_copies``; all off by default) and ``agrees_on_offload`` (off: how a failure
+    in the release stage ends). Streaming is :class:`StreamingBackend`.
     """
 
     #: the name ``OffloadStore(backend=...)`` uses
@@ -153,6 +154,11 @@ class StoreBackend(abc.ABC):
     #: True if :meth:`copy_early` copies a resident layout's range into the host buffer the next offload uses
     #: and :meth:`offload_rest` copies the rest (see [Note: early copies] in :mod:`refimpl.store.moves.early`)
     early_copies: ClassVar[bool] = False
+    #: True if :meth:`settle_offload` with no error commits the offload among ranks (its peers release their
+    #: device memory next): a failure in the store's release stage then completes the offload on this rank instead
+    #: of copying the state back (the store raises the error after). False: the offload is this rank's alone
+    #: and a failure in the release stage is undone from the host copies (which :meth:`host_view` must give).
+    agrees_on_offload: ClassVar[bool] = False
 
     def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:
         self.rt = runtime

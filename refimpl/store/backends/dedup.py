@@ -90,6 +90,7 @@ class DedupBackend(StoreBackend):
     """
 
     name = "local_dedup"
+    agrees_on_offload = True  # offload.commit: every rank releases once every rank voted to
 
     def __init__(
         self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig, *, dedup: DedupConfig | None = None,

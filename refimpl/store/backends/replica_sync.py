@@ -14,8 +14,8 @@ reload all-gather would splice unrelated bytes together:
 :func:`layout_signature` summarises a member's layouts and
 :func:`members_agree` compares them over the group with a single
 ``all_reduce(MAX)`` of ``[v, -v]`` (max equals -max(-v) exactly when every
-member holds ``v``). :func:`content_digest` hashes tensors' bytes where they
-live for the optional content check.
+member holds ``v``). :func:`~refimpl.store.backends.digest.content_digest`
+(re-exported here) hashes tensors' bytes where they live for the content check.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Any, Iterable, MutableMapping, Sequence
 import torch
 
 from refimpl.runtime.base import WORLD, GroupError, ReduceOp, Runtime
+from refimpl.store.backends.digest import content_digest, release_digest_weights
 from refimpl.store.backends.replica import ReplicaGroup, warn_if_multi_host
 from refimpl.store.config import CATEGORY_ORDER
 from refimpl.store.state.layout import FlatLayout
@@ -32,82 +33,6 @@ from refimpl.store.state.layout import FlatLayout
 log = logging.getLogger(__name__)
 
 _MASK62 = (1 << 62) - 1
-
-_DIGEST_COLS = 1021  # words per row of the digest's 2-D view (a prime: power-of-two shifts move every word to another column)
-_DIGEST_BATCH = 4096  # tensors whose column sums are held at once (4 KiB each)
-_WEIGHTS: dict[str, torch.Tensor] = {}
-
-
-def _weights(device: torch.device) -> torch.Tensor:
-    """Position weights ``j + 1`` of the digest's columns (one tensor per device, kept)."""
-    key = str(device)
-    w = _WEIGHTS.get(key)
-    if w is None:
-        w = _WEIGHTS[key] = torch.arange(1, _DIGEST_COLS + 1, dtype=torch.int64, device=device)
-    return w
-
-
-def release_digest_weights() -> None:
-    """Drop the cached position weights (device memory); the next :func:`content_digest` builds them again."""
-    _WEIGHTS.clear()
-
-
-def _words(t: torch.Tensor) -> torch.Tensor | None:
-    """``t``'s raw bytes as int32 words (uint8 when the size is not a multiple of 4); None for meta or empty."""
-    if t.device.type == "meta" or t.numel() == 0:
-        return None
-    raw = t.detach().reshape(-1)
-    raw = raw.contiguous().view(torch.uint8) if raw.dtype != torch.bool else raw.view(torch.uint8)
-    return raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-
-
-def _column_sums_into(row: torch.Tensor, words: torch.Tensor) -> None:
-    """Write into ``row`` (int32, one per column) the wrapping sums of ``words`` laid out in rows of 1,021.
-
-    One read of the data and one or two kernels: the reduction runs over the
-    leading dimension of a contiguous view in int32 (wrapping, so the result
-    is the exact sum mod 2**32 in any reduction order) with no widened copy; a
-    tail shorter than a row is added into the first columns.
-    """
-    rows, tail = divmod(words.numel(), _DIGEST_COLS)
-    if rows:
-        torch.sum(words[:rows * _DIGEST_COLS].view(rows, _DIGEST_COLS), dim=0, dtype=torch.int32, out=row)
-    if tail:
-        row[:tail] += words[rows * _DIGEST_COLS:]
-
-
-def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
-    """Two 64-bit integer hashes per tensor of its raw bytes, computed where the tensor lives.
-
-    The bytes are read as int32 words (uint8 when the size is not a multiple
-    of 4) laid out in rows of 1,021 (a prime); each column's words are summed
-    as int32 (wrapping, one pass over the data with no widened copy). ``h1`` is
-    the sum of the column sums and ``h2`` weights column ``j`` by ``j + 1``, so
-    words moved to another column (swapped halves, any shift that is not a
-    multiple of 1,021 words) change it; whole rows swapped do not. Wrapping
-    integer sums are exact in any reduction order, so equal bytes give equal
-    hashes on every rank and device. Meta and empty tensors hash to zeros.
-    The column sums of up to 4,096 tensors are held at once and reduced
-    together, so a tensor costs one or two kernels.
-    """
-    dev = device or (tensors[0].device if tensors else torch.device("cpu"))
-    out = torch.zeros(2 * len(tensors), dtype=torch.int64, device=dev)
-    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
-    for i, t in enumerate(tensors):
-        words = _words(t)
-        if words is not None:
-            by_device.setdefault(words.device, []).append((i, words))
-    for d, items in by_device.items():
-        for lo in range(0, len(items), _DIGEST_BATCH):
-            part = items[lo:lo + _DIGEST_BATCH]
-            cols = torch.zeros(len(part), _DIGEST_COLS, dtype=torch.int32, device=d)
-            for k, (_, words) in enumerate(part):
-                _column_sums_into(cols[k], words)
-            wide = cols.to(torch.int64)
-            idx = torch.tensor([2 * i for i, _ in part], dtype=torch.int64, device=dev)
-            out[idx] = wide.sum(dim=1).to(dev)
-            out[idx + 1] = (wide * _weights(d)).sum(dim=1).to(dev)
-    return out
 
 
 def shape_fingerprint(shapes: Iterable[Sequence[int]]) -> int:

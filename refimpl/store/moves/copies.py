@@ -99,6 +99,8 @@ class OffloadCopies:
         """
         if not self.backend.copy_ahead:
             return
+        if early is not None:  # the bytes of every early copy checked again: writes the counters cannot see
+            await early.verify(resident)
         for layout in sorted(resident, key=sort_key):
             if not self.will_copy(layout):
                 continue

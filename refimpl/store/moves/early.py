@@ -28,14 +28,26 @@ store cannot tell is still valid is copied again:
   (the steady check fails) takes the full path and its early copies are
   awaited and discarded.
 
-What the counters cannot see is the caller's promise: a write that bypasses
-torch's version counter (``p.data.add_(...)`` through the ``.data`` alias, a
-custom kernel writing through a raw pointer) after ``copy_early`` leaves the
-host copy with the bytes of the time of the call. ``copy_early`` is therefore
-for tensors that are really final (after their optimizer step, before the
-offload), and it is a hint: a tensor the store does not hold in a resident
-flat buffer (before the first reload, or a backend without ``early_copies``)
-is skipped and the offload copies it as always.
+* the bytes themselves: when a copy is issued, a digest of its device range
+  ([Note: content digest] in :mod:`refimpl.store.backends.digest`) is taken on
+  the calling thread's current stream, where the copy is ordered; at the
+  offload (its first stage, :meth:`EarlyCopies.verify`) the range is digested
+  again, and a copy whose range no longer hashes the same is copied again.
+
+The counters alone cannot see a write that bypasses them: a fused optimizer
+step (``torch.optim.AdamW(fused=True)`` bumps no counter), a BatchNorm forward
+in train mode (its running statistics are updated in place by the kernel),
+``p.data.add_(...)`` through the ``.data`` alias, a custom kernel writing through
+a raw pointer. Before the digests, such a write after ``copy_early`` left the
+host copy with the bytes of the time of the call and the reload returned them.
+The digest sees every such write (a changed word always changes it; see the
+Note for what else it guarantees). Its cost: two reads of every byte copied
+early (about three passes of device bandwidth each: an int32 multiply and a
+row sum), one at ``copy_early`` on the caller's stream and one at the offload,
+plus one host synchronization per offload that has early copies (it waits for
+the work queued before the offload). ``copy_early`` stays a hint: a tensor the
+store does not hold in a resident flat buffer (before the first reload, or a
+backend without ``early_copies``) is skipped and the offload copies it as always.
 
 Early copies write only into the layout's host buffer, which holds nothing
 needed while the layout is resident; every store operation but
@@ -54,6 +66,7 @@ import torch
 
 from refimpl.runtime.base import Completion, Runtime
 from refimpl.store.backends.base import StoreBackend
+from refimpl.store.backends.digest import content_digest
 from refimpl.store.config import Category
 from refimpl.store.state.entry import StorageEntry, storage_id
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
@@ -65,7 +78,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class EarlyCopy:
     """One early copy of a run of neighbouring entries: its element range in the flat buffer, the copy's
-    completions and the version counters of every tensor object viewing those entries when it was issued."""
+    completions, the version counters of every tensor object viewing those entries when it was issued and the
+    digest of the range's device bytes then."""
 
     start: int
     stop: int
@@ -75,10 +89,21 @@ class EarlyCopy:
     storage: int
     #: bytes of the entries copied (the range less the alignment padding between them)
     nbytes: int
+    #: ``(offset, numel)`` of each entry the copy carries (what :meth:`EarlyCopies.verify` digests again)
+    entries: list[tuple[int, int]] = field(default_factory=list)
+    #: :func:`~refimpl.store.backends.digest.content_digest` of those entries when the copy was issued (on the
+    #: device; one row of two hashes per entry)
+    digest: torch.Tensor | None = None
+    #: set by :meth:`EarlyCopies.verify`: the range's bytes no longer hash as they did when the copy was issued
+    changed: bool = False
 
     def valid(self) -> bool:
         """Every tensor viewing the entry (and its DTensor) still alive and unchanged since the copy, every plain
-        one still in the same flat buffer."""
+        one still in the same flat buffer, and the bytes unchanged (:meth:`EarlyCopies.verify`)."""
+        return not self.changed and self.counters_unchanged()
+
+    def counters_unchanged(self) -> bool:
+        """The version-counter half of :meth:`valid`."""
         for ref, version, plain in self.versions:
             t = ref()
             if t is None or t._version != version:
@@ -143,6 +168,11 @@ class _Index:
         return out
 
 
+def _watched(run: list[StorageEntry]) -> list[StorageEntry]:
+    """The entries of a copy whose tensors' counters and bytes the offload checks again: all of them."""
+    return run  # every entry of a copy, not only the first
+
+
 def _signature(layouts: dict[LayoutKey, FlatLayout]) -> tuple[tuple[int, int | None, str], ...]:
     return tuple((id(lay), lay.flat_storage, lay.state.value) for lay in layouts.values())
 
@@ -189,24 +219,65 @@ class EarlyCopies:
             if flat is None:
                 self.skipped += len(positions)
                 continue
-            for run in index.runs(lay, positions):
-                run = [e for e in run if (key, e.offset) not in self._copied and e.numel]
-                if not run:
-                    continue
+            runs = [r for r in ([e for e in run if (key, e.offset) not in self._copied and e.numel]
+                                for run in index.runs(lay, positions)) if r]
+            if not runs:
+                continue
+            watched = [_watched(run) for run in runs]
+            # the digests are taken where the copies are ordered: after the work queued on this stream so far
+            digests = content_digest([flat[e.offset:e.offset + e.numel] for w in watched for e in w]).view(-1, 2)
+            at = 0
+            for run, watch in zip(runs, watched):
+                first, at = at, at + len(watch)
                 a, b = run[0].offset, run[-1].offset + run[-1].numel
                 done = await self.backend.copy_early(lay, flat, a, b)
                 if done is None:  # the backend holds no host buffer of this layout yet
                     self.skipped += len(run)
                     continue
-                versions = [(weakref.ref(obj), obj._version, plain) for e in run for r in e.refs
+                versions = [(weakref.ref(obj), obj._version, plain) for e in watch for r in e.refs
                             for obj, plain in ((r.live(), True), (r.live_dtensor(), False)) if obj is not None]
                 nbytes = sum(e.nbytes for e in run)
-                self._by_key.setdefault(key, []).append(EarlyCopy(a, b, done, versions, lay.flat_storage, nbytes))
+                self._by_key.setdefault(key, []).append(EarlyCopy(
+                    a, b, done, versions, lay.flat_storage, nbytes, [(e.offset, e.numel) for e in watch],
+                    digests[first:at]))
                 self._copied.update((key, e.offset) for e in run)
                 moved += nbytes
         flat = None  # no view of a flat buffer outlives the call but the copies' own
         self.issued_bytes += moved
         return moved
+
+    async def verify(self, layouts: Iterable[FlatLayout]) -> int:
+        """At the offload, before :meth:`take`: digest again the range of every early copy of ``layouts`` that the
+        counters still call valid and mark the ones whose bytes changed since (a write the counters cannot see);
+        one host synchronization for all. Returns how many were found changed."""
+        checks: list[tuple[EarlyCopy, torch.Tensor]] = []
+        for lay in layouts:
+            copies = self._by_key.get(lay.key)
+            if not copies:
+                continue
+            flat = resident_flat(lay, {})
+            if flat is None:  # not resident in its flat buffer any more: the copies are not taken
+                continue
+            checks.extend((c, [flat[a:a + n] for a, n in c.entries]) for c in copies
+                          if c.digest is not None and c.storage == lay.flat_storage and c.counters_unchanged())
+        flat = None
+        if not checks:
+            return 0
+        copies = [c for c, _ in checks]
+        now = content_digest([v for _, views in checks for v in views]).view(-1, 2)
+        checks.clear()  # no view of a flat buffer outlives the call
+        then = torch.cat([c.digest for c in copies]).to(now.device)
+        same = (now == then).all(dim=1).tolist()  # one row per entry; the one host synchronization
+        at, changed = 0, 0
+        for c in copies:
+            c.changed = not all(same[at:at + len(c.entries)])
+            at += len(c.entries)
+            changed += c.changed
+        if changed:
+            logger.info("%d early cop%s changed after copy_early without a version counter moving (a fused optimizer "
+                        "step, a BatchNorm forward, a write through .data): copied again", changed,
+                        "y" if changed == 1 else "ies")
+        return changed
 
     async def take(self, layout: FlatLayout) -> Taken | None:
         """The early copies of ``layout`` for its offload (forgotten here), or None where it has none. Those

@@ -24,7 +24,10 @@ Anything failing in stages 1-6 runs :meth:`~Offload.roll_back`, which undoes
 them in reverse: the state stays on the device, every byte in its place. Then
 the backend settles the outcome (``settle_offload``): ``local_dedup`` votes, so
 an offload that failed on one rank is rolled back on every rank (the store
-then raises there too). Nothing fails in stage 7.
+then raises there too). A failure while stage 7 releases memory is undone too
+(:meth:`~Offload.undo_release`: the released storages copied back from the
+host), unless the ranks already agreed on the offload (``agrees_on_offload``):
+then it is completed on this rank, as on its peers, and the error raised after.
 """
 from __future__ import annotations
 
@@ -39,11 +42,14 @@ from refimpl.store.config import Category, StoreConfig
 from refimpl.store.moves.copies import OffloadCopies
 from refimpl.store.moves.early import EarlyCopies
 from refimpl.store.moves.offload_paths import FullPath, ItemSource, OffloadPath, SteadyPath, StreamedPath
-from refimpl.store.moves.release import park_kept_views, release_layouts
+from refimpl.store.moves.release import (
+    ExportedStorage, copy_back_released, mark_offloaded, park_kept_views, release_layouts,
+)
 from refimpl.store.state.grouping import ViewCount
 from refimpl.store.state.guard import guard, guard_enabled
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
-from refimpl.store.state.parking import Parking
+from refimpl.store.state.entry import ReleasedStorage
+from refimpl.store.state.parking import Parking, ViewPlace, repoint_views
 from refimpl.store.state.steady_check import ItemSignature, steady_unchanged
 from refimpl.store.stats import OffloadFigures
 
@@ -88,6 +94,10 @@ class Offload:
         self.strays: dict[int, set[int]] = {}
         #: ``(category, tensor)`` of the host-resident tensors guarded in place (see :meth:`guard_left_in_place`)
         self.left_in_place: list[tuple[Category, Any]] = []
+        #: flat buffers exported since their reload, left to their holders by the release (stage 7)
+        self.exported: list[ExportedStorage] = []
+        #: a failure of stage 7 after every rank agreed on the offload: it was completed; the store raises this
+        self.error_after_commit: BaseException | None = None
 
     async def run(self) -> OffloadFigures:
         """Stages 1-7 in order (rolled back on failure); returns :attr:`figures`.
@@ -176,17 +186,62 @@ class Offload:
         await rt.point("store.offload.release")  # the last point where a failure rolls back
 
     async def release(self) -> OffloadFigures:
-        """Stage 7 (nothing fails from here on): stray views parked, the device memory released, every
-        layout marked offloaded. Returns :attr:`figures`."""
-        await self.copies.close()
-        park_kept_views(self.strays, self.ordered, self.copies.flats, self.parking)
-        release_layouts(self.rt, self.ordered, self.drop_grads)
+        """Stage 7: stray views parked, the device memory released, the cache emptied; then (nothing fails from
+        there on) every layout marked offloaded. Returns :attr:`figures`.
+
+        A failure while releasing (a release that raises, an interrupt) is undone when this rank settled the
+        offload alone: every released storage gets its bytes back from the host copy, the stray views and the
+        registered tensors point where they did, and the error propagates with the state on the device and
+        readable (:meth:`undo_release`). A backend whose ranks agreed on the offload (``agrees_on_offload``:
+        its peers are offloading it now) completes it here instead, and :attr:`error_after_commit` holds the
+        error for the store to raise once the offload is installed."""
+        released: list[ReleasedStorage] = []
+        strays: list[ViewPlace] = []
+        try:
+            await self.copies.close()
+            park_kept_views(self.strays, self.ordered, self.copies.flats, self.parking, strays)
+            release_layouts(self.rt, self.ordered, released, self.exported)
+            await self.rt.point("store.offload.released")
+            self._lap("release")
+            if self.config.empty_cache:
+                self.rt.empty_cache()
+            self._lap("empty_cache")
+        except GeneratorExit:  # the coroutine is being closed (its rank is gone): nothing may await any more
+            raise
+        except BaseException as error:
+            if not self.backend.agrees_on_offload:
+                await self.undo_release(released, strays)
+                raise
+            self.error_after_commit = error
+            logger.error("the offload's release stage failed after every rank agreed on the offload (%s: %s); it "
+                         "is completed on this rank as on its peers: the state is offloaded and reloads",
+                         type(error).__name__, error)
+        mark_offloaded(self.ordered, self.drop_grads)
         self.guard_left_in_place()
-        self._lap("release")
-        if self.config.empty_cache:
-            self.rt.empty_cache()
-        self._lap("empty_cache")
+        if self.exported:
+            self.copies.forget()  # the offload's own views of an exported buffer go now: its memory with them
+            self.report_exported()
         return self.figures
+
+    async def undo_release(self, released: list[ReleasedStorage], strays: list[ViewPlace]) -> None:
+        """After a failure in stage 7: every storage it released grown back and given its bytes from the host
+        copy (gradients dropped without a copy come back as zeros), the stray views pointed back, then
+        :meth:`roll_back` as for a failure in stages 1-6 (the backend settled this offload alone: nothing to tell)."""
+        logger.warning("an offload failed in its release stage; undoing it: %d storage entries are copied back",
+                       len(released))
+        await copy_back_released(self.rt, self.backend, released, drop_grads=self.drop_grads)  # each copy awaited
+        repoint_views(strays)
+        await self.roll_back()
+
+    def report_exported(self) -> None:
+        """Log the flat buffers exported since their reload that stay allocated because something still holds
+        them (see :func:`refimpl.store.moves.release.release_layouts`)."""
+        held = [x for x in self.exported if not x.ref.expired()]
+        if held:
+            logger.warning("%d flat buffer(s) exported since the reload (t.numpy(), DLPack), first %s, %d bytes, "
+                           "stay allocated while their arrays (or the views kept across the offload) live; the "
+                           "state is offloaded and reloads as always", len(held), held[0].name,
+                           sum(x.nbytes for x in held))
 
     def guard_left_in_place(self) -> None:
         """Guard the host-resident tensors the offload left in place (an optimizer's CPU ``step`` counters

@@ -144,8 +144,9 @@ class EntryOrigin(NamedTuple):
 
 
 class ReleasedStorage(NamedTuple):
-    """A storage released as soon as its own copies completed, while later copies ran
-    (:meth:`FlatLayout.release_copied`), and what it held: what a failed offload copies back."""
+    """An entry whose storage an offload released (as soon as its own copies completed, while later copies ran:
+    :meth:`FlatLayout.release_copied`; or in the release stage: :meth:`FlatLayout.release_device`), and where
+    it sat: what a failed offload copies back. A flat buffer released whole gives one record per entry."""
 
     layout: Any  # the FlatLayout
     entry: StorageEntry
@@ -153,6 +154,8 @@ class ReleasedStorage(NamedTuple):
     storage: Any
     #: its size before the release
     nbytes: int
+    #: where the entry's first element sat in the storage (elements of the entry's dtype)
+    at: int
 
 
 __all__ = ["EntryOrigin", "ReleasedStorage", "StorageEntry", "TensorRef", "storage_id"]

@@ -206,10 +206,13 @@ class StorageGrouper:
                 f"{name} is offloaded by an offload store (its bytes are in host memory); reload() that "
                 f"store first (or recover() it after a TensorChangedError)"
             )
-        if not storage.resizable():
+        if not storage.resizable() and sid not in self.own:  # the store's own flat buffer: see release_layouts
             raise UnsupportedTensorError(
-                f"{name}: its storage is not resizable (memory from numpy, DLPack or from_blob that the "
-                f"store cannot release); attach a torch-allocated copy instead (t = t.clone())"
+                f"{name}: its storage is not resizable, so the store cannot release it: memory from numpy "
+                f"(torch.from_numpy), DLPack or from_blob, or a storage torch marked so when it was exported "
+                f"(t.numpy(), a DLPack capsule) before it was ever offloaded. Attach a torch-allocated copy "
+                f"(t = t.clone(); a parameter: with torch.no_grad(): p.data = p.data.clone()) and export copies "
+                f"(p.detach().clone().numpy()). Nothing was moved"
             )
         known = self.known_viewers.get(sid)
         if known is not None:
@@ -244,42 +247,51 @@ class StorageGrouper:
             if sid not in self._live_ids:
                 report.skipped_zero_size.extend(r.name for r in g.refs)
                 continue
-            if g.viewers <= len(g.refs):
+            if 0 <= g.viewers <= len(g.refs):
                 continue
-            bases = _view_bases(g)
-            if g.viewers <= len(g.refs) + len(bases):
+            _attach_view_bases(g)
+            if 0 <= g.viewers <= len(g.refs):
                 continue
             if own_idx is None:
                 own_idx = own_views_index()
             mine = sum(1 for mark, _ in own_idx.get(sid, ()) if mark < g.mark)
-            if g.viewers > len(g.refs) + len(bases) + mine:
+            if g.viewers > len(g.refs) + mine:
                 if sid not in self.own:
                     raise unattached_alias_error(g)
-                report.stray_views[sid] = {id(r.tensor) for r in g.refs} | set(_view_bases(g))
+                report.stray_views[sid] = {id(r.tensor) for r in g.refs}
         if report.skipped_zero_size:
             logger.debug("left %d zero-size tensors in place: %s", len(report.skipped_zero_size),
                          report.skipped_zero_size[:5])
         return self._live, report
 
 
-def _view_bases(g: StorageGroup) -> dict[int, torch.Tensor]:
-    """The autograd bases (``t._base``) of the group's registered views that view the same storage and are
-    not registered themselves: alive only through the views (``torch.arange(24.).reshape(4, 6)`` keeps
-    the arange result as its base)."""
+BASE_SUFFIX = "#base"
+"""A view's autograd base the store attaches with it is named after the view plus this (``params.v#base``); like
+every name with a ``#`` it is not saved in checkpoints (it is not a tensor of the model's state dict)."""
+
+
+def _attach_view_bases(g: StorageGroup) -> None:
+    """Attach the autograd bases (``t._base``) of the group's registered views that view the same storage and are
+    not registered themselves, as refs of the group: they are parked with the views and re-pointed with them.
+
+    A base is either alive only through its views (``torch.arange(24.).reshape(4, 6)`` keeps the arange result)
+    or a tensor the caller holds (``attach_tensors("params", {"v": w.t()})`` with ``w`` not attached). Left out,
+    the second would be left on the released storage (reading it read freed memory); attached, it raises
+    ``OffloadedTensorError`` while offloaded and holds its exact bytes after the reload. (A view of another dtype,
+    ``w.view(torch.int32)``, has no autograd base: ``w`` is then an unattached alias, refused as such.)"""
     ids = {id(r.tensor) for r in g.refs}
-    bases: dict[int, torch.Tensor] = {}
-    for r in g.refs:
+    for r in list(g.refs):
         b = r.tensor._base
-        if b is not None and id(b) not in ids and b.untyped_storage()._cdata == g.storage_id:
-            bases[id(b)] = b
-    return bases
+        if b is None or id(b) in ids or b.untyped_storage()._cdata != g.storage_id:
+            continue
+        ids.add(id(b))
+        g.refs.append(TensorRef(r.name + BASE_SUFFIX, b, b.storage_offset(), tuple(b.shape), b.stride()))
 
 
 def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
     """The error for a storage that tensor objects the store does not know also view."""
-    bases = _view_bases(g)
-    extra = g.viewers - len(g.refs) - len(bases)
-    found = describe_aliases(g.storage_id, {id(r.tensor) for r in g.refs} | set(bases))
+    extra = g.viewers - len(g.refs)
+    found = describe_aliases(g.storage_id, {id(r.tensor) for r in g.refs})
     names = ", ".join(r.name for r in g.refs[:3]) + (" ..." if len(g.refs) > 3 else "")
     return UnattachedAliasError(
         f"the storage of {names} ({g.nbytes} bytes) is also viewed by {extra} tensor object(s) not attached to "
@@ -311,6 +323,7 @@ def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[
 
 
 __all__ = [
+    "BASE_SUFFIX",
     "CollectReport",
     "StorageGroup",
     "StorageGrouper",

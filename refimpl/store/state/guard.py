@@ -53,6 +53,17 @@ What does not, and why it is harmless:
 * ``p.data = x``, ``p.set_(x)`` and ``p.grad = x`` re-point, read no bytes and
   are allowed: the next reload raises ``TensorChangedError`` (``recover()``
   undoes it).
+* The storage object (``p.untyped_storage()``, a metadata read) is the
+  placeholder: its bytes are one NaN (or 0), never the tensor's.
+
+Three calls torch makes below ``__torch_function__`` would alias the
+placeholder in a new, unguarded tensor object (NaN, or 0 for integers, with no
+error): ``p.as_subclass(cls)``, ``torch.Tensor._make_subclass(cls, p)`` and the
+legacy constructor ``torch.Tensor(p)``. The guard class overrides
+``as_subclass``, and importing this module routes ``torch.Tensor._make_subclass``
+and ``torch.Tensor.__new__`` through a check of their arguments (one ``type()``
+lookup per argument; ``nn.Parameter(p)`` goes through ``p.detach()`` and is
+guarded anyway): all three raise ``OffloadedTensorError``.
 
 Subclasses with a torch-function protocol of their own are guarded the same
 way: while offloaded their protocol is not consulted (every call but a
@@ -185,6 +196,59 @@ def _torch_function(cls, func, types, args=(), kwargs=None):  # noqa: ANN001 - t
     return func(*args, **(kwargs or {}))
 
 
+def _use_guarded(t: torch.Tensor, func_name: str) -> None:
+    """A call that torch does not route through ``__torch_function__`` is about to read the guarded ``t``: raise
+    :class:`OffloadedTensorError`, or (the streamed reload's seam) run ``t``'s ``on_access`` and unguard it."""
+    on_access = getattr(t, _ON_ACCESS, None)
+    if on_access is None:
+        raise _error([t], func_name)
+    with _disabled():
+        on_access(t)
+    unguard(t)
+
+
+def _as_subclass(self: torch.Tensor, cls: type) -> torch.Tensor:
+    """``Tensor.as_subclass`` of a guarded tensor (torch calls no ``__torch_function__`` for it): see
+    [Note: offload guard]."""
+    _use_guarded(self, "as_subclass")
+    return self.as_subclass(cls)  # the class is the original again
+
+
+_BASE_MAKE_SUBCLASS = torch._C.TensorBase._make_subclass
+_BASE_NEW = torch._C.TensorBase.__new__
+
+
+def _make_subclass(cls: type, data: Any, requires_grad: bool = False, **kwargs: Any) -> torch.Tensor:
+    """``torch.Tensor._make_subclass``, refusing a guarded ``data`` (torch calls no ``__torch_function__`` for it:
+    the new tensor would alias the placeholder and read NaN, or 0 for integers). The signature is torch's (the
+    compiler's stand-in for it checks the names and defaults)."""
+    if type(data) in _ORIGINAL_CLASS:
+        _use_guarded(data, "_make_subclass")
+    return _BASE_MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)
+
+
+def _tensor_new(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``torch.Tensor.__new__(cls, ...)`` (the legacy constructor: ``torch.Tensor(t)`` aliases ``t``), refusing a
+    guarded tensor among its arguments, as :func:`_make_subclass` does. Any arguments, as torch's (the compiler's
+    stand-in for it accepts a wildcard signature)."""
+    for a in args[1:]:
+        if type(a) in _ORIGINAL_CLASS:
+            _use_guarded(a, "Tensor")
+    return _BASE_NEW(*args, **kwargs)
+
+
+def _install_constructor_checks() -> None:
+    """Route ``torch.Tensor._make_subclass`` and ``torch.Tensor(...)`` through the guard (once per process): they
+    make a new tensor object on the argument's storage in C++, below ``__torch_function__``."""
+    if getattr(torch.Tensor.__dict__.get("_make_subclass"), "__func__", None) is not _make_subclass:
+        torch.Tensor._make_subclass = staticmethod(_make_subclass)
+    if getattr(torch.Tensor.__dict__.get("__new__"), "__func__", None) is not _tensor_new:
+        torch.Tensor.__new__ = staticmethod(_tensor_new)
+
+
+_install_constructor_checks()
+
+
 def guard_class(cls: type) -> type:
     """The guard subclass of ``cls`` (made once per class); a guard class is its own."""
     g = _GUARD_CLASSES.get(cls)
@@ -196,7 +260,8 @@ def guard_class(cls: type) -> type:
         g = _GUARD_CLASSES.get(cls)
         if g is None:
             g = type(f"Offloaded{cls.__name__}", (cls,), {
-                "__slots__": (), "__module__": __name__, "__torch_function__": classmethod(_torch_function)})
+                "__slots__": (), "__module__": __name__, "__torch_function__": classmethod(_torch_function),
+                "as_subclass": _as_subclass})
             _ORIGINAL_CLASS[g] = cls
             _GUARD_CLASSES[cls] = g
     return g

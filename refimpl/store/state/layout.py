@@ -142,8 +142,10 @@ class FlatLayout:
     resident_views: int = -1
     #: while PARKED: the flat buffer the refs were parked from, or each entry's origin (see :meth:`park`)
     _parked_from: tuple[torch.Tensor | None, list[EntryOrigin] | None] | None = field(default=None, repr=False)
-    #: while PARKED: the one view of the flat buffer the release frees (see :meth:`keep_one_base`)
+    #: while PARKED: the one view of the flat buffer the release frees (see :meth:`keep_one_base`), and where
+    #: the layout's element 0 sits in that buffer's storage
     _release_view: torch.Tensor | None = field(default=None, repr=False)
+    _release_start: int = field(default=0, repr=False)
     #: from park to the end of the next reload: the placeholder storage the refs are parked on, its
     #: storage id and the debug site for the guard (see :meth:`park`)
     _parked_on: tuple[Any, int, str | None] | None = field(default=None, repr=False)
@@ -404,16 +406,29 @@ class FlatLayout:
             for r in e.refs:
                 r.weaken()
 
-    def release_bases(self, release: Callable[[torch.Tensor], None], done: set[int]) -> None:
-        """Release each entry's storage not released yet (``done``: storage ids released) and drop the bases."""
+    def release_bases(self, release: Callable[[torch.Tensor], bool], done: set[int],
+                      released: list[ReleasedStorage]) -> None:
+        """Release each entry's storage not released yet (``done``: storage ids released) and drop the bases;
+        every entry of a storage ``release`` shrank is recorded in ``released`` (what a rollback copies back)."""
+        by_storage: dict[int, list[StorageEntry]] = {}
+        views: dict[int, torch.Tensor] = {}
         for e in self.entries:
             base = e.base
             if base is None:
                 continue  # released as soon as its copy completed
             sid = base.untyped_storage()._cdata
-            if sid not in done:
-                release(base)
-                done.add(sid)
+            by_storage.setdefault(sid, []).append(e)
+            views.setdefault(sid, base)
+        for sid, entries in by_storage.items():
+            if sid in done:
+                continue
+            view = views[sid]
+            st = view.untyped_storage()
+            nbytes, at = st.nbytes(), {id(e): e.base.storage_offset() for e in entries}
+            if release(view):
+                released.extend(_new(ReleasedStorage, (self, e, st, nbytes, at[id(e)])) for e in entries)
+            done.add(sid)
+        for e in self.entries:
             e.base = None
 
     def keep_one_base(self) -> None:
@@ -426,7 +441,8 @@ class FlatLayout:
         base = next((e.base for e in self.entries if e.base is not None), None)
         if base is None or base.untyped_storage()._cdata != self.flat_storage:
             return
-        self._release_view = base
+        first = next(e for e in self.entries if e.base is base)
+        self._release_view, self._release_start = base, base.storage_offset() - first.offset
         for e in self.entries:
             e.base = None
 
@@ -435,18 +451,25 @@ class FlatLayout:
         """The view :meth:`keep_one_base` kept, or None."""
         return self._release_view
 
-    def release_device(self, release: Callable[[torch.Tensor], None], done: set[int], dropped: bool) -> None:
-        """Release what is left of the layout's device memory (its one flat view, or each entry's
-        storage not in ``done``), then :meth:`mark_offloaded`."""
+    def release_device(self, release: Callable[[torch.Tensor], bool], done: set[int],
+                       released: list[ReleasedStorage]) -> None:
+        """Release what is left of the layout's device memory (its one flat view, or each entry's storage not in
+        ``done``). ``release(view)`` frees the view's storage and says whether it shrank it (False: an exported
+        storage left to its holders, see :func:`refimpl.store.moves.release.release_layouts`); every entry of a
+        storage it shrank is recorded in ``released``, so a failure later in the release stage can copy the
+        entries back. The layout stays PARKED: :meth:`mark_offloaded` follows once every layout is released."""
         flat = self._release_view
-        if flat is not None:
-            sid = flat.untyped_storage()._cdata
-            if sid not in done:
-                release(flat)
-                done.add(sid)
-        else:
-            self.release_bases(release, done)
-        self.mark_offloaded(dropped)
+        if flat is None:
+            self.release_bases(release, done, released)
+            return
+        st = flat.untyped_storage()
+        sid = st._cdata
+        if sid in done:
+            return
+        nbytes, start = st.nbytes(), self._release_start
+        if release(flat):
+            released.extend(_new(ReleasedStorage, (self, e, st, nbytes, start + e.offset)) for e in self.entries)
+        done.add(sid)
 
     def release_copied(self, entries: list[StorageEntry], remaining: dict[int, int],
                        release: Callable[[torch.Tensor], None], released: list[ReleasedStorage]) -> int:
@@ -456,9 +479,9 @@ class FlatLayout:
         for e in entries:
             left = remaining[id(e)] - 1
             remaining[id(e)] = left
-            if left == 0 and e.owns_storage and e.base is not None:
-                st = e.base.untyped_storage()
-                released.append(_new(ReleasedStorage, (self, e, st, st.nbytes())))  # no __new__ frame
+            if left == 0 and e.owns_storage and e.base is not None and e.base.untyped_storage().resizable():
+                st = e.base.untyped_storage()  # (an exported flat buffer is left to the release stage)
+                released.append(_new(ReleasedStorage, (self, e, st, st.nbytes(), 0)))  # no __new__ frame
                 release(e.base)
                 e.base = None
                 count += 1

@@ -155,17 +155,29 @@ def park_views(parking: Parking, views: Iterable[tuple[str, torch.Tensor]], wher
 
 def repoint_views(places: Iterable[ViewPlace]) -> None:
     """Unguard each place's tensor and point it at its storage, offset, size and stride again (after
-    :func:`park_views`)."""
+    :func:`park_views` or :func:`park_strays`)."""
     with torch.no_grad():
         for p in places:
             unguard(p.tensor)
+            p.tensor.__dict__.pop(KEPT_STORAGE, None)
             repoint_tensor(p.tensor, p.storage, p.offset, p.size, p.stride)
 
 
-def park_strays(storage_id: int, known: set[int], parking: Parking, owner: str = "") -> list[str]:
+KEPT_STORAGE = "_timeshare_kept_storage"
+"""The attribute a parked stray view of an exported flat buffer keeps that buffer's storage under (see
+:func:`park_strays`)."""
+
+
+def park_strays(storage_id: int, known: set[int], parking: Parking, owner: str = "",
+                places: list[ViewPlace] | None = None) -> list[str]:
     """Park and guard every tensor that views ``storage_id`` but is not in ``known`` (views of the store's own
     flat buffer made after a reload and kept, or kept by a runtime) on ``parking``'s placeholders; ``owner``
-    names the registered tensor they viewed, for the guard's error. Returns their descriptions."""
+    names the registered tensor they viewed, for the guard's error. Returns their descriptions; ``places``
+    receives where each pointed (:func:`repoint_views` puts them back).
+
+    A storage that is not resizable was exported (``t.numpy()`` keeps such a view as its array's base; DLPack):
+    the array reads its memory through a raw pointer, so each parked view keeps the storage alive
+    (:data:`KEPT_STORAGE`) for as long as the view lives, and the memory goes when the last of them does."""
     found = find_views(storage_id, known)
     out = []
     with torch.no_grad():
@@ -173,15 +185,21 @@ def park_strays(storage_id: int, known: set[int], parking: Parking, owner: str =
             shape = tuple(t.shape)
             out.append(f"{type(t).__name__} of shape {shape}")
             st, _ = parking.placeholder(t.device, t.dtype)
+            old = t.untyped_storage()
+            place = ViewPlace(t, old, t.storage_offset(), shape, tuple(t.stride()))
             try:
                 repoint_tensor(t, st, 0, shape, zero_strides(t.dim()))
             except RuntimeError as e:  # e.g. a view that autograd guards: left as it is
                 logger.warning("could not park a stray view of an offloaded flat buffer (%s)", e)
                 continue
+            if places is not None:
+                places.append(place)
+            if not old.resizable():
+                setattr(t, KEPT_STORAGE, old)
             of = f" of {owner}" if owner else ""
             guard(t, f"a view of shape {shape}{of} kept across an offload (it stays offloaded after reload(); "
                      f"take views after reload() instead)", where=parking.site)
     return out
 
 
-__all__ = ["Parking", "ViewPlace", "is_parked", "is_placeholder", "park_strays", "park_views", "repoint_views"]
+__all__ = ["KEPT_STORAGE", "Parking", "ViewPlace", "is_parked", "is_placeholder", "park_strays", "park_views", "repoint_views"]

@@ -148,3 +148,56 @@ def test_a_peer_dying_in_the_reload_all_gather_is_named_and_rank_local_state_sti
     assert "new_group" not in msg, "no replica group is rebuilt for rank-local layouts"
     assert r0["optimizer_back"] and r0["local_took"] < TIMEOUT_S, r0
     assert r0["params_left"], "the replicated slices need rank 1: they stay offloaded"
+
+
+BEGIN_TIMEOUT_S = 60.0
+
+
+def _refused_before_begin_on_rank_1(rank, world_size):
+    import numpy as np
+    import torch
+
+    from refimpl.store import OffloadStore, StoreConfig, is_parked
+    from refimpl.store.backends.dedup_config import DedupConfig
+    from refimpl.store.backends.replica import ReplicaGroup, ReplicaPolicy
+    from refimpl.torch_runtime import TorchRuntime
+
+    tensors = {"w": torch.arange(40, dtype=torch.float32)}
+    bad = torch.from_numpy(np.arange(16, dtype=np.float32)) if rank == 1 else torch.arange(16, dtype=torch.float32)
+    local = {"exp_avg": bad}  # rank 1's is numpy memory: its validation refuses it, before the offload begins
+    policy = ReplicaPolicy(overrides={"m.*": ReplicaGroup((0, 1))})
+    store = OffloadStore(TorchRuntime("cpu"), backend="local_dedup",
+                         config=StoreConfig(alignment_bytes=16, pin_ahead="off"),
+                         dedup=DedupConfig(policy=policy, timeout_s=BEGIN_TIMEOUT_S))
+    store.attach_tensors("params", tensors, name="m")
+    store.attach_tensors("optimizer", local, name="o")
+    want = {k: t.clone() for k, t in {**tensors, **local}.items()}
+    out = {}
+    t0 = time.monotonic()
+    try:
+        store.offload()
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001 - which error, is the assertion
+        out["error"] = (type(e).__name__, str(e), getattr(e, "ranks", None))
+    out["took"] = time.monotonic() - t0
+    out["on_device"] = (not store.is_offloaded("params") and not store.is_offloaded("optimizer")
+                        and all(not is_parked(t) and torch.equal(t, want[k])
+                                for k, t in {**tensors, **local}.items()))
+    local["exp_avg"] = local["exp_avg"].clone()  # fixed on rank 1: the next cycle works on both ranks
+    store.offload()
+    store.reload()
+    out["cycle"] = torch.equal(tensors["w"], want["w"]) and torch.equal(local["exp_avg"], want["exp_avg"])
+    return out
+
+
+def test_a_refusal_on_one_rank_before_the_offload_begins_reaches_its_peer_at_once():
+    """Rank 1's validation refuses a tensor before the offload's first vote: rank 0 reads rank 1's failure at that
+    vote and raises PeerFailedError naming it at once, not after ``DedupConfig.timeout_s`` (60 s here)."""
+    r0, r1 = run_distributed(_refused_before_begin_on_rank_1, 2, timeout=180)
+    assert r1["error"][0] == "UnsupportedTensorError" and "o.exp_avg" in r1["error"][1], r1
+    name, msg, ranks = r0["error"]
+    assert name == "PeerFailedError" and ranks == (1,) and "rank 1" in msg, r0["error"]
+    assert r0["took"] < BEGIN_TIMEOUT_S / 4, f"rank 0 learned of rank 1's failure after {r0['took']:.1f} s"
+    for r in (r0, r1):
+        assert r["on_device"], r
+        assert r["cycle"], r

@@ -2,6 +2,8 @@
 join fails with the state still in host memory and a reload on every rank recovers it. Real Gloo processes."""
 import os
 
+import pytest
+
 from tests._dist import run_distributed
 
 
@@ -108,3 +110,44 @@ def test_a_reload_one_rank_does_not_join_fails_keeps_the_state_and_a_reload_on_a
     assert res[0]["still_offloaded"], "the failed reload left the state in host memory, parked"
     assert all(r["back"] for r in res), res
     assert all(r["cycle_after"] for r in res), res
+
+
+def _rows_swapped_on_rank_1(rank, world_size, hidden, rows):
+    import torch
+
+    from refimpl.torch_runtime import TorchRuntime
+    from refimpl.store import OffloadStore, StoreConfig, is_parked
+    from refimpl.store.backends.dedup_config import DedupConfig, ReplicaMismatchError
+    from refimpl.store.backends.replica import ReplicaGroup, ReplicaPolicy
+
+    os.environ.pop("TIMESHARE_DEBUG", None)
+    emb = torch.randn(max(rows) + 2, hidden, generator=torch.Generator().manual_seed(7))  # the same on both ranks
+    if rank == 1:
+        i, j = rows
+        emb[[i, j]] = emb[[j, i]].clone()  # two rows swapped: the same words, moved by (j - i) * hidden
+    want = emb.clone()
+    policy = ReplicaPolicy(overrides={"m.*": ReplicaGroup((0, 1))})
+    store = OffloadStore(TorchRuntime(), backend="local_dedup", config=StoreConfig(alignment_bytes=16),
+                         dedup=DedupConfig(policy=policy, timeout_s=60.0))
+    store.attach_tensors("params", {"emb": emb}, name="m")
+    out = {}
+    try:
+        store.offload()
+        out["error"] = None
+    except ReplicaMismatchError as e:
+        out["error"] = str(e)
+    out["on_device"] = not is_parked(emb) and not store.is_offloaded("params") and torch.equal(emb, want)
+    if out["error"] is None:
+        store.reload()
+        out["rewritten"] = not torch.equal(emb, want)
+    return out
+
+
+@pytest.mark.parametrize("hidden,rows", [(1021, (4, 5)), (64, (3, 3 + 1021))])
+def test_replicas_that_differ_by_whole_rows_moved_are_refused_on_every_rank(hidden, rows):
+    """Two embedding rows swapped on one rank: the same words, moved by 1,021 words (a multiple of the digest's row).
+    The column-sum digest hashed both replicas alike and the reload silently rewrote rank 1's table."""
+    res = run_distributed(_rows_swapped_on_rank_1, 2, args=(hidden, rows), timeout=120)
+    for rank, r in enumerate(res):
+        assert r["error"] is not None and "m.emb" in r["error"] and "Nothing was released" in r["error"], (rank, r)
+        assert r["on_device"], f"rank {rank}: the refused offload left the table on the device, unchanged"

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from refimpl.store.backends.dedup_config import DedupConfig, MemberSlice
 from refimpl.store.backends.replica import ReplicaGroup
-from refimpl.store.backends.replica_sync import _DIGEST_COLS, content_digest, shape_fingerprint
+from refimpl.store.backends.digest import DIGEST_ROW, mix, mix_reference
+from refimpl.store.backends.replica_sync import content_digest, shape_fingerprint
 from refimpl.store.debug import DEBUG_ENV
 from tests._hypothesis import BUDGET
 
@@ -96,26 +97,48 @@ def test_config_validation_and_debug_mode(monkeypatch):
         DedupConfig().ranks_per_host()
 
 
-@pytest.mark.parametrize("numel", [_DIGEST_COLS * 3, _DIGEST_COLS * 4 + 17, 1 << 20])
+@pytest.mark.parametrize("numel", [DIGEST_ROW * 3, DIGEST_ROW * 4 + 17, 1 << 20])
 def test_digest_of_tensors_longer_than_a_row_sees_moved_and_changed_words(numel):
-    """Past one row of the digest's view the sums run per column in one pass: halves swapped (a power-of-two
-    shift included), one word changed in any row, and rows swapped all show."""
+    """Past one row of the digest's view: halves swapped (a power-of-two shift included), one word changed in any
+    row (both hashes), whole rows swapped and a shift by whole rows all show."""
     g = torch.Generator().manual_seed(1)
     base = torch.randint(-2**31, 2**31 - 1, (numel,), dtype=torch.int32, generator=g).view(torch.float32)
     d0 = content_digest([base])
     assert torch.equal(d0, content_digest([base.clone()]))
     half = numel // 2
     assert not torch.equal(d0, content_digest([torch.cat([base[half:], base[:half]])]))
-    for pos in (0, _DIGEST_COLS, numel - 1):  # first, second row, the tail
+    for pos in (0, DIGEST_ROW, numel - 1):  # first, second row, the tail
         changed = base.clone().view(torch.int32)
         changed[pos] += 1
-        assert not torch.equal(d0, content_digest([changed.view(torch.float32)]))
-    c = _DIGEST_COLS
+        d1 = content_digest([changed.view(torch.float32)])
+        assert d1[0] != d0[0] and d1[1] != d0[1], "one word changed: both hashes change"
+    c = DIGEST_ROW
     rows = base.clone()
-    rows[:c], rows[c:2 * c] = base[c:2 * c], base[:c]  # whole rows swapped: same columns
-    assert torch.equal(content_digest([rows]), d0)  # the digest is blind to that by design ...
-    wrapped = torch.full((c * 8,), 1 << 30, dtype=torch.int32)  # ... and column sums wrap instead of overflowing
-    assert content_digest([wrapped]).tolist() == [0, 0]
+    rows[:c], rows[c:2 * c] = base[c:2 * c], base[:c]  # whole rows swapped: the same columns
+    assert not torch.equal(content_digest([rows]), d0)
+    shifted = torch.cat([base[c:], base[:c]])  # moved by one whole row
+    assert not torch.equal(content_digest([shifted]), d0)
+
+
+@pytest.mark.parametrize("hidden", [64, 1021, 4096])
+def test_digest_sees_two_embedding_rows_swapped_at_any_distance(hidden):
+    """Any two rows of a table swapped: the words are the same, only their places differ."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(1030, hidden, generator=g)
+    d0 = content_digest([table])
+    for i, j in ((0, 1), (3, 3 + 1021), (1021, 0), (7, 1029)):
+        swapped = table.clone()
+        swapped[[i, j]] = table[[j, i]]
+        assert not torch.equal(content_digest([swapped]), d0), (i, j)
+
+
+def test_digest_weights_are_the_reference_arithmetic_and_odd():
+    """The device's int64 arithmetic (wrapping multiplies, logical shifts) gives what plain Python computes."""
+    idx = torch.tensor([0, 1, 2, 1020, 12345, 2**40 + 7, 2**62])
+    for seed in (0, 5, -3):
+        got = [int(v) & ((1 << 64) - 1) for v in mix(idx, seed)]
+        assert got == [mix_reference(int(i), seed) for i in idx]
+        assert all(v & 1 for v in got)
 
 
 def test_digest_of_many_tensors_equals_each_alone():

@@ -74,3 +74,51 @@ def check_ddp(results):
 
 def test_ddp_offload_reload_is_bitwise_on_every_rank_both_bucket_modes():
     check_ddp(run_distributed(_ddp_rank, 2, timeout=180))
+
+
+def _train_batchnorm(rank, offload):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from refimpl.store import OffloadStore
+    from refimpl.store.clients import attach_ddp
+    from refimpl.store.state.guard import is_guarded
+    from refimpl.store.state.parking import is_parked
+    from refimpl.torch_runtime import TorchRuntime
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    ddp = DDP(net, gradient_as_bucket_view=True, bucket_cap_mb=0.0001)  # broadcast_buffers: rank 0's stats each step
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    client = attach_ddp(OffloadStore(TorchRuntime("cpu")), ddp, opt) if offload else None
+    g = torch.Generator().manual_seed(100 + rank)
+    parked = []
+    for _ in range(STEPS):
+        ddp(torch.randn(6, 8, generator=g)).square().mean().backward()  # updates the running stats in place
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        if client is not None:
+            client.offload()
+            buffers = list(net.buffers())
+            parked.append(client.store.is_offloaded("buffers") and all(is_parked(b) and is_guarded(b) for b in buffers))
+            client.reload()
+    ddp(torch.randn(6, 8, generator=g)).square().mean().backward()
+    state = [*(p.detach() for p in net.parameters()), *(p.grad for p in net.parameters()), *net.buffers(),
+             *(v for s in opt.state.values() for v in s.values())]
+    return [t.clone().numpy().tobytes() for t in state], parked
+
+
+def _ddp_batchnorm_rank(rank, world_size):
+    ref, _ = _train_batchnorm(rank, offload=False)
+    got, parked = _train_batchnorm(rank, offload=True)
+    return {"diffs": [i for i, (a, b) in enumerate(zip(ref, got)) if a != b], "n": len(ref), "parked": parked}
+
+
+def test_ddp_batchnorm_buffers_offloaded_in_bucket_view_mode_are_bitwise_on_every_rank():
+    """BatchNorm's running statistics (buffers DDP broadcasts from rank 0 every step) with gradient_as_bucket_view:
+    offloaded and guarded with the rest, and every step bitwise the same as without offload on both ranks."""
+    results = run_distributed(_ddp_batchnorm_rank, 2, timeout=180)
+    for rank, r in enumerate(results):
+        assert r["n"] == 6 + 6 + 3 + 3 * 6, r["n"]  # params, grads, BN buffers, AdamW step/exp_avg/exp_avg_sq
+        assert r["diffs"] == [], f"rank {rank}: tensors {r['diffs']} differ from the run without offload"
+        assert r["parked"] == [True] * STEPS, f"rank {rank}: buffers not offloaded and guarded: {r['parked']}"

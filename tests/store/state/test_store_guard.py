@@ -101,6 +101,67 @@ def test_optimizer_step_while_offloaded_names_the_offload_not_torchs_aliasing_er
     opt.step()  # and training goes on
 
 
+def _offloaded_model_and_integers(device):
+    """An offloaded model (``_offloaded_model``), its first weight, and an integer tensor ``n`` (``arange(6)``)
+    offloaded by another store (``other``): a parameter and an integer buffer, each parked."""
+    model, opt, store, want = _offloaded_model(device)
+    n = torch.arange(6, device=device)
+    other = OffloadStore(TorchRuntime(device))
+    other.attach_tensors("buffers", {"n": n}, name="b")
+    other.offload()
+    return model, opt, store, want, model[0].weight, n, other
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_views_and_reshapes_of_an_offloaded_tensor_raise_and_nothing_aliases_the_placeholder(device):
+    """A view of a parked tensor would alias the placeholder (NaN, 0 for integers): every way of making one
+    raises, for a parameter and an integer buffer."""
+    model, opt, store, want, w, n, other = _offloaded_model_and_integers(device)
+    for name, t in ((r"model\.0\.weight", w), (r"b\.n", n)):
+        _raises(name, lambda: t.view(-1), "view")
+        _raises(name, lambda: t.reshape(-1), "reshape")
+        _raises(name, lambda: t.view_as(t), "view_as")
+        _raises(name, lambda: t.flatten(), "flatten")
+        _raises(name, lambda: t.unsqueeze(0), "unsqueeze")
+        _raises(name, lambda: t[0], "__getitem__")
+        _raises(name, lambda: torch.reshape(t, (-1,)), "reshape")
+    _raises(r"model\.0\.weight", lambda: w.t(), "t")
+    _raises(r"model\.0\.weight", lambda: w.T, "T")
+    other.reload()
+    assert torch.equal(n.view(2, 3), torch.arange(6, device=device).view(2, 3))
+    assert _reloaded_bitwise(model, opt, store, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_as_subclass_make_subclass_and_the_legacy_constructor_of_an_offloaded_tensor_raise(device):
+    """``p.as_subclass(torch.Tensor)``, ``torch.Tensor._make_subclass(torch.Tensor, p)`` and ``torch.Tensor(p)`` make
+    a new tensor object on ``p``'s storage below ``__torch_function__``: before, they returned the placeholder's
+    values (NaN, zeros for integers) with no error."""
+    model, opt, store, want, w, n, other = _offloaded_model_and_integers(device)
+    for name, t in ((r"model\.0\.weight", w), (r"b\.n", n)):
+        _raises(name, lambda: t.as_subclass(torch.Tensor), "as_subclass")
+        _raises(name, lambda: torch.Tensor._make_subclass(torch.Tensor, t), "_make_subclass")
+        _raises(name, lambda: torch.Tensor._make_subclass(torch.nn.Parameter, t, False), "_make_subclass")
+        _raises(name, lambda: torch.Tensor(t), "Tensor")
+        _raises(name, lambda: torch.nn.Parameter(t), "detach")
+    other.reload()
+    assert torch.equal(n.as_subclass(torch.Tensor), torch.arange(6, device=device))
+    assert type(torch.Tensor._make_subclass(torch.nn.Parameter, n, False)) is torch.nn.Parameter
+    assert torch.equal(torch.Tensor(n.float().cpu()), torch.arange(6.0))
+    assert _reloaded_bitwise(model, opt, store, want)
+    assert torch.equal(w.as_subclass(torch.Tensor), want[0]), "after the reload, the real bytes"
+
+
+def test_as_subclass_and_make_subclass_wait_for_a_streamed_tensor_then_proceed():
+    """The streamed reload's seam: with ``on_access`` the first of these calls runs it and goes on."""
+    t, seen = torch.arange(6.0), []
+    guard(t, "m.t", on_access=seen.append)
+    assert torch.equal(t.as_subclass(torch.Tensor), torch.arange(6.0)) and seen == [t] and not is_guarded(t)
+    u = torch.arange(3)
+    guard(u, "m.u", on_access=seen.append)
+    assert torch.equal(torch.Tensor._make_subclass(torch.Tensor, u), torch.arange(3)) and seen == [t, u]
+
+
 # --------------------------------------------------------------------------- what stays allowed
 
 

@@ -1,0 +1,154 @@
+"""A position-dependent hash of tensors' raw bytes, computed where they live (the device), exact on every rank.
+
+[Note: content digest]
+Two uses compare bytes without moving them: ``local_dedup``'s replica check (members of a replica group
+must hold the same bytes at the same places, or the reload's all-gather silently rewrites a member's
+replica: :mod:`refimpl.store.backends.dedup`) and the early copies' check at the offload (the device bytes
+of a range copied early must be the bytes copied, whatever wrote them: :mod:`refimpl.store.moves.early`).
+Both need any difference of content *or position* to show: two embedding rows swapped, a shift by a whole
+row of any width.
+
+The bytes are read as int32 words (uint8 for a size that is not a multiple of 4) in rows of 1,021. Word
+``j`` of row ``b`` gets the weight ``R[j] * B[b]``, ``R`` and ``B`` odd pseudo-random numbers of their index
+(splitmix64's mixer, fixed seeds): ``S[b] = sum_j w[b, j] * R[j]`` in int32 (one multiply and one row sum
+per chunk of rows, wrapping), then ``h = sum_b S[b] * B[b]`` in int64 (wrapping), twice, with two seeds for
+``B``. Wrapping integer arithmetic is exact in any order, so equal bytes hash equally on every rank and
+device. What it guarantees: a change of one word always changes both hashes (its weight is odd and the
+change is less than 2**32); any other difference (words moved, rows swapped, several words changed) is
+missed with a probability of about 2**-32 when confined to one row (its ``S[b]`` must wrap to the same
+value), less when it spans rows, whatever its structure, since no shift or permutation keeps the weights.
+(The column sums used before summed rows with equal weights: rows swapped, or a shift by a multiple of
+1,021 words, hashed the same.)
+
+Cost: per word, an int32 multiply (read 4 bytes, write 4) and a row sum (read 4): about three reads of the
+data, against one for the column sums; chunks of 16 Mi words bound the device memory it takes (64 MiB).
+Meta and empty tensors hash to zeros.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+DIGEST_ROW = 1021
+"""Words per row of the digest's 2-D view (a prime)."""
+_CHUNK_ROWS = max(1, (16 << 20) // DIGEST_ROW)  # rows multiplied at once: about 16 Mi words
+_BATCH = 4096  # tensors whose row sums are held at once
+
+_M64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """``x`` (mod 2**64) as a signed 64-bit value (torch's int64)."""
+    x &= _M64
+    return x - (1 << 64) if x >> 63 else x
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+_SEEDS = (_signed(0x243F6A8885A308D3), _signed(0x13198A2E03707344), _signed(0xA4093822299F31D0))
+
+
+def _shift_right(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 ``z`` by ``k`` bits (torch's ``>>`` is arithmetic)."""
+    return torch.bitwise_and(torch.bitwise_right_shift(z, k), (1 << (64 - k)) - 1)
+
+
+def mix(index: torch.Tensor, seed: int) -> torch.Tensor:
+    """Odd pseudo-random int64 weights of int64 ``index`` (splitmix64's mixer on ``index * golden + seed``)."""
+    z = index * _GOLDEN + seed
+    z = torch.bitwise_xor(z, _shift_right(z, 30)) * _MIX1
+    z = torch.bitwise_xor(z, _shift_right(z, 27)) * _MIX2
+    z = torch.bitwise_xor(z, _shift_right(z, 31))
+    return torch.bitwise_or(z, 1)
+
+
+def mix_reference(index: int, seed: int) -> int:
+    """:func:`mix` of one index in plain Python (unsigned 64-bit), to check the device arithmetic against."""
+    z = (index * (_GOLDEN & _M64) + (seed & _M64)) & _M64
+    z = ((z ^ (z >> 30)) * (_MIX1 & _M64)) & _M64
+    z = ((z ^ (z >> 27)) * (_MIX2 & _M64)) & _M64
+    return (z ^ (z >> 31)) | 1
+
+
+_ROW_WEIGHTS: dict[str, torch.Tensor] = {}
+
+
+def _row_weights(device: torch.device) -> torch.Tensor:
+    """``R``: the odd int32 weights of a row's words (one tensor per device, kept)."""
+    key = str(device)
+    w = _ROW_WEIGHTS.get(key)
+    if w is None:
+        r = mix(torch.arange(DIGEST_ROW, dtype=torch.int64), _SEEDS[0])
+        w = _ROW_WEIGHTS[key] = torch.bitwise_or(r.to(torch.int32), 1).to(device)
+    return w
+
+
+def release_digest_weights() -> None:
+    """Drop the cached row weights (device memory); the next :func:`content_digest` builds them again."""
+    _ROW_WEIGHTS.clear()
+
+
+def _words(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s raw bytes as int32 words (uint8 when the size is not a multiple of 4); None for meta or empty."""
+    if t.device.type == "meta" or t.numel() == 0:
+        return None
+    raw = t.detach().reshape(-1)
+    raw = raw.contiguous().view(torch.uint8) if raw.dtype != torch.bool else raw.view(torch.uint8)
+    return raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+
+
+def _row_count(words: torch.Tensor) -> int:
+    return -(-words.numel() // DIGEST_ROW)
+
+
+def _row_sums_into(out: torch.Tensor, words: torch.Tensor, weights: torch.Tensor) -> None:
+    """Write ``S[b] = sum_j words[b, j] * R[j]`` (int32, wrapping) of ``words`` in rows of 1,021 into ``out``
+    (one slot per row, the last row possibly short), a chunk of rows at a time."""
+    rows, tail = divmod(words.numel(), DIGEST_ROW)
+    for a in range(0, rows, _CHUNK_ROWS):
+        b = min(rows, a + _CHUNK_ROWS)
+        part = words[a * DIGEST_ROW:b * DIGEST_ROW].view(b - a, DIGEST_ROW)
+        torch.sum(part * weights, dim=1, dtype=torch.int32, out=out[a:b])
+    if tail:
+        torch.sum(words[rows * DIGEST_ROW:] * weights[:tail], dim=0, keepdim=True, dtype=torch.int32,
+                  out=out[rows:rows + 1])
+
+
+def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
+    """Two 64-bit hashes per tensor of its raw bytes (``[h1, h2]`` for each, in order), computed where each tensor
+    lives and gathered on ``device`` (default: the first tensor's); see [Note: content digest].
+
+    Equal bytes give equal hashes on every rank and device; a changed word always changes them; words moved or
+    rows swapped change them but with a probability of about 2**-32 per row they touch. The row sums of up to
+    4,096 tensors are combined at once, so a tensor costs two kernels per 16 Mi words (one for a short one).
+    """
+    dev = device or (tensors[0].device if tensors else torch.device("cpu"))
+    out = torch.zeros(2 * len(tensors), dtype=torch.int64, device=dev)
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for i, t in enumerate(tensors):
+        words = _words(t)
+        if words is not None:
+            by_device.setdefault(words.device, []).append((i, words))
+    for d, items in by_device.items():
+        weights = _row_weights(d)
+        for lo in range(0, len(items), _BATCH):
+            part = items[lo:lo + _BATCH]
+            counts = [_row_count(words) for _, words in part]
+            sums = torch.empty(sum(counts), dtype=torch.int32, device=d)
+            at = 0
+            for (_, words), n in zip(part, counts):
+                _row_sums_into(sums[at:at + n], words, weights)
+                at += n
+            count_t = torch.tensor(counts, dtype=torch.int64)
+            starts = torch.cumsum(count_t, 0) - count_t
+            row = (torch.arange(at, dtype=torch.int64) - torch.repeat_interleave(starts, count_t)).to(d)
+            slot = torch.repeat_interleave(torch.tensor([2 * i for i, _ in part], dtype=torch.int64), count_t).to(d)
+            wide = sums.to(torch.int64)
+            acc = torch.zeros_like(out, device=d)
+            acc.index_add_(0, slot, wide * mix(row, _SEEDS[1]))
+            acc.index_add_(0, slot + 1, wide * mix(row, _SEEDS[2]))
+            out += acc.to(dev)
+    return out
+
+
+__all__ = ["DIGEST_ROW", "content_digest", "mix", "mix_reference", "release_digest_weights"]
