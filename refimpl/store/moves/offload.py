@@ -227,7 +227,7 @@ class Offload:
         """After a failure in stage 7: every storage it released grown back and given its bytes from the host
         copy (gradients dropped without a copy come back as zeros), the stray views pointed back, then
         :meth:`roll_back` as for a failure in stages 1-6 (the backend settled this offload alone: nothing to tell)."""
-        logger.warning("an offload failed in its release stage; undoing it: %d storage entries are copied back",
+        logger.warning("an offload failed in its release stage; undoing it: %d released storage(s) are copied back",
                        len(released))
         await copy_back_released(self.rt, self.backend, released, drop_grads=self.drop_grads)  # each copy awaited
         repoint_views(strays)

@@ -115,19 +115,20 @@ async def copy_back_released(rt: Runtime, backend: StoreBackend, released: list[
     grown to its size again, each entry copied to where it sat); gradients the offload dropped without a copy
     come back as zeros, as a reload would give them."""
     for r in released:
-        layout, entry = r.layout, r.entry
+        layout = r.layout
         if r.storage.nbytes() != r.nbytes:
             r.storage.resize_(r.nbytes)
-        device = torch.empty(0, dtype=layout.dtype, device=rt.device).set_(r.storage, r.at, (entry.numel,), (1,))
-        if drop_grads and layout.category is Category.GRADS:
-            device.zero_()
-            continue
-        host = backend.host_view(layout, entry.offset, entry.offset + entry.numel)
-        if host is None:
-            logger.error("cannot restore %s after a failed offload: the backend holds no host copy of it",
-                         entry.name)
-            continue
-        await rt.copy_async(device, host, CopyKind.H2D)
+        for entry, at in r.places:
+            device = torch.empty(0, dtype=layout.dtype, device=rt.device).set_(r.storage, at, (entry.numel,), (1,))
+            if drop_grads and layout.category is Category.GRADS:
+                device.zero_()
+                continue
+            host = backend.host_view(layout, entry.offset, entry.offset + entry.numel)
+            if host is None:
+                logger.error("cannot restore %s after a failed offload: the backend holds no host copy of it",
+                             entry.name)
+                continue
+            await rt.copy_async(device, host, CopyKind.H2D)
     # "released early" is the wording log readers (and a test) know for storages released as copied
     logger.warning("offload failed after %d storage(s) were released early; their bytes were copied back",
                    len(released))

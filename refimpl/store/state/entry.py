@@ -144,18 +144,17 @@ class EntryOrigin(NamedTuple):
 
 
 class ReleasedStorage(NamedTuple):
-    """An entry whose storage an offload released (as soon as its own copies completed, while later copies ran:
+    """A storage an offload released (as soon as its own copies completed, while later copies ran:
     :meth:`FlatLayout.release_copied`; or in the release stage: :meth:`FlatLayout.release_device`), and where
-    it sat: what a failed offload copies back. A flat buffer released whole gives one record per entry."""
+    each of its entries sat: what a failed offload copies back. A flat buffer released whole is one record."""
 
     layout: Any  # the FlatLayout
-    entry: StorageEntry
     #: the released storage (0 bytes now)
     storage: Any
     #: its size before the release
     nbytes: int
-    #: where the entry's first element sat in the storage (elements of the entry's dtype)
-    at: int
+    #: each entry of the layout in that storage, and where its first element sat (elements of the entry's dtype)
+    places: list[tuple[StorageEntry, int]]
 
 
 __all__ = ["EntryOrigin", "ReleasedStorage", "StorageEntry", "TensorRef", "storage_id"]

@@ -424,9 +424,9 @@ class FlatLayout:
                 continue
             view = views[sid]
             st = view.untyped_storage()
-            nbytes, at = st.nbytes(), {id(e): e.base.storage_offset() for e in entries}
+            nbytes, places = st.nbytes(), [(e, e.base.storage_offset()) for e in entries]
             if release(view):
-                released.extend(_new(ReleasedStorage, (self, e, st, nbytes, at[id(e)])) for e in entries)
+                released.append(_new(ReleasedStorage, (self, st, nbytes, places)))
             done.add(sid)
         for e in self.entries:
             e.base = None
@@ -468,7 +468,7 @@ class FlatLayout:
             return
         nbytes, start = st.nbytes(), self._release_start
         if release(flat):
-            released.extend(_new(ReleasedStorage, (self, e, st, nbytes, start + e.offset)) for e in self.entries)
+            released.append(_new(ReleasedStorage, (self, st, nbytes, [(e, start + e.offset) for e in self.entries])))
         done.add(sid)
 
     def release_copied(self, entries: list[StorageEntry], remaining: dict[int, int],
@@ -481,7 +481,7 @@ class FlatLayout:
             remaining[id(e)] = left
             if left == 0 and e.owns_storage and e.base is not None and e.base.untyped_storage().resizable():
                 st = e.base.untyped_storage()  # (an exported flat buffer is left to the release stage)
-                released.append(_new(ReleasedStorage, (self, e, st, st.nbytes(), 0)))  # no __new__ frame
+                released.append(_new(ReleasedStorage, (self, st, st.nbytes(), [(e, 0)])))  # no __new__ frame
                 release(e.base)
                 e.base = None
                 count += 1
