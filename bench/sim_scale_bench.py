@@ -36,9 +36,17 @@ from sim.scenarios.runner import run_scenario  # noqa: E402
 from sim.scenarios.scenario import parse_scenario  # noqa: E402
 
 
+#: arms of :func:`scenario`: the offload store alone, the shipped keep-live lifecycle, the destroying one
+ARMS = ("store", "lifecycle", "destroy_deferred")
+
+
 def scenario(n: int, arm: str) -> dict:
     """The raw ``scale_1024`` scenario resized to ``n`` ranks (TP8 x DP n/8 on n/8 HGX nodes, at least one node);
-    ``arm="store"`` sets ``pg_policy`` to ``none`` (the offload store alone)."""
+    ``arm="store"`` sets ``pg_policy`` to ``none`` (the offload store alone), ``"lifecycle"`` keeps the shipped
+    ``paused_live``, ``"destroy_deferred"`` destroys the groups at the pause and rebuilds them for the weight sync
+    and the wake (two generations of every group)."""
+    if arm not in ARMS:
+        raise SystemExit(f"unknown arm {arm!r}; one of {ARMS}")
     raw = json.loads(scenario_path("scale_1024").read_text())
     raw["name"] = f"scale_{n}_{arm}"
     raw["world_size"] = n
@@ -46,6 +54,8 @@ def scenario(n: int, arm: str) -> dict:
     raw["mesh"] = {"dp": n // 8, "tp": 8}
     if arm == "store":
         raw["pg_policy"] = "none"
+    elif arm == "destroy_deferred":
+        raw["pg_policy"] = "destroy_deferred"
     return raw
 
 
@@ -62,15 +72,16 @@ def measure(n: int, arm: str) -> dict:
             "simulated_s": result.data["simulated_time_s"]}
 
 
-def _one_process(n: int, fold: bool) -> dict:
-    """One ``python -m refimpl sim run`` (what ``timeshare sim run`` is) of ``n`` ranks in a fresh process:
-    its wall time, CPU time (user+sys) and peak RSS, from ``os.wait4`` on that process alone."""
+def _cli_run(raw: dict, fold: bool) -> dict:
+    """One ``python -m refimpl sim run`` (what ``timeshare sim run`` is) of the scenario ``raw`` in a fresh process:
+    its exit status, wall time, CPU time (user+sys) and peak RSS, from ``os.wait4`` on that process alone, and the
+    result JSON it wrote (exit status 0 or 3; anything else exits with the run's stderr)."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         scn, out, err = Path(tmp) / "s.json", Path(tmp) / "r.json", Path(tmp) / "stderr.txt"
-        scn.write_text(json.dumps({"world_size": n, "topology": "hgx-h200-8x-ib"}))
+        scn.write_text(json.dumps(raw))
         cmd = [sys.executable, "-m", "refimpl", "sim", "run", str(scn), "--quiet", "--out", str(out), "--force"]
         cmd += [] if fold else ["--no-fold"]
         load = os.getloadavg()[0]
@@ -82,13 +93,53 @@ def _one_process(n: int, fold: bool) -> dict:
         rc = os.waitstatus_to_exitcode(status)
         proc.returncode = rc  # reaped by wait4 above
         if rc not in (0, 3) or not out.exists():
-            raise SystemExit(f"{n} ranks: the run failed (exit status {rc}):\n{err.read_text()[-2000:]}")
+            raise SystemExit(f"{raw.get('name', raw['world_size'])}: the run failed (exit status {rc}):\n"
+                             f"{err.read_text()[-2000:]}")
         result = json.loads(out.read_text())
-    if not result["ok"] or rc != 0:
-        raise SystemExit(f"{n} ranks: invariant violated (exit status {rc})")
-    return {"ranks": n, "rc": rc, "ok": result["ok"], "events": result["events"], "wall_s": wall,
+    return {"ranks": raw["world_size"], "rc": rc, "ok": result["ok"], "events": result["events"], "wall_s": wall,
             "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_gb": ru.ru_maxrss * 1024 / 1e9,  # ru_maxrss: KiB
-            "simulated_s": result["simulated_time_s"], "folded": fold, "load_average_before": load}
+            "simulated_s": result["simulated_time_s"], "folded": fold, "load_average_before": load,
+            "result": result}
+
+
+def _one_process(n: int, fold: bool) -> dict:
+    """:func:`_cli_run` of the default multi-node scenario of ``n`` ranks; exits if an invariant was violated."""
+    m = _cli_run({"world_size": n, "topology": "hgx-h200-8x-ib"}, fold)
+    if not m["ok"] or m["rc"] != 0:
+        raise SystemExit(f"{n} ranks: invariant violated (exit status {m['rc']})")
+    del m["result"]
+    return m
+
+
+def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note: str | None = None) -> int:
+    """Peak RSS and CPU time of whole CLI runs of :func:`scenario` against the estimate the CLI prints before them."""
+    import platform
+
+    from sim.scenarios.fold import plan_fold
+    from sim.scenarios.scale import estimate
+
+    rows = []
+    print(f"{'arm':<17}{'ranks':>7}{'folded':>8}{'cpu s':>8}{'est s':>8}{'peak RSS GB':>13}{'est GB':>8}{'RSS/est':>9}")
+    for arm in arms:
+        for n in sizes:
+            raw = scenario(n, arm)
+            scn = parse_scenario(raw)
+            est = estimate(scn, *(plan_fold(scn) if fold else (None, "folding turned off")))
+            m = _cli_run(raw, fold)
+            if not m.pop("result")["ok"]:
+                raise SystemExit(f"{raw['name']}: invariant violated (exit status {m['rc']})")
+            m.update(arm=arm, folded=est.folded, simulated_ranks=est.simulated_ranks, est_s=est.seconds, est_gb=est.gb,
+                     rss_over_est=m["peak_rss_gb"] / est.gb)
+            rows.append(m)
+            print(f"{arm:<17}{n:>7}{str(est.folded):>8}{m['cpu_s']:>8.2f}{est.seconds:>8.1f}{m['peak_rss_gb']:>13.3f}"
+                  f"{est.gb:>8.2f}{m['rss_over_est']:>9.2f}", flush=True)
+    if out:
+        record = {"command": " ".join([Path(sys.executable).name] + sys.argv), "python": sys.version.split()[0],
+                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
+        if note:
+            record["note"] = note
+        Path(out).write_text(json.dumps(record, indent=1))
+    return 0
 
 
 def growth(sizes: list[int], fold: bool, out: str | None, repeat: int = 1, note: str | None = None) -> int:
@@ -136,10 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default=None, help="comma-separated sizes")
     p.add_argument("--out", help="write the measurements as JSON here")
     p.add_argument("--growth", action="store_true", help="the default multi-node scenario through the CLI (issue 18)")
-    p.add_argument("--no-fold", action="store_true", help="with --growth: simulate every rank")
+    p.add_argument("--no-fold", action="store_true", help="with --growth or --memory: simulate every rank")
     p.add_argument("--repeat", type=int, default=1, help="with --growth: runs per size; the table shows the best")
-    p.add_argument("--note", help="with --growth --out: a note for the record (the machine, its load)")
+    p.add_argument("--note", help="with --growth/--memory --out: a note for the record (the machine, its load)")
+    p.add_argument("--memory", action="store_true",
+                   help="peak RSS and CPU of whole CLI runs of the scale scenario's arms against the CLI's estimate")
+    p.add_argument("--arms", default="store,destroy_deferred", help=f"with --memory: comma-separated, of {ARMS}")
     args = p.parse_args(argv)
+    if args.memory:
+        return memory([int(x) for x in (args.ranks or "1024,2048,4096").split(",")], args.arms.split(","),
+                      not args.no_fold, args.out, args.note)
     if args.growth:
         return growth([int(x) for x in (args.ranks or "1024,2048,4096,8192,16384").split(",")], not args.no_fold,
                       args.out, args.repeat, args.note)

@@ -75,6 +75,13 @@ class MeshGroups:
     specs: list[GroupSpec]
     member: list[dict[str, str]]  # rank -> family -> group name
 
+    def spec(self, name: str) -> GroupSpec:
+        """The spec of group ``name``."""
+        by_name = self.__dict__.get("_by_name")
+        if by_name is None:
+            by_name = self.__dict__["_by_name"] = {s.name: s for s in self.specs}
+        return by_name[name]
+
 
 def mesh_groups(scn: Scenario) -> MeshGroups:
     """Groups of each family over the mesh (row-major, last dimension fastest)."""
@@ -112,6 +119,7 @@ def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) ->
         comm=NcclComm(topo, lazy_init=scn.lazy_init),
         group_timeouts=scn.watchdog,  # a deployment's watchdog: each group's timeout_s (600 s, torch's default)
         trace=False,
+        peer_loss_s=scn.peer_loss_s,  # a crashed rank's connections close (sim.rendezvous)
     )
     return world, plan
 
@@ -204,11 +212,15 @@ async def _start_groups(rt: Runtime, ctx: RankContext) -> Any:
     a started lifecycle, which is returned (None when the lifecycle manages no group)."""
     scn = ctx.scn
     managed = [s for s in ctx.groups.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
-    if len(managed) < len(ctx.groups.specs):  # the groups outside the lifecycle: created once, as torch creates them
+    if len(managed) < len(ctx.groups.specs):
+        # the groups outside the lifecycle: created once, by their members (torch's new_group with
+        # use_local_synchronization; a non-member's call would return at once and do nothing the run can see)
         inside = {s.name for s in managed}
-        for spec in ctx.groups.specs:
-            if spec.name not in inside:
-                await rt.new_group(spec)
+        mine = ctx.groups.member[rt.rank]
+        for fam in scn.groups:  # the order of ctx.groups.specs, this rank's group of each family
+            name = mine.get(fam.name)
+            if name is not None and name not in inside:
+                await rt.new_group(ctx.groups.spec(name))
     if not managed:
         return None
     lc_mod = ctx.lifecycle_cls
