@@ -250,7 +250,7 @@ class SimRuntime(Runtime):
         resolved = self.world.resolve_backend(spec)
         arrival = self.world.rendezvous.arrive(
             spec, spec.group_rank(self.rank), CREATE_SEQ, "create_group", resolved,
-            f"{op}(ranks={list(spec.ranks)[:8]}{'...' if spec.size > 8 else ''}, backend={resolved.backend})",
+            f"{op}(ranks={list(spec.ranks[:8])}{'...' if spec.size > 8 else ''}, backend={resolved.backend})",
             None, 0,
         )
         if self.world.group_timeouts:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Sequence
 
 from refimpl.runtime.base import WORLD, GroupSpec
 from sim.deadlock import find_deadlock
@@ -97,6 +97,8 @@ class SimWorld:
             process dies and its connections close (see :mod:`sim.rendezvous`, [Note: a crashed peer's closed
             connections]); None (the default) models a crashed rank as one that never arrives: its peers wait
             for their timeouts (``group_timeouts``, an explicit ``timeout_s``) or stop as a deadlock.
+        ranks: the ranks that have a runtime and run (a folded run's active ranks, :mod:`sim.scenarios.fold`);
+            None: all. :attr:`runtimes` lists them in rank order, :meth:`runtime` finds one by rank.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class SimWorld:
         group_timeouts: bool = False,
         trace: bool = True,
         peer_loss_s: float | None = None,
+        ranks: Sequence[int] | None = None,
     ):
         if not isinstance(world_size, int) or world_size < 1:
             raise SimUsageError(f"world_size must be an int >= 1, got {world_size!r}")
@@ -149,11 +152,22 @@ class SimWorld:
         self.rendezvous = Rendezvous(self)
         self.votes = VoteBox(self)
         self.groups = GroupBook()  # one spec per group and generation, shared by its ranks (sim.groups)
-        self.runtimes = [SimRuntime(self, r) for r in range(world_size)]
+        if ranks is None:
+            simulated: Sequence[int] = range(world_size)
+        else:
+            simulated = sorted(set(ranks))
+            if not simulated or simulated[0] < 0 or simulated[-1] >= world_size:
+                raise SimUsageError(f"ranks must be a non-empty set of ranks below world_size {world_size}")
+        self.runtimes = [SimRuntime(self, r) for r in simulated]
+        self._by_rank = None if ranks is None else {rt.rank: rt for rt in self.runtimes}
         world_spec = GroupSpec(WORLD, tuple(range(world_size)), backend=default_backend)
         for rt in self.runtimes:
             rt.join_world_group(world_spec)
         self._broken: BaseException | None = None
+
+    def runtime(self, rank: int) -> SimRuntime:
+        """The runtime of ``rank`` (KeyError for a rank this world does not simulate)."""
+        return self.runtimes[rank] if self._by_rank is None else self._by_rank[rank]
 
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
         """``spec`` with ``backend=None`` replaced by the world's default backend."""
