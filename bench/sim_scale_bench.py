@@ -36,8 +36,11 @@ from sim.scenarios.runner import run_scenario  # noqa: E402
 from sim.scenarios.scenario import parse_scenario  # noqa: E402
 
 
-#: arms of :func:`scenario`: the offload store alone, the shipped keep-live lifecycle, the destroying one
-ARMS = ("store", "lifecycle", "destroy_deferred")
+#: arms of :func:`scenario`: the offload store alone, the shipped keep-live lifecycle, the destroying one (scale_1024
+#: resized), the shipped crash at scale (lifecycle_fault_131072 resized), the default multi-node scenario
+ARMS = ("store", "lifecycle", "destroy_deferred", "fault", "default")
+#: the shipped scenario of a crash in the pause at cluster scale, and the rank that crashes in it
+FAULT_SCENARIO = "lifecycle_fault_131072"
 
 
 def scenario(n: int, arm: str) -> dict:
@@ -47,6 +50,10 @@ def scenario(n: int, arm: str) -> dict:
     and the wake (two generations of every group)."""
     if arm not in ARMS:
         raise SystemExit(f"unknown arm {arm!r}; one of {ARMS}")
+    if arm == "fault":
+        return fault_scenario(n)
+    if arm == "default":
+        return {"name": f"default_{n}", "world_size": n, "topology": "hgx-h200-8x-ib"}
     raw = json.loads(scenario_path("scale_1024").read_text())
     raw["name"] = f"scale_{n}_{arm}"
     raw["world_size"] = n
@@ -56,6 +63,19 @@ def scenario(n: int, arm: str) -> dict:
         raw["pg_policy"] = "none"
     elif arm == "destroy_deferred":
         raw["pg_policy"] = "destroy_deferred"
+    return raw
+
+
+def fault_scenario(n: int) -> dict:
+    """The shipped :data:`FAULT_SCENARIO` on ``n`` ranks (TP8 x DP n/8 on n/8 nodes; the same rank crashes, modulo
+    ``n``): at 131,072 ranks the shipped file itself."""
+    raw = json.loads(scenario_path(FAULT_SCENARIO).read_text())
+    if n != raw["world_size"]:
+        raw["name"] = f"lifecycle_fault_{n}"
+        raw["world_size"] = n
+        raw["topology"] = {"preset": "hgx-h200-8x-ib", "nodes": n // 8}
+        raw["mesh"] = {"dp": n // 8, "tp": 8}
+        raw["faults"][0]["ranks"] = [raw["faults"][0]["ranks"][0] % n]
     return raw
 
 
@@ -72,17 +92,25 @@ def measure(n: int, arm: str) -> dict:
             "simulated_s": result.data["simulated_time_s"]}
 
 
-def _cli_run(raw: dict, fold: bool) -> dict:
-    """One ``python -m refimpl sim run`` (what ``timeshare sim run`` is) of the scenario ``raw`` in a fresh process:
-    its exit status, wall time, CPU time (user+sys) and peak RSS, from ``os.wait4`` on that process alone, and the
-    result JSON it wrote (exit status 0 or 3; anything else exits with the run's stderr)."""
+def _cli_run(raw: dict | str, fold: bool, write: bool = True) -> dict:
+    """One ``python -m refimpl sim run`` (what ``timeshare sim run`` is) of the scenario ``raw`` (a scenario object, or
+    a shipped scenario's name) in a fresh process: its exit status, wall time, CPU time (user+sys) and peak RSS, from
+    ``os.wait4`` on that process alone, and (``write``: with ``--out``) the result JSON it wrote; without ``write`` the
+    command is the one a user types, which prints the table only (exit status 0 or 3; anything else exits with the
+    run's stderr)."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         scn, out, err = Path(tmp) / "s.json", Path(tmp) / "r.json", Path(tmp) / "stderr.txt"
-        scn.write_text(json.dumps(raw))
-        cmd = [sys.executable, "-m", "refimpl", "sim", "run", str(scn), "--quiet", "--out", str(out), "--force"]
+        if isinstance(raw, str):
+            target = raw
+            raw = json.loads(scenario_path(raw).read_text())
+        else:
+            scn.write_text(json.dumps(raw))
+            target = str(scn)
+        cmd = [sys.executable, "-m", "refimpl", "sim", "run", target, "--quiet", "--force"]
+        cmd += ["--out", str(out)] if write else []
         cmd += [] if fold else ["--no-fold"]
         load = os.getloadavg()[0]
         with err.open("w") as errf:
@@ -92,14 +120,16 @@ def _cli_run(raw: dict, fold: bool) -> dict:
             wall = time.perf_counter() - w0  # the whole process: interpreter start, imports, run, result JSON, exit
         rc = os.waitstatus_to_exitcode(status)
         proc.returncode = rc  # reaped by wait4 above
-        if rc not in (0, 3) or not out.exists():
+        if rc not in (0, 3) or (write and not out.exists()):
             raise SystemExit(f"{raw.get('name', raw['world_size'])}: the run failed (exit status {rc}):\n"
                              f"{err.read_text()[-2000:]}")
-        result = json.loads(out.read_text())
-    return {"ranks": raw["world_size"], "rc": rc, "ok": result["ok"], "events": result["events"], "wall_s": wall,
-            "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_gb": ru.ru_maxrss * 1024 / 1e9,  # ru_maxrss: KiB
-            "simulated_s": result["simulated_time_s"], "folded": fold, "load_average_before": load,
-            "result": result}
+        result = json.loads(out.read_text()) if write else None
+    m = {"ranks": raw["world_size"], "rc": rc, "ok": rc == 0, "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
+         "peak_rss_gb": ru.ru_maxrss * 1024 / 1e9,  # ru_maxrss: KiB
+         "folded": fold, "with_out": write, "load_average_before": load, "result": result}
+    if result is not None:
+        m.update(ok=result["ok"], events=result["events"], simulated_s=result["simulated_time_s"])
+    return m
 
 
 def _one_process(n: int, fold: bool) -> dict:
@@ -125,14 +155,61 @@ def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note:
             raw = scenario(n, arm)
             scn = parse_scenario(raw)
             est = estimate(scn, *(plan_fold(scn) if fold else (None, "folding turned off")))
-            m = _cli_run(raw, fold)
-            if not m.pop("result")["ok"]:
+            m = _cli_run(raw, fold, write=False)
+            m.pop("result")
+            if not m["ok"]:
                 raise SystemExit(f"{raw['name']}: invariant violated (exit status {m['rc']})")
             m.update(arm=arm, folded=est.folded, simulated_ranks=est.simulated_ranks, est_s=est.seconds, est_gb=est.gb,
                      rss_over_est=m["peak_rss_gb"] / est.gb)
             rows.append(m)
             print(f"{arm:<17}{n:>7}{str(est.folded):>8}{m['cpu_s']:>8.2f}{est.seconds:>8.1f}{m['peak_rss_gb']:>13.3f}"
                   f"{est.gb:>8.2f}{m['rss_over_est']:>9.2f}", flush=True)
+    if out:
+        record = {"command": " ".join([Path(sys.executable).name] + sys.argv), "python": sys.version.split()[0],
+                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
+        if note:
+            record["note"] = note
+        Path(out).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+def fault(sizes: list[int], out: str | None, note: str | None = None) -> int:
+    """:data:`FAULT_SCENARIO` at each size through the CLI (the shipped file at 131,072 ranks): time, memory, and
+    whether every rank ended in one agreed state with the crash learned of at once."""
+    import platform
+
+    from sim.scenarios.fold import plan_fold
+
+    rows = []
+    print(f"{'ranks':>7}{'simulated':>10}{'wall s':>8}{'cpu s':>7}{'peak RSS GB':>12}{'events':>11}  agreed state, crash learned after")
+    for n in sizes:
+        raw = fault_scenario(n)
+        fold, _why = plan_fold(parse_scenario(raw))
+        target = FAULT_SCENARIO if n == 131072 else raw
+        m = _cli_run(target, True, write=False)  # the command as a user types it: the table, no JSON
+        m.pop("result")
+        check = _cli_run(target, True)  # again with --out: the result JSON to check, and what writing it costs
+        result = check.pop("result")
+        m.update(events=result["events"], simulated_s=result["simulated_time_s"],
+                 with_out={k: check[k] for k in ("wall_s", "cpu_s", "peak_rss_gb", "load_average_before")})
+        (fired,) = result["faults_fired"]
+        crashed = fired["rank"]
+        others = {(r["status"], r["lifecycle_state"]) for r in result["ranks"] if r["rank"] != crashed}
+        agreed = (result["ranks"][crashed]["status"] == "crashed" and others == {("failed", "FAILED")}
+                  and len(result["ranks"]) == n)
+        m.update(scenario=raw["name"] if n != 131072 else FAULT_SCENARIO, simulated_ranks=fold.active if fold else n,
+                 crashed_rank=crashed, crash_time_s=fired["time"], agreed_state=agreed,
+                 learned_after_s=result["simulated_time_s"] - fired["time"])
+        if not (m["ok"] and agreed):
+            raise SystemExit(f"{n} ranks: the run did not end in one agreed state (ok={m['ok']}, states {others})")
+        rows.append(m)
+        print(f"{n:>7}{m['simulated_ranks']:>10}{m['wall_s']:>8.2f}{m['cpu_s']:>7.2f}{m['peak_rss_gb']:>12.3f}"
+              f"{m['events']:>11}  {'yes' if agreed else 'NO'}, {m['learned_after_s']:.3f} s", flush=True)
+    big = [m for m in rows if m["ranks"] == 131072]
+    for m in big:
+        ok = m["wall_s"] <= 10 and m["peak_rss_gb"] <= 2
+        print(f"131,072 ranks: {m['wall_s']:.2f} s wall ({m['cpu_s']:.2f} s CPU), {m['peak_rss_gb']:.2f} GB "
+              f"({'within' if ok else 'OVER'} 10 s and 2 GB; load average before it {m['load_average_before']:.1f})")
     if out:
         record = {"command": " ".join([Path(sys.executable).name] + sys.argv), "python": sys.version.split()[0],
                   "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
@@ -193,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", action="store_true",
                    help="peak RSS and CPU of whole CLI runs of the scale scenario's arms against the CLI's estimate")
     p.add_argument("--arms", default="store,destroy_deferred", help=f"with --memory: comma-separated, of {ARMS}")
+    p.add_argument("--fault", action="store_true",
+                   help=f"{FAULT_SCENARIO} at each size (default 1024,16384,131072) through the CLI")
     args = p.parse_args(argv)
+    if args.fault:
+        return fault([int(x) for x in (args.ranks or "1024,16384,131072").split(",")], args.out, args.note)
     if args.memory:
         return memory([int(x) for x in (args.ranks or "1024,2048,4096").split(",")], args.arms.split(","),
                       not args.no_fold, args.out, args.note)

@@ -63,7 +63,7 @@ pass), and the renaming check above does the rest. Everything else is as
 for nodes: a unit's NUMA ledgers are its representative unit's.
 
 :func:`plan_fold` checks all of this and picks the smallest fold for which it
-holds. :func:`run_folded` then runs a world of all ``N`` ranks (topology,
+holds. :func:`sim.scenarios.fold_run.run_folded` then runs a world of all ``N`` ranks (topology,
 groups, flow pruning and collective costs see every rank) in which only the
 active ranks run; a collective completes when its active members have
 arrived. Each inactive rank's result is its representative's, with group
@@ -81,7 +81,7 @@ standing for nobody else), and for every family every rank must share the crashe
 exactly when its representative does; then the others follow their representatives as before.
 
 The lifecycle's agreements move real values (an ``all_reduce(MIN)`` on its control group of
-codes, votes and rank ids). A folded :class:`FoldedRendezvous` reduces only the active ranks'
+codes, votes and rank ids). A folded :class:`sim.scenarios.fold_run.FoldedRendezvous` reduces only the active ranks'
 values; that is the whole job's reduction when (1) every rank's value is its representative's,
 except for rank ids, and (2) for a lane carrying a rank id (its rank, or minus it: the
 lifecycle's check that ranks 0 to N-1 all arrived) the lowest and the highest rank of every
@@ -97,7 +97,7 @@ that do not keep these conditions, stop the folded run (:class:`FoldBroken`): th
 simulates every rank.
 
 Anything the checks did not foresee (a collective moving real bytes, a rank
-that did not finish, a deadlock) makes :func:`run_auto` fall back to the full
+that did not finish, a deadlock) makes :func:`sim.scenarios.scale.run_auto` fall back to the full
 simulation. ``tests/sim/scenarios/test_fold.py`` compares folded and full runs bit for
 bit at 256 to 2,048 ranks and against the golden results of the simulator as
 it was before folding existed; ``tests/sim/scenarios/test_fold_crash.py`` compares
@@ -530,7 +530,4 @@ def plan_fold(scn: "Scenario", groups: "MeshGroups | None" = None) -> tuple[Fold
     return None, f"no symmetric fold: {why}"
 
 
-from sim.scenarios.fold_run import FoldedRendezvous, expand_events, run_folded  # noqa: E402  (the run's half)
-
-__all__ = ["Fold", "FoldBroken", "FoldedRendezvous", "MAX_ACTIVE", "crashed_rank", "expand_events", "plan_fold",
-           "run_folded", "with_singles"]
+__all__ = ["Fold", "FoldBroken", "MAX_ACTIVE", "crashed_rank", "plan_fold", "with_singles"]

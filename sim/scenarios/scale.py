@@ -274,7 +274,8 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
     returned world holds only the simulated ranks when folded. A folded run
     that meets something the fold does not cover falls back to the full run.
     """
-    from sim.scenarios.fold import FoldBroken, plan_fold, run_folded
+    from sim.scenarios.fold import FoldBroken, plan_fold
+    from sim.scenarios.fold_run import run_folded
     from sim.scenarios.runner import run_scenario
 
     check_size(scn.world_size)
