@@ -2,8 +2,11 @@
 
     python bench/sim_scale_bench.py [--ranks 8,64,1024] [--out bench/results/sim_scale.json]
     python bench/sim_scale_bench.py --growth [--ranks 1024,2048,4096,8192,16384] [--repeat 3] [--no-fold] [--out FILE]
+    python bench/sim_scale_bench.py --fault [--ranks 1024,16384,131072] [--out FILE]
+    python bench/sim_scale_bench.py --memory [--arms store,destroy_deferred] [--ranks 1024,2048,4096] [--no-fold] [--write] [--out FILE]
+    python bench/sim_scale_bench.py --fit FIT.json... --check CHECK.json... [--out FILE]
 
-``--growth`` (issue 18) measures what a user gets from ``timeshare sim run`` on the default
+``--growth`` measures what a user gets from ``timeshare sim run`` on the default
 multi-node scenario, ``{"world_size": N, "topology": "hgx-h200-8x-ib"}`` (a dense 7B FSDP shard of
 1,455 tensors per rank): each size runs ``python -m refimpl sim run`` in a fresh process, whose
 wall time, CPU time and peak RSS are taken from outside (``os.wait4``), and the table shows seconds per 1k ranks and the ratio to the first
@@ -11,7 +14,7 @@ row (1.0 = linear growth). The goal: 16,384 ranks in at most 60 s and 4 GB, 1,02
 ``--repeat N`` runs each size N times and reports the run with the least wall time (every run is in
 the record, with the machine's load average before it: on a shared machine wall time is the
 least reliable figure, CPU time less so, peak RSS not at all).
-``--no-fold`` simulates every rank (the simulator before issue 18); keep it to 1,024 ranks or less
+``--no-fold`` simulates every rank (the simulator before folding); keep it to 1,024 ranks or less
 on a shared machine (about 5 MB per rank).
 
 For each size it runs the shipped ``scale_1024`` scenario shrunk to that many ranks (TP8 x DP n/8 on
@@ -19,6 +22,15 @@ n/8 HGX nodes) twice, both with meta payloads: the offload store alone (pg_polic
 the lifecycle keeping the groups live through the pause (paused_live, as shipped). It prints wall and CPU seconds, events, and the ratio of time per rank to
 the 8-rank run measured in the same process (after a warm-up run). The target is one 1,024-rank step in
 at most 5 s on a 2-core CI machine; the verdict uses CPU seconds, which other load on the machine does not inflate.
+
+``--fault`` runs the shipped ``lifecycle_fault_131072`` scenario (a crash in the pause of a destroying
+lifecycle; the file itself at 131,072 ranks, resized below) as a user types it, ``python -m refimpl sim run
+lifecycle_fault_131072 --quiet``, with wall, CPU and peak RSS from ``os.wait4``, then once more with ``--out``
+to check the result: every rank but the crashed one ``failed`` in lifecycle state ``FAILED``, the crashed one
+``crashed``, and how long after the crash the last rank ended (the goal at 131,072 ranks: 10 s and 2 GB).
+``--memory`` measures whole CLI runs of the arms of :func:`scenario` against the estimate the CLI prints
+before them, each row with the run's size (what the estimate grows with); ``--fit`` fits the estimate's
+constants on some such records and shows how far off they are on others.
 """
 from __future__ import annotations
 
@@ -141,12 +153,16 @@ def _one_process(n: int, fold: bool) -> dict:
     return m
 
 
-def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note: str | None = None) -> int:
-    """Peak RSS and CPU time of whole CLI runs of :func:`scenario` against the estimate the CLI prints before them."""
+def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note: str | None = None,
+           write: bool = False) -> int:
+    """Peak RSS and CPU time of whole CLI runs of :func:`scenario` against the estimate the CLI prints before them
+    (``write``: with ``--out``, the result written as JSON). Each row keeps the run's size
+    (:class:`sim.scenarios.scale.RunSize`), what ``--fit`` fits the estimate's constants on."""
+    import dataclasses
     import platform
 
     from sim.scenarios.fold import plan_fold
-    from sim.scenarios.scale import estimate
+    from sim.scenarios.scale import estimate, run_size
 
     rows = []
     print(f"{'arm':<17}{'ranks':>7}{'folded':>8}{'cpu s':>8}{'est s':>8}{'peak RSS GB':>13}{'est GB':>8}{'RSS/est':>9}")
@@ -154,13 +170,15 @@ def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note:
         for n in sizes:
             raw = scenario(n, arm)
             scn = parse_scenario(raw)
-            est = estimate(scn, *(plan_fold(scn) if fold else (None, "folding turned off")))
-            m = _cli_run(raw, fold, write=False)
+            planned = plan_fold(scn) if fold else (None, "folding turned off")
+            est = estimate(scn, *planned, writes_json=write)
+            m = _cli_run(raw, fold, write=write)
             m.pop("result")
             if not m["ok"]:
                 raise SystemExit(f"{raw['name']}: invariant violated (exit status {m['rc']})")
             m.update(arm=arm, folded=est.folded, simulated_ranks=est.simulated_ranks, est_s=est.seconds, est_gb=est.gb,
-                     rss_over_est=m["peak_rss_gb"] / est.gb)
+                     rss_over_est=m["peak_rss_gb"] / est.gb,
+                     size=dataclasses.asdict(run_size(scn, planned[0], writes_json=write)))
             rows.append(m)
             print(f"{arm:<17}{n:>7}{str(est.folded):>8}{m['cpu_s']:>8.2f}{est.seconds:>8.1f}{m['peak_rss_gb']:>13.3f}"
                   f"{est.gb:>8.2f}{m['rss_over_est']:>9.2f}", flush=True)
@@ -219,6 +237,60 @@ def fault(sizes: list[int], out: str | None, note: str | None = None) -> int:
     return 0
 
 
+def _nnls(a, b):
+    """Non-negative least squares by elimination: solve, drop the most negative coefficient's term, again."""
+    import numpy as np
+
+    keep = list(range(a.shape[1]))
+    while True:
+        x, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        if keep and x.min() < 0:
+            del keep[int(x.argmin())]
+            continue
+        full = np.zeros(a.shape[1])
+        full[keep] = x
+        return full
+
+
+def fit(fit_files: list[str], check_files: list[str], out: str | None) -> int:
+    """Fit the estimate's constants (:data:`sim.scenarios.scale.SECONDS` and ``GB``) on the rows of ``fit_files``
+    (records of ``--memory``) by non-negative least squares on relative error, and show how far off they are on the
+    rows of ``check_files``, runs not fitted on."""
+    import numpy as np
+
+    from sim.scenarios.scale import GB, SECONDS, RunSize
+
+    def rows(files):
+        return [r for f in files for r in json.loads(Path(f).read_text())["rows"]]
+
+    fitted, checked = rows(fit_files), rows(check_files)
+    constants = {}
+    for kind, measured, names in (("seconds", "cpu_s", list(SECONDS)), ("gb", "peak_rss_gb", list(GB))):
+        a = np.array([[RunSize(**r["size"]).terms(kind)[k] for k in names] for r in fitted], dtype=float)
+        b = np.array([r[measured] for r in fitted], dtype=float)
+        x = _nnls(a / b[:, None], np.ones(len(b)))  # each row's error relative to what it measured
+        constants[kind] = dict(zip(names, (float(v) for v in x)))
+    report = {"fit_on": fit_files, "checked_on": check_files, "constants": constants, "rows": []}
+    print(f"{'set':<6}{'arm':<17}{'ranks':>7}{'folded':>7}{'cpu s':>8}{'est s':>8}{'RSS GB':>8}{'est GB':>8}{'err GB':>8}")
+    for label, group in (("fit", fitted), ("check", checked)):
+        for r in group:
+            size = RunSize(**r["size"])
+            est = {kind: sum(constants[kind][k] * v for k, v in size.terms(kind).items()) for kind in constants}
+            err = est["gb"] / r["peak_rss_gb"] - 1
+            report["rows"].append({"set": label, "arm": r["arm"], "ranks": r["ranks"], "folded": r["folded"],
+                                   "cpu_s": r["cpu_s"], "est_s": est["seconds"], "peak_rss_gb": r["peak_rss_gb"],
+                                   "est_gb": est["gb"], "gb_error": err})
+            print(f"{label:<6}{r['arm']:<17}{r['ranks']:>7}{str(r['folded']):>7}{r['cpu_s']:>8.2f}{est['seconds']:>8.2f}"
+                  f"{r['peak_rss_gb']:>8.3f}{est['gb']:>8.3f}{err:>+8.0%}")
+    for kind in constants:
+        print(f"{kind}: " + ", ".join(f"{k}={v:.3g}" for k, v in constants[kind].items()))
+    worst = max(abs(r["gb_error"]) for r in report["rows"] if r["set"] == "check")
+    print(f"largest memory error on the check runs: {worst:.0%} ({'within' if worst <= 0.3 else 'OVER'} 30 %)")
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def growth(sizes: list[int], fold: bool, out: str | None, repeat: int = 1, note: str | None = None) -> int:
     """The growth table of the default multi-node scenario (see the module docstring)."""
     import platform
@@ -270,14 +342,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", action="store_true",
                    help="peak RSS and CPU of whole CLI runs of the scale scenario's arms against the CLI's estimate")
     p.add_argument("--arms", default="store,destroy_deferred", help=f"with --memory: comma-separated, of {ARMS}")
+    p.add_argument("--write", action="store_true", help="with --memory: write the result as JSON too (--out)")
+    p.add_argument("--fit", nargs="+", metavar="RECORD", help="fit the estimate's constants on these --memory records")
+    p.add_argument("--check", nargs="*", default=[], metavar="RECORD", help="with --fit: records to check the fit on")
     p.add_argument("--fault", action="store_true",
                    help=f"{FAULT_SCENARIO} at each size (default 1024,16384,131072) through the CLI")
     args = p.parse_args(argv)
     if args.fault:
         return fault([int(x) for x in (args.ranks or "1024,16384,131072").split(",")], args.out, args.note)
+    if args.fit:
+        return fit(args.fit, args.check, args.out)
     if args.memory:
         return memory([int(x) for x in (args.ranks or "1024,2048,4096").split(",")], args.arms.split(","),
-                      not args.no_fold, args.out, args.note)
+                      not args.no_fold, args.out, args.note, args.write)
     if args.growth:
         return growth([int(x) for x in (args.ranks or "1024,2048,4096,8192,16384").split(",")], not args.no_fold,
                       args.out, args.repeat, args.note)

@@ -111,3 +111,18 @@ def test_what_a_fold_cannot_reduce_is_simulated_in_full(change, why):
     raw = _shrunk(64, 3, **change)
     fold, reason = plan_fold(parse_scenario(raw))
     assert fold is None and why in reason
+
+
+def test_the_estimate_counts_the_lifecycles_groups_and_the_whole_jobs_ranks():
+    from sim.scenarios.scale import estimate, run_size
+    from sim.scenarios.scenario import load_scenario
+
+    scn = load_scenario("lifecycle_fault_131072")
+    fold, why = plan_fold(scn)
+    assert fold is not None and fold.active == 32, why  # head, period, the crashed rank's and the last node
+    size = run_size(scn, fold)
+    # dp, dp_cp and edp: 8 groups of 16,384 each; tp_dp and tp_dp_cp: one of 131,072; the control group: every rank
+    assert (size.lifecycle_groups, size.lifecycle_members) == (26, 24 * 16384 + 3 * 131072)
+    assert size.simulated_ranks == 32 and size.world_ranks == 131072 and size.tensors_per_rank == 5
+    # the CLI's run peaked at 0.535 GB (bench/sim_scale_bench.py --fault, the record of 2026-12-04): within 30 %
+    assert 0.535 / 1.3 < estimate(scn, fold, why).gb < 0.535 * 1.3
