@@ -118,6 +118,11 @@ def _verl_like(model, opt, device) -> tuple[Callable[[], None], Callable[[], Non
 def _verl(model, opt, device) -> tuple[Callable[[], None], Callable[[], None]]:
     from verl.utils import fsdp_utils as fu  # the optional extra: only where verl is installed
 
+    if device.type == "cpu":  # verl has no CPU platform of its own: its device lookups would ask CUDA
+        from refimpl.integrations.verl_platform import use_cpu_platform
+
+        use_cpu_platform()
+
     def offload() -> None:
         fu.offload_fsdp2_model_to_cpu(model)
         fu.offload_fsdp_optimizer(opt)

@@ -13,17 +13,16 @@ in one process:
    pinned host bytes and process RSS; after the last reload it checks every
    tensor bit for bit.
 
-The phase gap. In an RL loop the other role runs between an offload and the
-next reload, for seconds. The benchmark pauses ``phase_gap_s`` there (default
-0.25 s on CUDA). This matters for the reload: the driver zero-fills device
-memory given back to it, in the background, and host-to-device copies into
-memory allocated while that scrub runs lose its time (on the H200: 11 GiB
-copied at 49 GB/s right after the free, 53.6 GB/s after 20 ms, 54.2-54.6 GB/s
-after 0.5-2 s, against 55.4 into a reused buffer; ``bench/results/2026-11-29-h200-run7``).
-The back-to-back cycle (no gap, reported as ``reload_b2b_*``) shows the cost
-when a reload follows the free at once. ``other_role_bytes`` plays the other
-role in the gap: it allocates and writes that many bytes, and gives them back
-to the driver right before the reload, as a rollout engine going to sleep does.
+The phase gap. In an RL loop the other role runs between an offload and the next
+reload, for seconds. The benchmark pauses ``phase_gap_s`` there (default 0.25 s
+on CUDA). This matters for the reload: the driver zero-fills device memory given
+back to it, in the background, and host-to-device copies into memory allocated
+while that scrub runs lose its time (docs/store.md, "Why the phase gap matters",
+has the figures). The back-to-back cycle (no gap, reported as ``reload_b2b_*``)
+shows the cost when a reload follows the free at once. ``other_role_bytes``
+plays the other role in the gap: it allocates and writes that many bytes, and
+gives them back to the driver right before the reload, as a rollout engine going
+to sleep does.
 
 Ratios printed: steady offload/reload GB/s against the line rate measured in
 the same run, cold cycle against a steady cycle, pinned bytes and returned
@@ -54,7 +53,7 @@ from bench.baselines import Method, line_rate, make_method, rss_bytes, sync
 from sim.presets.bench_shapes import SHAPES, StateShape
 from refimpl.runtime.base import Runtime
 from refimpl.store import StoreConfig
-from refimpl.store.replica_sync import content_digest
+from refimpl.store.backends.replica_sync import content_digest
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +147,7 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     try:
         method.setup(rt, state)
         sync(rt)
+        cold_details: dict = {}
         for cycle in range(cycles + 2):  # cold, steady..., back-to-back
             b2b = cycle == cycles + 1
             free0 = rt.memory_info().free
@@ -191,6 +191,13 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
         del state, ref
         gc.collect()  # a method's buffers must not leak into the next one's measurements
         rt.empty_cache()
+    _derive_figures(res, shape, line)
+    return res
+
+
+def _derive_figures(res: MethodResult, shape: StateShape, line: dict[str, float]) -> None:
+    """``res``'s cold and steady (median) times, GB/s and ratios against the line rates, pinned, resident and
+    returned bytes, from its cycles."""
     cold, steady = res.cycles[0], res.cycles[1:] or res.cycles
     res.cold_offload_s, res.cold_reload_s = cold["offload_s"], cold["reload_s"]
     res.steady_offload_s = statistics.median(c["offload_s"] for c in steady)
@@ -208,7 +215,6 @@ def measure(rt: Runtime, method: Method, shape: StateShape, *, cycles: int, line
     res.rss_offloaded_bytes = int(last["rss_bytes"])
     res.returned_bytes = int(min(c["returned_bytes"] for c in res.cycles))
     res.returned_vs_state = res.returned_bytes / shape.nbytes
-    return res
 
 
 def _other_role(rt: Runtime, seconds: float, nbytes: int) -> None:

@@ -14,7 +14,7 @@ row (1.0 = linear growth). The goal: 16,384 ranks in at most 60 s and 4 GB, 1,02
 ``--repeat N`` runs each size N times and reports the run with the least wall time (every run is in
 the record, with the machine's load average before it: on a shared machine wall time is the
 least reliable figure, CPU time less so, peak RSS not at all).
-``--no-fold`` simulates every rank (the simulator before folding); keep it to 1,024 ranks or less
+``--no-fold`` simulates every rank (no symmetric job folded); keep it to 1,024 ranks or less
 on a shared machine (about 5 MB per rank).
 
 For each size it runs the shipped ``scale_1024`` scenario shrunk to that many ranks (TP8 x DP n/8 on
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default=None, help="comma-separated sizes")
     p.add_argument("--out", help="write the measurements as JSON here")
-    p.add_argument("--growth", action="store_true", help="the default multi-node scenario through the CLI (issue 18)")
+    p.add_argument("--growth", action="store_true", help="the default multi-node scenario through the CLI")
     p.add_argument("--no-fold", action="store_true", help="with --growth or --memory: simulate every rank")
     p.add_argument("--repeat", type=int, default=1, help="with --growth: runs per size; the table shows the best")
     p.add_argument("--note", help="with --growth/--memory --out: a note for the record (the machine, its load)")

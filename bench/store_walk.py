@@ -4,7 +4,7 @@
 
 For each path (streamed, steady, full) it runs one ``OffloadStore.offload(include=...)`` of a small
 state on the CPU under ``sys.setprofile`` and records every call made *from*
-``refimpl/store/offload.py`` (the driver's stage methods) into another module of
+``refimpl/store/moves/offload.py`` (the driver's stage methods) into another module of
 ``refimpl/store``, as ``module:stage>callee``, with consecutive calls into the same module
 collapsed. A module that appears twice is a re-entry: the walk left it for another stage and came
 back. Calls below the stages (the backend, the source, the pool) are not listed: each stage's

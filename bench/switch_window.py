@@ -116,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim topology preset (a name, or a preset file) for collective, memory and communicator "
                              "models; a machine with a calibrated preset gets it (default: calibrated/hgx-h200-8x, "
                              "measured communicator constants; '' for the simulator's defaults)")
+    parser.add_argument("--wake-proxies", choices=("on", "off"), default="on",
+                        help="whether the runtime wakes NCCL's proxy thread in a destroy (default on, as TorchRuntime "
+                             "does; off: each destroy waits for the proxy's next 500 ms poll, as without the waker)")
     parser.add_argument("--policy", action="append", metavar="POLICY",
                         help=f"policies (or variants) to run, any case: {', '.join(POLICY_ROWS)} "
                              "(repeatable; default all)")
@@ -123,16 +126,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wide", action="store_true", help="the table up to 220 columns instead of 100")
 
 
-def _mesh_groups(args: argparse.Namespace) -> list:
-    """The Megatron groups of the options' mesh; CliInputError for sizes that make none."""
+def _check_mesh_size(args: argparse.Namespace) -> None:
+    """The mesh's sizes before anything is built: each an integer >= 1, and the ranks they make within the
+    topology's GPUs (without a topology, within the simulator's limit); CliInputError naming the limit."""
     from refimpl.cli_errors import CliInputError, check_number
-    from sim.calibrate.switch_window import MeshError, megatron_groups
 
     for opt, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--ep", args.ep),
                    ("--steps", args.steps)):
         check_number(opt, v, lo=1, integer=True)
     if args.etp is not None:
         check_number("--etp", args.etp, lo=1, integer=True)
+    ranks = args.dp * args.tp * args.cp * args.pp
+    dims = [(o, v) for o, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp))
+            if v > 1 or o in ("--dp", "--tp")]
+    said = " x ".join(f"{o} {v}" for o, v in dims) + f" = {ranks:,} ranks"
+    lower = " or ".join(o for o, _ in dims)
+    if args.topology:
+        from sim.machine.topology import Topology
+        from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
+
+        args.topology = preferred_preset(args.topology)  # a machine's calibrated preset where one is shipped
+        try:
+            data = load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
+        except PresetError:
+            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
+                                "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
+        gpus = Topology(data, where="--topology").num_gpus
+        if ranks > gpus:
+            raise CliInputError(f"{said}, but --topology {args.topology} has {gpus:,} GPUs; lower {lower}, or pick a "
+                                "larger preset")
+    else:
+        from sim.scenarios.scale import MAX_RANKS
+
+        if ranks > MAX_RANKS:
+            raise CliInputError(f"{said}, past the simulator's limit of {MAX_RANKS:,} ranks; lower {lower}")
+
+
+def _mesh_groups(args: argparse.Namespace) -> list:
+    """The Megatron groups of the options' mesh (its sizes checked first, :func:`_check_mesh_size`); CliInputError
+    for sizes that make none."""
+    from refimpl.cli_errors import CliInputError
+    from sim.calibrate.switch_window import MeshError, megatron_groups
+
+    _check_mesh_size(args)
     try:
         return megatron_groups(tp=args.tp, dp=args.dp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp)
     except MeshError as exc:
@@ -153,25 +189,6 @@ def run(args: argparse.Namespace) -> int:
         check_number(opt, v, lo=0)
     if args.warmup >= args.steps:
         raise CliInputError(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
-    if args.topology:
-        from sim.machine.topology import Topology
-        from sim.presets import PresetError, list_presets, load_preset_data, preferred_preset
-
-        args.topology = preferred_preset(args.topology)  # a machine's calibrated preset where one is shipped
-
-        try:
-            data = load_preset_data(args.topology)  # a built-in name, calibrated/NAME, or a preset file
-        except PresetError:
-            raise CliInputError(f"--topology {args.topology!r}: not a preset; expected one of {list_presets()}, "
-                                "calibrated/hgx-h200-8x, a preset file (.json) or ''") from None
-        gpus = Topology(data, where="--topology").num_gpus
-        ranks = args.dp * args.tp * args.cp * args.pp
-        if ranks > gpus:
-            dims = [(o, v) for o, v in (("--dp", args.dp), ("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp))
-                    if v > 1 or o in ("--dp", "--tp")]
-            raise CliInputError(" x ".join(f"{o} {v}" for o, v in dims) + f" = {ranks} ranks, but --topology "
-                                f"{args.topology} has {gpus} GPUs; lower {' or '.join(o for o, _ in dims)}, "
-                                "or pick a larger preset")
     if args.json:
         check_output_path(args.json, "--json")
     try:
@@ -183,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
         for policy in policies:
             per_rank = simulate(policy, dp=args.dp, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp,
                                 steps=args.steps, train_s=args.train_s, rollout_s=args.rollout_s,
-                                cooldown_s=args.cooldown_s, topology=args.topology or None)
+                                cooldown_s=args.cooldown_s, topology=args.topology or None,
+                                wake_proxies=args.wake_proxies == "on")
             results.append(summarize_simulated(policy, per_rank, args.warmup, args.topology or None))
             tick(policy)
     def say(text: str) -> None:
@@ -193,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     world = args.dp * args.tp * args.cp * args.pp
     mesh = f"tp {args.tp} cp {args.cp} dp {args.dp} pp {args.pp} ep {args.ep}"
     header = (f"switch cost per RL step (simulated): {world} ranks ({mesh}), {groups} Megatron groups per rank, "
-              f"topology {args.topology or 'defaults'}, cooldown {args.cooldown_s:g} s, rollout {args.rollout_s:g} s; "
+              f"topology {args.topology or 'defaults'}, proxy waker {args.wake_proxies}, cooldown {args.cooldown_s:g} s, "
+              f"rollout {args.rollout_s:g} s; "
               f"mean of steps {args.warmup + 1}-{args.steps}, slowest rank")
     print(format_results(results, header, wide=args.wide))
     late = [f"{r.policy} {ph}" for r in results for ph in r.poll_late]
@@ -209,8 +228,12 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             from refimpl.output import envelope
 
-            json.dump(envelope("bench switch-window", {"header": header, "results": [asdict(r) for r in results]}), f,
-                      indent=1)
+            settings = {"dp": args.dp, "tp": args.tp, "cp": args.cp, "pp": args.pp, "ep": args.ep, "etp": args.etp,
+                        "steps": args.steps, "warmup": args.warmup, "train_s": args.train_s,
+                        "rollout_s": args.rollout_s, "cooldown_s": args.cooldown_s, "groups_per_rank": groups,
+                        "topology": args.topology or None, "wake_proxies": args.wake_proxies == "on"}
+            json.dump(envelope("bench switch-window", {"header": header, "settings": settings,
+                                                       "results": [asdict(r) for r in results]}), f, indent=1)
     return 0
 
 

@@ -26,11 +26,13 @@ sum over ranks. torch creates NCCL communicators lazily, so a rebuilt group
 costs the process-group object at ``recreate_group`` and the NCCL init at its
 first collective (charged by the collective itself, ``init_at_collective``);
 a group destroyed before any collective costs ``destroy_uninitialized``, an
-initialised one waits for its NCCL proxy thread's next 500 ms poll timeout
-(``proxy_poll``, from the end of its init) and costs ``destroy`` more. So the
-weight sync, which destroys the sync group right after its first collective,
-waits almost a whole poll period, and a pause that destroys the groups the
-training step just initialised is paced by those inits. Agreements are
+initialised one ``destroy``, after, where the record's runtime did not wake
+NCCL's proxy thread (its ``wake_proxies``, [Note: the runtime's proxy waker in
+a record] in :mod:`sim.calibrate.records`), the wait for the thread's next
+500 ms poll timeout (``proxy_poll``, from the end of its init). So without the
+waker the weight sync, which destroys the sync group right after its first
+collective, waits almost a whole poll period, and a pause that destroys the
+groups the training step just initialised is paced by those inits. Agreements are
 collectives on the Gloo control group (``agreement`` each, where the preset has
 it); a canary on a just-resumed group pays ``resume_first_collective`` on top of
 the collective model.
@@ -52,8 +54,12 @@ against the measured mean. Nothing of the validated record decides it.
 [Note: validate is blind] No constant, spread, rate or correction may come from
 any part of a validated file: a record that a calibrated preset's
 ``fitted_on`` lists, or that a constant's ``source`` names (the file, or its
-directory), is refused whole. The held-out records (:data:`sim.calibrate.records.HELD_OUT`),
-which ``timeshare sim calibrate`` refuses to read, are scored apart. Figures of
+directory), is refused whole; and no preset constant or shipped default names a
+record of the validation set (:data:`sim.calibrate.records.VALIDATION_SET`, what
+``timeshare sim validate`` scores when given no record; ``tests/sim/calibrate/test_blind.py``).
+The dedup replay's PCIe layout is the preset's, never the record's. The held-out
+records (:data:`sim.calibrate.records.HELD_OUT`), which ``timeshare sim calibrate``
+refuses to read, are scored apart, and their score is printed first. Figures of
 0.1 s and more and figures under 0.1 s are scored apart, each by its relative
 error (no absolute floor); a figure measured as 0 has no relative error and is
 counted, not scored.
@@ -71,9 +77,10 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from sim.calibrate.records import PHASES, MultiGpuRecord, OffloadRecord, Record, RecordError
+from sim.calibrate.records import (PHASES, VALIDATION_SET, FigureRangesRecord, MultiGpuRecord, OffloadRecord, Record,
+                                   RecordError)
 
 log = logging.getLogger(__name__)
 
@@ -142,22 +149,30 @@ def check_blind(preset_data: dict[str, Any], record: Record) -> None:
 
 def simulate_switch_window(preset: str, settings: dict[str, Any], policies: Iterable[str]) -> dict[str, Any]:
     """Each policy's :class:`PolicyResult` for a record's settings, simulated on ``preset`` (the
-    switch-window benchmark's own simulation, :func:`bench.switch_window.simulate`)."""
-    from bench.switch_window import mesh_groups, resolve, row_names, simulate, summarize_simulated
+    switch-window benchmark's own simulation, :func:`bench.switch_window.simulate`): its mesh (``dp``, ``tp`` and
+    where given ``cp``, ``pp``, ``ep``, ``etp``), steps, times, and whether its runtime woke NCCL's proxy thread in
+    a destroy (``wake_proxies``, [Note: the runtime's proxy waker in a record] in :mod:`sim.calibrate.records`)."""
+    from bench.switch_window import resolve, row_names, simulate, summarize_simulated
+    from sim.calibrate.switch_window import MeshError, megatron_groups
 
-    dp, tp = settings["dp"], settings["tp"]
-    per_rank = len([s for s in mesh_groups(dp, tp) if 0 in s.ranks])
+    mesh = {k: int(settings[k]) for k in ("dp", "tp", "cp", "pp", "ep") if settings.get(k) is not None}
+    mesh["etp"] = settings.get("etp")
+    try:
+        per_rank = len([s for s in megatron_groups(**mesh) if 0 in s.ranks])
+    except MeshError as exc:
+        raise RecordError(f"settings: {exc}") from None
     if per_rank != settings["groups_per_rank"]:
-        raise RecordError(f"settings.groups_per_rank: the record says {settings['groups_per_rank']} but "
-                          f"mesh_groups({dp}, {tp}) gives {per_rank}; the benchmark's group families changed")
+        raise RecordError(f"settings.groups_per_rank: the record says {settings['groups_per_rank']} but the mesh "
+                          f"{mesh} gives {per_rank}; the benchmark's group families changed")
     out = {}
     for name in policies:
         try:
             policy, _ = resolve(name)  # a PGPolicy's name or a benchmark variant's (SUSPEND_PLANNED_LAZY)
         except ValueError:
             raise RecordError(f"switch_window.results: unknown policy {name!r}; known: {row_names()}") from None
-        per_rank_steps = simulate(policy, dp=dp, tp=tp, steps=settings["steps"], train_s=settings["train_s"],
-                                  rollout_s=settings["rollout_s"], cooldown_s=settings["cooldown_s"], topology=preset)
+        per_rank_steps = simulate(policy, steps=settings["steps"], train_s=settings["train_s"],
+                                  rollout_s=settings["rollout_s"], cooldown_s=settings["cooldown_s"], topology=preset,
+                                  wake_proxies=bool(settings.get("wake_proxies", True)), **mesh)
         out[name] = summarize_simulated(policy, per_rank_steps, settings["warmup"], preset)
     return out
 
@@ -214,6 +229,82 @@ def validate_switch_window(record: MultiGpuRecord, preset: str, *,
                   "predicted_order": sorted(sw.results, key=predicted_key.get),
                   "ranked_by": "switch cost" if by_cost else "window", "memory_gib": memory,
                   "late_range": ranges}
+
+
+#: phases of a policy's simulated result a transcribed figure may name, and the fields that hold them
+_FIGURE_FIELDS = {"sleep": "sleep", "update_weights": "update_weights", "wake_up": "wake_up", "window": "total",
+                  "switch_cost": "switch_cost", "first_use_after_wake": "first_use_after_wake",
+                  "device_used_in_rollout_gib": "device_used_in_rollout_gib",
+                  "held_in_rollout_gib": "held_in_rollout_gib"}
+#: phases over which the idle-destroy probe's idle time is spread (a uniform phase of the proxy poll)
+IDLE_PHASES = 20
+
+
+def validate_figure_ranges(record: FigureRangesRecord, preset: str, *,
+                           tolerance: float = SWITCH_TOLERANCE) -> tuple[list[Row], list[str]]:
+    """Rows for a transcribed record's figures, and lines about what is reported but not scored.
+
+    Each switch-window figure is a range over the record's meshes: the prediction is the mean over those meshes of
+    the simulated figure (each mesh's in the row's note), compared with the middle of the range. The idle-destroy
+    probe's mean destroy is predicted as the mean over a uniform phase of the proxy poll (:data:`IDLE_PHASES`
+    phases) of :func:`sim.calibrate.destroy_walks.simulate_idle_destroys`."""
+    from sim.presets import load_preset_data
+
+    check_blind(load_preset_data(preset), record)
+    rows: list[Row] = []
+    facts: list[str] = []
+    policies = sorted({p for f in record.figures for p in f.policies})
+    per_mesh = []
+    for mesh in record.meshes:
+        settings = {**record.settings, **mesh}
+        settings.setdefault("dp", 1)
+        settings.setdefault("tp", 1)
+        per_mesh.append((mesh, simulate_switch_window(preset, settings, policies)))
+    for f in record.figures:
+        if f.what not in _FIGURE_FIELDS:
+            raise RecordError(f"{record.name}: figure {f.what!r}: not one of {sorted(_FIGURE_FIELDS)}")
+        for policy in f.policies:
+            values = [getattr(res[policy], _FIGURE_FIELDS[f.what]) for _, res in per_mesh]
+            if any(v is None for v in values):
+                raise RecordError(f"{record.name}: {policy} {f.what} is not simulated")
+            each = ", ".join(f"{_mesh_words(m)} {v:.3f}" for (m, _), v in zip(per_mesh, values))
+            measured = f"{f.lo:g}" if f.lo == f.hi else f"{f.lo:g}-{f.hi:g}"
+            pred = statistics.fmean(values)
+            if not f.scored:
+                facts.append(f"  {policy} {f.what}: measured {measured}, predicted {pred:.2f} ({each}; reported, not "
+                             "scored)")
+                continue
+            rows.append(Row(record.name, f"{policy} {f.what}", f.mid, pred, tolerance,
+                            f"measured {measured} over the meshes, their middle compared; predicted per mesh: {each}"))
+    idle = record.idle_destroy
+    if idle is not None:
+        rows.append(_idle_destroy_row(record, preset, idle, tolerance))
+    return rows, facts
+
+
+def _mesh_words(mesh: Mapping[str, int]) -> str:
+    return " ".join(f"{k}{v}" for k, v in mesh.items() if v > 1) or "dp1"
+
+
+def _idle_destroy_row(record: FigureRangesRecord, preset: str, idle: Mapping[str, Any], tolerance: float) -> Row:
+    """The idle-destroy probe's mean destroy (of a round), simulated over a uniform phase of the proxy poll."""
+    from sim.calibrate.destroy_walks import simulate_idle_destroys
+    from sim.machine.topology import Topology
+
+    poll = Topology.from_preset(preset).comm.proxy_poll_s or 0.5
+    rounds = [simulate_idle_destroys(preset, groups=int(idle["groups"]), idle_s=float(idle["idle_s"]),
+                                     phase_s=poll * k / IDLE_PHASES, wake_proxies=bool(idle.get("wake_proxies", False)))
+              for k in range(IDLE_PHASES)]
+    first = [r[0] for r in rounds]
+    others = [d for r in rounds for d in r[1:]]
+    lo, hi = float(idle["mean_lo_s"]), float(idle["mean_hi_s"])
+    note = (f"measured {lo * 1e3:g}-{hi * 1e3:g} ms, the middle compared; predicted over {IDLE_PHASES} phases of the "
+            f"poll: the first destroy {min(first) * 1e3:.0f}-{max(first) * 1e3:.0f} ms (measured "
+            f"{float(idle['first_lo_s']) * 1e3:g}-{float(idle['first_hi_s']) * 1e3:g}), the others "
+            f"{min(others) * 1e3:.0f}-{max(others) * 1e3:.0f} ms (measured {float(idle['others_lo_s']) * 1e3:g}-"
+            f"{float(idle['others_hi_s']) * 1e3:g})")
+    pred = statistics.fmean(statistics.fmean(r) for r in rounds)
+    return Row(record.name, f"idle destroy, mean of {int(idle['groups'])}", (lo + hi) / 2, pred, tolerance, note)
 
 
 def validate_offload(record: OffloadRecord, preset: str, *, tolerance: float = OFFLOAD_TOLERANCE) -> list[Row]:
@@ -284,11 +375,14 @@ def score(rows: list[Row]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``timeshare sim validate``."""
-    parser.add_argument("records", nargs="+", metavar="RECORD.json", help="the validation set (multigpu, offload reports)")
-    parser.add_argument("--preset", default="calibrated/hgx-h200-8x",
-                     help="preset for switch-window records (default: the shipped calibrated hgx-h200-8x)")
+    parser.add_argument("records", nargs="*", metavar="RECORD.json",
+                        help="the records to score (multigpu, offload reports, transcribed figures); default: every "
+                             "record no calibration read, the held-out ones among them (the validation set)")
+    parser.add_argument("--preset", default="calibrated/h200-2x",
+                        help="preset for switch-window and dedup records (default: the shipped calibrated h200-2x, the "
+                             "two-H200 machine they were measured on)")
     parser.add_argument("--offload-preset", default="calibrated/h200-1x",
-                     help="preset for offload reports (default: the shipped calibrated h200-1x)")
+                        help="preset for offload reports (default: the shipped calibrated h200-1x)")
     parser.add_argument("--tolerance", type=float, default=0.15, help="per switch-window figure (default 0.15)")
     parser.add_argument("--offload-tolerance", type=float, default=0.10, help="per offload/reload (default 0.10)")
     parser.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
@@ -303,50 +397,60 @@ def say(text: str) -> None:
     print(wrap(text, indent=" " * (len(text) - len(text.lstrip()))))
 
 
-def _validate_record(rec: Record, args: argparse.Namespace) -> tuple[list[Row], bool] | None:
-    """(rows, ranking the same) of one record, printing its facts; None where it has nothing to validate."""
+def _validate_record(rec: Record, args: argparse.Namespace) -> tuple[list[Row], bool, list[str]] | None:
+    """(rows, ranking the same, lines about the record) of one record; None where it has nothing to validate."""
     if isinstance(rec, OffloadRecord):
-        return validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance), True
+        return validate_offload(rec, args.offload_preset, tolerance=args.offload_tolerance), True, []
+    if isinstance(rec, FigureRangesRecord):
+        rows, facts = validate_figure_ranges(rec, args.preset, tolerance=args.tolerance)
+        meshes = ", ".join(_mesh_words(m) for m in rec.meshes)
+        return rows, True, [f"{rec.name}: transcribed ranges over the meshes {meshes}; proxy waker "
+                            f"{'on' if rec.settings['wake_proxies'] else 'off'}", *facts]
     if not isinstance(rec, MultiGpuRecord) or (rec.switch_window is None and not rec.dedup):
-        say(f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)")
-        return None
+        return [], True, [f"{rec.name}: nothing to validate (no switch_window or dedup section, not an offload report)"]
     rows: list[Row] = []
     if rec.dedup and not args.no_dedup:
         rows += validate_dedup(rec, args.preset, args.offload_preset, tolerance=args.offload_tolerance)
-    same = True
+    same, lines = True, []
     if rec.switch_window is not None:
         r, facts = validate_switch_window(rec, args.preset, tolerance=args.tolerance)
         rows += r
         same = facts["measured_order"] == facts["predicted_order"]
-        say(f"{rec.name}:")
+        waker = "on" if rec.switch_window.settings.get("wake_proxies") else "off"
+        lines.append(f"{rec.name}: proxy waker {waker}")
         if rec.eager_init:
-            say("  measured with the default group bound to a device (NCCL initialised at new_group); the simulator "
-                "models torch's lazy init, so rebuilds are predicted cheaper")
-        say(f"  policies by {facts['ranked_by']}: measured {' < '.join(facts['measured_order'])};")
-        say(f"  predicted {' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
+            lines.append("  measured with the default group bound to a device (NCCL initialised at new_group); the "
+                         "simulator models torch's lazy init, so rebuilds are predicted cheaper")
+        lines.append(f"  policies by {facts['ranked_by']}: measured {' < '.join(facts['measured_order'])};")
+        lines.append(f"  predicted {' < '.join(facts['predicted_order'])} ({'same' if same else 'DIFFERENT'})")
         for pol, (meas, pred) in facts["memory_gib"].items():
             if meas is not None:
-                say(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
-                    "(reported, not checked)")
-    return rows, same
+                lines.append(f"  {pol} NCCL memory in the rollout: measured {meas:.2f} GiB, predicted {pred:.2f} GiB "
+                             "(reported, not checked)")
+    return rows, same, lines
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``timeshare sim validate``: every record, predicted against measured; the exit status."""
+    """Entry point of ``timeshare sim validate``: every record, predicted against measured; the held-out score
+    first, then each record's table and the scores over all; the exit status."""
     from refimpl.cli_errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
     from sim.presets import PresetError
-    from sim.calibrate.records import held_out, load_record
+    from sim.calibrate.records import REPO, held_out, load_record
 
     from refimpl.output import progress_bar
 
-    rows, orders_ok, checked, held = [], True, 0, []
+    paths = list(args.records) or [str(REPO / p) for p in VALIDATION_SET]
+    rows, orders_ok, checked, held, lines = [], True, 0, [], []
     try:
-        with progress_bar(len(args.records), "validate") as tick:  # a bar with the time left on a terminal's stderr
-            for path in args.records:
+        with progress_bar(len(paths), "validate") as tick:  # a bar with the time left on a terminal's stderr
+            for path in paths:
                 rec = load_record(path)
                 got = _validate_record(rec, args)
                 tick(Path(path).name)
                 if got is None:
+                    continue
+                lines += got[2]
+                if not got[0]:
                     continue
                 rows += got[0]
                 orders_ok &= got[1]
@@ -356,17 +460,21 @@ def run(args: argparse.Namespace) -> int:
     except (RecordError, PresetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if held:
+        say(f"held-out records (no calibration read them, {len({r.record for r in held})}): {score(held)}")
+    else:
+        say("held-out records: none among these (sim.calibrate.records.HELD_OUT names them)")
+    for line in lines:
+        say(line)
     print()
     print(format_rows(rows, wide=args.wide))
     bad = [r for r in rows if not r.ok]
     say(f"{len(rows) - len(bad)} of {len(rows)} figures within tolerance over {checked} record(s)"
         + ("" if orders_ok else "; the predicted ranking of policies differs from the measured one"))
     say(f"score: {score(rows)}")
-    if held:
-        say(f"held-out records (no calibration read them): {score(held)}")
     return EXIT_OK if rows and not bad and orders_ok else EXIT_FAILED
 
 
-__all__ = ["OFFLOAD_TOLERANCE", "Row", "SHORT_S", "SWITCH_TOLERANCE", "add_arguments", "check_blind",
+__all__ = ["IDLE_PHASES", "OFFLOAD_TOLERANCE", "Row", "SHORT_S", "SWITCH_TOLERANCE", "add_arguments", "check_blind",
            "fitted_on", "format_rows", "median_abs_error", "run", "score", "simulate_switch_window",
-           "validate_dedup", "validate_offload", "validate_switch_window"]
+           "validate_dedup", "validate_figure_ranges", "validate_offload", "validate_switch_window"]

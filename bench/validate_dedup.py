@@ -10,10 +10,11 @@ store code on a simulated world with meta payloads and returns the same three fi
 
 What the simulated host is made of, and where each part comes from:
 
-* the record's GPUs are taken from the switch-window preset (``calibrated/hgx-h200-8x``: NVLink 4 and
-  NCCL's model of it, the driver's scrub), one GPU per PCIe switch (:func:`separate_switches`): every
-  rank of the 2 x H200 record reloaded its 8.59 GB at the one-GPU line rate at the same time, so its
-  GPUs share no PCIe uplink (the VM hides the PCIe tree; ``env.log`` of the record);
+* the record's GPUs are the first ``world_size`` GPUs of the machine's preset as it is (``calibrated/h200-2x``
+  for the two-H200 machine: NVLink 4 and NCCL's model of it, the driver's scrub, and each GPU on its own
+  PCIe link, as ``nvidia-smi`` shows that machine), PCIe layout included: it comes from the topology, never
+  from the record replayed (a preset whose GPUs share a PCIe switch, ``hgx-h200-8x``, predicts the shared
+  uplink);
 * the PCIe rate is the offload preset's host-to-device one (``pcie_gen5_x16_h2d_run1``, H200 run 1),
   as :mod:`sim.calibrate.calibration` simulates reloads;
 * the store's host time of a reload (allocating its flat device buffers, ``store_reload_alloc`` per byte,
@@ -24,9 +25,8 @@ a preset whose constants name it).
 """
 from __future__ import annotations
 
-import copy
 import logging
-from typing import Any, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -34,31 +34,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TENSORS = 64
 #: the figures compared: (label in :func:`predict_dedup`, field of the record's dedup row)
 FIGURES = (("local", "local_reload_s"), ("dedup", "dedup_reload_s"), ("one_gather", "dedup_reload_one_gather_s"))
-
-
-def separate_switches(data: Mapping[str, Any], gpus: int) -> dict[str, Any]:
-    """A copy of preset ``data`` whose node keeps ``gpus`` GPUs, each behind its own PCIe switch (the first GPU
-    of each switch, in the preset's order), and the elements and links that do not touch the others."""
-    from sim.presets import PresetError
-
-    out = copy.deepcopy(dict(data))
-    elements = {e["name"]: e for e in out["node"]["elements"]}
-    first: dict[str, str] = {}
-    for link in out["node"]["links"]:
-        a, b = link["ends"]
-        if link["kind"] != "pcie":
-            continue
-        for gpu, up in ((a, b), (b, a)):
-            if elements.get(gpu, {}).get("kind") == "gpu" and elements.get(up, {}).get("kind") == "pcie_switch":
-                first.setdefault(up, gpu)
-    keep = sorted(first.values(), key=list(elements).index)[:gpus]
-    if len(keep) < gpus:
-        raise PresetError(f"preset {data.get('name')!r} has {len(keep)} PCIe switches with a GPU; {gpus} GPUs that "
-                          "share no switch do not fit")
-    drop = {n for n, e in elements.items() if e.get("kind") == "gpu"} - set(keep)
-    out["node"]["elements"] = [e for e in out["node"]["elements"] if e["name"] not in drop]
-    out["node"]["links"] = [lk for lk in out["node"]["links"] if not set(lk["ends"]) & drop]
-    return out
 
 
 def predict_dedup(world_size: int, group_size: int, state_bytes: int, *, preset: str, offload_preset: str,
@@ -71,24 +46,24 @@ def predict_dedup(world_size: int, group_size: int, state_bytes: int, *, preset:
     import torch
 
     from refimpl.store import OffloadStore, StoreConfig
-    from refimpl.store.dedup import DedupConfig
-    from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
+    from refimpl.store.backends.dedup_config import DedupConfig
+    from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy
     from sim.calibrate.calibration import host_overheads
     from sim.machine.collectives import NcclComm, TopologyCollectiveCost
     from sim.machine.flows import FlowTransport
     from sim.machine.memory import TopologyMemory
-    from sim.presets import load_preset_data
+    from sim.presets import first_gpus, load_preset_data
     from sim.machine.topology import Topology
     from sim.world import SimWorld
 
     if world_size % group_size:
         raise ValueError(f"group_size {group_size} does not divide world_size {world_size}")
     h2d = Topology.from_preset(offload_preset).constants.get("pcie_gen5_x16_h2d_run1")
-    data = separate_switches(load_preset_data(preset), world_size)
+    data = first_gpus(load_preset_data(preset), world_size)  # the machine as its preset describes it
     if h2d is not None:  # reloads at the measured host-to-device rate, as sim.calibrate.calibration simulates them
         for name in {lk["bandwidth"] for lk in data["node"]["links"] if lk["kind"] == "pcie"}:
             data["constants"][name] = dict(data["constants"][name], value=h2d.value / 1e9, unit="GB/s")
-    topo = Topology(data, where=f"preset {preset!r}, {world_size} GPUs on separate PCIe switches")
+    topo = Topology(data, where=f"preset {preset!r}, its first {world_size} GPUs")
     dtype = torch.bfloat16
     per = state_bytes // dtype.itemsize // tensors
     host_s = host_overheads(offload_preset, tensors, per * tensors * dtype.itemsize)["reload_host_s"]
@@ -149,4 +124,4 @@ def compare_dedup(record: Any, preset: str, offload_preset: str) -> list[tuple[s
     return out
 
 
-__all__ = ["DEFAULT_TENSORS", "FIGURES", "compare_dedup", "predict_dedup", "separate_switches"]
+__all__ = ["DEFAULT_TENSORS", "FIGURES", "compare_dedup", "predict_dedup"]

@@ -20,9 +20,9 @@ from torch.distributed.tensor import Replicate, Shard
 
 import sim
 from refimpl.store import OffloadStore, StoreConfig
-from refimpl.store.dedup import DedupConfig
-from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy, mesh_coordinate, replicate_dims
-from refimpl.store.parking import is_parked
+from refimpl.store.backends.dedup_config import DedupConfig
+from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy, mesh_coordinate, replicate_dims
+from refimpl.store.state.parking import is_parked
 from tests._hypothesis import BUDGET
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.float16, torch.uint8]

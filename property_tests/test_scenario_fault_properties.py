@@ -14,6 +14,23 @@ buffer, a weight sync with a collective on the rank's first group) must:
   when a rank crashed, hung or raised;
 * finish within a bound set by the deployment's timeouts.
 
+A rank whose own training collective fails (a peer crashed or hung in training,
+or the fault hit that collective) stops there, as a trainer's process does when
+its watchdog fires: the lifecycle is not called at that moment and cannot know,
+so such a rank keeps the state it had between two operations (ACTIVE) and counts
+with the crashed ones; the ranks still calling the lifecycle end in one state.
+(A crash at ``train`` before the first pause used to be reported as the ranks
+ending ACTIVE instead of FAILED: the property, not the protocol, was wrong.)
+
+``canary_corruption`` corrupts a collective of the role's groups, the data
+plane whose corruption the canary exists to catch. A result of the control
+group corrupted on one rank is outside what any agreement can survive: the
+rank that reads it cannot tell its peers, who read the true result and go on
+(it used to be drawn here, by the default ``group`` glob, and ended one rank
+FAILED, the rest ACTIVE). The lifecycle assumes a reliable control group (Gloo
+over TCP) and names such a result as corrupted
+(``tests/comm/test_agreed_decisions_sim.py``).
+
 Without the watchdog (``comm.watchdog: false``, the simulator's default before
 it was on in ``sim run``) a crash or hang inside a weight sync or a rebuild
 left the peers waiting in an NCCL collective: a reported deadlock, ranks in
@@ -24,7 +41,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 import sim
@@ -53,15 +70,20 @@ _RAW = {name: read_scenario_raw(name) for name in SCENARIOS}
 def _scenario(name: str, kind: str, rank: int, point: str, nth: int, family: str):
     raw = copy.deepcopy(_RAW[name])
     fault = {"kind": kind, "ranks": [rank % raw["world_size"]], "nth": nth}
-    if kind == "address_in_use":
+    if kind in ("address_in_use", "canary_corruption"):  # a fault of the role's groups, never the control group
         fault["group"] = f"{family}*"
-    else:
+    if kind != "address_in_use":
         fault["at_point"] = point
     raw.update(faults=[fault], payload="meta", steps=2)
     return parse_scenario(raw)
 
 
 @BUDGET.settings(40)
+# a crash in training before the first pause: the peers' training collectives time out, the lifecycle stays ACTIVE
+@example(name="fault_drill_8xh200", policy=PGPolicy.DESTROY, kind="crash", rank=0, point="train", nth=1, family=0)
+# a corruption at the plan's second group: it once hit the control group's result on rank 0 (one rank FAILED)
+@example(name="fault_drill_8xh200", policy=PGPolicy.SUSPEND_PLANNED, kind="canary_corruption", rank=0,
+         point="lifecycle.plan.group", nth=2, family=0)
 @given(
     name=st.sampled_from(SCENARIOS),
     policy=st.sampled_from(list(PGPolicy)),
@@ -97,30 +119,38 @@ def test_a_single_rank_fault_at_any_lifecycle_point_ends_every_rank_in_one_state
             if mine:
                 await collective(mine[0])
 
+        async def train():
+            await rt.point("train")
+            for g in mine:
+                if rt.group_live(g) and not rt.group_suspended(g):
+                    await collective(g)
+
         try:
             await lc.start()
             for _ in range(scn.steps):
-                await rt.point("train")
-                for g in mine:
-                    if rt.group_live(g) and not rt.group_suspended(g):
-                        await collective(g)
+                try:
+                    await train()
+                except Exception as exc:  # noqa: BLE001 - not the lifecycle's: the process stops here
+                    return dict(state=lc.state, error=exc, end=rt.now(), stopped_in_training=True)
                 await lc.pause(release_memory=release)
                 await lc.weight_sync(sync)
                 await rt.sleep(ROLLOUT_S)
                 await lc.resume()
         except Exception as exc:  # noqa: BLE001 - the property is about how ranks end
             error = exc
-        return dict(state=lc.state, error=error, end=rt.now())
+        return dict(state=lc.state, error=error, end=rt.now(), stopped_in_training=False)
 
     results = world.run(job, return_exceptions=True)  # a deadlock or a mismatch raises here: the property fails
     fired = plan.fired if plan is not None else []
     event(f"{kind} {'fired' if fired else 'not reached'}")
-    alive = [r for r in results if isinstance(r, dict)]
-    gone = [r for r in results if not isinstance(r, dict)]
-    assert all(isinstance(g, (sim.RankCrashedError, sim.RankHungError)) for g in gone), gone
+    stopped = [r for r in results if isinstance(r, dict) and r["stopped_in_training"]]
+    alive = [r for r in results if isinstance(r, dict) and not r["stopped_in_training"]]
+    gone = [r for r in results if not isinstance(r, dict)] + stopped
+    assert all(isinstance(g, (sim.RankCrashedError, sim.RankHungError)) for g in gone if not isinstance(g, dict)), gone
+    assert all(r["state"] is PGState.ACTIVE for r in stopped), [(r["state"], r["error"]) for r in stopped]
     states = {r["state"] for r in alive}
-    assert len(states) == 1, f"ranks ended in different states: {[r['state'] for r in alive]}"
-    if gone or any(r["error"] is not None for r in alive):
+    assert len(states) <= 1, f"ranks ended in different states: {[r['state'] for r in alive]}"
+    if alive and (gone or any(r["error"] is not None for r in alive)):
         assert states == {PGState.FAILED}, [(r["state"], r["error"]) for r in alive]
     # two steps of deployment timeouts: a 600 s group timeout, then 300 s agreements, a few in a row
-    assert max(r["end"] for r in alive) <= scn.steps * (ROLLOUT_S + 600.0 + 12 * 300.0) + 600.0
+    assert max(r["end"] for r in alive + stopped) <= scn.steps * (ROLLOUT_S + 600.0 + 12 * 300.0) + 600.0

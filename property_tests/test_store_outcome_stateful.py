@@ -32,9 +32,9 @@ from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
 from refimpl.comm.states import allowed_states
 from refimpl.runtime.base import GroupSpec, PinningError
 from refimpl.store import OffloadStore, StoreConfig, is_parked
-from refimpl.store.dedup import DedupConfig
-from refimpl.store.layout import LayoutState
-from refimpl.store.replica import LOCAL, ReplicaGroup, ReplicaPolicy
+from refimpl.store.backends.dedup_config import DedupConfig
+from refimpl.store.state.layout import LayoutState
+from refimpl.store.backends.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 from tests._hypothesis import BUDGET
 
 DEDUP_S, AGREE_S, CANARY_S, CREATE_S = 10.0, 40.0, 8.0, 20.0

@@ -37,8 +37,8 @@ from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy, PGState
 from refimpl.runtime.base import GroupSpec, ReduceOp
 from refimpl.store import OffloadStore, StoreConfig
 from refimpl.store.checkpoint import SavePath, save_path, tensors_for_save
-from refimpl.store.dedup import DedupConfig
-from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy, mesh_coordinate
+from refimpl.store.backends.dedup_config import DedupConfig
+from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy, mesh_coordinate
 from tests._hypothesis import BUDGET
 
 MiB = 2**20

@@ -48,8 +48,7 @@ def build_parser(argv: list[str] | None = None, *, lazy: bool = False) -> argpar
     """The ``timeshare`` parser. With ``lazy``, only the subcommand that ``argv`` names has its module
     imported and its arguments added (the others stay listed with their help): a command line that names
     a subcommand is parsed the same either way, and ``timeshare sim run`` skips importing the benchmark,
-    demo and plan modules (about 0.1 s, issue 18). Without a subcommand every one is wired, as without
-    ``lazy``."""
+    demo and plan modules. Without a subcommand every one is wired, as without ``lazy``."""
     command, subcommand = _asked_for(argv) if lazy else (None, None)
     if command not in SUBCOMMANDS:
         command = subcommand = None
@@ -104,9 +103,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BUG
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; ``timeshare plan``'s Hydra overrides may stand anywhere among its options, as on a trainer's
+    command line (``plan CONFIG.yaml --layouts given data.train_batch_size=512``), so words left over that are not
+    options join its overrides in their order; anything else left over is argparse's usual error."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "command", None) == "plan" and not any(w.startswith("-") for w in extra):
+            args.overrides = [*(args.overrides or []), *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser(argv, lazy=True)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
         format="%(levelname)s %(name)s: %(message)s",

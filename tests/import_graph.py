@@ -44,6 +44,8 @@ FLOORS: tuple[Floor, ...] = (
           ("refimpl.store", "refimpl.comm", "refimpl.worker")),
     Floor("implementations", "the two implementations of the seam, side by side",
           ("refimpl.torch_runtime", "sim")),
+    Floor("integrations", "verl's and ROLL's offload functions backed by the store (drop-ins, patch helpers)",
+          ("refimpl.integrations",)),
     Floor("application", "the CLI, the demo and the benchmarks",
           ("refimpl.cli", "refimpl.__main__", "refimpl.demo", "bench")),
 )
@@ -60,6 +62,19 @@ ROOMS: dict[str, tuple[Floor, ...]] = {
               ("sim.scenarios", "sim.calibrate")),
         Floor("planner", "timeshare plan: which offload settings fit a model on a cluster", ("sim.planner",)),
         Floor("commands", "timeshare sim and timeshare plan", ("sim.commands",)),
+    ),
+    "refimpl.store": (
+        Floor("leaves", "what every room may import: categories, options, errors, figures and stats, debug mode",
+              ("refimpl.store.config", "refimpl.store.errors", "refimpl.store.stats", "refimpl.store.debug")),
+        Floor("state", "what is registered and where it points: collectors, entries, layouts, parking, the guard",
+              ("refimpl.store.state",)),
+        Floor("backends", "where host bytes live: the seam, local and local_dedup, the pinned pool, replica groups",
+              ("refimpl.store.backends",)),
+        Floor("moves", "one offload or reload in flight: its stages, paths, copies, release; the early copies",
+              ("refimpl.store.moves",)),
+        Floor("face", "OffloadStore and what it shares: holdings, arguments, backends by name, checkpoints",
+              ("refimpl.store",)),
+        Floor("clients", "torch DDP and Megatron-core attached in one call", ("refimpl.store.clients",)),
     ),
 }
 
@@ -78,6 +93,7 @@ DYNAMIC_IMPORTERS: dict[str, str] = {
     "refimpl.cli": "SUBCOMMANDS maps each subcommand to the module that defines it",
     "bench.cli": "_OTHER maps each sub-benchmark to its module",
     "refimpl.store.registry": "_LAZY maps a backend name to the module that defines its factory",
+    "refimpl.integrations.verl": "FSDP_IMPORTERS, MEGATRON_IMPORTERS and STATE_READERS name verl's modules to patch",
 }
 
 #: circles that stand today and are someone's open work: each must still be a circle (else remove it here)
@@ -299,10 +315,21 @@ def _draw(floors: tuple[Floor, ...], path, width: int = 92) -> list[str]:
     for i in reversed(range(len(floors))):
         floor = floors[i]
         lines.append("+" + f"- {i + 1} {floor.name} ".ljust(width - 2, "-") + "+")
-        lines.append("| " + floor.what.ljust(width - 4) + " |")
-        lines.append("| " + "   ".join(f"[ {path(b)} ]" for b in floor.blocks).ljust(width - 4) + " |")
+        rows = _wrap(floor.what.split(" "), " ", width - 4) + _wrap([f"[ {path(b)} ]" for b in floor.blocks], "   ",
+                                                                    width - 4)
+        lines.extend("| " + row.ljust(width - 4) + " |" for row in rows)
     lines.append("+" + "-" * (width - 2) + "+")
     return lines
+
+
+def _wrap(parts: list[str], sep: str, width: int) -> list[str]:
+    """``parts`` joined by ``sep`` into rows of at most ``width`` characters (a part longer than that stands alone)."""
+    rows = [""]
+    for part in parts:
+        if rows[-1] and len(rows[-1]) + len(sep) + len(part) > width:
+            rows.append("")
+        rows[-1] += (sep if rows[-1] else "") + part
+    return rows
 
 
 def render_floors() -> str:

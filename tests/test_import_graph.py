@@ -60,7 +60,7 @@ def test_the_lower_floors_never_load_the_torch_runtime_and_offer_none_of_its_nam
 # ---- the checker itself can fail -------------------------------------------------------------------------
 
 
-def _targets(source: str, module: str = "refimpl.store.pool") -> set[str]:
+def _targets(source: str, module: str = "refimpl.store.backends.pool") -> set[str]:
     modules = ig.module_files()
     return {name for node in ast.walk(ast.parse(source)) for name, _ in ig._targets(node, module, modules)}
 
@@ -68,8 +68,9 @@ def _targets(source: str, module: str = "refimpl.store.pool") -> set[str]:
 def test_reader_sees_every_import_form():
     assert "sim.world" in _targets("def f():\n    from sim.world import SimWorld\n")  # lazy
     assert "sim.world" in _targets("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sim.world\n")
-    assert "refimpl.store.layout" in _targets("from .layout import FlatLayout\n")  # relative
-    assert "refimpl.store.dedup" in _targets("from . import dedup\n")
+    assert "refimpl.store.backends.local" in _targets("from .local import LocalBackend\n")  # relative
+    assert "refimpl.store.state.layout" in _targets("from ..state.layout import FlatLayout\n")
+    assert "refimpl.store.backends.dedup" in _targets("from . import dedup\n")
     assert "bench.cli" in _targets("import importlib\nimportlib.import_module('bench.cli')\n")
     assert "sim" in _targets("__import__('sim')\n")
     assert "<computed>" in _targets("import importlib\nname = 'x'\nimportlib.import_module(name)\n")
@@ -77,7 +78,7 @@ def test_reader_sees_every_import_form():
 
 def test_rules_catch_upward_sideways_and_circles():
     modules = ig.module_files()
-    up = ig.Edge("refimpl.store.pool", "refimpl.torch_runtime.pinning", 1, "import")
+    up = ig.Edge("refimpl.store.backends.pool", "refimpl.torch_runtime.pinning", 1, "import")
     side = ig.Edge("sim.scenarios.runner", "refimpl.torch_runtime.runtime", 1, "import")
     down = ig.Edge("sim.scenarios.runner", "refimpl.store.store", 1, "import")
     found = ig.floor_violations(modules, [up, side, down])
@@ -94,3 +95,14 @@ def test_rules_catch_imports_up_and_across_the_rooms_of_sim():
     down = ig.Edge("sim.planner.plan", "sim.scenarios.runner", 1, "import")
     found = ig.room_violations(modules, [up, side, down])
     assert len(found) == 2 and "up the rooms" in found[0] and "sideways" in found[1], found
+
+
+def test_rules_catch_imports_up_and_across_the_rooms_of_the_store():
+    modules = ig.module_files()
+    up = ig.Edge("refimpl.store.backends.local", "refimpl.store.moves.early", 1, "from-import")  # a backend in a move
+    side = ig.Edge("refimpl.store.config", "refimpl.store.errors", 1, "import")  # leaves side by side
+    down = ig.Edge("refimpl.store.moves.offload", "refimpl.store.state.layout", 1, "from-import")
+    face = ig.Edge("refimpl.store.store", "refimpl.store.moves.offload", 1, "from-import")
+    found = ig.room_violations(modules, [up, side, down, face])
+    assert len(found) == 2 and "up the rooms" in found[0] and "sideways" in found[1], found
+    assert [r.name for r in ig.ROOMS["refimpl.store"]] == ["leaves", "state", "backends", "moves", "face", "clients"]

@@ -40,7 +40,7 @@ def test_reload_after_40_gb_freed_meets_the_goal_in_one_way_and_the_others_are_m
 
 
 def test_the_rl_step_frees_the_way_the_record_favours():
-    from bench.rl_loop import StepConfig, parse_args
+    from bench.rl import StepConfig, parse_args
 
     rec = _load("reload.json")
     best = max(("driver", "allocator"), key=lambda m: _reload_x_line(rec, m))
@@ -63,7 +63,7 @@ def test_pinning_setup_meets_the_goal_with_the_default_prefault_mode():
 
 @pytest.mark.parametrize("name", ["rl1/rl_step_1.json", "rl2/rl_step_2.json", "rl1_alloc/rl_step_1.json"])
 def test_the_colocated_step_is_recorded_per_phase_with_bitwise_weights(name):
-    from bench.rl_record import PHASES, summarize
+    from bench.rl.record import PHASES, summarize
 
     rec = _load(name)
     assert rec["device"].startswith("cuda") and 0.5e9 <= rec["params"] <= 1.5e9

@@ -1,10 +1,13 @@
-"""The colocated RL step (bench/rl_loop.py) on 2 real Gloo processes with a tiny transformers model.
+"""The colocated RL step (bench/rl/) on 2 and 4 real Gloo processes with a tiny transformers model.
 
 Checks the record the GPU run will produce: every phase timed on every step, the
 rollout's weights bitwise equal to the trainer's after every sync (and the
 weights really changed between syncs, so the check compares live values), the
-lifecycle took the trainer's group through pause / weight sync / resume, and the
-JSON/PNG are written. Skipped without transformers (the optional ``models`` extra).
+lifecycle took the trainer's groups through pause / weight sync / resume, and the
+JSON/PNG are written. The switch on several GPUs (the FSDP mesh on groups the
+lifecycle takes down, the resume ahead, the sync in the backward) is compared
+bit for bit with the step without it, on 2 ranks (FSDP) and 4 (HSDP). Skipped
+without transformers (the optional ``models`` extra).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarnin
 
 
 def _rank(rank, world_size, out_dir, mode="sequential", extra=()):
-    from bench.rl_loop import parse_args, run_step, write_outputs
+    from bench.rl import parse_args, run_step, write_outputs
 
     cfg = parse_args(["--device", "cpu", "--tiny", "--steps", "2", "--out", out_dir, "--policy", "DESTROY_DEFERRED",
                       "--mode", mode, *extra])
@@ -34,7 +37,7 @@ def _rank(rank, world_size, out_dir, mode="sequential", extra=()):
 def test_rl_step_two_gloo_ranks(tmp_path):
     recs = run_distributed(_rank, 2, args=(str(tmp_path),), timeout=240)
     for rec in recs:
-        assert rec["world_size"] == 2 and rec["mesh"] == [1, 2]
+        assert rec["world_size"] == 2 and rec["mesh"] == [2] and rec["mesh_groups"] == ["trainer.mesh.shard"]
         assert rec["reload_order"] == "first_use" and rec["reload_categories"][:2] == ["params", "buffers"]
         assert rec["config"]["batch_ahead"] is True  # the default: the batch on the device before the reloads
         assert rec["initial_sync"]["bitwise_equal"]
@@ -46,6 +49,7 @@ def test_rl_step_two_gloo_ranks(tmp_path):
             assert s["generated_tokens"] == 2 * 4 and s["kv_cache_len"] >= 8
             assert s["offload_bytes"] > 0 and s["lifecycle_state"] == "ACTIVE"
             assert s["nccl_in_rollout"]["state"] == "DESTROYED" and s["nccl_in_rollout"]["live_groups"] == []
+            assert s["nccl_in_rollout"]["process"]["others"] == []  # no group of the trainer's but the control group
             assert 0 < s["params_bytes"] < s["offload_bytes"]
             for k in ("offload_store_s", "reload_params_store_s", "gather_copy_s", "reload_rest_store_s", "weight_check_s"):
                 assert s[k] >= 0
@@ -69,12 +73,14 @@ def test_rl_step_two_gloo_ranks(tmp_path):
         # the runtime's own spans, placed inside the phases that ran them (the lifecycle's and the store's)
         br = sm["runtime_spans_by_phase"]
         assert {"lifecycle.pause", "lifecycle.destroy", "offload"} <= set(br["offload"])
-        # the sync gathers over the FSDP mesh and needs none of the lifecycle's groups: they stay down through it
-        assert {"lifecycle.weight_sync", "reload"} <= set(br["weight_sync"])
-        assert "lifecycle.rebuild" not in br["weight_sync"]
-        assert {"lifecycle.resume", "lifecycle.rebuild", "reload"} <= set(br["reload"])
+        # the sync after the rollout gathers over the mesh's groups, which the lifecycle took down at the pause:
+        # they come back before it (the resume), for the sync and the training after it, and stay up
+        assert {"lifecycle.resume", "lifecycle.rebuild", "lifecycle.weight_sync", "reload"} <= set(br["weight_sync"])
+        assert "lifecycle.destroy" not in br["weight_sync"] and rec["sync_needs_no_group"] is False
+        assert "reload" in br["reload"] and not any(k.startswith("lifecycle.") for k in br["reload"])
+        assert rec["lifecycle_stats"]["rebuilds"] == rec["lifecycle_stats"]["destroys"] == 2  # once per step
         assert br["offload"]["lifecycle.pause"] <= sm["phase_s"]["offload"] + 1e-6
-        assert br["reload"]["lifecycle.resume"] <= sm["phase_s"]["reload"] + 1e-6
+        assert br["weight_sync"]["lifecycle.resume"] <= sm["phase_s"]["weight_sync"] + 1e-6
     # both ranks generated from the same weights; digests agree across ranks
     assert recs[0]["steps"][-1]["weight_check"]["digest"] == recs[1]["steps"][-1]["weight_check"]["digest"]
     on_disk = json.loads((tmp_path / "rl_step_2.json").read_text())
@@ -92,7 +98,8 @@ def test_rl_step_two_gloo_ranks(tmp_path):
 def test_bitwise_equal_compares_bits_not_values():
     import torch
 
-    from bench.rl_loop import _digest, bitwise_equal
+    from bench.rl.weights import bitwise_equal
+    from bench.rl.weights import digest as _digest
 
     a = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
     assert bitwise_equal(a, a.clone())
@@ -105,12 +112,16 @@ def test_bitwise_equal_compares_bits_not_values():
 
 
 def test_step_config_refuses_bad_values():
-    from bench.rl_loop import StepConfig
+    from bench.rl import StepConfig
 
     with pytest.raises(ValueError, match="free must be"):
         StepConfig(free="pool")
     with pytest.raises(ValueError, match="steps must be >= 1"):
         StepConfig(steps=0)
+    with pytest.raises(ValueError, match="needs sync_first and offload_in_backward"):
+        StepConfig(sync_in_backward=True, sync_first=True)
+    assert StepConfig(sync_first=True, offload_in_backward=True).sync_in_backward is True  # on exactly then
+    assert StepConfig(sync_first=True).sync_in_backward is False
 
 
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
@@ -169,7 +180,7 @@ def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path)
     rollout holds the weights of the training step right before it (checked bitwise at the next quiet point
     against the digests taken after that step), nothing is reloaded for the sync, and the reload phase brings all
     of the state back; with early copies as well every early byte is still taken over."""
-    extra = ("--steps", "3", "--sync-first", "--offload-in-backward")
+    extra = ("--steps", "3", "--sync-first", "--offload-in-backward", "--no-sync-in-backward")
     recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", extra), timeout=240)
     for rec in recs:
         assert rec["config"]["sync_first"] is True and rec["summary"]["weights_bitwise_equal_every_sync"] is True
@@ -183,3 +194,93 @@ def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path)
             assert s["early_reused_bytes"] == s["early_copy_bytes"] > 0
         order = [sp["phase"] for sp in rec["spans"] if sp["step"] == 1]
         assert order == ["train", "weight_sync", "offload", "rollout", "reload"]
+
+
+#: the switch on several GPUs off: init_device_mesh's (1, 2) HSDP mesh, trainer.dp, the check on the world group
+WITHOUT_NGPU = ("--no-managed-mesh", "--no-flat-mesh", "--no-rebuild-ahead", "--no-sync-in-backward",
+                "--no-gather-in-rollout-dtype")
+
+
+def _with_and_without(rank, world_size, out_dir, extra):
+    """The step with the switch on several GPUs (the defaults), then without it, in the same processes (the first
+    run's groups stay alive beside the second's)."""
+    on = _rank(rank, world_size, f"{out_dir}/on", "streamed", extra)
+    off = _rank(rank, world_size, f"{out_dir}/off", "streamed", (*extra, *WITHOUT_NGPU))
+    return on, off
+
+
+def _check_switch_ngpu(on, off, n_groups):
+    """What the switch on several GPUs must give, against the same run without it."""
+    for a, b in ((on, off),):
+        steps = [s["loss_local"] for s in a["steps"] + a["after_steps"]]
+        assert steps == [s["loss_local"] for s in b["steps"] + b["after_steps"]]  # bit for bit
+        assert [s["weight_check"]["digest"] for s in a["steps"]] == [s["weight_check"]["digest"] for s in b["steps"]]
+    for rec in (on, off):
+        assert rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
+        assert len(set(digests)) == len(digests)  # every sync carried new weights
+    # without it the world group carries the mesh's collectives and the check's; with it, none
+    assert on["world_collectives"] == {"start": 0, "end": 0}
+    assert off["world_collectives"]["end"] > off["world_collectives"]["start"]
+    assert len(on["mesh_groups"]) == n_groups and off["mesh_groups"] == ["trainer.dp"]
+    stats = on["lifecycle_stats"]
+    assert stats["destroys"] == stats["rebuilds"] == n_groups * len(on["steps"]) and stats["weight_syncs"] == 0
+    spans = {(sp["step"], sp["phase"]): sp for sp in on["spans"]}
+    names = []
+    for s in on["steps"]:
+        held = s["nccl_in_rollout"]
+        assert held["live_groups"] == [] and held["process"]["others"] == []  # in the rollout: the control group
+        assert [g["name"] for g in held["process"]["groups"]] == ["world", "trainer.control"]
+        assert held["process"]["nccl_communicators"] == 0
+        assert s["mesh_problems"] == [] and s["lifecycle_state"] == "ACTIVE"
+        names.append(tuple(s["mesh_names"]))
+        # the resume ran on a thread from the reload phase and was joined in the next training step's forward
+        ahead, k = s["resume_ahead"], s["step"]
+        assert spans[(k, "reload")]["start_s"] <= ahead["start_s"] <= spans[(k, "reload")]["end_s"]
+        assert spans[(k + 1, "train")]["start_s"] <= ahead["join_at_s"] <= spans[(k + 1, "train")]["end_s"]
+        assert ahead["end_s"] <= ahead["join_at_s"] + ahead["join_wait_s"] + 1e-3
+        assert ahead["rebuild_s"] > 0 and ahead["warm_s"] > 0 and ahead["resume_s"] >= ahead["rebuild_s"]
+        # the sync ran in the backward, unit by unit, and left nothing to the weight-sync phase
+        early = s["early_sync"]
+        assert [u["unit"] for u in early["units"]] == list(range(len(on["early_units_bytes"])))
+        at = [u["at_s"] for u in early["units"]]  # issued one after the other inside the step's training phase
+        assert at == sorted(at) and spans[(k, "train")]["start_s"] <= at[0] <= at[-1] <= spans[(k, "train")]["end_s"]
+        assert early["bytes"] == sum(u["bytes"] for u in early["units"]) > 0
+    assert len(set(names)) == len(names)  # the mesh named new groups after every rebuild
+    terms = on["summary"]["ngpu"]
+    assert terms["resume_ahead"]["join_wait_s"] >= 0 and terms["early_sync"]["bytes"] > 0
+    assert terms["nccl_in_rollout"]["others"] == []
+    assert off["summary"]["ngpu"]["resume_ahead"] is None and off["summary"]["ngpu"]["early_sync"] is None
+
+
+def test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout(tmp_path):
+    """On 2 ranks (1-D FSDP over a managed mesh): the same losses and synced weights, bit for bit, as the step
+    without the N-GPU switch; in the rollout no process group of the trainer is alive but the Gloo control group
+    and the world group never carries a collective; every step's rebuild is followed by the mesh and FSDP2; the
+    resume runs from the reload phase on a thread and is joined in the next forward; the sync runs in the
+    backward per unit."""
+    extra = ("--steps", "3", "--sync-first", "--offload-in-backward")
+    for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
+        assert on["mesh"] == [2] and on["mesh_dims"] == ["shard"] and off["mesh"] == [1, 2]
+        _check_switch_ngpu(on, off, n_groups=1)
+
+
+def test_switch_ngpu_hsdp_four_ranks(tmp_path):
+    """On 4 ranks the mesh is HSDP (2 x 2): four groups, each rank a member of one replicate and one shard group;
+    the same checks as on 2 ranks, against the step without the N-GPU switch on the same mesh shape."""
+    extra = ("--steps", "2", "--sync-first", "--offload-in-backward")
+    outs = run_distributed(_with_and_without, 4, args=(str(tmp_path), extra), timeout=480)
+    for rank, (on, off) in enumerate(outs):
+        assert on["mesh"] == [2, 2] == off["mesh"] and on["mesh_dims"] == ["replicate", "shard"]
+        assert on["mesh_groups"] == ["trainer.mesh.replicate0", "trainer.mesh.replicate1", "trainer.mesh.shard0",
+                                     "trainer.mesh.shard1"]
+        _check_switch_ngpu(on, off, n_groups=4)
+        # this rank's two groups named anew at every rebuild; its peers in a group name the same torch group
+        assert all(len(n) == 2 for n in (s["mesh_names"] for s in on["steps"]))
+    for k in range(2):
+        by_group = {}
+        for rank, (on, _) in enumerate(outs):
+            rep, shard = on["steps"][k]["mesh_names"]
+            by_group.setdefault(("r", rank % 2), set()).add(rep)
+            by_group.setdefault(("s", rank // 2), set()).add(shard)
+        assert all(len(v) == 1 for v in by_group.values())

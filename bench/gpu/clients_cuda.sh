@@ -37,7 +37,7 @@ PY
 } 2>&1 | tee "$rec"
 start=$(date +%s)
 $PY -m pytest -q -p no:xdist -p no:cacheprovider -rs \
-  tests/store/test_store_autograd.py tests/store/test_clients_cuda.py 2>&1 | tee -a "$rec"
+  tests/store/state/test_store_autograd.py tests/store/clients/test_clients_cuda.py 2>&1 | tee -a "$rec"
 rc=${PIPESTATUS[0]}
 echo "# pytest exit code $rc, $(( $(date +%s) - start )) s" | tee -a "$rec"
 echo "record: $rec"

@@ -1,4 +1,4 @@
-"""What creating, first using and destroying NCCL process groups cost, apart, per group size (issue 11).
+"""What creating, first using and destroying NCCL process groups cost, apart, per group size.
 
     torchrun --nproc-per-node=N bench/gpu/comm_split_probe.py [OUT_DIR] [--comms 14] [--backend nccl]
 
@@ -34,6 +34,98 @@ import torch
 import torch.distributed as dist
 
 
+class GroupTimer:
+    """This rank's timed group operations on ``backend`` (``nccl``: on this rank's GPU), every rank together."""
+
+    def __init__(self, backend: str, comms: int) -> None:
+        self.backend, self.comms = backend, comms
+        self.cuda = backend == "nccl"
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.dev = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+
+    def sync(self) -> None:
+        """The device's queued work done, then every rank at a barrier."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    def timed(self, fn) -> float:
+        """Seconds of ``fn()`` on this rank, device-synchronised, every rank starting and ending together."""
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        self.sync()
+        return t
+
+    def make(self, ranks_per_comm: int) -> list:
+        """--comms groups this rank belongs to; every rank calls new_group for every group, in one order."""
+        mine = []
+        for _ in range(self.comms):
+            if ranks_per_comm == self.n:
+                mine.append(dist.new_group(list(range(self.n)), backend=self.backend))
+            else:
+                for r in range(self.n):  # one-rank groups: one per rank, all created on every rank
+                    g = dist.new_group([r], backend=self.backend)
+                    if r == self.rank:
+                        mine.append(g)
+        return mine
+
+    def use(self, groups) -> None:
+        """A one-element all-reduce on each group, device-synchronised at the end."""
+        for g in groups:
+            t = torch.ones(1, device=self.dev)
+            dist.all_reduce(t, group=g)
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    @staticmethod
+    def destroy(groups) -> None:
+        """Each group destroyed, one after the other."""
+        for g in groups:
+            dist.destroy_process_group(g)
+
+    def row(self, k: int) -> dict[str, float]:
+        """The figures for ``--comms`` groups of ``k`` ranks each, the slowest rank's."""
+        box: dict = {}
+        row = {"create_s": self.timed(lambda: box.setdefault("g", self.make(k)))}
+        groups = box["g"]
+        row["first_collective_s"] = self.timed(lambda: self.use(groups))
+        row["steady_collective_s"] = self.timed(lambda: self.use(groups))
+        row["destroy_s"] = self.timed(lambda: self.destroy(groups))
+        spare = self.make(k)
+        row["destroy_uninitialized_s"] = self.timed(lambda: self.destroy(spare))
+        every = [None] * self.n
+        dist.all_gather_object(every, row)
+        return {key: max(r[key] for r in every) for key in row}
+
+
+def write_records(out: dict[int, dict[str, float]], out_dir: str, comms: int, cuda: bool) -> None:
+    """One multigpu record per group size into ``out_dir`` (``comm-split-<world>x-ranks<k>.json``), each row
+    printed."""
+    n = dist.get_world_size()
+    device = torch.cuda.get_device_name().replace(" ", "-").lower() if cuda else "cpu"
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
+    for k, row in out.items():
+        rec = {
+            "kind": "multigpu", "schema": 1,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": device, "world_size": n, "torch": torch.__version__,
+            "nccl_loaded": {"built_with": nccl, "note": "the library torch was built with; nothing preloaded"},
+            "command": " ".join(["torchrun", f"--nproc-per-node={n}", *sys.argv]),
+            "dry_run": not cuda,
+            "comm_raw": {"n_comms": comms, "ranks_per_comm": k, "create_first_collective_s":
+                         row["create_s"] + row["first_collective_s"], **row},
+        }
+        path = Path(out_dir) / f"comm-split-{n}x-ranks{k}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rec, indent=1) + "\n")
+        print(f"{k}-rank communicators x {comms}: " + ", ".join(f"{a} {b:.4f} s" for a, b in row.items()),
+              flush=True)
+
+
 def main() -> int:
     """Time create, first collective, steady collective and destroy (used and unused) of ``--comms`` groups, for
     all-rank and one-rank communicators; rank 0 writes one record per group size. Returns 0."""
@@ -42,85 +134,14 @@ def main() -> int:
     ap.add_argument("--comms", type=int, default=14)
     ap.add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")
     args = ap.parse_args()
-    cuda = args.backend == "nccl"
-    if cuda:
+    if args.backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(args.backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-
-    def timed(fn) -> float:
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter() - t0
-        sync()
-        return t
-
-    def make(ranks_per_comm: int) -> list:
-        """--comms groups this rank belongs to; every rank calls new_group for every group, in one order."""
-        mine = []
-        for _ in range(args.comms):
-            if ranks_per_comm == n:
-                mine.append(dist.new_group(list(range(n)), backend=args.backend))
-            else:
-                for r in range(n):  # one-rank groups: one per rank, all created on every rank
-                    g = dist.new_group([r], backend=args.backend)
-                    if r == rank:
-                        mine.append(g)
-        return mine
-
-    def use(groups) -> None:
-        for g in groups:
-            t = torch.ones(1, device=dev)
-            dist.all_reduce(t, group=g)
-        if cuda:
-            torch.cuda.synchronize()
-
-    def destroy(groups) -> None:
-        for g in groups:
-            dist.destroy_process_group(g)
-
-    out = {}
-    for k in sorted({n, 1}, reverse=True):
-        box: dict = {}
-        row = {"create_s": timed(lambda: box.setdefault("g", make(k)))}
-        groups = box["g"]
-        row["first_collective_s"] = timed(lambda: use(groups))
-        row["steady_collective_s"] = timed(lambda: use(groups))
-        row["destroy_s"] = timed(lambda: destroy(groups))
-        spare = make(k)
-        row["destroy_uninitialized_s"] = timed(lambda: destroy(spare))
-        every = [None] * n
-        dist.all_gather_object(every, row)
-        out[k] = {key: max(r[key] for r in every) for key in row}
-    if rank == 0:
-        device = torch.cuda.get_device_name().replace(" ", "-").lower() if cuda else "cpu"
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
-        for k, row in out.items():
-            rec = {
-                "kind": "multigpu", "schema": 1,
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "device": device, "world_size": n, "torch": torch.__version__,
-                "nccl_loaded": {"built_with": nccl, "note": "the library torch was built with; nothing preloaded"},
-                "command": " ".join(["torchrun", f"--nproc-per-node={n}", *sys.argv]),
-                "dry_run": not cuda,
-                "comm_raw": {"n_comms": args.comms, "ranks_per_comm": k, "create_first_collective_s":
-                             row["create_s"] + row["first_collective_s"], **row},
-            }
-            path = Path(args.out) / f"comm-split-{n}x-ranks{k}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rec, indent=1) + "\n")
-            print(f"{k}-rank communicators x {args.comms}: " + ", ".join(f"{a} {b:.4f} s" for a, b in row.items()),
-                  flush=True)
-    sync()
+    timer = GroupTimer(args.backend, args.comms)
+    out = {k: timer.row(k) for k in sorted({timer.n, 1}, reverse=True)}
+    if timer.rank == 0:
+        write_records(out, args.out, args.comms, timer.cuda)
+    timer.sync()
     dist.destroy_process_group()
     return 0
 

@@ -8,7 +8,7 @@ One GPU (measured, TorchRuntime): the state is ``--gib`` GiB of bf16 parameters 
 tensors.
 * ``local``: the offload store's full cycle; pinned host bytes and reload time (one H2D of everything).
 * ``local_dedup`` H2D part, for each group size N of ``--group-sizes``: the slice one rank keeps
-  (``SlicePlan``, exactly as the backend cuts it), pinned through the store's ``PinnedHostPool`` and
+  (``MemberSlice``, exactly as the backend cuts it), pinned through the store's ``PinnedHostPool`` and
   copied host-to-device with ``TorchRuntime.copy_async`` into its chunk of the flat buffer, as the
   backend's reload does before its all-gather. Host bytes per rank and H2D time (median of
   ``--repeats``).
@@ -46,9 +46,9 @@ import torch  # noqa: E402
 from refimpl.runtime import CopyKind  # noqa: E402
 from refimpl.torch_runtime import TorchRuntime  # noqa: E402
 from refimpl.store import OffloadStore, PinnedHostPool, StoreConfig  # noqa: E402
-from refimpl.store.dedup import DedupConfig, SlicePlan  # noqa: E402
-from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy  # noqa: E402
-from refimpl.store.replica_sync import content_digest  # noqa: E402
+from refimpl.store.backends.dedup_config import DedupConfig, MemberSlice  # noqa: E402
+from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy  # noqa: E402
+from refimpl.store.backends.replica_sync import content_digest  # noqa: E402
 
 DTYPE = torch.bfloat16
 
@@ -102,7 +102,7 @@ def measure_local(rt: TorchRuntime, sizes: list[int], repeats: int) -> dict:
 def measure_slice_h2d(rt: TorchRuntime, sizes: list[int], n: int, repeats: int) -> dict:
     """One rank's reload H2D part for a group of ``n``: its slice, pinned by the store's pool, into its chunk."""
     numel = sum(sizes)
-    plan = SlicePlan.balanced(numel, n, 0, itemsize=DTYPE.itemsize)  # rank 0 keeps a full chunk
+    plan = MemberSlice.balanced(numel, n, 0, itemsize=DTYPE.itemsize)  # rank 0 keeps a full chunk
     pool = PinnedHostPool(rt)
     host = pool.acquire("slice", DTYPE, (plan.valid,))
     seg = host.segment(0)

@@ -1,4 +1,4 @@
-"""Each destroy of the lifecycle's destroy walk, timed against its group's first collective (issue 11).
+"""Each destroy of the lifecycle's destroy walk, timed against its group's first collective.
 
     torchrun --nproc-per-node=2 bench/gpu/destroy_walk_probe.py [--policy destroy_deferred] [--steps 6] [--sync tp|none]
         [--parallel]
@@ -6,9 +6,8 @@
 
 The simulator charges a destroy of an initialised NCCL communicator the wait for its UDS proxy thread's next
 500 ms poll timeout, counted from the end of its initialisation ([Note: the proxy's 500 ms poll] in
-sim/presets/__init__.py). It predicts DESTROY_DEFERRED's pause on 2 x H200 at 1.51 s; records measured 1.51 s in
-some steps and 2.01 s (one poll more) in others, and SUSPEND_PLANNED's weight sync (the same walk) 2.01 s in
-both steps of the all-policies record. This probe runs the switch-window driver of ``bench/switch_window.py`` with the
+sim/presets/__init__.py); a measured walk may run a whole poll period longer than that model says
+(docs/calibration.md has the records). This probe runs the switch-window driver of ``bench/switch_window.py`` with the
 same settings as ``bench/gpu/multigpu.py`` (``mesh_groups(N, 1)``, cooldown 2 s, rollout 3 s, train 0 s) and
 records, per rank and step, when each group's first collective of the training step returned (its lazy NCCL
 init) and when each destroy started and ended, on the host clock: which destroy waits a whole extra period, and
@@ -16,11 +15,9 @@ how much slack the others had. Rank 0 writes ``destroy-walk-<date>-<policy>-sync
 ``$OUT`` (default bench/results) and prints its three longest destroys; ``python -m sim.calibrate.destroy_walks FILE`` names,
 per walk, the destroy from which the walk ran one poll period later than its first destroy.
 
-``--sync none`` runs the weight sync without its collective on the tp group. The lazy-wake record shows
-SUSPEND_PLANNED's sync walk one poll period longer than the same walk in DESTROY_DEFERRED's pause in every step,
-while the lazy variant's tp-only sync walk shows the sync's collective does not restart the tp communicator's poll
-(docs/calibration.md): ``--policy suspend_planned`` with ``--sync tp`` and ``--sync none`` says whether the
-collective matters at all.
+``--sync none`` runs the weight sync without its collective on the tp group: ``--policy suspend_planned`` with
+``--sync tp`` and with ``--sync none`` says whether that collective changes the sync's destroy walk
+(docs/calibration.md).
 """
 from __future__ import annotations
 

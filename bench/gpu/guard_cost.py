@@ -8,7 +8,7 @@ For each state shape of the store benchmark (:mod:`sim.presets.bench_shapes`: th
 shard, 1,164 tensors, and the MoE, 25,164 tensors) the state is attached to one store and
 consolidated, then ``--cycles`` pairs of steady cycles (``store.offload()`` then ``store.reload()``,
 timed between device synchronisations) run alternately with the guard (the default: every parked
-tensor's class swapped, see [Note: offload guard] in ``refimpl/store/guard.py``) and without it
+tensor's class swapped, see [Note: offload guard] in ``refimpl/store/state/guard.py``) and without it
 (``unguarded_parking``, the benchmark's switch), which one goes first alternating from pair to
 pair. Every cycle checks the state bitwise (byte hashes of every tensor against the ones taken
 before the first offload) and that the guard was on or off as asked. It prints the median cycle
@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from refimpl.store import OffloadStore, StoreConfig  # noqa: E402
-from refimpl.store.guard import is_guarded, unguarded_parking  # noqa: E402
-from refimpl.store.replica_sync import content_digest  # noqa: E402
+from refimpl.store.state.guard import is_guarded, unguarded_parking  # noqa: E402
+from refimpl.store.backends.replica_sync import content_digest  # noqa: E402
 from refimpl.torch_runtime import TorchRuntime  # noqa: E402
 from sim.presets.bench_shapes import SHAPES  # noqa: E402
 

@@ -5,11 +5,10 @@
     torchrun --nproc-per-node=2 bench/gpu/idle_destroy_probe.py --dry-run      # CPU, Gloo: the script runs
 
 The simulator charges a destroy of an initialised communicator the wait for its NCCL UDS proxy thread's next 500 ms
-poll timeout ([Note: the proxy's 500 ms poll] in sim/presets/__init__.py), measured on 2 x H200 with cuMem on
-(NCCL's default). The Relax report's 8 x H20 run (section 4.4; its trainers run with ``NCCL_CUMEM_ENABLE=0``, the
-default of its actor environment) leaves no time for such waits: with them the simulator predicts its lifecycle
-cost at +33%, without them within 1% (``python -m bench.relax_h20 --no-poll``, docs/calibration.md). NCCL's
-source starts and joins that thread whatever cuMem is set to, so the question is for the hardware.
+poll timeout ([Note: the proxy's 500 ms poll] in sim/presets/__init__.py). This probe asks whether
+``NCCL_CUMEM_ENABLE=0``, as the Relax report's trainers run, takes that wait away (docs/calibration.md says what
+the 8 x H20 case needs; docs/gpu.md what one H200 showed). NCCL's source starts and joins that thread whatever
+cuMem is set to, so the question is for the hardware.
 
 Each round creates ``--groups`` groups over all ranks, runs one all-reduce on each (torch's lazy NCCL init),
 waits ``--idle-s`` plus a random part of a period (the same on every rank), as a training step does between its

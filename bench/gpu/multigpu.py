@@ -1,4 +1,4 @@
-"""Every multi-GPU measurement in one call, written as one JSON record (issue 10).
+"""Every multi-GPU measurement in one call, written as one JSON record.
 
     torchrun --nproc-per-node=N bench/gpu/multigpu.py [--parts switch comm dedup] [--gib 8]
     torchrun --nproc-per-node=2 bench/gpu/multigpu.py --dry-run     # CPU, Gloo, tiny sizes: the script runs
@@ -11,8 +11,8 @@ On N GPUs of one host (one process per GPU, NCCL; preload NCCL >= 2.29.7 for SUS
   ``timeshare bench switch-window``; one :class:`PolicyResult` per row (field names as there: the
   phases, NCCL memory in the rollout, the first collectives after the wake and whether they were
   bitwise right), so ``timeshare bench switch-window --dp N --tp 1 --steps S --warmup W --train-s 0
-  --rollout-s R`` predicts the same record. ``goals`` says how SUSPEND_PLANNED compares with issue
-  12's goal (window <= 0.5 x DESTROY_DEFERRED, NCCL memory in the rollout <= 2% of PAUSED_LIVE's).
+  --rollout-s R`` predicts the same record. ``goals`` says how SUSPEND_PLANNED compares with its
+  goal (window <= 0.5 x DESTROY_DEFERRED, NCCL memory in the rollout <= 2% of PAUSED_LIVE's).
 * ``comm_raw``: 14 NCCL communicators over all ranks, created and used once, suspended one after the
   other (bytes freed per ``cudaMemGetInfo``), resumed (collective checked), destroyed; totals and
   per communicator.
@@ -207,39 +207,60 @@ def comm_raw(args, checks: list) -> dict | None:
     if why:
         log(f"comm_raw skipped: {why}")
         return {"skipped": why}
-    from refimpl.torch_runtime import nccl
-
     dev = torch.device("cuda", torch.cuda.current_device())
     ranks = list(range(dist.get_world_size()))
-
-    def timed(fn):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    pgs = []
-
-    def first_collectives():
-        for pg in pgs:
-            dist.all_reduce(torch.ones(1, device=dev), group=pg)
-
     # apart, as the lifecycle pays them (torch initialises NCCL lazily, at the first collective)
-    group_s = timed(lambda: pgs.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
-    first_s = timed(first_collectives)
-    create_s = group_s + first_s
-    unused = []
-    timed(lambda: unused.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
-    destroy_unused_s = timed(lambda: [dist.destroy_process_group(pg) for pg in unused])
+    pgs: list = []
+    group_s = _timed(lambda: pgs.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
+    first_s = _timed(lambda: _first_collectives(pgs, dev))
+    unused: list = []
+    _timed(lambda: unused.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
+    destroy_unused_s = _timed(lambda: [dist.destroy_process_group(pg) for pg in unused])
+    per = _suspend_resume_each(pgs, dev)
+    first_after_resume_s = _timed(lambda: _first_collectives(pgs, dev))  # the canary's cost on a resumed communicator
+    ok = True
+    for pg in pgs:
+        x = torch.full((1 << 20,), float(dist.get_rank() + 1), device=dev)
+        dist.all_reduce(x, group=pg)
+        ok &= bool(torch.all(x == sum(r + 1 for r in ranks)).item())
+    destroy_s = _timed(lambda: [dist.destroy_process_group(pg) for pg in pgs])
+    abort_s = _abort_initialised(args.comms, ranks, dev)
+    mesh = _mesh_walk(dev)
+    mine = {"create_first_collective_s": group_s + first_s, "create_s": group_s, "first_collective_s": first_s,
+            "first_collective_after_resume_s": first_after_resume_s, "destroy_uninitialized_s": destroy_unused_s,
+            "destroy_s": destroy_s, "abort_s": abort_s, "per_comm": per, "ok": ok, "mesh": mesh}
+    return _comm_raw_record(gathered(mine), len(ranks), checks)
+
+
+def _timed(fn) -> float:
+    """Seconds of ``fn()`` on this rank, from a device synchronize and a barrier to a device synchronize."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _first_collectives(pgs: list, dev) -> None:
+    """A one-element all-reduce on each group (a new group's first one creates its NCCL communicator)."""
+    for pg in pgs:
+        dist.all_reduce(torch.ones(1, device=dev), group=pg)
+
+
+def _suspend_resume_each(pgs: list, dev) -> list[dict]:
+    """Each group's communicators suspended one after the other, as the lifecycle walks them, then resumed one
+    after the other: per communicator its suspendable and persistent bytes, the seconds of each call, the device
+    memory the suspend freed and the resume took back."""
+    from refimpl.torch_runtime import nccl
+
     handles = [nccl.pg_comm_handles(pg, create_lazy=False) for pg in pgs]
     flat = [h for hs in handles for h in hs]
     per = []
     for h in flat:
         st = nccl.comm_mem_stats(h)
         per.append({"suspendable_bytes": st.suspendable, "persistent_bytes": st.persistent})
-    for h, row in zip(flat, per):  # one after the other, as the lifecycle walks them
+    for h, row in zip(flat, per):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         free0 = torch.cuda.mem_get_info(dev)[0]
@@ -255,30 +276,27 @@ def comm_raw(args, checks: list) -> dict | None:
         nccl.resume_comms([h])
         row["resume_s"] = time.perf_counter() - t0
         row["retaken_bytes"] = free0 - torch.cuda.mem_get_info(dev)[0]
-    first_after_resume_s = timed(first_collectives)  # the canary's cost on a just-resumed communicator
-    ok = True
-    for pg in pgs:
-        x = torch.full((1 << 20,), float(dist.get_rank() + 1), device=dev)
-        dist.all_reduce(x, group=pg)
-        ok &= bool(torch.all(x == sum(r + 1 for r in ranks)).item())
-    destroy_s = timed(lambda: [dist.destroy_process_group(pg) for pg in pgs])
-    # the same number of initialised communicators aborted (ncclCommAbort, no graceful shutdown) instead of
-    # destroyed: a candidate for SUSPEND_PLANNED's DESTROY action if it is much cheaper (issue 12)
-    abort_s: float | None = None
+    return per
+
+
+def _abort_initialised(comms: int, ranks: list[int], dev) -> float | None:
+    """Seconds of aborting ``comms`` initialised communicators (``ncclCommAbort``, no graceful shutdown) instead of
+    destroying them: a candidate for SUSPEND_PLANNED's DESTROY action if it is much cheaper; None if it failed."""
     try:
         from refimpl.torch_runtime.runtime import _abort
 
         doomed: list = []
-        timed(lambda: doomed.extend(dist.new_group(ranks, backend="nccl") for _ in range(args.comms)))
-        timed(lambda: [dist.all_reduce(torch.ones(1, device=dev), group=pg) for pg in doomed])
-        abort_s = timed(lambda: [_abort(pg) for pg in doomed])
+        _timed(lambda: doomed.extend(dist.new_group(ranks, backend="nccl") for _ in range(comms)))
+        _timed(lambda: [dist.all_reduce(torch.ones(1, device=dev), group=pg) for pg in doomed])
+        return _timed(lambda: [_abort(pg) for pg in doomed])
     except Exception as e:  # noqa: BLE001 - recorded, the figures above stand
         log(f"comm_raw: aborting initialised communicators failed: {e!r}")
-    mesh = _mesh_walk(dev)
-    mine = {"create_first_collective_s": create_s, "create_s": group_s, "first_collective_s": first_s,
-            "first_collective_after_resume_s": first_after_resume_s, "destroy_uninitialized_s": destroy_unused_s,
-            "destroy_s": destroy_s, "abort_s": abort_s, "per_comm": per, "ok": ok, "mesh": mesh}
-    everyone = gathered(mine)
+        return None
+
+
+def _comm_raw_record(everyone: list[dict], n_ranks: int, checks: list) -> dict:
+    """The ``comm_raw`` record from every rank's figures (each figure the slowest rank's), its checks appended to
+    ``checks`` and its line logged."""
     worst = min(r["freed_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
     back = min(r["retaken_bytes"] / r["suspendable_bytes"] for m in everyone for r in m["per_comm"])
     checks.append(("suspend frees >= 99% of every communicator's suspendable bytes", worst >= 0.99, f"worst {worst:.4f}"))
@@ -287,7 +305,7 @@ def comm_raw(args, checks: list) -> dict | None:
     r0 = everyone[0]["per_comm"]
     out = {
         "n_comms": len(r0),
-        "ranks_per_comm": len(ranks),
+        "ranks_per_comm": n_ranks,
         "suspendable_bytes": sum(r["suspendable_bytes"] for r in r0),
         "persistent_bytes": sum(r["persistent_bytes"] for r in r0),
         # the slowest rank sets each figure
@@ -302,7 +320,7 @@ def comm_raw(args, checks: list) -> dict | None:
         # the switch window's 14 groups per rank, walked as the lifecycle walks them: per rank, per group
         "mesh_walk": [m["mesh"] for m in everyone],
     }
-    log(f"comm_raw: {out['n_comms']} communicators of {len(ranks)} ranks, "
+    log(f"comm_raw: {out['n_comms']} communicators of {n_ranks} ranks, "
         f"{out['suspendable_bytes'] / 2**30:.2f} GiB suspendable + {out['persistent_bytes'] / 2**20:.0f} MiB "
         f"persistent; suspend {out['suspend_s']:.3f} s, resume {out['resume_s']:.3f} s, destroy "
         f"{out['destroy_s']:.3f} s (unused {out['destroy_uninitialized_s']:.3f} s), create {out['create_s']:.3f} s + "
@@ -314,8 +332,8 @@ def comm_raw(args, checks: list) -> dict | None:
 
 def _mesh_walk(dev) -> dict | None:
     """The switch window's groups (``mesh_groups(N, 1)``, sorted names, as the lifecycle walks them): each
-    member's first collective and every rank's destroy, timed per group on this rank (issue 12: where the
-    simulated SUSPEND_PLANNED/DESTROY walks fall short of the measured ones); then a group destroyed right
+    member's first collective and every rank's destroy, timed per group on this rank (what the simulator's
+    SUSPEND_PLANNED/DESTROY walks are checked against); then a group destroyed right
     after its collective against one destroyed after 0.5 s, per size."""
     from bench.switch_window import mesh_groups
 
@@ -429,9 +447,9 @@ def dedup(args, checks: list) -> list[dict]:
     g."""
     from refimpl.torch_runtime import TorchRuntime
     from refimpl.store import OffloadStore, StoreConfig
-    from refimpl.store.dedup import DedupConfig
-    from refimpl.store.replica import MeshReplica, MeshTopology, ReplicaPolicy
-    from refimpl.store.replica_sync import content_digest
+    from refimpl.store.backends.dedup_config import DedupConfig
+    from refimpl.store.backends.replica import MeshReplica, MeshTopology, ReplicaPolicy
+    from refimpl.store.backends.replica_sync import content_digest
 
     n = dist.get_world_size()
     rt = TorchRuntime()

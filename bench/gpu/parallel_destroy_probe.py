@@ -1,4 +1,4 @@
-"""Could a destroy walk overlap its proxy-poll waits? Sequential against threaded NCCL group destroys (issue 12).
+"""Could a destroy walk overlap its proxy-poll waits? Sequential against threaded NCCL group destroys.
 
     torchrun --nproc-per-node=2 bench/gpu/parallel_destroy_probe.py [--rounds 3] [--out DIR]
     torchrun --nproc-per-node=2 bench/gpu/parallel_destroy_probe.py --dry-run     # CPU, Gloo: the script runs

@@ -9,7 +9,7 @@ Variants (each once, N GiB, registered, then unregistered):
   ``--threads`` extents concurrently (one ``cudaHostRegister`` per extent).
 * ``store_pin_ahead_<mode>``: the store's own setup, ``OffloadStore.pin_ahead(wait=True)`` of
   N GiB of device state (256 MiB tensors) with ``TorchRuntime(pin_prefault=<mode>)``: the
-  pool's threads pin 256 MiB segments. This is the figure issue 16's 8 GB/s target is about.
+  pool's threads pin 256 MiB segments. This is the figure the store's pinning target (8 GB/s, ``tests/test_recorded_loop.py``) is about.
 
 Every variant runs in try/except; a failure is recorded as its error text and the rest go on.
 Writes JSON (partial results written after each variant).

@@ -10,7 +10,7 @@ the timed reload. Modes:
 * ``driver``: the store returns its memory to the driver after the offload
   (``empty_cache``) and the other role frees through the driver
   (``del`` + ``empty_cache``): the reload's ``cudaMalloc`` gets memory the driver
-  must scrub first (issue 16: 0.69-0.77 x line).
+  must scrub first (docs/store.md has the figures).
 * ``allocator``: both roles in one process share torch's caching allocator; the
   other role's memory goes back to the allocator only (``del``), so the reload's
   allocation reuses it without a driver trip.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The destroy-walk probe of issue 11 in one call (2 x H200, NCCL 2.32.3 parts carried to /root/ncclparts first,
+# The destroy-walk probe in one call (2 x H200, NCCL 2.32.3 parts carried to /root/ncclparts first,
 # as docs/gpu.md says): SUSPEND_PLANNED and DESTROY_DEFERRED, each with the weight sync's collective on tp and
 # without it, NCCL's own INIT/PROXY log lines timestamped to the microsecond beside each record, then the
 # agreement probe on the same host.  Usage: bash bench/gpu/run_destroy_walk.sh [steps]   (records under $OUT)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 16 on the device, one command, under 5 minutes on 2 GPUs. From the repo root:
+# The real loop on the device, one command, under 5 minutes on 2 GPUs. From the repo root:
 #   export PYTHONPATH=/tmp/site:$PWD   # (LD_PRELOAD of NCCL already set)
 #   bash bench/gpu/run_loop.sh
 # Runs, each under its own timeout and each allowed to fail without stopping the rest:
 #   1. bench/gpu/pin_probe.py     pinning 8 GiB per way (cudaHostAlloc, HostPinner none/touch/thp/populate, THP on threads)
 #   2. bench/gpu/reload_probe.py  reload of 11 GiB right after another role frees 40 GB: driver / allocator / mempool, beside the line rate
 #   3. bench/gpu/rl_step.py       the colocated RL step on 1 GPU and on 2 GPUs (torchrun), the roles sharing the
-#                                 caching allocator (the default since the 2026-11-30 all-policies record: 1.005 x line vs 0.763)
+#                                 caching allocator (the default; docs/store.md compares it with freeing through the driver)
 #   4. (if time is left) the RL step on 1 GPU freeing through the driver (--free driver), for comparison
 #   5. (if time is left) the RL step on 1 GPU with the lifecycle keeping trainer.dp alive (--policy PAUSED_LIVE)
 # PARTS="pin reload rl1 rl2 rl1_driver rl1_live" (the default) picks which parts run, e.g. PARTS="rl1 rl2";

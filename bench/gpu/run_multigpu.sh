@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU run of issue 10 in one call: the multigpu benchmark record, then the multigpu tests.
+# The multi-GPU run in one call: the multigpu benchmark record, then the multigpu tests.
 #
 # Before it (docs/gpu.md): calls that each carry one part of the compressed NCCL 2.32.3 library
 # (.nccl/pNN) to /root/ncclparts/. This script installs the carried wheels (.whl), assembles

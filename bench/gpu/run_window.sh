@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/window_out}
 mkdir -p "$OUT"
 if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -q -m cuda tests/runtime/test_paced_copies.py tests/runtime/test_sm_copies.py \
-    tests/store/test_store_streamed_reload.py 2>&1 | tail -n 3
+    tests/store/moves/test_store_streamed_reload.py 2>&1 | tail -n 3
 fi
 for r in $(seq 1 "${ROUNDS:-1}"); do
   for w in ${WINDOWS:-0 256 512 1024}; do

@@ -37,6 +37,147 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 
+class SteadyRig:
+    """The model under FSDP2 on one GPU, its AdamW, a fixed batch, and the store that offloads them."""
+
+    def __init__(self, layers: int, dev) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        self.dev = dev
+        cfg = Qwen2Config(vocab_size=32000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=layers,
+                          num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=4096,
+                          tie_word_embeddings=False)
+        torch.manual_seed(0)
+        with torch.device(dev):
+            self.model = Qwen2ForCausalLM(cfg)
+        mesh = init_device_mesh("cuda", (1,))
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        self.x = torch.randint(0, cfg.vocab_size, (2, 256), device=dev)
+        self.rt = self.store = None
+
+    def train(self) -> float:
+        """One training step (forward, backward, optimizer step); its loss."""
+        out = self.model(input_ids=self.x, labels=self.x)
+        out.loss.backward()
+        self.opt.step()
+        return float(out.loss.item())
+
+    def open_store(self) -> None:
+        """The runtime and the store, the model and its optimizer attached."""
+        from refimpl.store import OffloadStore
+        from refimpl.torch_runtime import TorchRuntime
+
+        self.rt = TorchRuntime(self.dev)
+        self.store = OffloadStore(self.rt)
+        self.store.attach_module(self.model)
+        self.store.attach_optimizer(self.opt)
+
+    @staticmethod
+    def timed(fn) -> float:
+        """Seconds of ``fn()`` between device synchronisations."""
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+
+def line_rates(rig: SteadyRig) -> dict[str, float]:
+    """The line rate of this run: 1 GiB between registered host memory and device memory, best of 4, each way."""
+    n = 1 << 30
+    host = rig.rt.alloc_host(n, torch.uint8, pinned=True, tag="line")
+    host.fill_(1)  # touched before it is timed
+    d = torch.empty(n, dtype=torch.uint8, device=rig.dev)
+    line = {}
+    for name, (dst, src) in (("h2d_gbps", (d, host)), ("d2h_gbps", (host, d))):
+        best = 1e9
+        for _ in range(4):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        line[name] = n / best / 1e9
+    rig.rt.free_host(host)
+    del d
+    return line
+
+
+def baseline_cycles(rig: SteadyRig, cycles: int, line: dict[str, float]) -> list[dict]:
+    """``cycles`` steady cycles (after a cold one) with the grads set to None, then with the store dropping them:
+    offload and reload seconds, x line, the store's phase laps and offload path; each row printed."""
+    store, rows = rig.store, []
+    for mode in ("set_to_none", "drop_grads"):
+        for i in range(cycles + 1):  # the first of each mode is a warm-up (cold offload)
+            rig.train()
+            if mode == "set_to_none":
+                rig.opt.zero_grad(set_to_none=True)
+                off = rig.timed(lambda: store.offload())
+            else:
+                off = rig.timed(lambda: store.offload(drop_grads=True))
+            st = store.stats()
+            nbytes = st.last_offload_bytes
+            phases_off = {k: round(v, 5) for k, v in st.phases.items() if k.startswith("offload.")}
+            path = st.last_offload_path
+            rel = rig.timed(lambda: store.reload())
+            st2 = store.stats()
+            c = {"mode": mode, "i": i, "offload_s": off, "reload_s": rel, "offload_bytes": nbytes,
+                 "reload_bytes": st2.last_reload_bytes,
+                 "offload_x_line": (nbytes / line["d2h_gbps"] / 1e9) / off if off else None,
+                 "reload_x_line": (st2.last_reload_bytes / line["h2d_gbps"] / 1e9) / rel if rel else None,
+                 "offload_phases": phases_off,
+                 "reload_phases": {k: round(v, 5) for k, v in st2.phases.items() if k.startswith("reload.")},
+                 "path": path}
+            print(json.dumps(c), flush=True)
+            rows.append(c)
+    return rows
+
+
+def profile_steady(rig: SteadyRig, out_dir: str) -> str:
+    """One steady offload under cProfile and one offload and reload under ``torch.profiler``, their tables (and
+    the trace) written into ``out_dir``; returns the cProfile table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    store, opt = rig.store, rig.opt
+    rig.rt.device_cache.mode = "shared"
+    rig.train()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    store.offload()
+    torch.cuda.synchronize()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(40)
+    store.reload()
+    rig.train()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        store.offload()
+        torch.cuda.synchronize()
+        store.reload()
+        torch.cuda.synchronize()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "steady_profile_cprofile.txt"), "w") as f:
+        f.write(s.getvalue())
+    with open(os.path.join(out_dir, "steady_profile_torch.txt"), "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+        f.write("\n\n")
+        f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
+    try:
+        prof.export_chrome_trace(os.path.join(out_dir, "steady_profile_trace.json"))
+    except Exception as e:  # noqa: BLE001
+        print("trace not exported:", e)
+    return s.getvalue()
+
+
 def main() -> int:
     """Run the cycles and write the record."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,135 +192,29 @@ def main() -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from refimpl.store import OffloadStore
-    from refimpl.torch_runtime import TorchRuntime
 
     dist.init_process_group("nccl")
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    cfg = Qwen2Config(vocab_size=32000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=a.layers,
-                      num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = Qwen2ForCausalLM(cfg)
-    mesh = init_device_mesh("cuda", (1,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    x = torch.randint(0, cfg.vocab_size, (2, 256), device=dev)
-
-    def train() -> float:
-        out = model(input_ids=x, labels=x)
-        out.loss.backward()
-        opt.step()
-        return float(out.loss.item())
-
-    rec: dict = {"params": sum(p.numel() for p in model.parameters()), "gpu": torch.cuda.get_device_name(dev),
+    rig = SteadyRig(a.layers, dev)
+    rec: dict = {"params": sum(p.numel() for p in rig.model.parameters()), "gpu": torch.cuda.get_device_name(dev),
                  "torch": torch.__version__, "cycles": []}
-    train()
-    opt.zero_grad(set_to_none=True)
-    rt = TorchRuntime(dev)
-    store = OffloadStore(rt)
-    store.attach_module(model)
-    store.attach_optimizer(opt)
-    # line rate of this run: 1 GiB between registered host memory and device memory, best of 4
-    n = 1 << 30
-    host = rt.alloc_host(n, torch.uint8, pinned=True, tag="line")
-    host.fill_(1)  # touched before it is timed
-    d = torch.empty(n, dtype=torch.uint8, device=dev)
-    line = {}
-    for name, (dst, src) in (("h2d_gbps", (d, host)), ("d2h_gbps", (host, d))):
-        best = 1e9
-        for _ in range(4):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t)
-        line[name] = n / best / 1e9
-    rt.free_host(host)
-    del d
-    rec["line"] = line
-
-    def timed(fn) -> float:
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    for mode in (() if a.skip_baseline else ("set_to_none", "drop_grads")):
-        for i in range(a.cycles + 1):  # the first of each mode is a warm-up (cold offload)
-            train()
-            if mode == "set_to_none":
-                opt.zero_grad(set_to_none=True)
-                off = timed(lambda: store.offload())
-            else:
-                off = timed(lambda: store.offload(drop_grads=True))
-            st = store.stats()
-            nbytes = st.last_offload_bytes
-            phases_off = {k: round(v, 5) for k, v in st.phases.items() if k.startswith("offload.")}
-            path = st.last_offload_path
-            rel = timed(lambda: store.reload())
-            st2 = store.stats()
-            c = {"mode": mode, "i": i, "offload_s": off, "reload_s": rel, "offload_bytes": nbytes,
-                 "reload_bytes": st2.last_reload_bytes,
-                 "offload_x_line": (nbytes / line["d2h_gbps"] / 1e9) / off if off else None,
-                 "reload_x_line": (st2.last_reload_bytes / line["h2d_gbps"] / 1e9) / rel if rel else None,
-                 "offload_phases": phases_off,
-                 "reload_phases": {k: round(v, 5) for k, v in st2.phases.items() if k.startswith("reload.")},
-                 "path": path}
-            print(json.dumps(c), flush=True)
-            rec["cycles"].append(c)
+    rig.train()
+    rig.opt.zero_grad(set_to_none=True)
+    rig.open_store()
+    rec["line"] = line = line_rates(rig)
+    if not a.skip_baseline:
+        rec["cycles"] = baseline_cycles(rig, a.cycles, line)
     os.makedirs(a.out, exist_ok=True)
-    rec["cache_modes"] = cache_modes(a, rt, store, train, opt, timed, line, model, dev)
+    rec["cache_modes"] = cache_modes(a, rig, line)
     with open(os.path.join(a.out, "steady_profile.json"), "w") as f:
         json.dump(rec, f, indent=1)  # written now too, in case the profiling below is cut short
-    # one steady offload under cProfile, one under torch.profiler
-    rt.device_cache.mode = "shared"
-    train()
-    opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    store.offload()
-    torch.cuda.synchronize()
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(40)
-    store.reload()
-    train()
-    opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        store.offload()
-        torch.cuda.synchronize()
-        store.reload()
-        torch.cuda.synchronize()
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "steady_profile_cprofile.txt"), "w") as f:
-        f.write(s.getvalue())
-    with open(os.path.join(a.out, "steady_profile_torch.txt"), "w") as f:
-        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
-        f.write("\n\n")
-        f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
-    try:
-        prof.export_chrome_trace(os.path.join(a.out, "steady_profile_trace.json"))
-    except Exception as e:  # noqa: BLE001
-        print("trace not exported:", e)
-    rec["store_stats"] = {k: v for k, v in store.stats().__dict__.items() if isinstance(v, (int, float, str))}
+    table = profile_steady(rig, a.out)
+    rec["store_stats"] = {k: v for k, v in rig.store.stats().__dict__.items() if isinstance(v, (int, float, str))}
     with open(os.path.join(a.out, "steady_profile.json"), "w") as f:
         json.dump(rec, f, indent=1)
-    print(s.getvalue()[:6000])
-    store.close()
+    print(table[:6000])
+    rig.store.close()
     dist.destroy_process_group()
     return 0
 
@@ -196,10 +231,11 @@ def _digest(model, opt) -> list[int]:
     return out
 
 
-def cache_modes(a, rt, store, train, opt, timed, line, model, dev) -> dict:
+def cache_modes(a, rig: SteadyRig, line: dict[str, float]) -> dict:
     """The cycles under each device-cache mode: offload/reload seconds, x line, bitwise, a profiler table each."""
     from torch.profiler import ProfilerActivity, profile
 
+    rt, store, train, opt, timed, model, dev = rig.rt, rig.store, rig.train, rig.opt, rig.timed, rig.model, rig.dev
     out = {}
     for mode in [m for m in a.cache_modes.split(",") if m]:
         rt.device_cache.mode = mode

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The offload store on the H200 (Task C): CUDA tests, then the offload benchmark. One call, about 5.5 min.
+# The offload store on the H200: CUDA tests, then the offload benchmark. One call, about 5.5 min.
 #
 #   bash bench/gpu/store_h200.sh [tests] [segments] [bench] [expandable] [probe]   (default: tests
 #       bench; roughly tests 1.5 min, segments 0.3 min, bench 3 min, expandable 0.5 min, probe 0.5 min)
@@ -15,7 +15,7 @@
 #   torch_memory_saver with CPU backup (slime/Relax; its retain_cpu_backup mode is left out for time)
 #   and the line rate, with the default phase gap (0.25 s between offload and reload) and one
 #   back-to-back cycle per method. Prints the ratio tables and whether each store variant meets the
-#   issue's targets; writes <date>-<device>-offload.json.
+#   store's targets (bench.offload.TARGETS); writes <date>-<device>-offload.json.
 # * expandable: the unconsolidated store alone on the MoE shape in a second process with
 #   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (does the cold offload's ~0.2 s of empty_cache,
 #   one cudaFree per allocator segment, shrink?); writes offload_expandable/<date>-<device>-offload.json.
@@ -111,7 +111,7 @@ fi
 if [[ "$WHAT" == *" tests "* ]]; then
   echo "=== store tests (CUDA ones included)"
   $PY -m pytest -q -p no:cacheprovider tests/store/test_store_cuda.py tests/runtime/test_torch_runtime_cuda.py tests/store/test_store_consolidate.py tests/store/test_store_offload.py \
-      tests/store/test_store_errors.py tests/store/test_store_pool.py 2>&1 | tee "$OUT/store_tests.txt" | tail -25
+      tests/store/test_store_errors.py tests/store/backends/test_store_pool.py 2>&1 | tee "$OUT/store_tests.txt" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 

@@ -1,5 +1,6 @@
-"""The summary of ``bench/gpu/run_switch.sh``: one table of the RL step per policy and mode, the steady offload
-per device-cache mode, the peers side by side, and the simulator's rows for the same records.
+"""The summary of ``bench/gpu/run_switch.sh`` and ``bench/gpu/run_rl_ngpu.sh``: one table of the RL step per
+policy and mode, the terms of the switch on several GPUs per run, the steady offload per device-cache mode, the
+peers side by side, and the simulator's rows for the same records.
 
     python bench/gpu/switch_summary.py WORKDIR
 """
@@ -55,14 +56,46 @@ def rl_rows(w: str) -> list[str]:
 
 
 def _held(r: dict) -> str:
-    """What the lifecycle's groups held in the rollouts of the steady steps, as measured (``nccl_in_rollout``)."""
+    """What NCCL held in the rollouts of the steady steps, as measured (``nccl_in_rollout``): the lifecycle's
+    groups and, where the record has it, every communicator of the process."""
     seen = [s.get("nccl_in_rollout") for s in r.get("steps", [])[1:]]
     if not seen or any(x is None for x in seen):
         return "not measured"
     if all(not x["live_groups"] for x in seen):
-        return f"none ({seen[-1]['state']})"
-    sizes = [x["bytes"] for x in seen if x["bytes"] is not None]
-    return f"{len(seen[-1]['live_groups'])} live group(s)" + (f", {max(sizes) / 2**20:.0f} MiB" if sizes else "")
+        own = f"none ({seen[-1]['state']})"
+    else:
+        sizes = [x["bytes"] for x in seen if x["bytes"] is not None]
+        own = f"{len(seen[-1]['live_groups'])} live group(s)" + (f", {max(sizes) / 2**20:.0f} MiB" if sizes else "")
+    process = [x["process"] for x in seen if "process" in x]
+    if not process:
+        return own
+    comms = max(p["nccl_communicators"] for p in process)
+    sizes = [p["nccl_bytes"] for p in process]
+    return f"{own}; process: {comms} communicator(s)" + (
+        f", {max(sizes) / 2**20:.0f} MiB" if sizes and None not in sizes else "")
+
+
+def ngpu_rows(w: str) -> list[str]:
+    """One row per RL-step record: the terms of the switch on several GPUs (``summary.ngpu``: the resume ahead,
+    the sync in the backward, the communicators in the rollout) and the world group's collectives."""
+    out = ["| run | world | mesh | resume ahead: thread / rebuild / warm s | join wait / agree s | "
+           "sync in backward: GB / host / device s | NCCL comms in rollout | other groups | world collectives |",
+           "|---" * 9 + "|"]
+    for path in sorted(glob.glob(os.path.join(w, "rl_*", "rl_step_*.json"))):
+        r = _load(path)
+        t = (r.get("summary") or {}).get("ngpu")
+        if t is None:
+            continue
+        ra, es, held = t.get("resume_ahead"), t.get("early_sync"), t.get("nccl_in_rollout") or {}
+        f = (lambda d, k: f"{d[k]:.3f}" if d and d.get(k) is not None else "-")
+        wc = r.get("world_collectives") or {}
+        out.append(f"| {os.path.basename(os.path.dirname(path))} | {r.get('world_size')} | {r.get('mesh')} | "
+                   f"{f(ra, 'thread_s')} / {f(ra, 'rebuild_s')} / {f(ra, 'warm_s')} | "
+                   f"{f(ra, 'join_wait_s')} / {f(ra, 'join_agree_s')} | "
+                   f"{(es['bytes'] / 1e9 if es else 0):.2f} / {f(es, 'issue_s')} / {f(es, 'device_s')} | "
+                   f"{held.get('communicators')} | {', '.join(held.get('others') or []) or 'none'} | "
+                   f"{wc.get('start')} -> {wc.get('end')} |")
+    return out
 
 
 def steady_rows(w: str) -> list[str]:
@@ -93,9 +126,12 @@ def peer_rows(w: str) -> list[str]:
 
 
 def main() -> int:
-    """Print the three tables."""
+    """Print the tables (the steady offload's and the peers' where the run made them)."""
     w = sys.argv[1]
-    for block in (rl_rows(w), steady_rows(w), peer_rows(w)):
+    blocks = [rl_rows(w), ngpu_rows(w)]
+    if os.path.isdir(os.path.join(w, "steady")) or os.path.isdir(os.path.join(w, "peers")):
+        blocks += [steady_rows(w), peer_rows(w)]
+    for block in blocks:
         print("\n".join(block))
         print()
     return 0

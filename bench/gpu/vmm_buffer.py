@@ -1,14 +1,9 @@
-"""Probe helper: device memory committed chunk by chunk under one reserved address range (CUDA VMM).
+"""Device memory committed chunk by chunk under one reserved address range (CUDA VMM), for the probes.
 
-Written to test one hypothesis of run 7 (``bench/results/2026-11-29-h200-run7``): that H2D into
-freshly allocated memory runs below the line rate because ``cudaMalloc`` maps the whole buffer
-before the first copy starts. :class:`VmmBuffer` reserves the address range
-(``cuMemAddressReserve``), and :meth:`VmmBuffer.commit` maps physical chunks (``cuMemCreate`` +
-``cuMemMap`` + ``cuMemSetAccess``) just before the copies into them are issued. The probe
-refuted the hypothesis: allocating 11 GiB costs 0.5 ms (mapping it through VMM 4.6 ms), and the
-copy into a VMM buffer is as slow as into a ``cudaMalloc`` one right after a free and as fast
-after a pause. The cost is the driver scrubbing freed memory (``h2d_scrub_probe.py``), so the
-store does not use this module; it stays here so the probes can be re-run.
+:class:`VmmBuffer` reserves the address range (``cuMemAddressReserve``), and :meth:`VmmBuffer.commit` maps
+physical chunks (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) just before the copies into them are
+issued; ``bench/gpu/h2d_scrub_probe.py`` times host-to-device copies into such a buffer beside ``cudaMalloc``
+ones. The store does not use it (docs/store.md, "Why the phase gap matters", says what the probes found).
 
 The buffer is a torch tensor built through ``__cuda_array_interface__``; when its last view
 dies the chunks are unmapped and released (after a device synchronize: ``cuMemUnmap`` does not

@@ -13,15 +13,26 @@ stuck in an earlier collective) makes the others fail with
 job fails together, never partially.
 
 [Note: agreements cannot pair across operations] Every agreement carries what
-it is about: its sequence number on this control group and a code of its point
-(``"pause.decide"``, ``"use.request"``, ...), each reduced as ``x`` and ``-x``
-so that MIN shows whether every rank sent the same. The values are padded to
-one width per control group (:attr:`ControlGroup.width`, set by the lifecycle
-from its number of groups), so two different agreements met by two ranks (one
-rank skipped an operation its peer ran) still form one collective of one shape:
-both ranks see that the headers differ and raise
-:class:`AgreementMismatchError` naming both points, instead of pairing stale
-votes (or, on Gloo, a buffer of the wrong size that aborts the process).
+it is about: its sequence number on this control group, the scope of the
+agreements (:attr:`ControlGroup.scope`: a lifecycle's role, named by its groups),
+a code of its point (``"pause.decide"``, ``"use.request"``, ...) and its number
+of values, each reduced as ``x`` and ``-x`` so that MIN shows whether every rank
+sent the same. Every collective on a control group has one shape
+(:data:`SLOTS` values; an agreement with more values takes more collectives of
+that shape, each with the header), so two different agreements met by two ranks
+(one rank skipped an operation its peer ran, or ran another role's lifecycle
+first: two lifecycles of a process may share one control group) still form one
+collective of one shape: every rank sees that the headers differ and raises
+:class:`AgreementMismatchError` naming both sides, instead of pairing stale
+votes or another role's (or, on Gloo, a buffer of the wrong size that aborts
+the process). A header whose MIN of ``-x`` is above its MIN of ``x`` cannot come
+out of an ``all_reduce(MIN)``: the result is corrupted on this rank and the
+agreement raises :class:`AgreementError` saying so.
+
+Each rank marks its arrival at each agreement (:meth:`Runtime.mark_arrival
+<refimpl.runtime.base.Runtime.mark_arrival>`, one counter per scope and point), so
+an agreement that times out names the ranks that never reached it (a rank that
+skipped ``use()``, a rank that failed and stopped calling the lifecycle).
 """
 from __future__ import annotations
 
@@ -61,18 +72,30 @@ class AgreementMismatchError(AgreementError):
 
 #: the lifecycle's agreement points, so that a mismatch names a peer's point this rank never reached
 POINTS: tuple[str, ...] = (
-    "start", "user", "pause.decide", "plan", "plan.preflight", "plan.apply", "release_memory", "canary",
+    "start", "create", "user", "pause.decide", "plan", "plan.preflight", "plan.apply", "release_memory", "canary",
     "weight_sync", "use.request", "run_on", "suspend.preflight", "suspend", "resume.preflight", "resume",
-    "destroy", "rebuild",
+    "destroy", "rebuild.preflight", "rebuild", "warm",
 )
+
+#: values in every collective on a control group: the header (:data:`HEADER`) and up to ``SLOTS - HEADER`` of the
+#: agreement's own (more take several collectives); 1 KiB of int64, as cheap as a few values on Gloo
+SLOTS = 128
+#: the header: sequence number, scope code, point code and number of values, each as ``x`` and ``-x``
+HEADER = 8
 
 #: point code -> point name, for :data:`POINTS` and the points this process has agreed on
 _POINTS: dict[int, str] = {}
+#: scope code -> scope, for the control groups of this process (a peer's lifecycle is named by its role's groups)
+_SCOPES: dict[int, str] = {}
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
 def point_code(point: str) -> int:
     """A small non-negative integer naming ``point`` (the same on every rank: crc32 of its name)."""
-    code = zlib.crc32(point.encode()) & 0x7FFFFFFF
+    code = _code(point)
     _POINTS.setdefault(code, point)
     return code
 
@@ -81,21 +104,39 @@ for _p in POINTS:
     point_code(_p)
 
 
+def scope_code(scope: str) -> int:
+    """A small non-negative integer naming ``scope`` (crc32 of it; 0 for no scope), remembered for messages."""
+    if not scope:
+        return 0
+    code = _code(scope)
+    _SCOPES.setdefault(code, scope)
+    return code
+
+
 def _point_name(code: int) -> str:
     return repr(_POINTS[code]) if code in _POINTS else f"an agreement this rank never ran (code {code})"
 
 
+def _scope_name(code: int) -> str:
+    if code == 0:
+        return "agreements of no scope"
+    return _SCOPES[code] if code in _SCOPES else f"a scope this process does not have (code {code})"
+
+
 @dataclass
 class ControlGroup:
-    """The Gloo group used for agreement, and the agreement operations on it."""
+    """The Gloo group used for agreement, and the agreement operations on it.
+
+    ``scope``: what its agreements are about, the same text on every rank (a lifecycle passes its role's group
+    names); agreements of another scope met on the same group raise :class:`AgreementMismatchError`.
+    """
 
     name: str = CONTROL_GROUP
     timeout_s: float = 300.0
     backend: str = "gloo"
     #: agreements run so far (for benchmarks and tests); also each agreement's sequence number
     count: int = 0
-    #: values per agreement, padded (0: as many as given); the same on every rank, at least the longest agreement
-    width: int = 0
+    scope: str = ""
 
     async def ensure(self, rt: Runtime) -> None:
         """Create the control group over all ranks unless it already exists (every rank calls this)."""
@@ -113,40 +154,77 @@ class ControlGroup:
                          timeout_s: float | None = None) -> list[int]:
         """Element-wise MIN of ``values`` over all ranks; raises :class:`AgreementError` on failure.
 
-        The agreement carries its sequence number and ``point`` (see the module
+        The agreement carries its sequence number, scope, ``point`` and size (see the module
         note): a peer at another agreement raises :class:`AgreementMismatchError` on every rank.
         ``timeout_s``: how long to wait for the peers (default :attr:`timeout_s`).
         """
         wait_s = self.timeout_s if timeout_s is None else timeout_s
-        n = len(values)
-        if self.width and n > self.width:
-            raise ValueError(f"agreement at {point!r} has {n} values; control group {self.name!r} carries at most "
-                             f"{self.width} (ControlGroup.width)")
-        seq, code = self.count, point_code(point)
-        t = torch.tensor([seq, -seq, code, -code, *values] + [0] * (max(self.width, n) - n), dtype=torch.int64)
+        n, room = len(values), SLOTS - HEADER
+        seq, scope, code = self.count, scope_code(self.scope), point_code(point)
+        header = [seq, -seq, scope, -scope, code, -code, n, -n]
         self.count += 1
+        arrival = f"{scope}.{point}"
+        rt.mark_arrival(self.name, arrival)
+        got: list[int] = []
+        for start in range(0, max(n, 1), room):
+            part = [int(v) for v in values[start:start + room]]
+            t = torch.tensor(header + part + [0] * (room - len(part)), dtype=torch.int64)
+            await self._all_reduce(rt, t, point, wait_s, arrival)
+            out = [int(v) for v in t.tolist()]
+            self._check_header(rt, out[:HEADER], header, point)
+            got += out[HEADER:HEADER + len(part)]
+        return got
+
+    async def _all_reduce(self, rt: Runtime, t: torch.Tensor, point: str, wait_s: float, arrival: str) -> None:
         try:
             await rt.all_reduce(t, ReduceOp.MIN, self.name, timeout_s=wait_s)
         except CollectiveTimeoutError as exc:
+            absent = rt.absent_ranks(self.name, arrival)
+            who = (f"ranks {list(absent)} never reached it" if absent else
+                   "another rank crashed, hung or failed before reaching it")
             raise AgreementTimeoutError(
-                f"rank {rt.rank}: agreement at {point!r} timed out after {wait_s:g}s on control group "
-                f"{self.name!r}: another rank crashed, hung or failed before reaching it"
+                f"rank {rt.rank}: agreement at {point!r} timed out after {wait_s:g}s on control group {self.name!r}: "
+                f"{who} (agreement #{self.count - 1} of {_scope_name(scope_code(self.scope))}; a rank that skipped "
+                "an operation its peers ran, e.g. use() after a lazy wake, or that stopped calling the lifecycle)"
             ) from exc
         except (CollectiveFailedError, GroupError) as exc:
             raise AgreementError(
                 f"rank {rt.rank}: agreement at {point!r} failed on control group {self.name!r}: {exc}"
             ) from exc
-        got = [int(v) for v in t.tolist()]
-        lo_seq, hi_seq, lo_code, hi_code = got[0], -got[1], got[2], -got[3]
-        if (lo_seq, lo_code) != (hi_seq, hi_code):
-            other = lo_code if lo_code != code else hi_code
-            raise AgreementMismatchError(
-                f"rank {rt.rank}: agreement #{seq} at {point!r} met a different agreement on another rank "
-                f"({_point_name(other) if other != code else repr(point)}, agreement numbers {lo_seq}..{hi_seq}) on "
-                f"control group {self.name!r}: the ranks called the lifecycle's operations (pause, weight_sync, "
-                "resume, use, run_on, agree) in different orders; every rank must make the same calls"
+
+    def _check_header(self, rt: Runtime, got: list[int], sent: list[int], point: str) -> None:
+        """Raise unless every rank sent this agreement's header (see the module note)."""
+        lo = got[0::2]
+        hi = [-v for v in got[1::2]]
+        if any(a > b for a, b in zip(lo, hi)):
+            raise AgreementError(
+                f"rank {rt.rank}: agreement #{sent[0]} at {point!r} on control group {self.name!r} came back as "
+                f"{got} on this rank, which no all_reduce(MIN) of [x, -x] pairs can give: the control group's "
+                "result is corrupted on this rank; its peers may have read another result, so stop the job"
             )
-        return got[4:4 + n]
+        if lo == hi:
+            return
+        mine = sent[0::2]
+        other = [a if a != m else b for a, b, m in zip(lo, hi, mine)]
+        parts = []
+        if other[1] != mine[1]:
+            parts.append(f"of {_scope_name(other[1])}")
+        if other[2] != mine[2]:
+            parts.append(f"at {_point_name(other[2])}")
+        if lo[0] != hi[0]:
+            parts.append(f"agreement numbers {lo[0]}..{hi[0]}")
+        if other[3] != mine[3]:
+            parts.append(f"{other[3]} values against {mine[3]}")
+        if other[1] != mine[1]:
+            advice = ("ranks called the operations of different lifecycles (roles) at the same time: every rank must "
+                      "call the lifecycles of its process in the same order, and pass each the same group names")
+        else:
+            advice = ("the ranks called the lifecycle's operations (pause, weight_sync, resume, use, run_on, agree) "
+                      "in different orders; every rank must make the same calls")
+        raise AgreementMismatchError(
+            f"rank {rt.rank}: agreement #{mine[0]} at {point!r} of {_scope_name(mine[1])} met a different agreement "
+            f"on another rank ({', '.join(parts)}) on control group {self.name!r}: {advice}"
+        )
 
     async def agree(self, rt: Runtime, flag: bool, point: str = "agree") -> bool:
         """True on every rank iff every rank passed True."""
@@ -154,5 +232,5 @@ class ControlGroup:
         return bool(value)
 
 
-__all__ = ["AgreementError", "AgreementMismatchError", "AgreementTimeoutError", "CONTROL_GROUP", "ControlGroup", "POINTS",
-           "point_code"]
+__all__ = ["AgreementError", "AgreementMismatchError", "AgreementTimeoutError", "CONTROL_GROUP", "ControlGroup", "HEADER",
+           "POINTS", "SLOTS", "point_code", "scope_code"]

@@ -78,16 +78,10 @@ def needs_bring_up(state: PGState) -> bool:
     return state in (PGState.SUSPENDED, PGState.DESTROYED)
 
 
-def after_sync_event(paused_state: PGState) -> PGEvent | None:
-    """How to return to the paused state after a weight sync that had to bring the groups up."""
-    return {PGState.SUSPENDED: PGEvent.SUSPEND, PGState.DESTROYED: PGEvent.DESTROY}.get(paused_state)
-
-
 __all__ = [
     "Preservation",
     "after_gates",
     "after_good_sync",
-    "after_sync_event",
     "disabled",
     "inline_cooldown",
     "local_vote",

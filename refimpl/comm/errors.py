@@ -2,19 +2,14 @@
 
 Shared by :mod:`refimpl.comm.lifecycle` (which raises most of them) and
 :mod:`refimpl.comm.role_groups` (which raises the peer and memory failures), so it
-lives below both.
+lives below both. The root and :class:`PeerFailedError` are defined on the seam
+(:mod:`refimpl.runtime.errors`), because the store's ``local_dedup`` backend raises the
+same peer failure; they are the same classes under the same names here.
 """
 from __future__ import annotations
 
 from refimpl.comm.agreement import AgreementError
-
-
-class LifecycleError(RuntimeError):
-    """Base class of lifecycle errors."""
-
-
-class PeerFailedError(LifecycleError):
-    """Another rank failed a step; this rank aborted its groups too, so all fail together."""
+from refimpl.runtime.errors import LifecycleError, PeerFailedError
 
 
 class ResumeMemoryError(LifecycleError):

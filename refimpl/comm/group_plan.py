@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-Measured on 2 H200s with 14 groups per rank (GPU.md, issue 10), the SUSPEND
-policy spends 11.39 s per RL step because every weight sync resumes every
-group, runs a canary on each and suspends them all again: 28 suspends and 28
-resumes per step where 14 of each are enough, and each of the nine one-rank
-groups (384 MiB each) costs 0.30 s to suspend against 0.036 s to destroy.
-SUSPEND_PLANNED does only what is needed:
+The SUSPEND policy resumes every group for every weight sync, runs a canary
+on each and suspends them all again: two suspends and two resumes per group
+and RL step where one of each is enough, and a suspend even where a destroy
+costs less (a one-rank communicator has no peer to wait for). docs/comm.md
+counts them per step and gives their measured cost. SUSPEND_PLANNED does only
+what is needed:
 
 * At the pause every rank reads each group's ``ncclCommMemStats`` (the
   preflight of a suspend: a communicator in error fails here, before any
@@ -72,24 +72,21 @@ class SwitchCosts:
     A suspend and a resume cost about in proportion to the suspendable bytes
     (``ncclCommMemStats``); a destroy and the re-creation (torch's lazy NCCL
     init at the first collective, counted although it lands outside the
-    switch window) cost about the same whatever the size. Defaults, measured on
-    2 x H200 with NCCL 2.32.3 (``bench/results/2026-11-30-h200x2-lazy-wake/``,
-    ``comm_raw``; ``tests/comm/test_switch_costs_records.py`` recomputes them):
-    suspend 1.02 s/GiB and resume 0.55 s/GiB (14 two-rank communicators of
-    480 MiB, one after the other), destroy 0.247 s and init (the first
-    collective) 0.175 s for two ranks, destroy 0.034 s and init 0.033 s for one
-    rank (medians over the lifecycle's own walk, ``comm_raw.mesh_walk``). A
-    two-rank communicator is destroyed rather than suspended from 276 MiB.
-    (Before this record the defaults were 0.8 / 0.3 s/GiB, 0.2 s, 0.18 s,
-    0.036 s and an assumed 0.25 s: the same choice for every communicator
-    measured, a break-even at 354 MiB.)
+    switch window) cost about the same whatever the size; ``_single`` is a
+    communicator of one rank, ``_multi`` one of more. The defaults are the
+    simulator's calibrated constants, from records that no validation scores,
+    for a runtime with the proxy waker on (its default);
+    ``tests/comm/test_switch_costs_records.py`` recomputes them and docs/comm.md
+    gives them with their sources. A runtime without the proxy waker waits
+    about half a poll period more per destroy: pass ``destroy_s_single`` and
+    ``destroy_s_multi`` with that added.
     """
 
-    suspend_s_per_gib: float = 1.02
-    resume_s_per_gib: float = 0.55
-    destroy_s_single: float = 0.034
-    destroy_s_multi: float = 0.247
-    init_s_single: float = 0.033
+    suspend_s_per_gib: float = 0.736
+    resume_s_per_gib: float = 0.519
+    destroy_s_single: float = 0.0167
+    destroy_s_multi: float = 0.0165
+    init_s_single: float = 0.0284
     init_s_multi: float = 0.175
 
     def __post_init__(self) -> None:
@@ -124,9 +121,9 @@ class GroupPlanRules:
     ``keep_below_bytes``: a group whose suspendable NCCL memory is at most this
     stays live (nothing worth a barrier to free; a Gloo group or an NCCL group
     whose communicator was never created holds 0). ``destroy_single_rank``:
-    destroy NCCL groups of one rank instead of suspending them (H200: 0.036 s
-    to destroy against 0.30 s to suspend, no peers to wait for; torch creates
-    the communicator again lazily at its first collective). ``costs``: destroy
+    destroy NCCL groups of one rank instead of suspending them (no peer to wait
+    for, and a fraction of a suspend's time: docs/comm.md; torch creates the
+    communicator again lazily at its first collective). ``costs``: destroy
     any group for which :func:`cheaper_to_destroy` says so with these
     :class:`SwitchCosts` (None: never by cost). ``wake_groups``: the groups
     this rank's training needs right at the wake (None: every group, the
@@ -202,7 +199,7 @@ PLAN_ROWS: tuple[PlanRow, ...] = (
          lambda r, name, size, mem: name in r.destroy),
     _row("ncclCommMemStats suspendable <= keep_below_bytes (Gloo, never-created or tiny communicator)",
          GroupAction.KEEP, lambda r, name, size, mem: mem <= r.keep_below_bytes),
-    _row("one rank and destroy_single_rank (H200: destroy 0.036 s, suspend 0.30 s)", GroupAction.DESTROY,
+    _row("one rank and destroy_single_rank (no peer to wait for)", GroupAction.DESTROY,
          lambda r, name, size, mem: size == 1 and r.destroy_single_rank),
     _row("destroy and re-create (with its lazy NCCL init) cheaper than suspend and resume, by costs "
          "(SwitchCosts: suspend + resume in proportion to the bytes)", GroupAction.DESTROY,
@@ -328,12 +325,14 @@ class PlannedGroups:
                     votes[i] = int(self.left_down[name])
             return votes
 
-        error: Exception | None = None
+        error: BaseException | None = None
         votes = [int(GroupAction.DESTROY)] * len(names) + [1] * (3 * len(names))
         try:
             await rt.point("lifecycle.plan")
             votes = await facts()
-        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too): every rank fails together
             error = exc
             log.error("rank %d: planning the pause failed: %r", rt.rank, exc)
         agreed = await role.outcome("plan", error, votes)

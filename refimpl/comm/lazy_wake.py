@@ -27,6 +27,20 @@ collective:
    :meth:`LazyWake.run_on` wraps "use, then run" as one agreed step and turns
    such a refusal into :class:`LazyGroupError` (naming the group and the fix) on
    every rank.
+4. **A rank that skips ``use()``.** ``use()`` is a collective of the lifecycle
+   (every rank calls it, also one that needs nothing brought up), and the
+   lifecycle cannot see a rank that does not call it. So the protocol makes a
+   skip loud rather than impossible: the skipping rank's collective on a group
+   left down is refused at once (step 3); the ranks waiting in ``use()`` fail
+   at the agreement timeout with :class:`~refimpl.comm.agreement.AgreementTimeoutError`
+   naming the ranks that never reached ``use.request`` (arrival marks, see
+   :mod:`refimpl.comm.agreement`), their groups aborted (FAILED); the skipping
+   rank's next lifecycle call fails too (a mismatch if it meets the peers'
+   ``use``, else an error or timeout of the control group its peers gave up
+   on), so every rank that calls the lifecycle again ends FAILED. A rank whose
+   program stops at the refusal keeps ACTIVE_LAZY: its program has raised.
+   ``run_on`` cannot be half skipped: it is the use and the collective in one
+   call.
 
 A pause from ACTIVE_LAZY first brings up the left-down groups the weight sync
 needs (``GroupPlanRules.sync_groups``; all of them if undeclared), then agrees a
@@ -182,12 +196,14 @@ class LazyWake:
         False if their canary failed (agreed: every group was then aborted and rebuilt).
         """
         rt, groups = self.role.rt, self.role.names
-        error: Exception | None = None
+        error: BaseException | None = None
         votes = [1] * len(groups)
         try:
             await rt.point("lifecycle.use")
             votes = request_votes(groups, names)
-        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too): every rank fails together
             error = exc
             log.error("rank %d: use(%r) failed: %r", rt.rank, names, exc)
         agreed = await self.role.outcome("use.request", error, votes)

@@ -6,10 +6,15 @@ The lifecycle owns a role's groups (by name, walked in sorted order on every
 rank) and a Gloo control group it never destroys. Its three operations follow
 the RL step (see :mod:`refimpl.comm.states` for the states and the table):
 
-* :meth:`PGLifecycle.pause` before the rollout engine takes the GPU: decide
-  (policy, gates, two-phase switch) and agree, then keep the groups
-  (PAUSED_LIVE, followed by a canary), suspend them (SUSPENDED) or destroy
-  them (DESTROYED), and run the caller's memory release.
+* :meth:`PGLifecycle.pause` before the rollout engine takes the GPU, its
+  stages as methods in order: decide (policy, gates, two-phase switch) and
+  agree (:meth:`~PGLifecycle._decide_pause`); bring up what a lazy wake left
+  down (:meth:`~PGLifecycle._bring_up_left_down`); keep the groups
+  (PAUSED_LIVE), suspend them (SUSPENDED), apply a plan per group
+  (SYNC_READY) or destroy them (DESTROYED) (:meth:`~PGLifecycle._take_down`);
+  run the caller's memory release; check the groups kept live with a canary
+  (:meth:`~PGLifecycle._check_kept_live`). docs/design.md, "The walk of a
+  pause", follows it file by file.
 * :meth:`PGLifecycle.weight_sync` runs the caller's sync function with the
   groups up (resumed or rebuilt first if needed, transient RELOADING), then
   returns them to the paused state. The first sync that succeeds on every rank
@@ -26,12 +31,15 @@ Rules that keep every rank in step:
    :mod:`refimpl.comm.role_groups`).
 2. Every rank runs the same sequence of agreements: loops go over all role
    groups on every rank; a rank that is not a member of a group does nothing
-   for it but still votes. Each agreement carries its point and sequence
-   number, so ranks at different agreements fail together with
-   :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
-   :mod:`refimpl.comm.agreement`); decisions that change what ranks do next
+   for it but still votes. Each agreement carries its point, sequence
+   number and scope (this lifecycle's role, named by its groups), so ranks at
+   different agreements, or in another role's lifecycle of the process, fail
+   together with :class:`~refimpl.comm.agreement.AgreementMismatchError` (see
+   :mod:`refimpl.comm.agreement`), and no group is created before an agreement
+   of its operation; decisions that change what ranks do next
    (suspending again after a sync) are voted, never read from a per-process flag.
-3. Any exception, on any rank, ends the same way everywhere: abort the role's
+3. Any exception (an interrupt too: ``KeyboardInterrupt``, a cancelled call), on
+   any rank, ends the same way everywhere: abort the role's
    groups without delay, turn preservation off for the life of the process,
    state FAILED, re-raise (the failing rank its own error, the others
    :class:`PeerFailedError`). A rank that never arrives makes the others fail
@@ -42,13 +50,13 @@ Rules that keep every rank in step:
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import weakref
-import zlib
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
-from refimpl.comm.agreement import AgreementError, ControlGroup
+from refimpl.comm.agreement import ControlGroup
 from refimpl.comm.blocking import BlockingPGLifecycle
 from refimpl.comm.cooldown import PortCooldown
 from refimpl.comm.decisions import (
@@ -70,7 +78,7 @@ from refimpl.comm.errors import (
     ResumeMemoryError,
 )
 from refimpl.comm.gates import Gate, GateContext, failing_gates, unique_names
-from refimpl.comm.group_plan import GroupAction, GroupPlanRules, PlannedGroups
+from refimpl.comm.group_plan import GroupAction, GroupPlan, GroupPlanRules, PlannedGroups
 from refimpl.comm.lazy_wake import LazyWake
 from refimpl.comm.lifecycle_arguments import check_lifecycle_arguments
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
@@ -89,6 +97,26 @@ _DISABLED: "weakref.WeakKeyDictionary[Runtime, str]" = weakref.WeakKeyDictionary
 def preservation_disabled_reason(rt: Runtime) -> str | None:
     """Why preservation was turned off on this runtime's process, or None."""
     return _DISABLED.get(rt)
+
+
+# The lifecycle managing each group of a runtime: two lifecycles of one group would destroy and rebuild it under each
+# other, and would share one scope of agreements (refimpl.comm.agreement).
+_MANAGED: "weakref.WeakKeyDictionary[Runtime, dict[str, weakref.ref[PGLifecycle]]]" = weakref.WeakKeyDictionary()
+
+
+def _claim(rt: Runtime, lifecycle: "PGLifecycle") -> None:
+    """Record ``lifecycle`` as the manager of its groups on ``rt``; ValueError if a live one already manages one."""
+    managed = _MANAGED.setdefault(rt, {})
+    for name in lifecycle.groups:
+        ref = managed.get(name)
+        other = ref() if ref is not None else None
+        if other is not None and other is not lifecycle and other.state is not PGState.FAILED:
+            raise ValueError(
+                f"group {name!r} is already managed by another PGLifecycle on this runtime (groups "
+                f"{list(other.groups)}, {other.state.name}); one lifecycle per role: pass each group to one of them"
+            )
+    for name in lifecycle.groups:
+        managed[name] = weakref.ref(lifecycle)
 
 
 async def _call(fn: Callable[[], Any] | None) -> Any:
@@ -144,9 +172,10 @@ class PGLifecycle:
         unique_names(gates)
         self.gates = tuple(gates)
         self.facts = dict(facts or {})
-        # wide enough for the longest agreement: the plan's four lanes per group, after [succeeded, first failing rank]
+        # agreements scoped by the role (its group names, the same on every rank): another role's lifecycle met on a
+        # shared control group, or paired with it by creation order, is a mismatch on every rank
         self.control = ControlGroup(self.config.control_group, self.config.agree_timeout_s,
-                                    width=2 + 4 * max(1, len(self.groups)))
+                                    scope=f"the lifecycle of groups {list(self.groups)}")
         self.cooldown = PortCooldown(self.config.cooldown_s)
         self.state = PGState.ACTIVE
         self.history: list[tuple[float, PGState, PGEvent, PGState]] = []
@@ -164,6 +193,7 @@ class PGLifecycle:
         self.lazy = LazyWake(self.role, self.stats, self.plan_rules.wake_groups, host=self)
         #: SUSPEND_PLANNED's agreed per-group plan and its walks (see refimpl.comm.group_plan)
         self.planned = PlannedGroups(self.role, self.plan_rules, left_down=self.lazy.left_down)
+        _claim(rt, self)
 
     # ------------------------------------------------------------------ facts
 
@@ -187,22 +217,36 @@ class PGLifecycle:
     # ------------------------------------------------------------------ public operations
 
     async def start(self) -> None:
-        """Create the control group and any role group given as a spec; check all ranks manage the same groups."""
+        """Create the control group, agree with every rank, then create any role group given as a spec.
+
+        The agreement checks that every rank manages the same groups (the lifecycle's scope,
+        :mod:`refimpl.comm.agreement`) and that it is in this lifecycle, not another role's, before
+        any group is created ([Note: no creation before an agreement] in :mod:`refimpl.comm.role_groups`).
+        A failed agreement fails every rank (FAILED).
+        """
         if self._started:
             return
+        if self.state is PGState.FAILED:
+            self._require("start")
         await self.control.ensure(self.rt)
-        for name in self.groups:
-            if self._known(name):
-                continue
-            spec = self._given[name]
-            if spec is None:
-                raise GroupError(f"group {name!r} is unknown to the runtime; pass its GroupSpec so the lifecycle creates it")
-            await self.rt.new_group(spec)
-        digest = zlib.crc32("\0".join(self.groups).encode()) & 0x7FFFFFFF
+        async with self._operation("start"):
+            await self._start_agreed()
+        self._started = True
+
+    async def _start_agreed(self) -> None:
+        """:meth:`start`'s agreement (same groups, in this lifecycle, values combined), then its agreed creations."""
+        error: BaseException | None = None
         rank = self.rt.rank
-        lo, neg_hi, low_rank, neg_high_rank = await self.control.reduce_min(
-            self.rt, [digest, -digest, rank, -rank], "start"
-        )
+        create: list[str] = []
+        try:
+            missing = [n for n in self.groups if not self._known(n) and self._given[n] is None]
+            if missing:
+                raise GroupError(f"rank {rank}: groups {missing} are unknown to the runtime; pass their GroupSpecs "
+                                 "so the lifecycle creates them")
+            create = [n for n in self.groups if not self._known(n)]
+        except Exception as exc:  # noqa: BLE001 - agreed below: every rank fails together
+            error = exc
+        low_rank, neg_high_rank, none_to_create = await self.role.outcome("start", error, [rank, -rank, int(not create)])
         if (low_rank, -neg_high_rank) != (0, self.rt.world_size - 1):
             raise LifecycleError(
                 f"rank {rank}: an all_reduce(MIN) of the ranks on control group {self.control.name!r} gave "
@@ -210,12 +254,15 @@ class PGLifecycle:
                 "values, so ranks cannot agree (in the simulator, a payload='meta' world has meta tensors that carry no data "
                 "and its collectives move no bytes; the lifecycle needs host values combined)"
             )
-        if lo != -neg_hi:
-            raise AgreementError(
-                f"rank {self.rt.rank}: ranks manage different role groups (this rank: {list(self.groups)}); "
-                "every rank must pass the same group names to PGLifecycle"
-            )
-        self._started = True
+        if none_to_create:
+            return
+
+        async def one(name: str) -> None:  # every rank walks every group, in order (group creation is collective)
+            spec = self._given[name]
+            if spec is not None and not self._known(name):
+                await self.rt.new_group(spec)
+
+        await self.role.walk("create", one)
 
     async def agree(self, flag: bool) -> bool:
         """True on every rank iff every rank passed True (``all_reduce(MIN)`` on the control group)."""
@@ -227,64 +274,93 @@ class PGLifecycle:
 
         ``release_memory`` (sync or async callable) pauses/offloads the trainer's
         own memory; with PAUSED_LIVE the canary runs after it. Returns the new state.
+        Its stages, in order, each agreed by every rank where it acts:
+        :meth:`_decide_pause`, :meth:`_bring_up_left_down`, :meth:`_take_down`,
+        the caller's ``release_memory``, :meth:`_check_kept_live`.
         """
         await self.start()
         self._require("pause")
         policy = policy or self.config.policy
-        rt = self.rt
-        with rt.span("lifecycle.pause"):
+        async with self._operation("pause", span="lifecycle.pause"):
             self.stats.pauses += 1
-            failing: list[str] = []
-            vote, error = False, None
-            try:
-                await rt.point("lifecycle.pause.decide")
-                if policy.preserves:
-                    failing = failing_gates(self.gates, GateContext(policy, self.groups, self.facts, rt.rank))
-                    if failing:
-                        log.warning("rank %d: preservation gates failed: %s", rt.rank, ", ".join(failing))
-                vote = local_vote(policy, failing, self.preservation, two_phase=self.config.two_phase)
-            except Exception as exc:  # noqa: BLE001 - agreed below, so every rank fails together
-                error = exc
-            lo, neg_hi, gates_all, vote_all = await self.role.outcome(
-                "pause.decide", error, [policy.code, -policy.code, int(not failing), int(vote)]
-            )
-            if lo != -neg_hi:
-                err = PolicyMismatchError(
-                    f"rank {rt.rank}: ranks asked for different pause policies ({PGPolicy.from_code(lo).name} to "
-                    f"{PGPolicy.from_code(-neg_hi).name}); every rank must pause with the same policy"
-                )
-                await self.fall_back("pause.decide", err)
-                raise err
-            if policy.preserves:
-                self._preservation = after_gates(self.preservation, bool(gates_all))
-            if vote and not vote_all:
-                log.warning("rank %d voted to keep the groups but a peer did not; all ranks destroy them", rt.rank)
-            event = pause_event(policy, bool(vote_all))
-            if self.state is PGState.ACTIVE_LAZY:
-                # groups a lazy wake left down: the sync's come up first (all of them unless the plan follows)
-                if not await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None):
-                    event = PGEvent.DESTROY  # that bring-up's canary failed on some rank (agreed)
-            if event is PGEvent.PAUSE_LIVE:
-                self.transition(PGEvent.PAUSE_LIVE)
-                await self.role.step("release_memory", lambda: _call(release_memory))
-                await self._check_canary()
-            elif event is PGEvent.SUSPEND:
-                await self.role.suspend_all()
-                self.transition(PGEvent.SUSPEND)
-                await self.role.step("release_memory", lambda: _call(release_memory))
-            elif event is PGEvent.PAUSE_PLANNED:
-                plan = await self.planned.agree()
-                await self.planned.apply(plan.acted(sync=False))
-                self.transition(PGEvent.PAUSE_PLANNED)
-                await self.role.step("release_memory", lambda: _call(release_memory))
-                if plan.kept_live:  # groups the rollout keeps using: checked as PAUSED_LIVE's are
-                    await self._check_canary(only=sorted(plan.kept_live))
-            else:
-                await self.role.destroy_all(inline_wait=inline_cooldown(policy))
-                self.transition(PGEvent.DESTROY)
-                await self.role.step("release_memory", lambda: _call(release_memory))
+            event = await self._decide_pause(policy)
+            event = await self._bring_up_left_down(event)
+            plan = await self._take_down(event, policy)
+            await self.role.step("release_memory", lambda: _call(release_memory))
+            await self._check_kept_live(event, plan)
             self._pause_policy = policy
         return self.state
+
+    async def _decide_pause(self, policy: PGPolicy) -> PGEvent:
+        """Pause stage 1: this rank's gates and vote, agreed with every rank into the event the pause takes.
+
+        Ranks that asked for different policies fail together (:class:`PolicyMismatchError`,
+        after the fallback); the first pause whose gates pass everywhere makes
+        preservation eligible (phase one of :mod:`refimpl.comm.decisions`).
+        """
+        rt = self.rt
+        failing: list[str] = []
+        vote = False
+        error: BaseException | None = None
+        try:
+            await rt.point("lifecycle.pause.decide")
+            if policy.preserves:
+                failing = failing_gates(self.gates, GateContext(policy, self.groups, self.facts, rt.rank))
+                if failing:
+                    log.warning("rank %d: preservation gates failed: %s", rt.rank, ", ".join(failing))
+            vote = local_vote(policy, failing, self.preservation, two_phase=self.config.two_phase)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - agreed below (an interrupt too), so every rank fails together
+            error = exc
+        lo, neg_hi, gates_all, vote_all = await self.role.outcome(
+            "pause.decide", error, [policy.code, -policy.code, int(not failing), int(vote)]
+        )
+        if lo != -neg_hi:
+            err = PolicyMismatchError(
+                f"rank {rt.rank}: ranks asked for different pause policies ({PGPolicy.from_code(lo).name} to "
+                f"{PGPolicy.from_code(-neg_hi).name}); every rank must pause with the same policy"
+            )
+            await self.fall_back("pause.decide", err)
+            raise err
+        if policy.preserves:
+            self._preservation = after_gates(self.preservation, bool(gates_all))
+        if vote and not vote_all:
+            log.warning("rank %d voted to keep the groups but a peer did not; all ranks destroy them", rt.rank)
+        return pause_event(policy, bool(vote_all))
+
+    async def _bring_up_left_down(self, event: PGEvent) -> PGEvent:
+        """Pause stage 2 (from ACTIVE_LAZY only): the groups a lazy wake left down come up before they are taken
+        down again: the sync's groups if the pause follows the plan, else all. A failed canary of that bring-up
+        (agreed) turns the pause into a DESTROY."""
+        if self.state is not PGState.ACTIVE_LAZY:
+            return event
+        if not await self.lazy.bring(self.plan_rules.sync_groups if event is PGEvent.PAUSE_PLANNED else None):
+            return PGEvent.DESTROY
+        return event
+
+    async def _take_down(self, event: PGEvent, policy: PGPolicy) -> GroupPlan | None:
+        """Pause stage 3: keep the groups (PAUSE_LIVE), suspend them all (SUSPEND), agree and apply a plan per group
+        (PAUSE_PLANNED; the plan is returned) or destroy them all (DESTROY), then take the event's transition."""
+        plan = None
+        if event is PGEvent.SUSPEND:
+            await self.role.suspend_all()
+        elif event is PGEvent.PAUSE_PLANNED:
+            plan = await self.planned.agree()
+            await self.planned.apply(plan.acted(sync=False))
+        elif event is PGEvent.DESTROY:
+            await self.role.destroy_all(inline_wait=inline_cooldown(policy))
+        # PAUSE_LIVE: the groups stay as they are
+        self.transition(event)
+        return plan
+
+    async def _check_kept_live(self, event: PGEvent, plan: GroupPlan | None) -> None:
+        """Pause stage 5, after the caller's memory release: the canary on the groups the rollout keeps live (all of
+        them after PAUSE_LIVE, the plan's ``kept_live`` after PAUSE_PLANNED); an agreed failure destroys them."""
+        if event is PGEvent.PAUSE_LIVE:
+            await self._check_canary()
+        elif plan is not None and plan.kept_live:
+            await self._check_canary(only=sorted(plan.kept_live))
 
     async def weight_sync(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (sync or async) with the role's groups up, then return them to the paused state.
@@ -299,7 +375,7 @@ class PGLifecycle:
         await self.start()
         self._require("weight_sync")
         paused = self.state
-        with self.rt.span("lifecycle.weight_sync"):
+        async with self._operation("weight_sync", span="lifecycle.weight_sync"):
             self.stats.weight_syncs += 1
             stay_down = self.plan_rules.sync_groups == frozenset() and paused in (PGState.SUSPENDED, PGState.DESTROYED)
             if stay_down:  # the sync uses none of the role's groups: they stay as the pause left them
@@ -334,7 +410,7 @@ class PGLifecycle:
         """Bring the groups back for training (ACTIVE): resume, rebuild, or nothing if they stayed live."""
         await self.start()
         self._require("resume")
-        with self.rt.span("lifecycle.resume"):
+        async with self._operation("resume", span="lifecycle.resume"):
             self.stats.resumes += 1
             if self.state is PGState.PAUSED_LIVE:
                 self.transition(PGEvent.RESUME)
@@ -355,7 +431,8 @@ class PGLifecycle:
         """
         await self.start()
         self._require("use")
-        return await self.lazy.use(names)
+        async with self._operation("use"):
+            return await self.lazy.use(names)
 
     async def run_on(self, names: Iterable[str] | None, fn: Callable[[], Any]) -> Any:
         """:meth:`use` ``names``, then run ``fn`` (sync or async) as one agreed step on every rank.
@@ -366,9 +443,26 @@ class PGLifecycle:
         """
         await self.start()
         self._require("use")
-        return await self.lazy.run_on(names, fn)
+        async with self._operation("run_on"):
+            return await self.lazy.run_on(names, fn)
 
     # ------------------------------------------------------------------ performing transitions
+
+    @contextlib.asynccontextmanager
+    async def _operation(self, op: str, *, span: str | None = None) -> AsyncIterator[None]:
+        """One public operation (inside the runtime's ``span``): no group created before one of its agreements; an
+        interrupt (``KeyboardInterrupt``, a cancelled call) that no agreed step took to its peers still ends this
+        rank FAILED, groups aborted ([Note: interrupts] in :mod:`refimpl.comm.role_groups`)."""
+        self.role.begin_operation()
+        try:
+            with self.rt.span(span) if span is not None else contextlib.nullcontext():
+                yield
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and self.state is not PGState.FAILED:
+                await self.fall_back(op, exc)
+            raise
 
     def _known(self, name: str) -> bool:
         try:
@@ -379,12 +473,12 @@ class PGLifecycle:
 
     def _require(self, op: str) -> None:
         """Refuse ``op`` unless the state is one :data:`refimpl.comm.states.OPERATIONS` allows for it."""
-        allowed = allowed_states(op)
         if self.state is PGState.FAILED:
             raise LifecycleFailedError(
                 f"rank {self.rt.rank}: {op}() after the lifecycle failed ({self.failure!r}); its groups were "
                 "aborted and preservation is off. Restart the workers."
             ) from self.failure
+        allowed = allowed_states(op)
         if self.state not in allowed:
             raise LifecycleStateError(
                 f"rank {self.rt.rank}: {op}() needs state {' or '.join(sorted(s.name for s in allowed))}, "

@@ -28,19 +28,17 @@ class LifecycleConfig:
     instead of one after the other. Every destroy of an initialised NCCL
     communicator waits for its proxy thread's next 500 ms poll timeout, so a walk
     over groups a training step has just initialised takes whole poll periods one
-    by one and about one period together: 14 groups on 2 x H200, 0.51 s against
-    2.0-2.5 s (``bench/gpu/parallel_destroy_probe.py``). Every rank still destroys
-    every group of the walk whatever fails, and the walk ends in one agreement.
+    by one and about one period together (docs/calibration.md has the measured
+    walks). Every rank still destroys every group of the walk whatever fails,
+    and the walk ends in one agreement.
 
     ``warm_rebuilt``: after a rebuild, run one one-element all-reduce on each
     rebuilt group (in group order, on every member), so the communicator is
     created inside the rebuild instead of at training's first collective (torch
     creates NCCL communicators lazily). The cost is the same; where it lands
     changes: a resume that runs beside the reload's copies
-    (:class:`refimpl.comm.overlap.OverlappedSwitch`) hides it under them (on the
-    H200 a one-rank communicator's init took 0.020 s alone and 0.036 s beside an
-    8 GiB host-to-device copy, which it did not slow: the switch-probe record).
-    A failed or timed-out warm-up (``canary_timeout_s``) is a failure of the
+    (:class:`refimpl.comm.overlap.OverlappedSwitch`) hides it under them
+    (docs/comm.md, "The switch beside the copies", has the measurement). A failed or timed-out warm-up (``canary_timeout_s``) is a failure of the
     rebuild, agreed like any other.
     """
 

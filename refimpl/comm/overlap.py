@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from refimpl.comm.errors import LifecycleError, LifecycleStateError
@@ -56,22 +57,30 @@ class BackgroundMoveError(LifecycleError):
 
 
 class Background:
-    """A callable running on its own thread; :meth:`join` returns its result or raises its exception."""
+    """A callable running on its own thread; :meth:`join` returns its result or raises its exception.
+
+    ``started_at`` / ``ended_at``: ``time.perf_counter()`` when the callable began and returned or raised
+    (None until then): what a record needs to place the move beside the caller's phases."""
 
     def __init__(self, name: str, fn: Callable[[], Any]) -> None:
         self.name = name
         self._fn = fn
         self._result: Any = None
         self.error: BaseException | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"timeshare-{name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        self.started_at = time.perf_counter()
         try:
             self._result = self._fn()
         except BaseException as exc:  # noqa: BLE001 - re-raised by join on the caller's thread
             self.error = exc
             log.error("background %s failed: %r", self.name, exc)
+        finally:
+            self.ended_at = time.perf_counter()
 
     def done(self) -> bool:
         """True once the callable has returned or raised."""
@@ -107,6 +116,10 @@ class OverlappedSwitch:
     def pending(self) -> list[str]:
         """Names of the background moves not joined yet."""
         return [b.name for b in self._pending]
+
+    def running(self, name: str) -> Background | None:
+        """The background move ``name`` not joined yet (its thread, its times), or None."""
+        return next((b for b in self._pending if b.name == name), None)
 
     def start(self, name: str, fn: Callable[[], Any]) -> Background:
         """Run ``fn`` (a local memory move: no collective on the control group) on a worker thread now."""
@@ -160,7 +173,9 @@ class OverlappedSwitch:
         ``background``: the resume itself (cooldown, rebuild or resume walk) runs on a worker thread too and is
         joined with the moves, first, before any agreement of :meth:`join` (so the control group never sees two
         threads' collectives). Use it only where the resume's own collectives cannot interleave with the
-        caller's in a way that deadlocks: one rank, or groups that come back by a rebuild (no canary runs);
+        caller's in a way that deadlocks: one rank, groups that come back by a rebuild (no canary runs), or a
+        caller that runs no collective on the role's groups or the control group before it joins (the RL step
+        joins in a forward pre-hook, before the first collective of the training step);
         ``join=False`` is then required (the resume is waited for where :meth:`join` is called).
         """
         if background:

@@ -26,6 +26,25 @@ it); they then vote, and every rank fails together. The rebuild walk's
 agreement waits that creation timeout on top of the agreement timeout, so a
 rank whose bind failed (address in use) does not give up on peers still in the
 rendezvous (torch's default: 600 s against 300 s): every rank retries together.
+
+[Note: no creation before an agreement] torch pairs group creations by their
+order in the process (``dist.new_group`` names a group by a process-wide
+counter), not by name. Two lifecycles of one process (two roles) whose rebuilds
+ranks ran in different orders paired one role's group on one rank with the
+other role's on the next: each role's weight sync summed the other's data. So a
+rebuild runs only after an agreement of its operation: one the operation already
+ran (a lazy wake's ``use.request``, a canary, a resume walk), else an agreed
+``rebuild.preflight`` first. Agreements carry their lifecycle's scope
+(:mod:`refimpl.comm.agreement`), so ranks in different roles fail there, on
+every rank, before any group is created.
+
+[Note: interrupts] An interrupt (``KeyboardInterrupt``: Ctrl-C, a cancelled
+Ray call; any ``BaseException`` but ``GeneratorExit``) inside a step or a walk
+is a failure like any other: the rank takes it to the step's agreement (its
+peers are waiting there), every rank falls back, and the interrupt is re-raised
+on the rank that got it. Interrupted while waiting at an agreement (or
+anywhere else in an operation), a rank falls back alone and re-raises
+(``PGLifecycle``'s operations do it); its peers time out at that agreement.
 """
 from __future__ import annotations
 
@@ -37,7 +56,7 @@ import torch
 
 from refimpl.comm.agreement import AgreementError, ControlGroup
 from refimpl.comm.cooldown import PortCooldown
-from refimpl.comm.errors import LifecycleError, PeerFailedError, ResumeMemoryError
+from refimpl.comm.errors import PeerFailedError, ResumeMemoryError
 from refimpl.comm.lifecycle_config import LifecycleConfig, LifecycleStats
 from refimpl.runtime.base import (
     AddressInUseError,
@@ -51,6 +70,10 @@ from refimpl.runtime.base import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+async def _nothing() -> None:
+    """The local part of an agreement that only checks that every rank is at the same point of the same role."""
 
 
 class AgreedFailureHandler(Protocol):
@@ -92,6 +115,7 @@ class RoleGroups:
         self.on_failure = on_failure
         #: bytes each of this rank's groups released when suspended (what a resume takes back)
         self.suspended_bytes: dict[str, int] = {}
+        self._agreements_at_start = 0
 
     def member(self, name: str) -> bool:
         """True if this rank is a member of group ``name`` (:meth:`Runtime.is_member`)."""
@@ -108,12 +132,19 @@ class RoleGroups:
 
     # ------------------------------------------------------------------ agreement
 
-    async def outcome(self, point: str, error: Exception | None, votes: list[int], *,
+    def begin_operation(self) -> None:
+        """A public operation of the lifecycle starts: no group is created before one of its agreements
+        (:meth:`rebuild_all`; [Note: no creation before an agreement])."""
+        self._agreements_at_start = self.control.count
+
+    async def outcome(self, point: str, error: BaseException | None, votes: list[int], *,
                       extra_wait_s: float = 0.0) -> list[int]:
         """Agree on ``[succeeded, first failing rank, *votes]``; fall back and raise if any rank failed.
 
-        ``extra_wait_s``: how much longer than the agreement timeout a peer may take to arrive
-        (a walk whose peers may wait out a group's creation timeout first).
+        ``error`` may be an interrupt (``KeyboardInterrupt``, a cancelled call): it is agreed as a
+        failure like any other, then re-raised here. ``extra_wait_s``: how much longer than the
+        agreement timeout a peer may take to arrive (a walk whose peers may wait out a group's
+        creation timeout first).
         """
         rt = self.rt
         try:
@@ -128,7 +159,8 @@ class RoleGroups:
             raise
         if not ok:
             cause = error or PeerFailedError(
-                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank"
+                f"rank {rt.rank}: rank {first} failed at {point!r}; the role's groups are aborted on every rank",
+                (first,),
             )
             await self.on_failure.fall_back(point, cause)
             raise cause
@@ -138,12 +170,14 @@ class RoleGroups:
         self, point: str, action: Callable[[], Awaitable[T]], *, vote: Callable[[T], bool] | None = None
     ) -> tuple[T, bool]:
         """Run ``action`` on this rank, then agree that it succeeded everywhere (and on ``vote``)."""
-        error: Exception | None = None
+        error: BaseException | None = None
         result: Any = None
         try:
             await self.rt.point(f"lifecycle.{point}")
             result = await action()
-        except Exception as exc:  # noqa: BLE001 - every failure goes through the agreed fallback
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure goes through the agreed fallback, an interrupt too
             error = exc
             log.error("rank %d: %s failed: %r", self.rt.rank, point, exc)
         my_vote = bool(vote(result)) if (vote is not None and error is None) else error is None
@@ -161,24 +195,30 @@ class RoleGroups:
         a failed destroy is a failure like any other, so once the walk returns every
         rank destroyed them all.
         """
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             await self.rt.point(f"lifecycle.{point}")
-        except Exception as exc:  # noqa: BLE001
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - an interrupt too: agreed below, then re-raised
             error = exc
         votes = []
         for name in self.names:
             ok = False
             try:
                 ok = (await fn(name)) is not False
-            except Exception as exc:  # noqa: BLE001 - keep walking; peers may wait in the next group
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - keep walking (an interrupt too); peers may wait in the next group
                 log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
                 error = error or exc
             votes.append(int(ok))
         if destroy_after:
             try:
                 failed = await self.rt.destroy_groups(list(destroy_after))
-            except Exception as exc:  # noqa: BLE001 - agreed below like any failure of the walk
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - agreed below like any failure of the walk
                 failed = {name: exc for name in destroy_after}
             for name, exc in failed.items():
                 log.error("rank %d: %s of group %r failed: %r", self.rt.rank, point, name, exc)
@@ -268,6 +308,8 @@ class RoleGroups:
         """
         rt = self.rt
         await self.cooldown.wait(rt)
+        if self.control.count == self._agreements_at_start:  # [Note: no creation before an agreement]
+            await self.step("rebuild.preflight", _nothing)
         todo = [n for n in self.names if not rt.group_live(n) and (only is None or n in only)]
 
         async def one(name: str) -> bool:
@@ -356,4 +398,4 @@ class RoleGroups:
         return problems
 
 
-__all__ = ["AgreedFailureHandler", "LifecycleError", "PeerFailedError", "ResumeMemoryError", "RoleGroups"]
+__all__ = ["AgreedFailureHandler", "RoleGroups"]

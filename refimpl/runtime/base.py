@@ -46,7 +46,7 @@ from refimpl.runtime.types import (
     AddressInUseError, CollectiveFailedError, CollectiveTimeoutError, CommMemory, CopyKind, CopyStats, GroupError,
     GroupSpec, GroupSuspendedError, MemoryInfo, PinningError, ReduceOp, RuntimeSeamError,
 )
-from refimpl.runtime.votes import Ballot, Verdict, single_rank_verdict
+from refimpl.runtime.votes import Ballot, Verdict, single_rank_verdict, space_name
 
 T = TypeVar("T")
 
@@ -183,7 +183,7 @@ class Runtime(abc.ABC):
 
     def prepare_copies_on_sms(self) -> None:
         """Build what :meth:`copies_on_sms` runs (TorchRuntime: the copy kernel, compiled or loaded from Triton's
-        cache: about 0.5 s on the H200, paid here instead of by the first copy). The default: nothing."""
+        cache, so that its cost is paid here instead of by the first copy). The default: nothing."""
 
     @abc.abstractmethod
     async def synchronize(self) -> None:
@@ -324,13 +324,15 @@ class Runtime(abc.ABC):
             raise GroupError(f"{type(self).__name__} cannot hold a vote among ranks {tuple(ranks)}")
         return single_rank_verdict(key, ballot, timeout_s)
 
-    def vote_space(self, kind: str) -> str:
-        """A fresh key space for votes of ``kind`` (``"local_dedup"``): ``"<kind>.<n>"``, ``n`` counting this rank's
-        spaces of that kind (per runtime here; per process in TorchRuntime, whose vote store every runtime of the
-        process shares). Ranks that create them in the same order get the same names."""
+    def vote_space(self, kind: str, about: str = "") -> str:
+        """A fresh key space for votes of ``kind`` (``"local_dedup"``) about ``about`` (what the votes decide, the same
+        text on every rank: a store's or a role's name): ``n`` counts this rank's spaces of that kind about that
+        (per runtime here; per process in TorchRuntime, whose vote store every runtime of the process shares), and the
+        name is :func:`refimpl.runtime.votes.space_name`. Ranks that create the spaces about one thing in the same
+        order get the same names, whatever order they create spaces about other things in."""
         counts = self.__dict__.setdefault("_vote_spaces", {})
-        n = counts[kind] = counts.get(kind, -1) + 1
-        return f"{kind}.{n}"
+        n = counts[(kind, about)] = counts.get((kind, about), -1) + 1
+        return space_name(kind, about, n)
 
     def mark_arrival(self, group: str, point: str) -> None:
         """Note that this rank reached ``point`` on ``group`` (its current generation) once more, before a collective

@@ -25,7 +25,8 @@ one atomic decision instead:
 
 So a vote never splits: every rank sees every ballot, or every rank sees the same
 timeout naming the same absent ranks. The key carries what the vote is about
-(protocol code uses ``<space>/<sequence number>``), and the ballots carry their
+(protocol code uses ``<space>/<sequence number>``, its space named by what its votes are about:
+:func:`space_name`), and the ballots carry their
 point, so ranks that met at different operations see the mismatch
 (:attr:`Verdict.points` has more than one entry) instead of pairing stale votes.
 
@@ -36,6 +37,7 @@ peers need.
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -160,9 +162,20 @@ class Verdict:
         return ", ".join(parts) or "agreed"
 
 
+def space_name(kind: str, about: str, n: int) -> str:
+    """The name of the ``n``-th key space of ``kind`` about ``about`` (:meth:`Runtime.vote_space
+    <refimpl.runtime.base.Runtime.vote_space>`): ``"<kind>.<n>"``, or ``"<kind>.<crc32 of about, hex>.<n>"``.
+
+    Spaces of one kind about different things (two stores, two roles of one process) are numbered apart, so ranks
+    that create them in different orders still give each the same name: their votes cannot pair."""
+    if not about:
+        return f"{kind}.{n}"
+    return f"{kind}.{zlib.crc32(about.encode()):08x}.{n}"
+
+
 def single_rank_verdict(key: str, ballot: Ballot, timeout_s: float) -> Verdict:
     """The verdict of a vote among one rank (no store, no waiting)."""
     return Verdict.settle(key, (ballot.rank,), (ballot,), decided_by=ballot.rank, timeout_s=timeout_s, complete=True)
 
 
-__all__ = ["Ballot", "Verdict", "VoteError", "single_rank_verdict"]
+__all__ = ["Ballot", "Verdict", "VoteError", "single_rank_verdict", "space_name"]

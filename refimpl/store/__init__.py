@@ -5,11 +5,19 @@
     store.attach_optimizer(optimizer, name="optim")   # torch.optim state
     store.offload(); ...; store.reload()
 
-See :mod:`refimpl.store.store` for the protocol, :mod:`refimpl.store.offload`
-and :mod:`refimpl.store.reload` for one offload and one reload in flight,
-:mod:`refimpl.store.layout` for the flat layouts and the store's vocabulary,
-:mod:`refimpl.store.pool` for pinned host memory, :mod:`refimpl.store.backends`
-for the backend seam and :mod:`refimpl.store.registry` for backends by name.
+The package stands in rooms, each importing only the rooms below it:
+
+* the leaves: :mod:`~refimpl.store.config` (categories, :class:`StoreConfig`), :mod:`~refimpl.store.errors`,
+  :mod:`~refimpl.store.stats` (:class:`StoreStats` and the typed figures it reads), :mod:`~refimpl.store.debug`;
+* :mod:`refimpl.store.state`: what is registered and where it points (collectors, entries, flat layouts and the
+  store's vocabulary in :mod:`~refimpl.store.state.layout`, parking and the access guard);
+* :mod:`refimpl.store.backends`: where host bytes live (the backend seam, ``local``, ``local_dedup``, the pinned
+  pool, replica groups);
+* :mod:`refimpl.store.moves`: one offload (:mod:`~refimpl.store.moves.offload`) or reload
+  (:mod:`~refimpl.store.moves.reload`) in flight, its stages, paths, copies and release;
+* the face: :class:`OffloadStore` (:mod:`refimpl.store.store`), what it holds
+  (:mod:`~refimpl.store.holdings`), backends by name (:mod:`~refimpl.store.registry`), checkpoints;
+* :mod:`refimpl.store.clients`: torch DDP and Megatron-core attached in one call.
 """
 from refimpl.store.backends import LayoutSource, LocalBackend, StoreBackend, StreamingBackend
 from refimpl.store.config import Category, StoreConfig
@@ -29,10 +37,11 @@ from refimpl.store.errors import (
     UnsupportedTensorError,
     WrongDeviceError,
 )
-from refimpl.store.parking import OffloadedTensorError, is_parked
-from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
-from refimpl.store.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
+from refimpl.store.backends.pool import HostBuffer, PageableFallbackWarning, PinnedHostPool, PoolStats
 from refimpl.store.registry import create_backend, register_backend
+from refimpl.store.state.guard import OffloadedTensorError
+from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState, StorageEntry, TensorRef
+from refimpl.store.state.parking import is_parked
 from refimpl.store.stats import StoreStats
 from refimpl.store.store import OffloadStore
 

@@ -57,8 +57,26 @@ def check_tensors(tensors: Any, call: str) -> Mapping[str, Any]:
     return tensors
 
 
+def check_early_tensors(tensors: Any, device: torch.device, call: str) -> list[Any]:
+    """``tensors`` (one tensor, or an iterable of tensors or DTensors) as a list, each on ``device`` or the host;
+    anything else is refused naming its position."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    try:
+        items = list(tensors)
+    except TypeError:
+        raise ArgumentTypeError(f"{call}: tensors must be an iterable of tensors, got {describe(tensors)}") from None
+    for i, t in enumerate(items):
+        local = getattr(t, "_local_tensor", t)
+        if not isinstance(local, torch.Tensor):
+            raise ArgumentTypeError(f"{call}: tensors[{i}] must be a torch.Tensor (or DTensor), got {describe(t)}")
+        if local.device != device and local.device.type != "cpu":
+            raise ValueError(f"{call}: tensors[{i}] is on {local.device}, this store's device is {device}")
+    return items
+
+
 def _is_optimizer(obj: Any) -> bool:
     return hasattr(obj, "state") and hasattr(obj, "param_groups")
 
 
-__all__ = ["RUNTIME", "check_module", "check_optimizer", "check_runtime", "check_tensors"]
+__all__ = ["RUNTIME", "check_early_tensors", "check_module", "check_optimizer", "check_runtime", "check_tensors"]

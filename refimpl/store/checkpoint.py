@@ -47,11 +47,11 @@ from typing import Any, Iterable
 
 import torch
 
-from refimpl.store.store import check_store
+from refimpl.store.backends.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
 from refimpl.store.config import Category
 from refimpl.store.errors import CheckpointPathError
-from refimpl.store.host_readers import hold_host_buffers, host_readers_pending, wait_for_host_readers
-from refimpl.store.layout import LayoutState
+from refimpl.store.state.layout import LayoutState
+from refimpl.store.store import check_store
 
 DEFAULT_INCLUDE = (Category.PARAMS,)
 
@@ -144,22 +144,12 @@ def tensors_for_save(
     return out
 
 
-def nest_by_source(names: Iterable[str]) -> dict[str, dict[str, str]]:
-    """``{"model": {"inp.weight": "model.inp.weight"}, ...}``: registered names split at the first dot."""
-    out: dict[str, dict[str, str]] = {}
-    for name in names:
-        head, _, rest = name.partition(".")
-        out.setdefault(head, {})[rest or head] = name
-    return out
-
-
 __all__ = [
     "CheckpointPathError",
     "SavePath",
     "SavedTensor",
     "hold_host_buffers",
     "host_readers_pending",
-    "nest_by_source",
     "save_path",
     "tensors_for_save",
     "wait_for_host_readers",

@@ -57,7 +57,7 @@ CATEGORY_ORDER: dict[Category, int] = {c: i for i, c in enumerate(Category)}
 #: order in which a reload issues its layouts' copies: the order a training step first uses each category
 #: (the forward reads params and buffers, the backward writes grads, the optimizer step reads its state), so
 #: the tensors a streamed reload hands over first are the first ones needed (see [Note: streamed reload] in
-#: refimpl.store.reload). Identical on every rank, like CATEGORY_ORDER, which still orders everything else.
+#: refimpl.store.moves.reload). Identical on every rank, like CATEGORY_ORDER, which still orders everything else.
 FIRST_USE_ORDER: dict[Category, int] = {Category.PARAMS: 0, Category.BUFFERS: 1, Category.GRADS: 2,
                                         Category.OPTIMIZER: 3}
 
@@ -117,27 +117,16 @@ class StoreConfig:
     of the whole reload (the copy engine serves a stream's queued copies before
     another stream's: see [Note: paced copies] in
     :mod:`refimpl.torch_runtime.copy_stream`). ``None`` (default): every piece
-    queued at once. Off by default because the one end-to-end measurement lost:
-    in the RL step on one H200, whose training step is bound by the host, the
-    feeder thread slowed the step's Python more than the shorter device stall
-    saved (switch cost 0.488-0.510 s against 0.404-0.431 s unpaced in three rounds,
-    ``bench/results/2026-12-02-h200-streamed-copy-engine``), and with a step
-    bound by the device it did not win either (0.472 s against 0.454 s, one
-    run each).
+    queued at once (docs/store.md gives the measurements behind the default).
 
     ``stream_sm_ctas``: a streamed reload's host-to-device copies are made by a
     kernel of this many programs reading the pinned host buffers
     (``Runtime.copies_on_sms``; [Note: copies on SMs] in
     :mod:`refimpl.torch_runtime.sm_copy`) instead of the copy engine, so the
     caller's own copies never queue behind them; a device that cannot read host
-    memory directly falls back to the engine. ``None`` (default): the engine.
-    16 programs copy at 50.7 GB/s on the H200 (the engine 54.8 GB/s). Where
-    both are set, copies on SMs are not paced (the engine is free anyway).
-    Off by default: in the RL step on one H200 the kernel slowed the work
-    beside it and one switch of every run was 0.2-0.3 s slower, unexplained;
-    on the engine, with the reload in first-use order and the batch on the
-    device ahead, the step after a streamed switch already hides the reload
-    (``bench/results/2026-12-02-h200-stream-order-batch-ahead``).
+    memory directly falls back to the engine. Where both are set, copies on SMs
+    are not paced (the engine is free anyway). ``None`` (default): the engine
+    (docs/store.md gives the measurements behind the default).
     """
 
     alignment_bytes: int = 512

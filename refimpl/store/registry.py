@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from refimpl.runtime.base import Runtime
 from refimpl.store.backends import LocalBackend, StoreBackend
+from refimpl.store.backends.pool import PinnedHostPool
 from refimpl.store.config import StoreConfig
 from refimpl.store.errors import UnknownBackendError
-from refimpl.store.pool import PinnedHostPool
 
 BackendFactory = Callable[..., StoreBackend]
 """``factory(runtime, pool, config, **options) -> StoreBackend``."""

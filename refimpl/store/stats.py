@@ -1,8 +1,10 @@
-"""What the offload store reports: :class:`StoreStats`, and the phase clock behind its timings."""
+"""What the offload store reports: :class:`StoreStats`, built from the typed figures its operations return
+(:class:`OffloadFigures`, :class:`ReloadFigures`, counted in :class:`StoreFigures`), and the phase clock behind
+their timings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from refimpl.runtime.base import Runtime
 
@@ -18,7 +20,8 @@ class StoreStats:
     ``last_device_bytes_freed``: rise of the driver's free device memory over
     the last offload (``Runtime.memory_info``, not allocator counters).
     ``last_early_releases``: storages released as soon as their own copies
-    completed (backends with ``early_release``), overlapping the rest of the DMA.
+    completed (backends with ``release_as_copied``), overlapping the rest of the
+    DMA (the name predates "release as copied": records and dashboards read it).
     ``copies``: copies the last offload issued, by path (``flat``: resident
     layouts; ``direct``: one per storage; ``packed``: one per staging buffer).
     """
@@ -51,10 +54,10 @@ class StoreStats:
     copies: dict[str, int] = field(default_factory=dict)
     #: seconds per phase of the last offload (``offload.collect`` ...) and reload (``reload.wait`` ...)
     phases: dict[str, float] = field(default_factory=dict)
-    #: the path the last offload took (its path's name, :mod:`refimpl.store.offload_paths`): ``streamed`` (first
+    #: the path the last offload took (its path's name, :mod:`refimpl.store.moves.offload_paths`): ``streamed`` (first
     #: offload, streaming backend), ``steady`` (unchanged since the reload), ``full``; "" before any
     last_offload_path: str = ""
-    #: the last offload's early copies ([Note: early copies] in refimpl.store.early): bytes
+    #: the last offload's early copies ([Note: early copies] in refimpl.store.moves.early): bytes
     #: ``OffloadStore.copy_early`` queued before it, bytes it took over, bytes it found changed since and copied
     #: again, and tensors ``copy_early`` skipped (not in a resident flat buffer; the offload copied them)
     last_early_copy_bytes: int = 0
@@ -63,15 +66,18 @@ class StoreStats:
     last_early_skipped: int = 0
 
     @classmethod
-    def with_counters(cls, counters: Mapping[str, Any], **now: Any) -> "StoreStats":
-        """Stats from the store's running ``counters`` (each a field of this name; dicts are copied) and the
-        fields computed ``now``; a counter that is no field, or a field given twice, is an error."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(counters) - names)
-        if unknown:
-            raise ValueError(f"store counters {unknown} are not StoreStats fields; add them there")
-        kept = {k: dict(v) if isinstance(v, dict) else v for k, v in counters.items()}
-        return cls(**kept, **now)
+    def of(cls, figures: "StoreFigures", **now: Any) -> "StoreStats":
+        """Stats from the store's ``figures`` (its counts and the last offload's and reload's figures) and the
+        fields computed ``now`` (host memory, layouts)."""
+        off, back = figures.last_offload, figures.last_reload
+        return cls(offloads=figures.offloads, reloads=figures.reloads, steady_fast_offloads=figures.steady_fast_offloads,
+                   last_offload_s=off.seconds, last_reload_s=back.seconds, last_offload_bytes=off.moved_bytes,
+                   last_reload_bytes=back.moved_bytes, last_device_bytes_freed=off.device_bytes_freed,
+                   last_early_releases=off.released_as_copied, skipped_zero_size=off.skipped_zero_size,
+                   skipped_host_resident=off.skipped_host_resident, copies=dict(off.copies),
+                   phases={**off.phases, **back.phases}, last_offload_path=off.path,
+                   last_early_copy_bytes=off.early_copy_bytes, last_early_reused_bytes=off.early_reused_bytes,
+                   last_early_redone_bytes=off.early_redone_bytes, last_early_skipped=off.early_skipped, **now)
 
     @property
     def host_pinned_gb(self) -> float:
@@ -82,6 +88,75 @@ class StoreStats:
     def state_bytes(self) -> int:
         """Device bytes of the planned state, all categories."""
         return sum(self.bytes_by_category.values())
+
+
+@dataclass
+class OffloadFigures:
+    """What one offload did. Its :class:`~refimpl.store.moves.offload.Offload` fills the fields its stages know as
+    they pass and returns it; the store adds what spans the whole call (``seconds``, ``device_bytes_freed``, and
+    the early copies queued before it)."""
+
+    #: the path it took (``streamed``, ``steady``, ``full``; see :mod:`refimpl.store.moves.offload_paths`)
+    path: str = ""
+    #: bytes copied to host memory (gradients dropped without a copy are not counted)
+    moved_bytes: int = 0
+    #: seconds of the whole call, on the runtime's clock
+    seconds: float = 0.0
+    #: rise of the driver's free device memory over the call (``Runtime.memory_info``)
+    device_bytes_freed: int = 0
+    #: copies issued, by path (``flat``, ``direct``, ``packed``)
+    copies: dict[str, int] = field(default_factory=dict)
+    #: storages released as their own copies completed, while later copies ran
+    released_as_copied: int = 0
+    #: registered tensors left out: zero-size ones, and host-resident ones left in place
+    skipped_zero_size: int = 0
+    skipped_host_resident: int = 0
+    #: early copies: bytes ``OffloadStore.copy_early`` queued before the offload, bytes it took over, bytes it
+    #: found changed and copied again, and tensors ``copy_early`` skipped
+    early_copy_bytes: int = 0
+    early_reused_bytes: int = 0
+    early_redone_bytes: int = 0
+    early_skipped: int = 0
+    #: seconds of each phase (``offload.<phase>``), on the runtime's clock
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ReloadFigures:
+    """What one reload did, returned by :meth:`Reload.run <refimpl.store.moves.reload.Reload.run>` (the store adds
+    ``seconds``)."""
+
+    #: bytes brought back (a streamed reload: bytes on their way while ``streaming``)
+    moved_bytes: int = 0
+    #: seconds of the whole call, on the runtime's clock
+    seconds: float = 0.0
+    #: seconds of each phase (``reload.<phase>``)
+    phases: dict[str, float] = field(default_factory=dict)
+    #: the reload's copies are still in flight behind the arrival guards (a streamed reload)
+    streaming: bool = False
+
+
+@dataclass
+class StoreFigures:
+    """What one store's operations did over its life: how many offloads and reloads, and the last one of each."""
+
+    offloads: int = 0
+    reloads: int = 0
+    #: offloads that took the steady path (the fast check found every tensor where the reload put it)
+    steady_fast_offloads: int = 0
+    last_offload: OffloadFigures = field(default_factory=OffloadFigures)
+    last_reload: ReloadFigures = field(default_factory=ReloadFigures)
+
+    def count_offload(self, figures: OffloadFigures) -> None:
+        """A completed offload's figures."""
+        self.offloads += 1
+        self.steady_fast_offloads += figures.path == "steady"
+        self.last_offload = figures
+
+    def count_reload(self, figures: ReloadFigures) -> None:
+        """A completed reload's figures."""
+        self.reloads += 1
+        self.last_reload = figures
 
 
 class PhaseClock:
@@ -99,4 +174,4 @@ class PhaseClock:
         self.last = now
 
 
-__all__ = ["PhaseClock", "StoreStats"]
+__all__ = ["OffloadFigures", "PhaseClock", "ReloadFigures", "StoreFigures", "StoreStats"]

@@ -3,38 +3,42 @@
 Theory of operation
 -------------------
 Attach what holds the state (modules, optimizers, explicit tensors). Each
-``offload`` builds one :class:`~refimpl.store.offload.Offload` and runs it; its
+``offload`` builds one :class:`~refimpl.store.moves.offload.Offload` and runs it; its
 stages, in order, each in its own module: copy ahead of collection
-(:mod:`refimpl.store.copies`), collect and group by storage
-(:mod:`refimpl.store.collect`, :mod:`refimpl.store.grouping`) along the path the
-state calls for (:mod:`refimpl.store.offload_paths`: streamed first offload,
-steady, full), assign storages to flat layouts (:mod:`refimpl.store.assign`,
-:mod:`refimpl.store.layout`), have the backend (:mod:`refimpl.store.backends`)
+(:mod:`refimpl.store.moves.copies`), collect and group by storage
+(:mod:`refimpl.store.state.collect`, :mod:`refimpl.store.state.grouping`) along the path the
+state calls for (:mod:`refimpl.store.moves.offload_paths`: streamed first offload,
+steady, full), assign storages to flat layouts (:mod:`refimpl.store.moves.assign`,
+:mod:`refimpl.store.state.layout`), have the backend (:mod:`refimpl.store.backends`)
 copy each layout to host memory, park every registered tensor
-(:meth:`FlatLayout.park`), wait, release (:mod:`refimpl.store.release`). A
+(:meth:`FlatLayout.park`), wait, release (:mod:`refimpl.store.moves.release`). A
 storage's device memory is released only after the copies carrying its bytes
 have completed and all host memory of the offload is allocated (for a backend
-with ``early_release``, storage by storage while later copies run; otherwise
+with ``release_as_copied``, storage by storage while later copies run; otherwise
 once every finisher completed): ``Runtime.release`` shrinks the storage to 0
 bytes and the tensor objects stay. ``reload`` runs one
-:class:`~refimpl.store.reload.Reload`: one flat device buffer per layout, filled
+:class:`~refimpl.store.moves.reload.Reload`: one flat device buffer per layout, filled
 by the backend, every registered tensor re-pointed into it
-(:meth:`FlatLayout.repoint`). docs/store.md walks both, file by file.
+(:meth:`FlatLayout.repoint`). docs/store.md walks both, file by file. Between
+operations the store holds its layouts and offloaded categories in a
+:class:`~refimpl.store.holdings.Holdings`; each operation returns its typed
+figures (:class:`~refimpl.store.stats.OffloadFigures`,
+:class:`~refimpl.store.stats.ReloadFigures`), which :meth:`OffloadStore.stats` reads.
 
 Invariants:
 
 * Every byte of attached state is, at every moment, in exactly one valid
   place: its device storage or the host copy. Nothing is released before
   validation (a bad tensor raises a :class:`StoreError` with the state where
-  it was); a failure after a storage was released early restores it from its
+  it was); a failure after a storage was released as copied restores it from its
   host copy before the error propagates. A failed reload leaves the state
   offloaded (the host copy is kept).
 * While offloaded every registered tensor is parked on one of the store's
-  read-only placeholders and guarded (see :mod:`refimpl.store.parking` and
-  :mod:`refimpl.store.guard`): using it raises ``OffloadedTensorError``, never
+  read-only placeholders and guarded (see :mod:`refimpl.store.state.parking` and
+  :mod:`refimpl.store.state.guard`): using it raises ``OffloadedTensorError``, never
   crashes the process, never reads a wrong value.
-* One operation at a time: other threads wait; the same thread gets a
-  :class:`StoreStateError`.
+* One operation at a time (:class:`~refimpl.store.exclusive.OperationLock`):
+  other threads wait; the same thread gets a :class:`StoreStateError`.
 * Every finisher a backend returned is awaited, also on the error path, in
   sorted layout order, so ranks running collectives inside backends agree.
 * ``offload`` of categories already offloaded does nothing; ``reload`` of
@@ -45,45 +49,44 @@ Invariants:
 * After a reload the store holds registered tensors only weakly.
 
 The paths are described where they live: [Note: steady offload check] in
-:mod:`refimpl.store.residency`, [Note: why stream] in
-:mod:`refimpl.store.streaming`; pinning ahead at attach is :meth:`OffloadStore.pin_ahead`
+:mod:`refimpl.store.state.steady_check`, [Note: why stream] in
+:mod:`refimpl.store.moves.streaming`; pinning ahead at attach is :meth:`OffloadStore.pin_ahead`
 (``StoreConfig.pin_ahead``, the default on CUDA). ``StoreStats.phases`` times each
 phase and ``StoreStats.last_offload_path`` names the path the last offload took.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-import threading
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
-from refimpl.arguments import ArgumentTypeError, describe, expect, expect_bool, expect_name
+from refimpl.arguments import expect, expect_bool, expect_name
 from refimpl.runtime.base import Runtime
-from refimpl.store.arguments import check_module, check_optimizer, check_runtime, check_tensors
-from refimpl.store.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
-from refimpl.store.grouping import group_by_storage
-from refimpl.store.host_readers import wait_for_host_readers
-from refimpl.store.config import Category, StoreConfig
-from refimpl.store.copies import sort_key
-from refimpl.store.early import EarlyCopies
-from refimpl.store.errors import StoreClosedError, StoreError, StoreStateError
-from refimpl.store.layout import FlatLayout, LayoutKey, LayoutState
-from refimpl.store.assign import assign_layouts, gc_paused
-from refimpl.store.offload import Offload
-from refimpl.store.guard import unguard
-from refimpl.store.parking import Parking, caller_site, debug_mode
-from refimpl.store.pool import PinnedHostPool
+from refimpl.store.arguments import check_early_tensors, check_module, check_optimizer, check_runtime, check_tensors
 from refimpl.store.backends.base import streams
+from refimpl.store.backends.host_readers import wait_for_host_readers
+from refimpl.store.backends.pool import PinnedHostPool
+from refimpl.store.config import Category, StoreConfig
+from refimpl.store.debug import caller_site, debug_mode
+from refimpl.store.errors import StoreError, StoreStateError
+from refimpl.store.exclusive import OperationLock
+from refimpl.store.holdings import Holdings
+from refimpl.store.moves.assign import gc_paused, reserve_ahead
+from refimpl.store.moves.early import EarlyCopies
+from refimpl.store.moves.offload import Offload
+from refimpl.store.moves.reload import Recover, Reload, StreamedReload
 from refimpl.store.registry import create_backend
-from refimpl.store.reload import Recover, Reload, StreamedReload
-from refimpl.store.residency import ItemSignature
-from refimpl.store.stats import StoreStats
+from refimpl.store.state.collect import Attached, Collector, ModuleCollector, OptimizerCollector, TensorsCollector
+from refimpl.store.state.layout import FlatLayout, LayoutKey
+from refimpl.store.state.parking import Parking
+from refimpl.store.state.steady_check import ItemSignature
+from refimpl.store.stats import OffloadFigures, StoreFigures, StoreStats
 
 logger = logging.getLogger(__name__)
+
 
 class OffloadStore:
     """Offload/reload of training state through a backend; see the module docstring.
@@ -113,28 +116,18 @@ class OffloadStore:
         self.backend = create_backend(backend, runtime, self.pool, self.config, **backend_options)
         self._streams = streams(self.backend)  # the first offload may be streamed (StreamingBackend)
         self._attached = Attached()
-        self._layouts: dict[LayoutKey, FlatLayout] = {}
-        self._offloaded: set[Category] = set()
+        self._held = Holdings()  # the layouts, the offloaded categories, the tensors guarded in place
         self._signature: ItemSignature | None = None  # what the last full collection saw
         self._parking = Parking()  # this store's placeholders: nothing another store parks shares them
-        self._left_in_place: list[tuple[Category, Any]] = []  # host-resident tensors guarded while offloaded
-        self._lock = threading.Lock()  # one operation at a time (see _exclusive)
-        self._owner: int | None = None
-        self._busy: str | None = None
-        self._closed = False
+        self._exclusive = OperationLock()  # one operation at a time
         #: streamed reloads whose copies may still be in flight, oldest first (see :meth:`finish_reload`)
         self._streamed_reloads: list[StreamedReload] = []
         #: copies issued by copy_early since the last offload or reload ([Note: early copies])
         self._early = EarlyCopies(runtime, self.backend)
         if self.config.stream_sm_ctas:  # the copy kernel built now, not inside the first switch that streams
             runtime.prepare_copies_on_sms()
-        self._counters: dict[str, Any] = {
-            "offloads": 0, "reloads": 0, "steady_fast_offloads": 0, "last_offload_s": 0.0, "last_reload_s": 0.0, "last_offload_bytes": 0,
-            "last_reload_bytes": 0, "last_device_bytes_freed": 0, "last_early_releases": 0, "skipped_zero_size": 0,
-            "skipped_host_resident": 0, "copies": {}, "phases": {}, "last_offload_path": "",
-            "last_early_copy_bytes": 0, "last_early_reused_bytes": 0, "last_early_redone_bytes": 0,
-            "last_early_skipped": 0,
-        }
+        #: what the operations did: counts, and the figures of the last offload and reload (``stats()`` reads them)
+        self._figures = StoreFigures()
 
     # ------------------------------------------------------------------ attach
 
@@ -179,9 +172,9 @@ class OffloadStore:
             self._attach_locked(collector, pin_ahead)
 
     def _attach_locked(self, collector: Collector, pin_ahead: bool = True) -> None:
-        if self._offloaded:
+        if self._held.offloaded:
             raise StoreStateError(
-                f"cannot attach {collector.name!r} while {sorted(c.value for c in self._offloaded)} are offloaded; "
+                f"cannot attach {collector.name!r} while {sorted(c.value for c in self._held.offloaded)} are offloaded; "
                 f"reload() first"
             )
         if self._early:
@@ -192,27 +185,6 @@ class OffloadStore:
                 self._pin_ahead(None, False)
             except (StoreError, RuntimeError, ValueError) as e:  # the offload reports it, where nothing moves
                 logger.warning("pinning ahead at attach of %r skipped (%s: %s)", collector.name, type(e).__name__, e)
-
-    @contextlib.contextmanager
-    def _exclusive(self, op: str) -> Iterator[None]:
-        """Serialise store operations: another thread waits; the same thread (a second coroutine on its
-        event loop, a callback inside an operation) gets a :class:`StoreStateError` instead of a deadlock."""
-        if self._closed:
-            raise StoreClosedError(f"{op} on a closed OffloadStore: close() freed its host memory; make a new "
-                                   f"OffloadStore and attach the state to it")
-        me = threading.get_ident()
-        if self._owner == me:
-            raise StoreStateError(
-                f"{op} while {self._busy} is in progress on this store in the same thread; await the first "
-                f"operation before starting another (one store serves one operation at a time)"
-            )
-        self._lock.acquire()
-        self._owner, self._busy = me, op
-        try:
-            yield
-        finally:
-            self._owner = self._busy = None
-            self._lock.release()
 
     @property
     def _collectors(self) -> list[Collector]:
@@ -227,39 +199,27 @@ class OffloadStore:
     @property
     def in_progress(self) -> str | None:
         """The operation running now (``"offload"``, ``"reload"``, ...), or None."""
-        return self._busy
+        return self._exclusive.busy
 
     # ------------------------------------------------------------------ queries
 
     def is_offloaded(self, category: Category | str) -> bool:
         """True while ``category`` is offloaded."""
-        return Category.parse(category) in self._offloaded
+        return Category.parse(category) in self._held.offloaded
 
     @property
     def layouts(self) -> dict[LayoutKey, FlatLayout]:
         """The current flat layouts by key (resident or offloaded)."""
-        return dict(self._layouts)
+        return dict(self._held.layouts)
 
     def stats(self) -> StoreStats:
         """Counters and sizes; see :class:`StoreStats`."""
         pool = self.pool.stats()
-        by_cat: dict[str, int] = {}
-        for layout in self._layouts.values():
-            by_cat[layout.category.value] = by_cat.get(layout.category.value, 0) + layout.data_nbytes
-        return StoreStats.with_counters(
-            self._counters,
-            backend=self.backend.name,
-            host_pinned_bytes=pool.host_pinned_bytes,
-            host_pageable_bytes=pool.host_pageable_bytes,
-            backend_host_bytes=self.backend.host_bytes(),
-            registrations=pool.registrations,
-            reuses=pool.reuses,
-            pageable_fallbacks=pool.pageable_fallbacks,
-            bytes_by_category=by_cat,
-            offloaded=tuple(sorted(cat.value for cat in self._offloaded)),
-            layouts=len(self._layouts),
-            storages=sum(len(layout.entries) for layout in self._layouts.values()),
-            tensors=sum(len(e.refs) for layout in self._layouts.values() for e in layout.entries),
+        return StoreStats.of(
+            self._figures, backend=self.backend.name, backend_host_bytes=self.backend.host_bytes(),
+            host_pinned_bytes=pool.host_pinned_bytes, host_pageable_bytes=pool.host_pageable_bytes,
+            registrations=pool.registrations, reuses=pool.reuses, pageable_fallbacks=pool.pageable_fallbacks,
+            **self._held.sizes(),
         )
 
     def host_tensors(self, include: Iterable[Category | str] | Category | str | None = None) -> dict[str, torch.Tensor]:
@@ -268,34 +228,21 @@ class OffloadStore:
         Valid until the next offload/reload; a checkpoint can read them
         without reloading to the device. DTensors appear as their local tensors.
         """
-        cats = Category.select(include)
-        out: dict[str, torch.Tensor] = {}
-        for layout in sorted(self._layouts.values(), key=sort_key):
-            if layout.state is not LayoutState.OFFLOADED or layout.dropped or layout.category not in cats:
-                continue
-            for e in layout.entries:
-                host = self.backend.host_view(layout, e.offset, e.offset + e.numel)
-                if host is None:
-                    continue
-                st = host.untyped_storage()
-                for r in e.refs:
-                    out[r.name] = torch.empty(0, dtype=layout.dtype).set_(
-                        st, host.storage_offset() + r.offset, r.size, r.stride)
-        return out
+        return self._held.host_tensors(Category.select(include), self.backend)
 
     def close(self) -> None:
         """Free the host memory (state still offloaded is lost: reload first). Every later operation
         (offload, reload, attach, pin_ahead) raises :class:`StoreClosedError`; closing twice does nothing."""
-        if self._closed:
+        if self._exclusive.closed:
             return
         if self._streamed_reloads:  # the copies of a streamed reload must end before their host buffers are freed
             self.rt.run(self._finish_streams())
         if self._early:  # and so must early copies into them
             self.rt.run(self._early.drain())
-        self._closed = True
-        if self._offloaded:
+        self._exclusive.closed = True
+        if self._held.offloaded:
             logger.warning("closing an offload store while %s are offloaded: that state is dropped",
-                           sorted(c.value for c in self._offloaded))
+                           sorted(c.value for c in self._held.offloaded))
         self.backend.close()
         self.pool.close()
 
@@ -318,19 +265,12 @@ class OffloadStore:
             self.rt.run(self._finish_streams())
         if self._early:  # the host buffers may be replaced
             self.rt.run(self._early.drain())
-        cats = Category.select(include) - self._offloaded
-        groups, _ = group_by_storage(self._attached.items(cats), self.rt.device)
-        try:
-            layouts = assign_layouts(groups, self._resident(cats), self.backend, self.config)  # resident ones reused
-        finally:
-            for lay in self._resident(cats):
-                lay.unadopt()
-        for layout in sorted(layouts.values(), key=sort_key):
-            self.backend.reserve(layout)
-            layout.drop_bases()
+        cats = Category.select(include) - self._held.offloaded
+        reserved = reserve_ahead(self._attached.items(cats), self._held.resident(cats), self.backend, self.config,
+                                 self.rt.device)
         if wait:
             self.pool.wait_all()
-        return sum(layout.nbytes for layout in layouts.values())
+        return reserved
 
     def consolidate(self) -> None:
         """Lay the attached state out in the store's flat device buffers now: one offload and reload.
@@ -371,7 +311,7 @@ class OffloadStore:
             finally:
                 self._streamed_reloads.pop(0)
         if moved:
-            self._counters["last_reload_bytes"] = moved
+            self._figures.last_reload.moved_bytes = moved
         return moved
 
     # ------------------------------------------------------------------ early copies
@@ -386,31 +326,19 @@ class OffloadStore:
         takes the copies over and copies only the rest, and copies again every entry one of whose tensors was
         changed in place or re-pointed since (its version counter moved). A write that bypasses the version
         counter (through ``.data``, a raw pointer) after this call is not seen: see [Note: early copies] in
-        :mod:`refimpl.store.early`. A hint: a tensor not in a layout resident in one flat buffer (before the
+        :mod:`refimpl.store.moves.early`. A hint: a tensor not in a layout resident in one flat buffer (before the
         first reload, a backend without ``early_copies``) is skipped and the offload copies it as always
         (``StoreStats.last_early_skipped``). Safe to call from another thread than the offload's (the autograd
         engine's) while no other store operation runs there.
         """
-        call = "copy_early(tensors)"
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        try:
-            items = list(tensors)
-        except TypeError:
-            raise ArgumentTypeError(f"{call}: tensors must be an iterable of tensors, got {describe(tensors)}") from None
-        for i, t in enumerate(items):
-            local = getattr(t, "_local_tensor", t)
-            if not isinstance(local, torch.Tensor):
-                raise ArgumentTypeError(f"{call}: tensors[{i}] must be a torch.Tensor (or DTensor), got {describe(t)}")
-            if local.device != self.rt.device and local.device.type != "cpu":
-                raise ValueError(f"{call}: tensors[{i}] is on {local.device}, this store's device is {self.rt.device}")
+        items = check_early_tensors(tensors, self.rt.device, "copy_early(tensors)")
         with self._exclusive("copy_early"):
             return self.rt.run(self._copy_early(items))
 
     async def _copy_early(self, tensors: list[torch.Tensor]) -> int:
         await self._finish_streams()
         wait_for_host_readers(self)  # the copies write into host buffers an async checkpoint may be reading
-        return await self._early.issue(self._layouts, tensors)
+        return await self._early.issue(self._held.layouts, tensors)
 
     # ------------------------------------------------------------------ offload
 
@@ -422,7 +350,7 @@ class OffloadStore:
         ``drop_grads``: gradients are released without a copy and come back as
         zeros. Categories already offloaded are skipped. Every registered tensor
         is parked while offloaded (safe to hold, not to use; see
-        :mod:`refimpl.store.parking`). Anything that fails before the device
+        :mod:`refimpl.store.state.parking`). Anything that fails before the device
         memory is released leaves the state on the device; a copy failing after
         some storages were released brings them back first (restored from the
         host copies their completed copies made).
@@ -433,16 +361,16 @@ class OffloadStore:
 
     async def _offload(self, include: Iterable[Category | str] | Category | str | None, drop_grads: bool) -> None:
         await self._finish_streams()
-        partly = sorted(c.value for c in Category.select(include) & self._offloaded
-                        if any(lay.category is c and lay.state is LayoutState.ON_DEVICE for lay in self._layouts.values()))
+        wanted = Category.select(include)
+        partly = self._held.partly_offloaded(wanted)
         if partly:
             raise StoreStateError(
                 f"cannot offload {partly}: partly offloaded (a reload(local_only=True) brought back their rank-local "
                 f"layouts, the replicated ones are still offloaded); reload them on every rank first"
             )
-        cats = Category.select(include) - self._offloaded
+        cats = wanted - self._held.offloaded
         if not cats:
-            logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in Category.select(include)))
+            logger.debug("offload: %s already offloaded, nothing to do", sorted(c.value for c in wanted))
             return
         wait_for_host_readers(self)  # an async checkpoint may still be reading the host buffers
         rt = self.rt
@@ -450,63 +378,28 @@ class OffloadStore:
         offload = Offload(rt, self.backend, self.config, cats=cats, drop_grads=drop_grads,
                           items=functools.partial(self._attached.items, cats),
                           tensor_objects=functools.partial(self._attached.tensor_objects, cats),
-                          check_phase=self._attached.check_phase, resident=self._resident(cats), signature=self._signature,
-                          lookahead=self.pool.pin_threads, streams=self._streams, counters=self._counters,
-                          parking=self._parking, early=self._early if self._early else None)
+                          check_phase=self._attached.check_phase, resident=self._held.resident(cats), signature=self._signature,
+                          lookahead=self.pool.pin_threads, streams=self._streams, parking=self._parking,
+                          early=self._early if self._early else None)
         with rt.span("offload"), gc_paused():  # no collector pass in the switch window
             t0, free_before = rt.now(), rt.memory_info().free
             try:
-                moved = await offload.run()
+                figures = await offload.run()
             finally:
                 self._signature = offload.signature or self._signature
                 await self._early.drain(cats)  # what the offload did not take (a failed one: all of its categories)
-                issued, skipped = self._early.reset_counts()
-                c = self._counters
-                c["last_early_copy_bytes"], c["last_early_skipped"] = issued, skipped
-                c["last_early_reused_bytes"] = offload.copies.early_reused
-                c["last_early_redone_bytes"] = offload.copies.early_redone
-            self._install(cats, offload.layouts)
-            self._left_in_place += offload.left_in_place
-            self._count_offload(offload, cats, moved, rt.now() - t0, rt.memory_info().free - free_before)
+                queued_early = self._early.reset_counts()
+            self._held.install(cats, offload.layouts, offload.left_in_place)
+            figures.early_copy_bytes, figures.early_skipped = queued_early
+            figures.seconds, figures.device_bytes_freed = rt.now() - t0, rt.memory_info().free - free_before
+            self._count_offload(figures, cats, len(offload.ordered))
 
-    def _install(self, cats: frozenset[Category], layouts: dict[LayoutKey, FlatLayout]) -> None:
-        """The offloaded layouts of ``cats`` replace the ones the store had."""
-        for key in [k for k in self._layouts if k.category in cats]:
-            del self._layouts[key]
-        self._layouts.update(layouts)
-        self._offloaded |= cats
-
-    def _count_offload(self, offload: Offload, cats: frozenset[Category], moved: int, seconds: float,
-                       freed: int) -> None:
-        c = self._counters
-        c["offloads"] += 1
-        c["last_offload_s"] = seconds
-        c["last_offload_bytes"] = moved
-        c["last_device_bytes_freed"] = freed
-        c["last_offload_path"] = offload.path_name
-        c["skipped_zero_size"], c["skipped_host_resident"] = offload.skipped()
-        c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("offload.")} | offload.laps
+    def _count_offload(self, figures: OffloadFigures, cats: frozenset[Category], layouts: int) -> None:
+        """A completed offload's figures go into the store's; logged."""
+        self._figures.count_offload(figures)
         if logger.isEnabledFor(logging.INFO):
             logger.info("offloaded %s: %d layouts, %.3f GB in %.3f s (%s path; %s)", sorted(x.value for x in cats),
-                        len(offload.ordered), moved / 1e9, seconds, offload.path_name, c["copies"])
-
-    def _fully_back(self, cats: Iterable[Category]) -> set[Category]:
-        """The categories of ``cats`` none of whose layouts is still offloaded."""
-        left = {lay.category for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED}
-        return set(cats) - left
-
-    def _settle_back(self, cats: Iterable[Category]) -> None:
-        """The categories of ``cats`` that are fully back: no longer offloaded, and their host-resident tensors
-        guarded in place at offload (``Offload.guard_left_in_place``) usable again."""
-        back = self._fully_back(cats)
-        self._offloaded -= back
-        for _, t in [x for x in self._left_in_place if x[0] in back]:
-            unguard(t)
-        self._left_in_place = [x for x in self._left_in_place if x[0] not in back]
-
-    def _resident(self, cats: Iterable[Category]) -> list[FlatLayout]:
-        return [lay for lay in self._layouts.values()
-                if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and lay.category in cats]
+                        layouts, figures.moved_bytes / 1e9, figures.seconds, figures.path, figures.copies)
 
     # ------------------------------------------------------------------ reload
 
@@ -529,7 +422,7 @@ class OffloadStore:
 
         ``stream``: return once the copies are issued and every tensor re-pointed; each tensor's first torch
         call waits on the device for its own bytes (see [Note: streamed reload] in
-        :mod:`refimpl.store.reload`), so the caller's next work (a forward, a gather, an optimizer step) runs
+        :mod:`refimpl.store.moves.reload`), so the caller's next work (a forward, a gather, an optimizer step) runs
         beside the copies. :meth:`finish_reload`, or the store's next operation, waits for the rest. A
         backend whose reload runs collectives (``local_dedup``) or a runtime that cannot order device work on
         a copy reloads whole instead.
@@ -563,13 +456,13 @@ class OffloadStore:
             await self._finish_streams()
         if self._early:  # a reload reads the host buffers early copies write into
             await self._early.drain()
-        offloaded = [lay for lay in self._layouts.values() if lay.state is LayoutState.OFFLOADED and lay.category in cats]
-        chosen = frozenset(cats & self._offloaded)  # the same on every rank: offloads end alike everywhere
+        offloaded = self._held.offloaded_layouts(cats)
+        chosen = frozenset(cats & self._held.offloaded)  # the same on every rank: offloads end alike everywhere
         agreed = not local_only and self.backend.agrees_on_reload(chosen)
         if local_only:
             offloaded = [lay for lay in offloaded if not self.backend.needs_peers(lay)]
         if not offloaded and not agreed:
-            self._settle_back(cats)
+            self._held.settle_back(cats)
             return []
         rt = self.rt
         if stream and not force and not agreed:
@@ -579,18 +472,15 @@ class OffloadStore:
             reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
         with rt.span("reload"), gc_paused():
             t0 = rt.now()
-            moved = await reload.run()
-            if getattr(reload, "streaming", False):
+            figures = await reload.run()
+            if figures.streaming:
                 self._streamed_reloads.append(reload)
-                moved = sum(lay.data_nbytes for lay in reload.layouts if not lay.dropped)  # on their way
-            self._settle_back(cats)
-            c = self._counters
-            c["reloads"] += 1
-            c["last_reload_s"] = rt.now() - t0
-            c["last_reload_bytes"] = moved
-            c["phases"] = {k: v for k, v in c["phases"].items() if not k.startswith("reload.")} | reload.clock.laps
-            logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats),
-                        len(reload.layouts), moved / 1e9, c["last_reload_s"])
+            self._held.settle_back(cats)
+            figures.seconds = rt.now() - t0
+            self._figures.count_reload(figures)
+            if logger.isEnabledFor(logging.INFO):
+                logger.info("reloaded %s: %d layouts, %.3f GB in %.3f s", sorted(x.value for x in cats),
+                            len(reload.layouts), figures.moved_bytes / 1e9, figures.seconds)
             return reload.overwritten
 
 

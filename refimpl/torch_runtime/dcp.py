@@ -22,8 +22,10 @@ is created once per process (every rank must make the same async saves in the
 same order, as DCP requires anyway).
 
 Integrity (docs/store.md, "Checkpoints: verified, all or nothing"): a save
-writes a CRC-32 of every item beside its data file and :func:`load_into`
-verifies what it reads against them (:mod:`.dcp_checksums`); the load goes into
+writes a CRC-32 of every item beside its data file and of the metadata beside
+it, and :func:`load_into` verifies what it reads against them
+(:mod:`.dcp_checksums`); its plan must read every element of every target
+exactly once (:mod:`.dcp_coverage`); the load goes into
 a staging copy that is copied into the target only once every rank has loaded
 it (:mod:`.dcp_staging`). torch's ``CheckpointException`` (a ``BaseException``)
 comes out as :class:`~refimpl.store.CheckpointFailedError` or
@@ -58,6 +60,7 @@ from refimpl.store.checkpoint import (
     tensors_for_save,
 )
 from refimpl.torch_runtime.dcp_checksums import checksummed, verified
+from refimpl.torch_runtime.dcp_coverage import CoveringLoadPlanner
 from refimpl.torch_runtime.dcp_staging import Staged, failed
 
 log = logging.getLogger(__name__)
@@ -283,9 +286,12 @@ def load_into(state_dict: dict, checkpoint_id: str | os.PathLike | None = None, 
 
     The checkpoint is loaded into a staging copy of ``state_dict`` (one more copy of its tensors, on their
     devices, for the length of the load) and copied in only once every rank has loaded it: a failed load
-    leaves every target tensor as it was. ``verify``: check every item read against the CRC-32 written at
-    save (:mod:`.dcp_checksums`) before it is used. Raises :class:`~refimpl.store.CheckpointIntegrityError`
-    (a flipped bit, a truncated file, no checksums; it names the tensor and the file) or
+    leaves every target tensor as it was. ``verify``: check the metadata and every item read against the
+    CRC-32s written at save (:mod:`.dcp_checksums`) before they are used. Whether verified or not, a load
+    whose metadata does not describe every element of a target exactly once fails (:mod:`.dcp_coverage`).
+    Either failure happens on every rank. Raises :class:`~refimpl.store.CheckpointIntegrityError` (a flipped
+    bit, a truncated file, no checksums, metadata that leaves part of a target unread; it names the tensor
+    and the file where it can) or
     :class:`~refimpl.store.CheckpointFailedError` (any other failure, torch's ``CheckpointException`` as cause).
     """
     call = "load_into(state_dict, checkpoint_id, ...)"
@@ -301,7 +307,7 @@ def load_into(state_dict: dict, checkpoint_id: str | os.PathLike | None = None, 
     try:
         with verified(reader) if verify else contextlib.nullcontext():
             dcp.load(staged.state_dict, checkpoint_id=checkpoint_id, storage_reader=reader,
-                     process_group=process_group)
+                     process_group=process_group, planner=CoveringLoadPlanner())
     except CheckpointException as e:
         raise failed("load", checkpoint_id, e) from e
     staged.commit()

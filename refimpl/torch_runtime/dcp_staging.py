@@ -73,10 +73,25 @@ class Staged:
                 obj.load_state_dict(self.state_dict[k])
 
 
+class CarriedError(BaseException):
+    """One of the project's errors carried through a DCP step that catches ``Exception``: DCP's load catches
+    any ``Exception`` from ``read_metadata`` to try rank-local metadata instead, and then reports only
+    "metadata is None". A ``BaseException`` passes that handler; DCP's step wrapper still catches it as this
+    rank's failure and sends it to every rank, and :func:`failed` unwraps ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
+
+
 def _failures(exc: BaseException) -> dict[int, BaseException]:
     out: dict[int, BaseException] = {}
     for rank, item in (getattr(exc, "failures", None) or {}).items():
-        out[rank] = item[0] if isinstance(item, tuple) else item
+        e = item[0] if isinstance(item, tuple) else item
+        out[rank] = e.error if isinstance(e, CarriedError) else e
     return out
 
 
@@ -98,4 +113,4 @@ def failed(what: str, checkpoint_id: Any, exc: BaseException) -> CheckpointError
         f"check the path and that every rank made the same call", ranks)
 
 
-__all__ = ["Staged", "failed"]
+__all__ = ["CarriedError", "Staged", "failed"]

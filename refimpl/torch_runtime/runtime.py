@@ -93,15 +93,14 @@ class TorchRuntime(Runtime):
     ``pin_prefault``: how pinned host buffers are faulted in before
     ``cudaHostRegister`` (:data:`refimpl.torch_runtime.pinning.PREFAULT_MODES`);
     defaults to the environment variable ``TIMESHARE_PIN_PREFAULT``, else
-    ``DEFAULT_CUDA_PREFAULT`` (``"touch"``) with CUDA (the store's pinning ahead
-    at 12.4 GB/s on the H200 host, 6.4x registering untouched memory) and
-    ``"none"`` without.
+    ``DEFAULT_CUDA_PREFAULT`` (``"touch"``: registering memory already touched is
+    several times faster than registering untouched memory; docs/store.md has the
+    figures) with CUDA and ``"none"`` without.
     ``device_cache``: what :meth:`empty_cache` gives back and where the store's flat buffers come from
     (:data:`refimpl.torch_runtime.device_cache.DEVICE_CACHE_MODES`; default: the environment variable
     ``TIMESHARE_DEVICE_CACHE``, else ``"shared"``).
     ``wake_proxies``: destroy NCCL communicators with a :class:`~refimpl.torch_runtime.proxy_wake.ProxyWaker`
-    (the destroy does not wait out its UDS proxy thread's 500 ms poll: 0.017 s instead of 0.24-0.42 s for a
-    one-rank communicator on the H200); default: on with CUDA unless the environment variable
+    (the destroy does not wait out its UDS proxy thread's 500 ms poll; docs/comm.md has the figures); default: on with CUDA unless the environment variable
     ``TIMESHARE_WAKE_PROXIES`` is ``0``. ``proxy_wakes`` counts the proxy threads woken.
     """
 
@@ -148,6 +147,7 @@ class TorchRuntime(Runtime):
         self._point_hooks: dict[str, list[Callable[[], None]]] = {}
         self._ballots = StoreBallotBox(_default_store if self._distributed else lambda: None, self.rank)
         self._adopted = AdoptedGroups()  # groups a framework made (refimpl.torch_runtime.foreign_groups)
+        self._rebuilt_hooks: list[Callable[[str, str, Any], None]] = []
         logger.debug("TorchRuntime rank %d/%d on %s (distributed=%s)", self.rank, self.world_size, device,
                      self._distributed)
 
@@ -186,9 +186,10 @@ class TorchRuntime(Runtime):
             return await super().vote(key, ranks, point, code, marks, timeout_s=timeout_s, wait=wait)
         return self._ballots.vote(key, tuple(ranks), ballot, timeout_s, wait)
 
-    def vote_space(self, kind: str) -> str:
-        """A key space numbered per process: every TorchRuntime of the process votes in the same store."""
-        return next_space(kind)
+    def vote_space(self, kind: str, about: str = "") -> str:
+        """A key space numbered per process and per ``about``: every TorchRuntime of the process votes in the same
+        store (see :meth:`Runtime.vote_space <refimpl.runtime.base.Runtime.vote_space>`)."""
+        return next_space(kind, about)
 
     def mark_arrival(self, group: str, point: str) -> None:
         """Count this arrival in the rendezvous store (one ``add``)."""
@@ -409,9 +410,8 @@ class TorchRuntime(Runtime):
     async def destroy_groups(self, names: Sequence[str], *, abort: bool = False) -> dict[str, Exception]:
         """Destroy the groups with their NCCL shutdowns overlapped: ``ProcessGroup.shutdown()`` of every group at once
         from a thread pool (each waits for its communicator's proxy poll, [Note: the proxy's 500 ms poll] in
-        sim.presets), then torch's bookkeeping (``dist.destroy_process_group``) one by one. On 2 x H200 the 14
-        groups of the switch-window benchmark, destroyed right after their first collectives, took 0.51 s so
-        against 2.0-2.5 s one by one (``bench/results/2026-11-30-h200x2-switch-8-steps/``). ``abort`` (the failure path)
+        sim.presets, unless the proxy waker ends it), then torch's bookkeeping (``dist.destroy_process_group``) one
+        by one, so the waits overlap instead of adding up (docs/comm.md has the figures). ``abort`` (the failure path)
         aborts them one by one, as :meth:`destroy_group` does. Errors per group, as
         :meth:`Runtime.destroy_groups <refimpl.runtime.base.Runtime.destroy_groups>`.
         """
@@ -444,10 +444,43 @@ class TorchRuntime(Runtime):
         # the generation is used up even if creation fails, so every rank's next
         # attempt uses the same (fresh) generation, as in the simulator
         g.spec = spec
+        old_torch_name = g.torch_name
         pg, store = self._create_checked(spec, self._adopted.create_kwargs(name))
         self._groups[name] = _Group(spec, pg, torch_name=self._pg_name(pg), store=store)
         self._adopted.rebuilt(name, pg)
+        for hook in tuple(self._rebuilt_hooks):
+            hook(name, old_torch_name, pg)
         return spec
+
+    def on_rebuilt(self, fn: Callable[[str, str, Any], None]) -> Callable[[], None]:
+        """Call ``fn(name, old_torch_name, new_process_group)`` after each rebuild of a group (on the rebuilding
+        thread; after an adopted group's references were re-pointed; ``new_process_group`` is None on a
+        non-member). Returns a function that removes the hook. Whoever built objects on a group the runtime made
+        points them at the rebuilt one from here (:mod:`refimpl.torch_runtime.mesh_groups` for a mesh)."""
+        self._rebuilt_hooks.append(fn)
+
+        def remove() -> None:
+            if fn in self._rebuilt_hooks:
+                self._rebuilt_hooks.remove(fn)
+
+        return remove
+
+    def process_group(self, name: str) -> Any:
+        """The live ``torch.distributed`` process group of group ``name`` on this rank (None on a non-member or
+        without ``torch.distributed``); a destroyed group raises :class:`GroupError`."""
+        g = self._entry(name)
+        if not g.live:
+            raise GroupError(f"group {name!r} is destroyed; recreate_group({name!r}) first")
+        return g.pg
+
+    def live_process_groups(self) -> list[dict[str, Any]]:
+        """Every process group alive in this process (torch's registry, the default group included), with the
+        runtime's name for it, its backend, ranks, collectives issued, whether an NCCL communicator exists and
+        its bytes by ``ncclCommMemStats`` (see :func:`refimpl.torch_runtime.group_census.live_groups`)."""
+        from refimpl.torch_runtime.group_census import live_groups
+
+        names = {g.torch_name: n for n, g in self._groups.items() if g.live and g.torch_name}
+        return [row.as_dict() for row in live_groups(names)]
 
     def foreign_group_spec(self, name: str, handle: Any) -> GroupSpec:
         """The spec (ranks, backend, timeout as created) of a ``torch.distributed`` process group made outside

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 from refimpl.runtime.base import GroupSpec
-from refimpl.runtime.votes import Ballot, Verdict, VoteError
+from refimpl.runtime.votes import Ballot, Verdict, VoteError, space_name
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ VOTE_PREFIX = "timeshare/vote/"
 ARRIVE_PREFIX = "timeshare/arrive/"
 
 
-_SPACES: dict[str, int] = {}  # kind -> spaces handed out in this process (every TorchRuntime shares one store)
+_SPACES: dict[tuple[str, str], int] = {}  # (kind, about) -> spaces handed out in this process (one store for all)
 
 
-def next_space(kind: str) -> str:
-    """``"<kind>.<n>"``: the next key space of ``kind`` in this process."""
-    n = _SPACES[kind] = _SPACES.get(kind, -1) + 1
-    return f"{kind}.{n}"
+def next_space(kind: str, about: str = "") -> str:
+    """The next key space of ``kind`` about ``about`` in this process (:func:`refimpl.runtime.votes.space_name`)."""
+    n = _SPACES[(kind, about)] = _SPACES.get((kind, about), -1) + 1
+    return space_name(kind, about, n)
 
 
 def _timed_out(e: BaseException) -> bool:

@@ -117,6 +117,16 @@ class WorkerStateControl:
         return self._users
 
     @property
+    def moves_are_rank_local(self) -> bool:
+        """True when moving this rank's state runs no collective: no lifecycle, and a store (or a client's store)
+        whose backend keeps each rank's bytes on its own (``"local"``). Only then can one rank's move be
+        completed alone (what the cluster does after a call left its ranks split)."""
+        if self.lifecycle is not None:
+            return False
+        store = getattr(self.store, "store", self.store)  # a client (DDP, Megatron) wraps its store
+        return getattr(getattr(store, "backend", None), "name", None) == "local"
+
+    @property
     def offloaded(self) -> bool:
         """True when any category of this worker's state is in host memory."""
         from refimpl.store import Category

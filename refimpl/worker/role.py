@@ -26,6 +26,20 @@ The driver reaches every registered method through :meth:`RoleWorker.timeshare_c
 which returns the method's result with the call's metrics (onload, execute,
 offload seconds; device memory after each phase; bytes moved) for the driver to
 gather.
+
+Order. A threaded actor (``max_concurrency`` > 1) runs calls as they arrive, in
+any order. The driver numbers every call of a role, and :class:`CallOrder` holds
+a call back where the order decides where the state ends: an explicit move
+(``offload_states`` / ``reload_states``: ``@register(ordered=True)``) starts once
+every call submitted before it has finished, and a call that moves state around
+itself (``offload=True``) starts once the last explicit move submitted before it
+has finished. Other calls run at once (a call that releases a waiting one must
+not wait behind it). Every rank thus ends in the state the submission order
+gives it.
+
+Interrupts. A ``KeyboardInterrupt`` inside a call (Ctrl-C, a cancelled call) comes
+out of :meth:`RoleWorker.timeshare_call` as :class:`CallInterruptedError`, so the
+driver names it (Ray would report only that a task was cancelled).
 """
 from __future__ import annotations
 
@@ -58,11 +72,14 @@ class Registration:
     """How a :func:`register` ed method is called: ``dispatch`` (``"one_to_all"``: the same arguments to every
     rank; ``"scatter"``: each positional argument is a sequence of one item per rank), ``collect``
     (``"all"`` or ``"rank0"``), ``offload`` (reload before and offload after, unless the call's
-    ``meta_info["is_offload_states"]`` is False)."""
+    ``meta_info["is_offload_states"]`` is False), ``ordered`` (an explicit move of the state: on every rank
+    it runs after the calls submitted before it, and calls with ``offload`` submitted after it run after
+    it; see the module docstring)."""
 
     dispatch: str = "one_to_all"
     collect: str = "all"
     offload: bool = True
+    ordered: bool = False
 
     def __post_init__(self) -> None:
         if self.dispatch not in DISPATCH_MODES:
@@ -71,6 +88,8 @@ class Registration:
             raise ValueError(f"register(collect={self.collect!r}): expected one of {COLLECT_MODES}")
         if not isinstance(self.offload, bool):
             raise TypeError(f"register(offload=...) takes a bool, got {self.offload!r}")
+        if not isinstance(self.ordered, bool):
+            raise TypeError(f"register(ordered=...) takes a bool, got {self.ordered!r}")
 
 
 def registration(fn: Any) -> Registration | None:
@@ -79,14 +98,14 @@ def registration(fn: Any) -> Registration | None:
 
 
 def register(method: F | None = None, *, dispatch: str = "one_to_all", collect: str = "all",
-             offload: bool = True) -> Any:
+             offload: bool = True, ordered: bool = False) -> Any:
     """Mark a :class:`RoleWorker` method as callable from the driver (``@register`` or ``@register(...)``).
 
     ROLL's and verl's ``@register(dispatch_mode=...)``: see :class:`Registration` for the arguments.
     With ``offload=True`` the method runs inside the worker's ``state_control`` manager, also when
     another method of the worker calls it directly (then it moves nothing: the outer call does).
     """
-    reg = Registration(dispatch, collect, offload)
+    reg = Registration(dispatch, collect, offload, ordered)
 
     def decorate(fn: F) -> F:
         if not reg.offload:
@@ -106,6 +125,54 @@ def register(method: F | None = None, *, dispatch: str = "one_to_all", collect: 
         return managed  # type: ignore[return-value]
 
     return decorate(method) if method is not None else decorate
+
+
+class CallInterruptedError(RuntimeError):
+    """A registered method was interrupted on this rank (``KeyboardInterrupt``: Ctrl-C, a cancelled call); the
+    interrupt is the cause. The driver reports it as a :class:`~refimpl.worker.cluster.WorkerCallError`."""
+
+
+class CallOrderError(RuntimeError):
+    """A call waited longer than its bound for the calls it must follow (see :class:`CallOrder`): a call
+    submitted before it never arrived or never finished on this rank, or every thread of the actor is taken
+    by calls that wait; nothing of the call ran."""
+
+
+class CallOrder:
+    """Which of a role's numbered calls have finished on this rank; holds a call back until those it must
+    follow have (see the module docstring). The driver numbers the calls 0, 1, 2, ... and sends every call
+    to every rank, so "every call before ``n`` has finished" is one counter."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._finished: set[int] = set()
+        self._below = 0  # every call numbered below this has finished
+
+    @property
+    def finished_below(self) -> int:
+        """Every call numbered below this one has finished on this rank."""
+        return self._below
+
+    def wait(self, until: int, timeout_s: float | None, what: str) -> None:
+        """Return once every call numbered below ``until`` has finished; :class:`CallOrderError` after
+        ``timeout_s``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._below >= until, timeout=timeout_s):
+                missing = sorted(set(range(self._below, until)) - self._finished)
+                raise CallOrderError(
+                    f"{what} waited {timeout_s} s for the calls submitted before it; calls {missing[:8]} have not "
+                    "finished on this rank (still running, never arrived, or no free thread: raise the cluster's "
+                    "max_concurrency)")
+
+    def finish(self, seq: int) -> None:
+        """Record that call ``seq`` has finished (whatever its outcome) and wake the calls waiting for it."""
+        with self._cond:
+            if seq >= self._below:  # a call counted twice (skipped as cancelled, then run after all) is ignored
+                self._finished.add(seq)
+            while self._below in self._finished:
+                self._finished.discard(self._below)
+                self._below += 1
+            self._cond.notify_all()
 
 
 def free_port() -> int:
@@ -145,6 +212,7 @@ class RoleWorker:
         self.master_addr, self.master_port = master_addr, int(master_port)
         self.config = dict(config or {})
         self.state_control: WorkerStateControl | None = None
+        self.call_order = CallOrder()
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(self.master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0")
         self._local = threading.local()
@@ -162,8 +230,27 @@ class RoleWorker:
             return current
         return self.state_control.metrics if self.state_control is not None else {}
 
-    def timeshare_call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict[str, float]]:
-        """Run the registered method ``name``; return ``(result, metrics of this call)``."""
+    def timeshare_call(self, name: str, args: tuple, kwargs: dict,
+                       order: tuple[int, int, float | None] | None = None) -> tuple[Any, dict[str, float]]:
+        """Run the registered method ``name``; return ``(result, metrics of this call)``.
+
+        ``order``: ``(number, after, timeout_s)`` from the driver: this call's number in the role, and the
+        calls numbered below ``after`` must have finished first (waited for at most ``timeout_s``, then
+        :class:`CallOrderError`); None runs it at once, unnumbered. A ``KeyboardInterrupt`` comes out as
+        :class:`CallInterruptedError`.
+        """
+        try:
+            if order is not None:
+                seq, after, timeout_s = order
+                self.call_order.wait(after, timeout_s, f"{self.role} rank {self.rank} call {seq} {name}()")
+            return self._call(name, args, kwargs)
+        except KeyboardInterrupt as e:
+            raise CallInterruptedError(f"{name}() was interrupted: KeyboardInterrupt: {e}") from e
+        finally:
+            if order is not None:
+                self.call_order.finish(order[0])
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict[str, float]]:
         fn = getattr(self, name, None)
         if fn is None or registration(fn) is None:
             raise AttributeError(f"{type(self).__name__} has no method {name!r} marked with @register")
@@ -201,26 +288,34 @@ class RoleWorker:
         if ctl.moves["offload"] > before.get("offload", 0):
             metrics[f"bytes/offload/{name}"] = float(st.last_offload_bytes)
 
+    def timeshare_skip(self, seq: int) -> None:
+        """Count call ``seq`` as finished on this rank without running it: Ray reported it cancelled, so it may
+        never run here, and the calls ordered after it must not wait for it."""
+        self.call_order.finish(seq)
+
     def timeshare_ping(self) -> tuple[str, int, int]:
         """``(role, rank, pid)``: the actor is up and serving calls."""
         return self.role, self.rank, os.getpid()
 
     def timeshare_moves(self) -> dict[str, Any]:
-        """Where this rank's state is and how often it moved: ``{"offloaded", "reload", "offload", "users"}``."""
+        """Where this rank's state is and how often it moved: ``{"offloaded", "reload", "offload", "users",
+        "rank_local"}`` (``rank_local``: moving it runs no collective, see
+        :attr:`~refimpl.worker.control.WorkerStateControl.moves_are_rank_local`)."""
         ctl = self.state_control
         if ctl is None:
-            return {"offloaded": False, "reload": 0, "offload": 0, "users": 0}
-        return {"offloaded": ctl.offloaded, **ctl.moves, "users": ctl.users}
+            return {"offloaded": False, "reload": 0, "offload": 0, "users": 0, "rank_local": True}
+        return {"offloaded": ctl.offloaded, **ctl.moves, "users": ctl.users, "rank_local": ctl.moves_are_rank_local}
 
-    @register(offload=False)
+    @register(offload=False, ordered=True)
     def offload_states(self, timeout_s: float | None = None) -> None:
-        """Move this rank's state to host memory, after any call that runs on it now (ROLL's ``offload_states``)."""
+        """Move this rank's state to host memory, after every call the driver sent before it (ROLL's
+        ``offload_states``)."""
         if self.state_control is not None:
             t0 = time.perf_counter()
             self.state_control.offload_states(timeout_s=timeout_s)
             self.call_metrics()["time/offload/offload_states"] = time.perf_counter() - t0
 
-    @register(offload=False)
+    @register(offload=False, ordered=True)
     def reload_states(self) -> None:
         """Bring this rank's state back to the device (ROLL's ``reload_states``)."""
         if self.state_control is not None:
@@ -253,6 +348,9 @@ def _node_ip() -> str:
 
 __all__ = [
     "COLLECT_MODES",
+    "CallInterruptedError",
+    "CallOrder",
+    "CallOrderError",
     "DISPATCH_MODES",
     "Registration",
     "RoleWorker",

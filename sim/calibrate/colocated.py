@@ -1,4 +1,4 @@
-"""The colocated RL step in the simulator: per-phase prediction for a record of ``bench/rl_loop.py``.
+"""The colocated RL step in the simulator: per-phase prediction for a record of ``bench.rl``.
 
 Theory of operation
 -------------------
@@ -75,7 +75,7 @@ from sim.calibrate.records import RecordError
 
 log = logging.getLogger(__name__)
 
-#: phases of the step (bench/rl_loop.py PHASES)
+#: phases of the step (bench/rl/record.py PHASES)
 PHASES = ("train", "offload", "rollout", "weight_sync", "reload")
 #: the issue's tolerance for the prediction per phase
 TOLERANCE = 0.15
@@ -84,7 +84,7 @@ TOLERANCE = 0.15
 def _steady(rec: dict[str, Any]) -> list[dict[str, Any]]:
     steps = rec.get("steps") or []
     if not steps:
-        raise RecordError("the record has no 'steps'; pass an rl_step_<world>.json written by bench/rl_loop.py")
+        raise RecordError("the record has no 'steps'; pass an rl_step_<world>.json written by bench.rl")
     return steps[1:] if len(steps) > 1 else steps
 
 
@@ -154,12 +154,14 @@ def _sim_times(shape, preset: str, d2h_bps: float, h2d_bps: float, *, gap_s: flo
 @functools.lru_cache(maxsize=64)
 def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, train_s: float = 0.0,
                        rollout_s: float = 0.0, steps: int = 3, *, sync_needs_groups: bool = True,
-                       warm_rebuilt: bool = False, proxy_wake: bool = False) -> dict[str, float]:
+                       warm_rebuilt: bool = False, proxy_wake: bool = False,
+                       groups: tuple[tuple[str, tuple[int, ...]], ...] | None = None) -> dict[str, float]:
     """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of the NCCL group
-    ``trainer.dp`` over ``world`` ranks in the steady step (the last of ``steps``), and what training's first
+    ``trainer.dp`` over ``world`` ranks (or of ``groups``: (name, ranks) pairs every rank makes and the lifecycle
+    manages, each rank using those it is a member of, as the RL step's mesh groups) in the steady step (the last of ``steps``), and what training's first
     all-reduce after the wake takes beyond the same all-reduce in a step without a switch (``first_use_extra``:
     the lazy init of a rebuilt communicator), by the real :class:`~refimpl.comm.PGLifecycle` on a
-    :class:`~sim.world.SimWorld` of the preset, driven as bench/rl_loop.py drives it: a training collective on
+    :class:`~sim.world.SimWorld` of the preset, driven as bench.rl drives it: a training collective on
     the group (its communicator initialised), ``train_s`` of training, the pause, ``rollout_s`` of rollout, the
     weight sync, the resume. The preset's NCCL create / init / destroy costs (a destroy waits for the proxy
     thread's next poll unless ``proxy_wake``) and the cooldown apply. ``sync_needs_groups=False``: the plan
@@ -182,17 +184,23 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
                       memory=TopologyMemory(topo, record=False),
                       comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)
 
+    made = groups if groups is not None else (("trainer.dp", tuple(range(world))),)
+    names = [name for name, _ in made]
+    if not names or any(not ranks or max(ranks) >= world or min(ranks) < 0 for _, ranks in made):
+        raise ValueError(f"groups must name ranks in [0, {world}), got {groups!r}")
+
     async def job(rt):
-        """The RL step's lifecycle calls, as bench/rl_loop.py makes them."""
-        await rt.new_group(GroupSpec("trainer.dp", tuple(range(world)), backend="nccl"))
-        lc = PGLifecycle(rt, ["trainer.dp"], plan=GroupPlanRules(sync_groups=None if sync_needs_groups else set()),
+        """The RL step's lifecycle calls, as bench.rl makes them."""
+        for name, ranks in made:
+            await rt.new_group(GroupSpec(name, tuple(ranks), backend="nccl"))
+        lc = PGLifecycle(rt, names, plan=GroupPlanRules(sync_groups=None if sync_needs_groups else set()),
                          config=LifecycleConfig(policy=PGPolicy[policy], cooldown_s=cooldown_s, agree_timeout_s=120,
                                                 canary_timeout_s=60, control_group="trainer.control",
                                                 warm_rebuilt=warm_rebuilt))
         await lc.start()
-        await _touch(rt, ["trainer.dp"])
+        await _touch(rt, names)
         a = rt.now()
-        await _touch(rt, ["trainer.dp"])
+        await _touch(rt, names)
         steady = rt.now() - a
         out = []
 
@@ -201,7 +209,7 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
 
         for _ in range(steps):
             a = rt.now()
-            await _touch(rt, ["trainer.dp"])  # the training step's loss all-reduce
+            await _touch(rt, names)  # the training step's loss all-reduce
             first = rt.now() - a
             if out:
                 out[-1]["first_use_extra"] = max(0.0, first - steady)
@@ -216,7 +224,7 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
             await lc.resume()
             out.append({"offload": b - a, "weight_sync": d - c, "reload": rt.now() - d})
         a = rt.now()
-        await _touch(rt, ["trainer.dp"])
+        await _touch(rt, names)
         out[-1]["first_use_extra"] = max(0.0, rt.now() - a - steady)
         return out[-1]
 
@@ -285,12 +293,15 @@ def _lifecycle_measured(measured: dict[str, float], steady: list[dict[str, Any]]
 
 
 def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", free: str | None = None,
-                 kv_bytes: float | None = None, constants: dict[str, float] | None = None) -> dict[str, Any]:
+                 kv_bytes: float | None = None, constants: dict[str, float] | None = None,
+                 gather_ranks: int | None = None) -> dict[str, Any]:
     """Predicted seconds per phase of a steady step of ``rec``; see the module docstring.
 
     ``free`` overrides the record's ``config.free`` (``"driver"``/``"allocator"``);
     ``kv_bytes`` the bytes the rollout freed (default: the record's KV peak or plan);
-    ``constants`` overrides values of :data:`LOOP_CONSTANTS` (name -> value).
+    ``constants`` overrides values of :data:`LOOP_CONSTANTS` (name -> value);
+    ``gather_ranks``: the ranks a parameter is sharded over, which the weight sync's gather receives from (default:
+    the record's world size; an HSDP mesh's shard dimension is smaller).
     """
     from sim.calibrate.calibration import host_overheads
 
@@ -329,7 +340,7 @@ def predict_step(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", fre
     host_p = host_overheads(preset, len(params_only.tensors), params_only.nbytes)
     host_r = host_overheads(preset, len(rest.tensors), rest.nbytes)
     per_tensor = loop["gather_per_tensor_1rank_s"] if world == 1 else loop["gather_per_tensor_multi_s"]
-    gather_s = tensors * per_tensor + gather_bytes_s(params_b, world)
+    gather_s = tensors * per_tensor + gather_bytes_s(params_b, world if gather_ranks is None else gather_ranks)
     cfg = rec.get("config", {})
     lc_preset = preset if world == 1 else MULTI_PRESET  # a preset with enough GPUs for the world
     settings = lifecycle_settings(rec)
@@ -381,7 +392,7 @@ def compare(rec: dict[str, Any], pred: dict[str, Any] | None = None, *, preset: 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the per-phase comparison of a record."""
-    ap = argparse.ArgumentParser(description="Simulated colocated RL step against a bench/rl_loop.py record")
+    ap = argparse.ArgumentParser(description="Simulated colocated RL step against a bench.rl record")
     ap.add_argument("record")
     ap.add_argument("--preset", default="calibrated/h200-1x")
     ap.add_argument("--fit", action="store_true", help="also print the LOOP_CONSTANTS this record gives")

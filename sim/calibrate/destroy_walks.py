@@ -392,6 +392,86 @@ def uds_threads(lines: Iterable[str]) -> list[UdsThread]:
             for (pid, tid), t0 in sorted(started.items(), key=lambda kv: kv[1])]
 
 
+@dataclass(frozen=True)
+class DestroyGap:
+    """From one destroy's UDS proxy thread exit to the next destroy's proxy stop, in one process (seconds): the first
+    destroy's work after its join and the next one's before its stop, no poll wait in it."""
+
+    pid: int
+    #: ranks of the communicator whose thread exited, and of the next one (2: its proxy closed peer connections)
+    size: int
+    next_size: int
+    seconds: float
+
+
+#: a gap longer than this is not inside one walk (an agreement, a step, a training phase in between)
+WALK_GAP_S = 0.2
+
+
+def destroy_gaps(lines: Iterable[str]) -> list[DestroyGap]:
+    """[Note: a destroy's own cost, from NCCL's log] ``ncclCommDestroy`` stops the communicator's proxy (the service
+    thread logs ``Received and initiated operation=Stop``; a multi-rank one first ``operation=Close`` for each peer
+    connection) and joins its UDS thread, which exits (``[Proxy Service UDS] exit``) at its next poll timeout. What
+    follows the exit, to the next destroy's stop in a walk, is the rest of the first destroy and the start of the
+    next: the destroy's own cost without the poll wait, which the simulator charges as ``destroy``. Gaps over
+    :data:`WALK_GAP_S` (the walk's end) are left out."""
+    by_pid: dict[int, list[tuple[str, float, int]]] = {}
+    closes: dict[int, int] = {}
+    for line in lines:
+        m = _NCCL_LINE.match(line)
+        if not m:
+            continue
+        t, pid, msg = float(m[1]), int(m[2]), m[4]
+        if msg.startswith("Received and initiated operation=Close"):
+            closes[pid] = closes.get(pid, 0) + 1
+        elif msg.startswith("Received and initiated operation=Stop"):
+            by_pid.setdefault(pid, []).append(("stop", t, 2 if closes.pop(pid, 0) else 1))
+        elif msg.startswith("[Proxy Service UDS] exit"):
+            by_pid.setdefault(pid, []).append(("exit", t, 0))
+    out = []
+    for pid, ev in sorted(by_pid.items()):
+        for a, b, c in zip(ev, ev[1:], ev[2:]):
+            if a[0] == "stop" and b[0] == "exit" and c[0] == "stop" and 0 <= c[1] - b[1] < WALK_GAP_S:
+                out.append(DestroyGap(pid, a[2], c[2], c[1] - b[1]))
+    return out
+
+
+def proxy_leads(lines: Iterable[str]) -> dict[int, list[float]]:
+    """``{size: [seconds]}``: for each communicator initialised in an NCCL log, how long before the end of its init
+    its UDS proxy thread last served a request (or started, if it served none), where its poll periods begin. The
+    end of a one-rank init is its ``Init COMPLETE`` line (its first collective then runs at once, with no peer to
+    connect); a multi-rank communicator connects at its first collective, so its end is ``Connected all rings``."""
+    out: dict[int, list[float]] = {1: [], 2: []}
+    last: dict[tuple[int, int], float] = {}
+    current: dict[int, tuple[int, int]] = {}
+    for line in lines:
+        m = _NCCL_LINE.match(line)
+        if not m:
+            continue
+        t, pid, tid, msg = float(m[1]), int(m[2]), int(m[3]), m[4]
+        if msg.startswith("[Proxy Service UDS] Device"):
+            last[pid, tid] = t
+            current[pid] = (pid, tid)
+        elif msg.startswith("proxyUDSRecvReq") and (pid, tid) in last:
+            last[pid, tid] = t
+        elif pid in current and "Init COMPLETE" in msg and " nranks 1 " in msg:
+            out[1].append(t - last[current[pid]])
+        elif pid in current and msg.startswith("Connected all rings"):
+            out[2].append(t - last[current[pid]])
+    return {k: v for k, v in out.items() if v}
+
+
+def destroy_costs(gaps: Sequence[DestroyGap]) -> dict[int, tuple[float, int]]:
+    """``{size: (seconds, n)}``: a destroy's own cost by communicator size (1, 2), the median of the gaps between
+    destroys of that size ([Note: a destroy's own cost, from NCCL's log]); a size with no such pair is left out."""
+    out = {}
+    for size in (1, 2):
+        same = [g.seconds for g in gaps if g.size == g.next_size == size]
+        if same:
+            out[size] = (statistics.median(same), len(same))
+    return out
+
+
 def nccl_log_lines(path: str | Path) -> list[str]:
     """Every line of an NCCL log file, or of every ``.log`` member of a tar archive of them."""
     import tarfile
@@ -421,6 +501,46 @@ def uds_report(threads: Sequence[UdsThread], poll_s: float = 0.5) -> str:
             f"whole {poll_s * 1e3:g} ms poll periods after its last activity, plus {min(late):.2f}-{max(late):.2f} ms")
 
 
+# --------------------------------------------------------------------------- the idle-destroy probe, simulated
+
+
+def simulate_idle_destroys(topology: str, *, groups: int, idle_s: float, phase_s: float,
+                           wake_proxies: bool = False) -> list[float]:
+    """``bench/gpu/idle_destroy_probe.py`` on one simulated GPU of ``topology``: ``groups`` one-rank groups created,
+    each first used (its lazy init) one after the other, ``idle_s + phase_s`` idle, then destroyed one by one;
+    each destroy's seconds. Without the proxy waker (the probe destroys with ``dist.destroy_process_group``) the
+    first waits for its communicator's next poll timeout, and each next one the spacing of the inits, as long as
+    that is longer than a destroy's own cost ([Note: a destroy, with and without the proxy waker] in
+    :mod:`sim.machine.collectives`)."""
+    import torch
+
+    from refimpl.runtime import GroupSpec, ReduceOp
+    from sim.machine.collectives import NcclComm, TopologyCollectiveCost
+    from sim.machine.topology import Topology
+    from sim.presets import first_gpus, load_preset_data
+    from sim.world import SimWorld
+
+    topo = Topology(first_gpus(load_preset_data(topology), 1), where=f"preset {topology!r}, one GPU")
+    world = SimWorld(1, trace=False, collective_cost=TopologyCollectiveCost(topo),
+                     comm=NcclComm(topo, lazy_init=True, init_at_collective=True, proxy_wake=wake_proxies))
+
+    async def probe(rt):
+        names = [f"g{i}" for i in range(groups)]
+        for name in names:
+            await rt.new_group(GroupSpec(name, (0,), backend="nccl"))
+        for name in names:
+            await rt.all_reduce(torch.ones(1), ReduceOp.SUM, name)
+        await rt.sleep(idle_s + phase_s)
+        out = []
+        for name in names:
+            t0 = rt.now()
+            await rt.destroy_group(name)
+            out.append(rt.now() - t0)
+        return out
+
+    return world.run(probe)[0]
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -429,7 +549,14 @@ def report(path: str | Path, topology: str = "calibrated/hgx-h200-8x") -> str:
     NCCL log (``.log``, or a ``.tgz`` of them as ``bench/gpu/run_destroy_walk.sh`` writes) :func:`uds_report`."""
     path = Path(path)
     if path.name.endswith((".log", ".tgz", ".tar.gz")):
-        return f"{path}: " + uds_report(uds_threads(nccl_log_lines(path)))
+        lines = nccl_log_lines(path)
+        costs = destroy_costs(destroy_gaps(lines))
+        own = "; ".join(f"{k}-rank {v * 1e3:.1f} ms (median of {n})" for k, (v, n) in costs.items())
+        lead = "; ".join(f"{k}-rank {statistics.median(v) * 1e3:.1f} ms (median of {len(v)})"
+                         for k, v in proxy_leads(lines).items())
+        return (f"{path}: " + uds_report(uds_threads(lines))
+                + (f"\n  a destroy's own cost, from each UDS exit to the next destroy's proxy stop: {own}" if own else "")
+                + (f"\n  the proxy thread's last request before the end of its init: {lead}" if lead else ""))
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -489,6 +616,6 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-__all__ = ["late_walks", "DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "init_passes",
+__all__ = ["proxy_leads", "simulate_idle_destroys", "DestroyGap", "WALK_GAP_S", "destroy_costs", "destroy_gaps", "late_walks", "DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "init_passes",
            "main", "mesh_walks", "nccl_log_lines", "poll_phase_spread", "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
            "uds_report", "uds_threads", "walks_from_spans"]

@@ -23,6 +23,14 @@ What is fitted, and from which part of which record (each fitted constant's
   scrub rate of freed device memory;
 * from ``bench/agreement_probe.py`` records: ``gloo_agreement``, one lifecycle
   agreement on the Gloo control group;
+* from NCCL's own logs of destroy walks (``bench/gpu/run_destroy_walk.sh``):
+  ``nccl_destroy`` and ``nccl_destroy_multi``, a destroy's own cost beyond the
+  wait for the proxy poll (from each UDS proxy thread's exit to the next
+  destroy's proxy stop, [Note: a destroy's own cost, from NCCL's log] in
+  :mod:`sim.calibrate.destroy_walks`), and ``nccl_proxy_poll``;
+* from ``bench/gpu/rebuild_probe.py`` records (one rank, the runtime as users run
+  it): ``nccl_destroy`` (a destroy with the proxy waker) and ``nccl_init`` (the
+  rebuild and its first collective, less the group object);
 * from ``bench/gpu/destroy_walk_probe.py`` records: ``nccl_poll_phase_spread``,
   how far the proxy poll phases of a training step's communicators move against
   one another between steps (:func:`sim.calibrate.destroy_walks.poll_phase_spread`): a
@@ -30,15 +38,16 @@ What is fitted, and from which part of which record (each fitted constant's
   whole period more on hardware ([Note: one poll period more] in
   :mod:`sim.calibrate.destroy_walks`).
 
-Destroying an initialised communicator waits for its NCCL proxy thread's next
-500 ms poll timeout ([Note: the proxy's 500 ms poll] in :mod:`sim.presets`;
-``nccl_proxy_poll``, from NCCL's source). A record that destroys its
-communicators right after their first collectives (``bench/gpu/comm_split_probe.py``:
-no suspend in between) is replayed with that wait (:func:`replay_destroys`) and
-``nccl_destroy`` is what is left per communicator (:func:`fit_destroy`); the
-replay's total against the measured one is in the constant's source. A
-record whose destroys follow suspends and resumes (``bench/gpu/multigpu.py``)
-gives no destroy constant: the proxy threads' poll phase there is not known.
+Destroying an initialised communicator without the runtime's proxy waker waits
+for its NCCL proxy thread's next 500 ms poll timeout ([Note: the proxy's 500 ms
+poll] in :mod:`sim.presets`; ``nccl_proxy_poll``, from NCCL's source and its
+logs), then costs ``nccl_destroy``; with the waker, ``nccl_destroy`` alone. The
+destroy's own cost is read where it stands apart from the wait (NCCL's log, the
+rebuild probe's destroy with the waker), not from a walk's total: a walk over
+communicators destroyed right after their first collectives
+(``bench/gpu/comm_split_probe.py``) is paced by their inits, so its total
+carries one destroy's own cost and the inits' spacing; :func:`replay_destroys`
+replays such a walk as a check (``tests/sim/machine/test_proxy_poll.py``).
 
 Several records giving one constant are averaged (the source lists each).
 Everything else comes from the base preset unchanged, with its own source.
@@ -57,8 +66,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.presets import load_preset_data
-from sim.calibrate.records import (AgreementRecord, DestroyWalkRecord, MultiGpuRecord, Record, RecordError,
-                                    ScrubProbeRecord, held_out)
+from sim.calibrate.records import (AgreementRecord, DestroyWalkRecord, MultiGpuRecord, NcclLogRecord,
+                                    RebuildProbeRecord, Record, RecordError, ScrubProbeRecord, held_out)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,43 @@ MiB = 2**20
 NCCL_PROXY_POLL_S = 0.5
 NCCL_PROXY_POLL_SOURCE = ("NVIDIA/nccl src/proxy.cc: ncclProxyServiceUDS polls its socket with poll(pollfds, 1, 500) "
                           "and reads the stop flag only when the poll returns; commFree (src/init.cc) joins the thread")
+
+
+def _log_observations(rec: NcclLogRecord) -> list[Observation]:
+    """A destroy's own cost by communicator size and the proxy poll period, from an NCCL log of destroy walks."""
+    from sim.calibrate.destroy_walks import destroy_costs, destroy_gaps, nccl_log_lines, uds_report, uds_threads
+
+    lines = nccl_log_lines(rec.path)
+    costs = destroy_costs(destroy_gaps(lines))
+    if not costs:
+        raise RecordError(f"{rec.name}: no two destroys one after the other in the log (a proxy stop, its UDS thread's "
+                          "exit, the next stop); write it with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,PROXY and "
+                          "microsecond timestamps (bench/gpu/run_destroy_walk.sh)")
+    out = [Observation("nccl_destroy" + ("" if size == 1 else "_multi"), v, rec.name,
+                       f"NCCL's log: from each {size}-rank communicator's UDS proxy thread exit to the next destroy's "
+                       f"proxy stop, median of {n}")
+           for size, (v, n) in costs.items()]
+    out.append(Observation("nccl_proxy_poll", NCCL_PROXY_POLL_S, rec.name,
+                           f"{NCCL_PROXY_POLL_SOURCE}; NCCL's log: {uds_report(uds_threads(lines))}"))
+    return out
+
+
+def _rebuild_observations(rec: RebuildProbeRecord, group_s: float, less: str) -> list[Observation]:
+    """A one-rank destroy with the proxy waker and a one-rank lazy init, from a rebuild-probe record."""
+    if rec.world_size != 1:
+        log.info("%s: a %d-rank rebuild probe; only one-rank records are fitted", rec.name, rec.world_size)
+        return []
+    m = rec.medians
+    init = m["rebuild_wake1_s"] - group_s
+    if init <= 0:
+        raise RecordError(f"{rec.name}: rebuild_wake1_s is not more than the group object's own cost; no init to fit")
+    cumem = f"NCCL_CUMEM_ENABLE {rec.cumem}"
+    return [Observation("nccl_destroy", m["destroy_wake1_s"], rec.name,
+                        f"destroy with the proxy waker, {cumem}, median of the rounds after the first (without it, "
+                        f"{rec.idle_s:g} s after the warm-up: {m['destroy_wake0_s']:.3f} s)"),
+            Observation("nccl_init", init, rec.name,
+                        f"recreate_group and its first collective {m['rebuild_wake1_s'] * 1e3:.1f} ms, {cumem}, "
+                        f"less {less}")]
 
 
 def replay_destroys(n: int, init_s: float, gap_s: float, base_s: float, poll_s: float = NCCL_PROXY_POLL_S) -> float:
@@ -124,6 +170,13 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
             created.setdefault("" if raw.comm_ranks == 1 else "_multi", []).append(raw.per_comm("create_s"))
     out: list[Observation] = []
     for rec in records:
+        if isinstance(rec, NcclLogRecord):
+            out += _log_observations(rec)
+            continue
+        if isinstance(rec, RebuildProbeRecord):
+            group_s, less = _group_object_s(created, "", pg_create_s)
+            out += _rebuild_observations(rec, group_s, less)
+            continue
         if isinstance(rec, ScrubProbeRecord):
             out.append(Observation("h200_scrub", rec.scrub_bps(), rec.name,
                                    f"11 GiB H2D right after a free at {rec.fresh_gbps_at_zero_delay:.2f} GB/s against "
@@ -156,7 +209,6 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
             per = raw.per_comm(field)
             if per is not None:
                 out.append(Observation(name + suffix, per, where, f"{field} {getattr(raw, field):.3f} s for {what}"))
-        out += _destroy(raw, where, what, suffix)
         for field, name in (("create_s", "pg_create"), ("first_collective_after_resume_s", "nccl_resume_first_collective"),
                             ("destroy_uninitialized_s", "nccl_destroy_uninitialized")):
             per = raw.per_comm(field)
@@ -167,12 +219,7 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
             out.append(Observation("nccl_init" + suffix, per, where,
                                    f"first_collective_s {raw.first_collective_s:.3f} s for {what}"))
         elif raw.per_comm("create_first_collective_s") is not None:
-            if suffix in created:
-                group_s = sum(created[suffix]) / len(created[suffix])
-                less = f"the group object's create_s measured in the fit set ({group_s * 1e3:.2f} ms each)"
-            else:
-                group_s = pg_create_s
-                less = f"the group object's pg_create ({pg_create_s * 1e3:g} ms, assumption) each"
+            group_s, less = _group_object_s(created, suffix, pg_create_s)
             per = raw.per_comm("create_first_collective_s") - group_s
             if per <= 0:
                 raise RecordError(f"{where}.create_first_collective_s: not more than the group object's own cost; "
@@ -189,22 +236,13 @@ def observations(records: Iterable[Record], *, pg_create_s: float) -> list[Obser
     return out
 
 
-def _destroy(raw, where: str, what: str, suffix: str) -> list[Observation]:
-    """``nccl_destroy`` (and the poll it was fitted with) from a record whose destroys follow the first collectives."""
-    if raw.destroy_s is None:
-        return []
-    if raw.suspend_s is not None or raw.first_collective_s is None:
-        log.info("%s: destroy_s not fitted: the destroys do not follow the first collectives (suspend/resume "
-                 "in between, or no first_collective_s), so the proxy threads' poll phase is not known", where)
-        return []
-    init = raw.per_comm("first_collective_s")
-    gap = raw.steady_collective_s or 0.0
-    base, replayed = fit_destroy(raw.n_comms, init, gap, raw.destroy_s)
-    how = (f"destroy_s {raw.destroy_s:.3f} s for {what} right after their first collectives ({init * 1e3:.1f} ms "
-           f"each, then {gap * 1e3:.2f} ms); replayed with the {NCCL_PROXY_POLL_S * 1e3:g} ms proxy poll: "
-           f"{replayed:.3f} s")
-    return [Observation("nccl_destroy" + suffix, base, where, how + f" at {base * 1e3:.2f} ms each beyond the waits"),
-            Observation("nccl_proxy_poll", NCCL_PROXY_POLL_S, where, f"{NCCL_PROXY_POLL_SOURCE}; {how}")]
+def _group_object_s(created: dict[str, list[float]], suffix: str, pg_create_s: float) -> tuple[float, str]:
+    """The group object's own cost to take off a rebuild-and-first-collective figure, and how it was known: the mean
+    ``create_s`` the fit set measured for that size class, else the base preset's ``pg_create`` (an assumption)."""
+    if suffix in created:
+        group_s = sum(created[suffix]) / len(created[suffix])
+        return group_s, f"the group object's create_s measured in the fit set ({group_s * 1e3:.2f} ms each)"
+    return pg_create_s, f"the group object's pg_create ({pg_create_s * 1e3:g} ms, assumption) each"
 
 
 #: constant -> (unit written in the preset, factor from SI, comm-section key or None)
@@ -299,6 +337,10 @@ def fit_words(records: Iterable[Record]) -> str:
             part = f"the lifecycle's agreement on a {rec.world_size}-GPU H200 host"
         elif isinstance(rec, DestroyWalkRecord):
             part = f"destroy walks of the 14 Megatron groups on {rec.world_size} x H200"
+        elif isinstance(rec, NcclLogRecord):
+            part = "NCCL's own log of destroy walks on 2 x H200"
+        elif isinstance(rec, RebuildProbeRecord):
+            part = "a group's destroy and rebuild through the runtime on one H200"
         elif isinstance(rec, MultiGpuRecord):
             machine = "one H200" if rec.world_size == 1 else f"{rec.world_size} x H200"
             part = f"NCCL communicator costs on {machine}"

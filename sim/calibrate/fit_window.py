@@ -40,7 +40,8 @@ def simulated_wake(data: Mapping[str, Any], settings: Mapping[str, Any]) -> floa
 
     per_rank = simulate(PGPolicy.SUSPEND, dp=int(settings["dp"]), tp=int(settings["tp"]), steps=int(settings["steps"]),
                         train_s=float(settings["train_s"]), rollout_s=float(settings["rollout_s"]),
-                        cooldown_s=float(settings["cooldown_s"]), topology=dict(data))
+                        cooldown_s=float(settings["cooldown_s"]), topology=dict(data),
+                        wake_proxies=bool(settings.get("wake_proxies", True)))
     return summarize(PGPolicy.SUSPEND, per_rank, int(settings["warmup"])).wake_up
 
 

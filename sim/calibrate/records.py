@@ -24,6 +24,20 @@ Three kinds of JSON record are read, each into one shape:
   into a reused buffer), from which the driver's scrub rate is fitted.
 * ``"kind": "agreement_probe"`` (``bench/agreement_probe.py``): what one lifecycle
   agreement (``all_reduce(MIN)`` on the Gloo control group) took.
+* ``"kind": "rebuild_probe"`` (``bench/gpu/rebuild_probe.py``): a one-rank group's
+  destroy with and without the proxy waker, its rebuild and first collective.
+* An NCCL log (``.log``, or a ``.tgz`` of them, written with microsecond timestamps
+  by ``bench/gpu/run_destroy_walk.sh``): every destroy's proxy stop and UDS thread
+  exit (:func:`sim.calibrate.destroy_walks.destroy_costs`).
+* ``"kind": "figure_ranges"``: figures transcribed from a table that gives ranges, not
+  a run's raw record (``bench/results/2026-12-04-h200x2-from-gpu-md/``): the switch
+  window's figures over the meshes it names, and the idle-destroy probe's.
+
+[Note: the runtime's proxy waker in a record] Whether a destroy waited for NCCL's
+proxy poll depends on the runtime: TorchRuntime wakes the proxy thread by default
+since 2026-12-02 (:data:`PROXY_WAKER_SINCE`). A switch window's ``settings`` may say
+so (``wake_proxies``); a record that does not is read as without the waker when it
+was taken before that day, and refused after it (nothing is guessed).
 
 A value a record does not have is ``None``; nothing is guessed.
 """
@@ -42,6 +56,11 @@ log = logging.getLogger(__name__)
 
 PHASES = ("sleep", "update_weights", "wake_up")
 SETTINGS = ("dp", "tp", "steps", "warmup", "train_s", "rollout_s", "cooldown_s", "groups_per_rank")
+#: optional mesh sizes of a switch window's settings (default 1; ``etp`` default as ``megatron_groups`` chooses)
+MESH_SETTINGS = ("cp", "pp", "ep", "etp")
+#: the first day TorchRuntime woke NCCL's proxy thread in a destroy by default ([Note: the runtime's proxy waker in a
+#: record]): a record taken before it, without a ``wake_proxies`` setting, ran without the waker
+PROXY_WAKER_SINCE = "2026-12-02"
 COMM_RAW_TIMES = ("suspend_s", "resume_s", "destroy_s", "create_first_collective_s")
 #: optional finer splits a record may carry (totals over n_comms, like the others): the group object alone
 #: (``new_group``), the first collective alone, the first collective after a resume, destroying a group
@@ -57,6 +76,29 @@ HELD_OUT: tuple[str, ...] = (
     "bench/results/2026-11-30-h200x2-switch-8-steps/",
     "bench/results/2026-11-30-h200x2-parallel-walks/",
     "bench/results/2026-11-29-h200-run9/",
+    "bench/results/2026-12-04-h200x2-from-gpu-md/",
+)
+
+_M = "multigpu-2026-11-30-nvidia-h200x2.json"
+_OFFLOAD = "2026-11-29-h200-offload.json"
+#: [Note: the records validation scores] what ``timeshare sim validate`` scores when given no record: every record
+#: of a switch window, a dedup reload or the store's offload and reload that no calibration read, the held-out ones
+#: among them. No constant of a preset, and no default the simulator or the runtime ships, may come from one of
+#: these (``tests/sim/calibrate/test_blind.py``): what is scored was never fitted.
+VALIDATION_SET: tuple[str, ...] = (
+    f"bench/results/2026-11-30-h200x2-all-policies/{_M}",
+    f"bench/results/2026-11-30-h200x2-lazy-wake/{_M}",
+    f"bench/results/2026-11-30-h200x2-walk-probes/{_M}",
+    f"bench/results/2026-11-30-h200x2-switch-8-steps/{_M}",
+    f"bench/results/2026-11-30-h200x2-parallel-walks/{_M}",
+    f"bench/results/2026-11-30-h200x2-all-policies/stock-nccl/{_M}",
+    "bench/results/2026-11-30-h200x2-lifecycle-bind/2026-11-30-h200x2-lifecycle-lazy.json",
+    "bench/results/2026-11-30-h200x2-lifecycle-bind/2026-11-30-h200x2-lifecycle-eager.json",
+    "bench/results/2026-11-30-h200x2-gpumd/2026-11-30-h200x2-multigpu.json",
+    "bench/results/2026-12-04-h200x2-from-gpu-md/figures-2026-12-04-h200x2.json",
+    "bench/results/2026-11-30-h200-store/2026-11-30-h200-offload.json",
+    *(f"bench/results/2026-11-29-h200-run{n}/{_OFFLOAD}" for n in (2, 3, 4, 5, 6, 9)),
+    *(f"bench/results/2026-11-29-h200-run{n}/mallocasync/{_OFFLOAD}" for n in (4, 6)),
 )
 
 
@@ -202,7 +244,75 @@ class DestroyWalkRecord:
         return _display(self.path)
 
 
-Record = MultiGpuRecord | OffloadRecord | ScrubProbeRecord | AgreementRecord | DestroyWalkRecord
+@dataclass(frozen=True)
+class RebuildProbeRecord:
+    """``bench/gpu/rebuild_probe.py``'s record: a group's destroy with the proxy waker on and off (after ``idle_s``
+    idle), its rebuild and first collective, medians of the rounds after the first (seconds)."""
+
+    path: Path
+    world_size: int
+    cumem: str
+    idle_s: float
+    medians: Mapping[str, float]
+
+    @property
+    def name(self) -> str:
+        """The record's file, relative to the repository when it lies inside it."""
+        return _display(self.path)
+
+
+@dataclass(frozen=True)
+class NcclLogRecord:
+    """An NCCL log (or a ``.tgz`` of them) with microsecond timestamps: each destroy's proxy stop and UDS thread exit
+    (read by :func:`sim.calibrate.destroy_walks.destroy_costs`)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The record's file, relative to the repository when it lies inside it."""
+        return _display(self.path)
+
+
+@dataclass(frozen=True)
+class FigureRange:
+    """One transcribed figure: ``lo`` to ``hi`` (equal where one value was given) of ``what`` for ``policies``."""
+
+    what: str
+    policies: tuple[str, ...]
+    lo: float
+    hi: float
+    #: scored by ``timeshare sim validate`` (False: reported beside the scores, such as memory)
+    scored: bool = True
+
+    @property
+    def mid(self) -> float:
+        """The middle of the range (the figure compared with a prediction)."""
+        return (self.lo + self.hi) / 2
+
+
+@dataclass(frozen=True)
+class FigureRangesRecord:
+    """Figures transcribed from a table of ranges (``"kind": "figure_ranges"``): a switch window's over the meshes
+    ``meshes`` names (each ``{"dp": ..., "tp": ..., "ep": ...}``), with its ``settings``, and the idle-destroy
+    probe's (``idle_destroy``: groups, idle seconds, the mean destroy's range)."""
+
+    path: Path
+    date: str
+    world_size: int
+    settings: Mapping[str, Any]
+    meshes: tuple[Mapping[str, int], ...]
+    figures: tuple[FigureRange, ...]
+    idle_destroy: Mapping[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        """The record's file, relative to the repository when it lies inside it."""
+        return _display(self.path)
+
+
+Record = (MultiGpuRecord | OffloadRecord | ScrubProbeRecord | AgreementRecord | DestroyWalkRecord | RebuildProbeRecord
+          | NcclLogRecord | FigureRangesRecord)
 
 
 def _display(path: Path) -> str:
@@ -224,7 +334,23 @@ def _num(raw: Mapping[str, Any], key: str, where: str, *, optional: bool = False
     return int(v) if integer else float(v)
 
 
-def _switch_window(raw: Any, where: str) -> SwitchWindow:
+def wake_proxies_setting(settings: Mapping[str, Any], date: str, where: str) -> bool:
+    """Whether the record's runtime woke NCCL's proxy thread in its destroys ([Note: the runtime's proxy waker in a
+    record]): its ``wake_proxies`` setting, else False for a record taken before :data:`PROXY_WAKER_SINCE`."""
+    v = settings.get("wake_proxies")
+    if v is not None:
+        if not isinstance(v, bool):
+            raise RecordError(f"{where}.wake_proxies: expected true or false, got {v!r}")
+        return v
+    day = str(date)[:10]
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day) and day < PROXY_WAKER_SINCE:
+        return False
+    raise RecordError(f"{where}.wake_proxies: required for a record dated {day or 'without a date'} (the runtime wakes "
+                      f"NCCL's proxy thread by default since {PROXY_WAKER_SINCE}): say whether the destroys woke it "
+                      "(TorchRuntime.wake_proxies)")
+
+
+def _switch_window(raw: Any, where: str, date: str = "") -> SwitchWindow:
     if not isinstance(raw, Mapping):
         raise RecordError(f"{where}: expected an object with 'settings' and 'results'")
     settings = raw.get("settings")
@@ -232,6 +358,10 @@ def _switch_window(raw: Any, where: str) -> SwitchWindow:
         raise RecordError(f"{where}.settings: required (an object with {list(SETTINGS)})")
     s = {k: _num(settings, k, f"{where}.settings", integer=k in ("dp", "tp", "steps", "warmup", "groups_per_rank"))
          for k in SETTINGS}
+    for k in MESH_SETTINGS:
+        if settings.get(k) is not None:
+            s[k] = _num(settings, k, f"{where}.settings", integer=True)
+    s["wake_proxies"] = wake_proxies_setting(settings, date, f"{where}.settings")
     if s["warmup"] >= s["steps"]:
         raise RecordError(f"{where}.settings.warmup: {s['warmup']} must be smaller than steps ({s['steps']})")
     results = raw.get("results")
@@ -311,7 +441,7 @@ def _multigpu(data: Mapping[str, Any], path: Path) -> MultiGpuRecord:
     return MultiGpuRecord(
         path=path, date=str(data.get("date", "")), device=str(data.get("device", "")), world_size=ws,
         command=str(data.get("command", "")),
-        switch_window=None if sw is None else _switch_window(sw, f"{where}.switch_window"),
+        switch_window=None if sw is None else _switch_window(sw, f"{where}.switch_window", str(data.get("date", ""))),
         comm_raw=None if cr is None else _comm_raw(cr, f"{where}.comm_raw", ws),
         dedup=list(dedup),
         eager_init=(data.get("init_process_group") or {}).get("device_id_bound"),
@@ -349,14 +479,76 @@ def _comm_h200(data: Mapping[str, Any], path: Path) -> MultiGpuRecord:
         settings = {"dp": 1, "tp": 1, "steps": int(m["last"]), "warmup": int(m["first"]) - 1, "train_s": 0.0,
                     "rollout_s": float(m["rollout"]), "cooldown_s": float(m["cooldown"]),
                     "groups_per_rank": int(m["groups"])}
-        sw = _switch_window({"settings": settings, "results": raw_sw["results"]}, f"{where}.switch_window")
+        sw = _switch_window({"settings": settings, "results": raw_sw["results"]}, f"{where}.switch_window",
+                            str(data.get("date", "")))
     return MultiGpuRecord(path=path, date=str(data.get("date", "")), device=str(data.get("device", "")),
                           world_size=1, command="bench/gpu/comm_h200.py", switch_window=sw, comm_raw=comm_raw)
+
+
+def _rebuild_probe(data: Mapping[str, Any], path: Path) -> RebuildProbeRecord:
+    where = _display(path)
+    med = data.get("median_after_first")
+    if not isinstance(med, Mapping):
+        raise RecordError(f"{where}.median_after_first: required (the medians of the rounds after the first)")
+    medians = {k: _num(med, k, f"{where}.median_after_first") for k in ("destroy_wake1_s", "destroy_wake0_s",
+                                                                          "rebuild_wake1_s")}
+    if data.get("device", "cpu") == "cpu":
+        raise RecordError(f"{where}: a dry run (CPU, Gloo) measures nothing of NCCL")
+    return RebuildProbeRecord(path=path, world_size=_num(data, "world_size", where, integer=True),
+                              cumem=str(data.get("nccl_cumem_enable", "unset")), idle_s=_num(data, "idle_s", where),
+                              medians=medians)
+
+
+def _figure_ranges(data: Mapping[str, Any], path: Path) -> FigureRangesRecord:
+    where = _display(path)
+    sw = data.get("switch_window")
+    if not isinstance(sw, Mapping) or not isinstance(sw.get("settings"), Mapping):
+        raise RecordError(f"{where}.switch_window.settings: required")
+    raw_settings = sw["settings"]
+    settings = {k: _num(raw_settings, k, f"{where}.switch_window.settings",
+                        integer=k in ("steps", "warmup", "groups_per_rank"))
+                for k in SETTINGS if k not in ("dp", "tp")}
+    if settings["warmup"] >= settings["steps"]:
+        raise RecordError(f"{where}.switch_window.settings.warmup: must be smaller than steps")
+    settings["wake_proxies"] = wake_proxies_setting(raw_settings, str(data.get("date", "")),
+                                                    f"{where}.switch_window.settings")
+    meshes = sw.get("meshes")
+    if not isinstance(meshes, list) or not meshes or not all(isinstance(m, Mapping) for m in meshes):
+        raise RecordError(f"{where}.switch_window.meshes: expected a list of meshes ({{\"dp\": 1, \"tp\": 2}}, ...)")
+    mesh_keys = ("dp", "tp", *MESH_SETTINGS)
+    parsed_meshes = []
+    for i, m in enumerate(meshes):
+        unknown = set(m) - set(mesh_keys)
+        if unknown:
+            raise RecordError(f"{where}.switch_window.meshes[{i}]: unknown keys {sorted(unknown)}; known: {list(mesh_keys)}")
+        parsed_meshes.append({k: _num(m, k, f"{where}.switch_window.meshes[{i}]", integer=True) for k in m})
+    figures = []
+    for i, f in enumerate(sw.get("figures") or []):
+        w = f"{where}.switch_window.figures[{i}]"
+        if not isinstance(f, Mapping) or not isinstance(f.get("what"), str) or not isinstance(f.get("policies"), list):
+            raise RecordError(f"{w}: expected what, policies, lo, hi")
+        lo, hi = _num(f, "lo", w), _num(f, "hi", w)
+        if hi < lo:
+            raise RecordError(f"{w}: hi {hi} is below lo {lo}")
+        figures.append(FigureRange(f["what"], tuple(map(str, f["policies"])), lo, hi, bool(f.get("scored", True))))
+    idle = data.get("idle_destroy")
+    if idle is not None:
+        if not isinstance(idle, Mapping):
+            raise RecordError(f"{where}.idle_destroy: expected an object")
+        for k in ("groups", "idle_s", "mean_lo_s", "mean_hi_s"):
+            _num(idle, k, f"{where}.idle_destroy", integer=k == "groups")
+    return FigureRangesRecord(path=path, date=str(data.get("date", "")), world_size=_num(data, "world_size", where,
+                                                                                        integer=True),
+                              settings=settings, meshes=tuple(parsed_meshes), figures=tuple(figures), idle_destroy=idle)
 
 
 def load_record(path: str | Path) -> Record:
     """Read one record (multigpu, one-GPU communicator, or offload report); RecordError names what is wrong."""
     path = Path(path)
+    if path.name.endswith((".log", ".tgz", ".tar.gz")):
+        if not path.is_file():
+            raise RecordError(f"{path}: cannot read it (no such file)")
+        return NcclLogRecord(path=path)
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -379,6 +571,12 @@ def load_record(path: str | Path) -> Record:
             raise RecordError(f"{where}: ranks: required, a list of every rank's events")
         return DestroyWalkRecord(path=path, world_size=_num(data, "world_size", where, integer=True),
                                  policy=str(data.get("policy", "")), data=data)
+    if data.get("kind") == "rebuild_probe":
+        return _rebuild_probe(data, path)
+    if data.get("kind") == "figure_ranges":
+        if data.get("schema") != 1:
+            raise RecordError(f"{_display(path)}.schema: {data.get('schema')!r} is not a schema this code reads (1)")
+        return _figure_ranges(data, path)
     if "per_group" in data and "switch_window" in data:
         return _comm_h200(data, path)
     if "shapes" in data and "variants" in data:
@@ -389,10 +587,13 @@ def load_record(path: str | Path) -> Record:
     raise RecordError(
         f"{path}: not a record this code reads: expected \"kind\": \"multigpu\" (bench/gpu/multigpu.py), "
         "a bench/gpu/comm_h200.py record (per_group, switch_window), an offload report (shapes, variants), "
-        "a bench/gpu/h2d_scrub_probe.py record, \"kind\": \"agreement_probe\" (bench/agreement_probe.py) or "
-        "\"kind\": \"destroy_walk_probe\" (bench/gpu/destroy_walk_probe.py)"
+        "a bench/gpu/h2d_scrub_probe.py record, \"kind\": \"agreement_probe\" (bench/agreement_probe.py), "
+        "\"kind\": \"destroy_walk_probe\" (bench/gpu/destroy_walk_probe.py), \"kind\": \"rebuild_probe\" "
+        "(bench/gpu/rebuild_probe.py), \"kind\": \"figure_ranges\" or an NCCL log (.log, .tgz)"
     )
 
 
-__all__ = ["HELD_OUT", "held_out", "AgreementRecord", "COMM_RAW_OPTIONAL_TIMES", "COMM_RAW_TIMES", "CommRaw", "DestroyWalkRecord", "MultiGpuRecord", "OffloadRecord", "PHASES", "Record", "RecordError", "ScrubProbeRecord",
-           "SETTINGS", "SwitchWindow", "load_record"]
+__all__ = ["HELD_OUT", "VALIDATION_SET", "held_out", "AgreementRecord", "COMM_RAW_OPTIONAL_TIMES", "COMM_RAW_TIMES", "CommRaw",
+           "DestroyWalkRecord", "FigureRange", "FigureRangesRecord", "MESH_SETTINGS", "MultiGpuRecord", "NcclLogRecord",
+           "OffloadRecord", "PHASES", "PROXY_WAKER_SINCE", "Record", "RebuildProbeRecord", "RecordError",
+           "ScrubProbeRecord", "SETTINGS", "SwitchWindow", "load_record", "wake_proxies_setting"]

@@ -7,7 +7,7 @@ Theory of operation
 at the record's line rates, the preset's store host time) and the real
 :class:`~refimpl.comm.PGLifecycle` on a simulated world (pause / weight sync /
 resume). This module keeps those parts and composes them the way each mode of
-``bench/switch_modes.py`` runs them:
+``bench/rl/modes.py`` runs them:
 
 * ``sequential``: offload = pause walk + store offload; weight sync = bring-up
   + params reload + gather + post-sync walk; reload = resume + reload of the rest.
@@ -85,6 +85,9 @@ same all-reduce in a steady step) and the streamed reload's wait. Beside it:
 the step (plain training + rollout + switch cost).
 
     python -m sim.calibrate.switch_modes RECORD.json [--policies DESTROY_DEFERRED,SUSPEND_PLANNED,PAUSED_LIVE]
+
+The same composition for one rank of an N-GPU step, from a one-GPU record, for the earlier mechanism and the
+current one on FSDP2 and HSDP meshes: :mod:`sim.calibrate.switch_ngpu`.
 """
 from __future__ import annotations
 
@@ -95,7 +98,7 @@ from typing import Any
 
 from sim.calibrate.colocated import predict_step
 
-#: the switch modes (bench/switch_modes.py MODES)
+#: the switch modes (bench/rl/modes.py MODES)
 MODES = ("sequential", "overlapped", "streamed")
 #: policies a prediction covers by default: the two that free NCCL memory on NCCL >= 2.29.7 and the one that keeps it
 POLICIES = ("DESTROY_DEFERRED", "SUSPEND_PLANNED", "PAUSED_LIVE")
@@ -123,26 +126,37 @@ def early_copies_tail(units_bytes: list[int], d2h_bps: float, train_s: float, st
     ``start + i / (n - 1) * (end - start)`` of the step (the root at ``end``: the step's end, where the optimizer's
     own time moved into the backward), its copy starts then or when the copy before it ends, at the line rate
     ``d2h_bps``."""
-    if not units_bytes:
+    return unit_chain_tail([b / d2h_bps for b in units_bytes], train_s, start_share, end_share)
+
+
+def unit_chain_tail(units_s: list[float], train_s: float, start_share: float = FIRST_WAIT_SHARE,
+                    end_share: float = 1.0) -> float:
+    """Seconds a chain of per-unit works run past the end of a step of ``train_s`` that steps its optimizer per unit
+    in the backward: unit ``i`` of ``n`` (backward order, the root last) is final as :func:`early_copies_tail`
+    says, and its work (``units_s[i]`` seconds, on one stream) starts then or when the work before it ends."""
+    if not units_s:
         return 0.0
     start, end = start_share * train_s, end_share * train_s
-    n, t = len(units_bytes), 0.0
-    for i, b in enumerate(units_bytes):
+    n, t = len(units_s), 0.0
+    for i, d in enumerate(units_s):
         ready = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
-        t = max(t, ready) + b / d2h_bps
+        t = max(t, ready) + d
     return max(0.0, t - train_s)
 
 
 #: the host stages of a steady offload (``StoreStats.phases`` of a record): what is left of the offload once its
 #: copies ran early
-OFFLOAD_HOST_PHASES = ("offload.speculate", "offload.collect", "offload.plan", "offload.issue", "offload.record",
+OFFLOAD_HOST_PHASES = ("offload.copy_ahead", "offload.collect", "offload.plan", "offload.issue", "offload.record",
                        "offload.release")
+#: the names older records carry for a phase of :data:`OFFLOAD_HOST_PHASES` (the store called copy_ahead speculate)
+OLD_PHASE_NAMES = {"offload.copy_ahead": "offload.speculate"}
 
 
 def store_offload_host_s(rec: dict[str, Any]) -> float | None:
     """The store's host work in the record's last offload (its ``store_phases`` but the wait), or None where the
     record has none or its last offload was not steady (the first one collects everything)."""
-    ph = rec.get("store_phases") or {}
+    ph = dict(rec.get("store_phases") or {})
+    ph.update({new: ph[old] for new, old in OLD_PHASE_NAMES.items() if new not in ph and old in ph})
     if not all(k in ph for k in OFFLOAD_HOST_PHASES) or len(rec.get("steps") or []) < 2:
         return None
     return float(sum(ph[k] for k in OFFLOAD_HOST_PHASES))
@@ -166,6 +180,18 @@ def reload_issue_host_s(rec: dict[str, Any]) -> float | None:
     if cfg.get("mode", "sequential") == "sequential" or cfg.get("sync_first") or not vals:
         return None
     return sum(vals) / len(vals)
+
+
+def first_wait_share(rec: dict[str, Any], reload_order: str | None = None, batch_ahead: bool | None = None) -> float:
+    """The share of the record's training step before its first wait on a streamed reload with the ``in_order``
+    engine (module docstring): :data:`FIRST_WAIT_SHARE` where the reload is issued in first-use order and the step
+    copies no batch larger than :data:`INLINE_COPY_BYTES` at its start, else 0. ``reload_order`` and ``batch_ahead``
+    default to the record's."""
+    cfg = rec.get("config") or {}
+    order = rec.get("reload_order", "category") if reload_order is None else reload_order
+    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
+    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
+    return FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
 
 
 def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", policies=POLICIES, modes=MODES,
@@ -200,9 +226,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     if order not in RELOAD_ORDERS:
         raise ValueError(f"reload_order must be one of {RELOAD_ORDERS}, got {order!r}")
     cfg = rec.get("config") or {}
-    ahead = bool(cfg.get("batch_ahead", False)) if batch_ahead is None else batch_ahead
-    batch_bytes = int(cfg.get("batch") or 0) * int(cfg.get("seq") or 0) * 8  # int64 token ids
-    first_wait = FIRST_WAIT_SHARE if order == "first_use" and (ahead or batch_bytes <= INLINE_COPY_BYTES) else 0.0
+    first_wait = first_wait_share(rec, order, batch_ahead)
     if early_units_bytes is None and rec.get("offload_in_backward"):
         early_units_bytes = rec.get("early_units_bytes")
     first = bool(cfg.get("sync_first", False)) if sync_first is None else sync_first
@@ -227,7 +251,7 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
 def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
              copy_engine: str = "in_order", first_wait_share: float = 0.0,
              early_units_bytes: list[int] | None = None, sync_first: bool = False) -> dict[str, Any]:
-    """One mode's row from a step prediction: the parts composed the way bench/switch_modes.py runs them."""
+    """One mode's row from a step prediction: the parts composed the way bench/rl/modes.py runs them."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
     early_tail = 0.0
@@ -295,7 +319,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the predicted rows for a record's step (its model, line rates, train and rollout)."""
     ap = argparse.ArgumentParser(description="Predicted switch cost per policy and mode of a colocated RL step")
-    ap.add_argument("record", help="an rl_step_<world>.json of bench/rl_loop.py (its model, line rates, phases)")
+    ap.add_argument("record", help="an rl_step_<world>.json of bench.rl (its model, line rates, phases)")
     ap.add_argument("--preset", default="calibrated/h200-1x")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--modes", default=",".join(MODES))
@@ -333,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "early_offload_phase_s",
+__all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "first_wait_share",
+           "unit_chain_tail", "early_offload_phase_s",
            "reload_issue_host_s",
            "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 

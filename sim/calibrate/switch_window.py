@@ -377,12 +377,15 @@ def summarize(policy: "PGPolicy | str", per_rank: list[list[StepTimes]], warmup:
 
 def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s: float, rollout_s: float,
              cooldown_s: float, topology: "str | dict[str, Any] | None", cp: int = 1, pp: int = 1, ep: int = 1,
-             etp: int | None = None) -> list[list[StepTimes]]:
+             etp: int | None = None, wake_proxies: bool = True) -> list[list[StepTimes]]:
     """Run the steps on a simulated ``tp * cp * dp * pp`` rank job over Megatron's group families
     (:func:`megatron_groups`, ``ep`` expert parallel); returns each rank's step times.
 
     ``topology``: a preset name or file, or preset data; None for the simulator's defaults.
     ``policy``: a :class:`PGPolicy` or a :data:`VARIANTS` name.
+    ``wake_proxies``: the runtime wakes the NCCL proxy thread a destroy joins (TorchRuntime's default, True); False
+    simulates a runtime without the waker, whose destroys wait for the proxy's poll ([Note: a destroy, with and
+    without the proxy waker] in :mod:`sim.machine.collectives`).
     """
     row, pol = resolve(policy)
     from sim.world import SimWorld
@@ -396,7 +399,7 @@ def simulate(policy: "PGPolicy | str", *, dp: int, tp: int, steps: int, train_s:
         topo = Topology(topology) if isinstance(topology, dict) else Topology.from_preset(topology)
         # torch creates NCCL communicators lazily: the first collective of a (re)built group pays the init
         kwargs = dict(collective_cost=TopologyCollectiveCost(topo), memory=TopologyMemory(topo, record=False),
-                      comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
+                      comm=NcclComm(topo, lazy_init=True, init_at_collective=True, proxy_wake=wake_proxies))
     specs = megatron_groups(tp=tp, dp=dp, cp=cp, pp=pp, ep=ep, etp=etp)
     world = SimWorld(dp * tp * cp * pp, trace=False, **kwargs)
     config = row_config(row, cooldown_s=cooldown_s)

@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.planner.plan_model import MODEL_PRESETS, GpuSpec, Layout, PlanInputError, Workload
+from sim.planner.plan_inputs import MODEL_PRESETS, GpuSpec, Layout, PlanInputError, Workload
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a verl or ROLL config: the model, GPUs, layout, batch and rollout are read from it and "
                              "the answer is given in its keys (the options below then override it)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="Hydra-style dotted overrides of CONFIG, e.g. data.train_batch_size=512")
+                        help="Hydra overrides of the config, e.g. data.train_batch_size=512 (+KEY=VALUE adds a key, "
+                             "++KEY=VALUE adds or sets, ~KEY deletes); alone, they apply to verl's ppo_trainer.yaml, as "
+                             "python -m verl.trainer.main_ppo does")
+    parser.add_argument("--config-path", metavar="DIR",
+                        help="Hydra's config directory: with --config-name, as in a verl launch script (a name that is "
+                             "not in DIR but is verl's own, ppo_trainer or ppo_megatron_trainer, is verl's)")
+    parser.add_argument("--config-name", metavar="NAME", help="Hydra's config name (NAME.yaml in --config-path)")
     g = parser.add_argument_group("model")
     g.add_argument("--model", metavar="NAME|config.json",
                    help=f"a preset ({', '.join(MODEL_PRESETS)}) or a transformers config.json (default Qwen2.5-7B)")
@@ -70,9 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "lifecycle driver of `timeshare bench switch-window`")
     s.add_argument("--cooldown-s", type=float, default=2.0,
                    help="with --pg-groups megatron: port-release cooldown of the destroying policies (default 2)")
+    s.add_argument("--wake-proxies", choices=("on", "off"), default="on",
+                   help="with --pg-groups megatron: whether the runtime wakes NCCL's proxy thread in a destroy "
+                        "(default on, as TorchRuntime; off: each destroy waits for the proxy's 500 ms poll)")
     s.add_argument("--layouts", choices=("given", "search"), default=None,
                    help="search: compare the layouts the training backend allows (TP, PP, CP, EP, FSDP) before the "
                         "offload settings; given: plan only the layout given (default: search with CONFIG, else given)")
+    s.add_argument("--crossover", action="store_true",
+                   help="also sweep the response length, the model size (layers) and the GPU count, colocated against "
+                        "split into a rollout and a training pool, and say where the faster one changes (about 10-20 "
+                        "more plans)")
+    s.add_argument("--no-split", action="store_true",
+                   help="do not compare the colocated step with a split into a rollout and a training pool")
     s.add_argument("--rows", type=int, default=15, help="rows of the ranked table (default 15)")
     s.add_argument("--wide", action="store_true", help="tables up to 220 columns instead of 100")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout (the table is not printed)")
@@ -81,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model(text: str | None, args: argparse.Namespace, flag: str = "--model"):
-    from sim.planner.plan_model import model_preset, shape_from_hf_config, shape_from_sizes
+    from sim.planner.plan_inputs import model_preset, shape_from_hf_config, shape_from_sizes
 
     if flag == "--model" and args.params_b is not None:
         if text:
@@ -128,7 +143,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def _cluster(args: argparse.Namespace, fc) -> tuple[str, int, int | None, int]:
     """(preset, nodes, GPUs per node used or None for all, GPUs in all) from the options and the config."""
-    from sim.planner.plan_model import Machine
+    from sim.planner.plan_inputs import Machine
     from sim.presets import load_preset_data
 
     nodes = args.nodes or (fc.nodes if fc else 1)
@@ -150,6 +165,24 @@ def _cluster(args: argparse.Namespace, fc) -> tuple[str, int, int | None, int]:
         raise PlanInputError(f"{'--gpus-per-node' if args.gpus_per_node else fc.path + ': GPUs per node'} {gpn}: preset "
                              f"{cluster!r} has {per_node} GPUs per node")
     return cluster, nodes, gpn, (gpn or per_node) * nodes
+
+
+def _is_override(word: str) -> bool:
+    """Whether a word of the command line is a Hydra override rather than a config file."""
+    return word.startswith(("+", "~")) or ("=" in word and not Path(word).is_file())
+
+
+def _check_mesh(args: argparse.Namespace, lay: Layout, gpus: int) -> None:
+    """The parallel sizes against the cluster's GPUs, before anything is built (one line naming the limit)."""
+    if lay.dp and lay.world != gpus:
+        raise PlanInputError(f"--tp {lay.tp} x --pp {lay.pp} x --cp {lay.cp} x --dp {lay.dp} = {lay.world:,} ranks, but "
+                             f"the cluster has {gpus:,} GPUs; change --dp (or --nodes / --cluster)")
+    for name in ("tp", "pp", "cp", "dp", "ep", "eddp", "fsdp", "rollout_tp"):
+        v = getattr(lay, name)
+        if v > gpus:
+            given = getattr(args, name, None) is not None
+            what = f"--{name.replace('_', '-')} {v}" if given else f"the config's {name.replace('_', ' ')} size {v}"
+            raise PlanInputError(f"{what}: more than the cluster's {gpus:,} GPUs")
 
 
 def _layout(args: argparse.Namespace, fc, gpus: int) -> Layout:
@@ -185,22 +218,27 @@ def inputs_from_args(args: argparse.Namespace):
     """(:class:`sim.planner.plan.PlanInputs`, the :class:`sim.planner.plan_config.FrameworkConfig` read or None) from parsed options
     (raises :class:`PlanInputError` naming the bad option or config key)."""
     from sim.planner.plan import PlanInputs
-    from sim.planner.plan_layout import layout_choices
-    from sim.planner.plan_model import gpu_flops
+    from sim.planner.layout_cost import layout_choices
+    from sim.planner.plan_inputs import gpu_flops
 
     _check_numbers(args)
     fc = None
-    if getattr(args, "config", None):
+    words = ([args.config] if getattr(args, "config", None) else []) + list(getattr(args, "overrides", None) or [])
+    config = words[0] if words and not _is_override(words[0]) else None
+    overrides = words[1:] if config is not None else words
+    if config is not None or overrides or getattr(args, "config_name", None):
         from sim.planner.plan_config import read_config
 
-        fc = read_config(args.config, args.overrides)
-    elif getattr(args, "overrides", None):
-        raise PlanInputError(f"{args.overrides[0]!r}: KEY=VALUE overrides need a CONFIG.yaml before them")
-    model = (_model(args.model, args) if (args.model or args.params_b is not None or fc is None) else fc.model)
-    if fc is not None:
-        fc.model = model
+        if getattr(args, "config_path", None) and not args.config_name:
+            raise PlanInputError("--config-path: give --config-name with it (Hydra's NAME.yaml in that directory)")
+        given = _model(args.model, args) if (args.model or args.params_b is not None) else None
+        reward = _model(args.reward_model, args, "--reward-model") if args.reward_model else None
+        fc = read_config(config, overrides, config_path=args.config_path, config_name=args.config_name, model=given,
+                         reward_model=reward)
+    model = fc.model if fc is not None else _model(args.model, args)
     cluster, nodes, gpn, gpus = _cluster(args, fc)
     layout = _layout(args, fc, gpus)
+    _check_mesh(args, layout, gpus)
     workload = _workload(args, fc)
     gpu = None
     if args.gpu_tflops is not None:
@@ -222,7 +260,8 @@ def inputs_from_args(args: argparse.Namespace):
                                   heads=model.heads)]
     inputs = PlanInputs(model=model, cluster=cluster, nodes=nodes, layout=layout, workload=workload, gpu=gpu,
                         overlap=args.overlap, exhaustive=args.exhaustive, pg_groups=args.pg_groups,
-                        cooldown_s=args.cooldown_s, gpus_per_node=gpn, allow=allow, layouts=layouts)
+                        cooldown_s=args.cooldown_s, wake_proxies=args.wake_proxies == "on", gpus_per_node=gpn,
+                        allow=allow, layouts=layouts, split=not args.no_split, crossover=args.crossover)
     return inputs, fc
 
 
@@ -244,13 +283,46 @@ def more_nodes(inputs, tries: tuple[int, ...] = (2, 4, 8), tick=None) -> dict | 
         lay = inputs.layout
         lay = replace(lay, dp=lay.dp * k, fsdp=0 if lay.fsdp in (0, lay.dp) else lay.fsdp, eddp=0)
         try:
-            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None), tick=tick)
+            plan = make_plan(replace(inputs, cluster=cluster, nodes=nodes, layout=lay, layouts=None, split=False,
+                                     crossover=False), tick=tick)
         except PlanInputError:
             continue
         rec = plan["recommendation"]
         if rec is not None:
             return {"nodes": nodes, "cluster": cluster, "step_s": rec["step_s"], "candidate": rec["candidate"]["label"]}
     return None
+
+
+def micro_batch_fix_plan(inputs, plan: dict, fc) -> dict | None:
+    """When nothing fits and a smaller micro-batch would (the plan's ``memory_driver``): the micro-batch in the
+    config's own key (``--micro-batch-tokens`` without a config), planned once more to check that it fits; the
+    plan's reason then says which key to set. None when not even one sequence fits."""
+    from sim.planner.plan import make_plan
+
+    d = plan["memory_driver"]
+    fit, seq = d["micro_batch_tokens_that_fit"], d["sequence_tokens"]
+    if fc is not None:
+        from sim.planner.plan_config import micro_batch_fix
+
+        keys = micro_batch_fix(fc, fit, seq)
+        if keys is None:
+            return None
+        value = next(iter(keys.values()))
+        tokens = value * seq if fc.micro_batch_key[1] == "sequences" else value
+    else:
+        if fit < 1:
+            return None
+        keys, tokens = {"--micro-batch-tokens": fit}, fit
+    w = replace(inputs.workload, micro_batch_tokens=tokens)
+    again = make_plan(replace(inputs, workload=w, layout=Layout(**plan["inputs"]["layout"]), layouts=None, split=False,
+                              crossover=False))
+    rec = again["recommendation"]
+    out = {"keys": keys, "micro_batch_tokens": tokens, "fits": rec is not None,
+           "step_s": rec["step_s"] if rec else None, "candidate": rec["candidate"]["label"] if rec else None}
+    said = "; ".join(f"set {k}={v}" if not k.startswith("--") else f"{k} {v}" for k, v in keys.items())
+    plan["reason"] += (f"; {said}: it fits, {rec['step_s']:.2f} s a step ({rec['candidate']['label']})" if rec
+                       else f"; {said} fits this turn, but the step still does not fit ({again['reason']})")
+    return out
 
 
 def stderr_progress(msg: str) -> None:
@@ -261,7 +333,7 @@ def stderr_progress(msg: str) -> None:
 def _is_default(args: argparse.Namespace) -> bool:
     fresh = argparse.ArgumentParser()
     add_arguments(fresh)
-    output_only = {"json", "png", "rows", "quiet", "wide"}
+    output_only = {"json", "png", "rows", "quiet", "wide", "crossover", "no_split"}
     return all(getattr(args, k, v) == v for k, v in vars(fresh.parse_args([])).items() if k not in output_only)
 
 
@@ -285,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
         plan = make_plan(inputs, None if args.quiet else (lambda m: None) if sys.stderr.isatty() else stderr_progress,
                          tick)
     if plan["recommendation"] is None:  # on how many nodes would it fit? (up to three more plans: a bar of its own)
+        if plan.get("memory_driver"):
+            plan["micro_batch_fix"] = micro_batch_fix_plan(inputs, plan, fc)
         with progress_bar(plan_size(replace(inputs, layouts=None)), "plan: on more nodes",
                           enabled=not (args.quiet or args.json)) as tick:
             plan["more_nodes"] = more_nodes(inputs, tick=tick)
@@ -304,4 +378,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan["recommendation"] else 1
 
 
-__all__ = ["MAX_NODES", "MULTI_NODE", "more_nodes", "WORKLOAD_DEFAULTS", "add_arguments", "inputs_from_args", "run", "stderr_progress"]
+__all__ = ["MAX_NODES", "MULTI_NODE", "micro_batch_fix_plan", "more_nodes", "WORKLOAD_DEFAULTS", "add_arguments", "inputs_from_args", "run", "stderr_progress"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.planner.plan_model import Layout
+from sim.planner.plan import MICRO_BATCH_TERMS
+from sim.planner.plan_inputs import Layout
 
 #: one colour per kind of timeline segment, the same in every picture (colour-blind-safe palette)
 SEGMENT_COLOURS = {"compute": "#0072B2", "switch": "#E69F00", "switch out": "#D55E00", "weight sync": "#009E73",
@@ -39,7 +40,7 @@ def layout_table(plan: dict[str, Any], wide: bool = False) -> str:
 
 
 def candidate_table(plan: dict[str, Any], rows: int, wide: bool = False) -> str:
-    """The ranked candidates; ``=`` marks those tied with the fastest inside the model's error; why the ones that do
+    """The ranked candidates; ``=`` marks those tied with the fastest inside the estimate's error; why the ones that do
     not fit do not, under the table."""
     from refimpl.output import table
 
@@ -62,26 +63,45 @@ def candidate_table(plan: dict[str, Any], rows: int, wide: bool = False) -> str:
             why.append(f"  #{i} does not fit: {o['reason']}")
         body.append(row)
     out = table(head, body, wide=wide, right=tuple(range(2, len(head) - 1)), min_widths={1: 28},
-                title="candidates, fastest first (= : a tie with the fastest, inside the model's error)")
+                title="candidates, fastest first (= : a tie with the fastest, inside the estimate's error)")
     return "\n".join([out, *why])
 
 
 def answer_for(fc: Any, plan: dict[str, Any]) -> dict[str, Any] | None:
-    """The recommendation in the config's own keys: all of them, those that change, and a YAML snippet."""
+    """The recommendation in the config's own keys: all of them, those that change, and a YAML snippet; when nothing
+    fits but a smaller micro-batch does, that key (``fix``); None when there is neither. ``ignored``: keys of the
+    config the framework does not define and ignores (and so does the plan)."""
     from sim.planner.plan_config import answer, changed, snippet
 
     rec = plan["recommendation"]
-    if rec is None:
+    fix = (plan.get("micro_batch_fix") or {}).get("keys")
+    split_fits = (plan.get("split") or {}).get("verdict") == "split"
+    if rec is None and not (fix and plan["micro_batch_fix"]["fits"]) and not split_fits:
         return None
-    lay = Layout(**plan["inputs"]["layout"])
-    keys = answer(fc, rec["candidate"], lay, rec["rollout_gib"], plan["inputs"]["engine_gib"], plan["inputs"]["gpu_gib"])
+    if rec is None:
+        keys = dict(fix or {})
+    else:
+        lay = Layout(**plan["inputs"]["layout"])
+        keys = answer(fc, rec["candidate"], lay, rec["rollout_gib"], plan["inputs"]["engine_gib"],
+                      plan["inputs"]["gpu_gib"])
     diff = changed(fc, keys)
-    return {"framework": fc.framework, "keys": keys, "changed": {k: {"now": now, "set": v} for k, (now, v) in diff.items()},
-            "snippet": snippet(keys), "config_gpu_memory_utilization": fc.gpu_memory_utilization}
+    out = {"framework": fc.framework, "keys": keys, "changed": {k: {"now": now, "set": v} for k, (now, v) in diff.items()},
+           "snippet": snippet(keys), "config_gpu_memory_utilization": fc.gpu_memory_utilization,
+           "ignored": list(fc.ignored)}
+    if rec is None:
+        out["fix"] = dict(fix)
+    split = plan.get("split") or {}
+    if split.get("verdict") == "split" and split.get("best"):
+        from sim.planner.plan_config import split_answer
+
+        gpn = plan["inputs"]["gpus"] // plan["inputs"]["nodes"]
+        out["split"] = split_answer(fc, split["best"], gpn)
+        out["split"]["snippet"] = snippet(out["split"]["keys"])
+    return out
 
 
 def _header(plan: dict[str, Any]) -> list[str]:
-    from sim.planner.plan_layout import describe
+    from sim.planner.layout_cost import describe
 
     inp = plan["inputs"]
     m, w = inp["model"], inp["workload"]
@@ -93,6 +113,22 @@ def _header(plan: dict[str, Any]) -> list[str]:
         f"step: {w['prompts']} prompts x {w['samples_per_prompt']} samples, {w['tokens'] / 1e6:.2f}M tokens; the "
         f"rollout needs {inp['kv_need_gib']:.1f} GiB of KV cache per GPU for its batch, {inp['rollout_full_s']:.2f} s with it",
     ]
+
+
+def _split_lines(plan: dict[str, Any]) -> list[str]:
+    """Colocated or split, in a line; the split's keys where it is the faster; where the answer turns."""
+    split = plan.get("split")
+    if not split:
+        return []
+    lines = [f"colocate or split: {split['why']}"]
+    ans = (plan.get("answer") or {}).get("split")
+    if ans:
+        lines.append(f"split ({ans['entry']}): " + ", ".join(f"{k}={v}" for k, v in ans["keys"].items()))
+    if plan.get("crossover"):
+        from sim.planner.split import crossover_words
+
+        lines += [f"where it turns, {line}" for line in crossover_words(plan["crossover"])]
+    return lines
 
 
 def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> str:
@@ -120,8 +156,13 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
             lines.append(f"it fits on {more['nodes']} nodes ({more['cluster']}): {more['candidate']}, step "
                          f"{more['step_s']:.2f} s" + "".join(f"; set {k}={v}" for k, v in more.get("keys", {}).items()))
         elif "more_nodes" in plan:
-            lines.append("it does not fit on 2, 4 or 8 times the nodes either")
-    elif ans:
+            driver = plan.get("memory_driver") or {}
+            per_gpu = driver.get("biggest") in MICRO_BATCH_TERMS
+            lines.append("it does not fit on 2, 4 or 8 times the nodes either"
+                         + (": the micro-batch's memory is per GPU, more GPUs do not shrink it" if per_gpu else ""))
+    if ans and ans.get("ignored"):
+        lines.append(f"keys {ans['framework']} does not define and ignores (so does the plan): " + ", ".join(ans["ignored"]))
+    if rec is not None and ans:
         lines.append(f"answer ({ans['framework']} keys; paste into the config, or pass each as KEY=VALUE):")
         lines += ["  " + x for x in ans["snippet"].splitlines()]
         if ans["changed"]:
@@ -129,11 +170,12 @@ def format_plan(plan: dict[str, Any], rows: int = 15, *, wide: bool = False) -> 
                 f"{k} {'(not set)' if c['now'] is None else c['now']} -> {c['set']}" for k, c in ans["changed"].items()))
         else:
             lines.append("the config already has these settings")
-    else:
+    elif rec is not None:
         order = " -> ".join(rec["candidate"]["order"])
         lines.append(f"recommendation: {rec['candidate']['label']}; order {order}")
     if rec is not None:
         lines.append(f"reason: {plan['reason']}")
+    lines += _split_lines(plan)
     if plan.get("pg_switch_windows"):
         lines.append("PG-policy switch costs over the Megatron families (sleep + update_weights + wake_up + the first "
                      "collectives' extra after the wake, s): "

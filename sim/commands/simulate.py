@@ -243,7 +243,7 @@ def _list(wide: bool = False) -> int:
         rows.append([name, desc if wide or len(desc) <= 150 else desc[:147] + "..."])
     print(table(["scenario (timeshare sim run NAME)", "what it runs"], rows, wide=wide, title="example scenarios"))
     print()
-    from sim.planner.plan_model import MODEL_PRESETS
+    from sim.planner.plan_inputs import MODEL_PRESETS
 
     rows = [[name, source] for name, (_arch, source, _k) in MODEL_PRESETS.items()]
     print(table(["model (timeshare plan --model)", "shapes read from"], rows, wide=wide, title="model presets"))

@@ -30,15 +30,28 @@ creates NCCL communicators lazily, at the first collective of a (re)built
 group: creating the group costs ``create_group``; the first collective costs
 ``init`` more (:meth:`NcclComm.first_use`), and destroying a group costs
 ``destroy`` if its communicator was initialised, ``destroy_uninitialized``
-if not. Where the preset has ``proxy_poll``, destroying an initialised
-communicator first waits for its NCCL UDS proxy thread's next poll timeout,
-``proxy_poll`` after the end of its initialisation ([Note: the proxy's 500 ms
-poll] in :mod:`sim.presets`): a communicator destroyed right after its first
-collective waits almost the whole period, and a walk destroying communicators
-initialised one after the other is paced by their initialisations. Gloo groups
-hold no device memory; where the preset has ``agreement``, a collective on a
-Gloo group (the lifecycle's agreements) takes that long
+if not. Gloo groups hold no device memory; where the preset has ``agreement``,
+a collective on a Gloo group (the lifecycle's agreements) takes that long
 (:meth:`NcclComm.gloo_collective_time`, charged by the rendezvous).
+
+[Note: a destroy, with and without the proxy waker] Destroying an initialised
+communicator joins its NCCL UDS proxy thread, which notices the stop only when
+its ``poll`` returns: at its next poll timeout, ``proxy_poll`` (500 ms) periods
+after its last request, which is the end of its initialisation ([Note: the
+proxy's 500 ms poll] in :mod:`sim.presets`). So the condition decides the cost:
+
+* the runtime wakes the thread (``wake_proxies``, TorchRuntime's default,
+  :mod:`refimpl.torch_runtime.proxy_wake`): ``destroy`` alone;
+* it does not (the records before the waker, or a framework's own destroys):
+  the wait for the next timeout, ``(init_end - now) mod proxy_poll``, then
+  ``destroy``. Communicators initialised one after the other have their
+  timeouts that far apart, so a walk destroying them in that order pays one
+  wait, then each next destroy the spacing of the inits (not a period each).
+
+:func:`destroy_seconds`, :func:`rebuild_seconds` and :func:`first_use_seconds`
+state these per communicator from a preset's :class:`sim.presets.CommParams`;
+:class:`NcclComm` charges them in a simulated run, and code predicting a step
+outside the simulated runtime (the RL step on N GPUs) calls them directly.
 """
 from __future__ import annotations
 
@@ -46,7 +59,8 @@ import bisect
 import functools
 import logging
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 from refimpl.runtime.base import CommMemory, GroupSpec
 from sim.presets import CommParams, LinkKind
@@ -252,6 +266,101 @@ class TopologyCollectiveCost:
         return nbytes / self.time(op, ranks, nbytes) * BUS_FACTOR[op](n)
 
 
+def destroy_seconds(params: CommParams, *, initialised: bool = True, wake_proxies: bool = True,
+                    since_init_s: float | None = None) -> float:
+    """Seconds one rank spends destroying one group's communicator ([Note: a destroy, with and without the proxy
+    waker]).
+
+    ``params``: the communicator's costs (``topology.comm.for_size(ranks)``); ``initialised``: its lazy NCCL init ran
+    (a collective since the (re)build), else ``destroy_uninitialized``; ``wake_proxies``: the runtime wakes the UDS
+    proxy thread (TorchRuntime's default); without it, ``since_init_s`` (seconds from the end of its init to the
+    destroy's start) places the wait for the next poll timeout, and None takes the mean over a uniform phase, half a
+    period (a destroy long after an init whose time is not known).
+    """
+    if not initialised:
+        return params.destroy_uninitialized_s
+    if wake_proxies:
+        return params.destroy_s
+    return poll_wait_seconds(params, since_init_s) + params.destroy_s
+
+
+def poll_wait_seconds(params: CommParams, since_init_s: float | None) -> float:
+    """Seconds a destroy without the proxy waker waits for the UDS proxy thread's next poll timeout, ``since_init_s``
+    after the end of the communicator's init, its first collective (None: the mean over a uniform phase, half a
+    period; 0 where the preset does not simulate the poll)."""
+    poll = params.proxy_poll_s
+    if poll <= 0:
+        return 0.0
+    if since_init_s is None:
+        return poll / 2
+    return (-since_init_s) % poll
+
+
+def rebuild_seconds(params: CommParams) -> float:
+    """Seconds one rank spends in ``recreate_group`` of a destroyed group: the process-group object alone (torch creates
+    the NCCL communicator lazily, at the first collective: :func:`first_use_seconds`)."""
+    return params.create_group_s
+
+
+def first_use_seconds(params: CommParams, *, after_resume: bool = False) -> float:
+    """Seconds a (re)built group's first collective adds beyond the collective itself: the lazy NCCL init
+    (``init``); after an ``ncclCommResume`` instead, ``resume_first_collective``."""
+    return params.resume_first_collective_s if after_resume else params.init_s
+
+
+def destroy_walk_seconds(params: Sequence[CommParams], *, wake_proxies: bool = True,
+                         init_ends: Sequence[float] | None = None, start: float = 0.0) -> float:
+    """Seconds one rank spends destroying initialised communicators one after the other, in the given order.
+
+    ``params``: each communicator's costs; with ``wake_proxies`` each costs ``destroy``. Without, ``init_ends`` (the
+    end of each one's init, on the clock of ``start``, the walk's start) places each wait: a communicator's timeouts
+    fall ``proxy_poll`` apart from its init's end, so groups initialised together pay one wait per walk and then the
+    spacing of their inits ([Note: a destroy, with and without the proxy waker])."""
+    if wake_proxies:
+        return sum(destroy_seconds(p) for p in params)
+    if init_ends is None or len(init_ends) != len(params):
+        raise ValueError("without the proxy waker a walk needs init_ends: each communicator's init end, one per group")
+    t = start
+    for p, end in zip(params, init_ends):
+        t += destroy_seconds(p, wake_proxies=False, since_init_s=t - end)
+    return t - start
+
+
+@dataclass(frozen=True)
+class GroupSwitch:
+    """What one rank pays for one group's communicator across a switch that destroys and rebuilds it (seconds)."""
+
+    #: ranks of the group
+    ranks: int
+    #: destroying its initialised communicator (:func:`destroy_seconds`)
+    destroy_s: float
+    #: ``recreate_group``: the process-group object (:func:`rebuild_seconds`)
+    rebuild_s: float
+    #: its first collective after the rebuild beyond the collective itself: the lazy init (:func:`first_use_seconds`)
+    first_use_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Destroy, rebuild and first use together."""
+        return self.destroy_s + self.rebuild_s + self.first_use_s
+
+
+def predict_group_switch(topology: "str | Topology", ranks: int, *, wake_proxies: bool = True,
+                         since_init_s: float | None = None) -> GroupSwitch:
+    """[Note: a destroy, with and without the proxy waker] One group of ``ranks`` ranks destroyed, rebuilt and used
+    again, on ``topology`` (a preset name or file, or a :class:`~sim.machine.topology.Topology`): the hook a
+    prediction outside the simulated runtime (the RL step on N GPUs) calls for each group its switch takes down.
+    ``wake_proxies`` and ``since_init_s`` as :func:`destroy_seconds`."""
+    from sim.machine.topology import Topology
+
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ValueError(f"ranks must be a positive integer (the group's size), got {ranks!r}")
+    topo = topology if isinstance(topology, Topology) else Topology.from_preset(topology)
+    p = topo.comm.for_size(ranks)
+    return GroupSwitch(ranks, destroy_seconds(p, wake_proxies=wake_proxies, since_init_s=since_init_s),
+                       rebuild_seconds(p), first_use_seconds(p))
+
+
 class NcclComm:
     """Communicator memory and lifecycle times from a preset's ``comm`` section (see module docstring).
 
@@ -271,14 +380,16 @@ class NcclComm:
             torch pays it. False (the default) leaves it to the caller, as the
             scenario runner does.
         proxy_wake: the runtime wakes the proxy thread a destroy joins
-            (:class:`refimpl.torch_runtime.proxy_wake.ProxyWaker`, TorchRuntime's
-            default): a destroy costs ``destroy`` without the wait for the poll
-            timeout. False (the default here) simulates the records taken without
-            the waker, which all waited.
+            (:class:`refimpl.torch_runtime.proxy_wake.ProxyWaker`; True, the
+            default, as TorchRuntime's ``wake_proxies``): a destroy costs
+            ``destroy`` without the wait for the poll timeout. False simulates a
+            runtime without it (the records taken before the waker, a
+            framework's own ``destroy_process_group``), whose destroys wait
+            ([Note: a destroy, with and without the proxy waker]).
     """
 
     def __init__(self, topology: "Topology", *, lazy_init: bool = True, init_at_collective: bool = False,
-                 proxy_wake: bool = False):
+                 proxy_wake: bool = True):
         self.params = topology.comm
         self.lazy_init = lazy_init
         self.init_at_collective = init_at_collective
@@ -316,10 +427,8 @@ class NcclComm:
     def create_time(self, spec: GroupSpec) -> float:
         """Seconds from the last member's arrival to a usable group."""
         p = self._p(spec)
-        if spec.backend != "nccl":
-            return p.create_group_s
-        if self.lazy_init:
-            return p.create_group_s
+        if spec.backend != "nccl" or self.lazy_init:
+            return rebuild_seconds(p)
         self._initialise((spec.name, spec.generation), p.create_group_s + p.init_s)
         return p.create_group_s + p.init_s
 
@@ -331,10 +440,10 @@ class NcclComm:
             return 0.0
         if key in self._resumed:
             self._resumed.discard(key)
-            return self._p(spec).resume_first_collective_s
+            return first_use_seconds(self._p(spec), after_resume=True)
         if key in self._initialized:
             return 0.0
-        init_s = self._p(spec).init_s
+        init_s = first_use_seconds(self._p(spec))
         self._initialise(key, init_s)
         return init_s
 
@@ -347,11 +456,15 @@ class NcclComm:
         thread's next poll timeout (where the preset has ``proxy_poll`` and the proxy is not woken) and ``destroy``."""
         p = self._p(spec)
         if spec.backend == "nccl" and self.initialized(spec):
-            wait = 0.0 if self.proxy_wake else self.proxy_wait(spec)
-            if 0.0 < wait < p.poll_phase_spread_s and self._clock is not None:
+            origin = self._poll_origin.get((spec.name, spec.generation))
+            since = None if self.proxy_wake or origin is None or self._clock is None else self._clock() - origin
+            if since is None:  # woken, or no clock: the destroy's own cost
+                return destroy_seconds(p)
+            wait = poll_wait_seconds(p, since)
+            if 0.0 < wait < p.poll_phase_spread_s:
                 self.poll_late.append(self._clock())
             return wait + p.destroy_s
-        return p.destroy_uninitialized_s
+        return destroy_seconds(p, initialised=False)
 
     def poll_late_between(self, start: float, end: float) -> bool:
         """True if a destroy that may wait one proxy poll period more than simulated (:attr:`poll_late`) started in
@@ -361,11 +474,10 @@ class NcclComm:
 
     def proxy_wait(self, spec: GroupSpec) -> float:
         """Seconds from now to the next poll timeout of the communicator's UDS proxy thread (0 where not simulated)."""
-        poll = self._p(spec).proxy_poll_s
         origin = self._poll_origin.get((spec.name, spec.generation))
-        if poll <= 0 or origin is None or self._clock is None:
+        if origin is None or self._clock is None:
             return 0.0
-        return (origin - self._clock()) % poll
+        return poll_wait_seconds(self._p(spec), self._clock() - origin)
 
     def gloo_collective_time(self, spec: GroupSpec) -> float | None:
         """Seconds one collective on a Gloo group takes, or None where not simulated.
@@ -387,4 +499,6 @@ class NcclComm:
         return self._p(spec).resume_s
 
 
-__all__ = ["SHARE_MIN_BYTES", "BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost"]
+__all__ = ["SHARE_MIN_BYTES", "BUS_FACTOR", "CollectiveCostError", "NcclComm", "TopologyCollectiveCost",
+           "GroupSwitch", "destroy_seconds", "destroy_walk_seconds", "first_use_seconds", "poll_wait_seconds",
+           "predict_group_switch", "rebuild_seconds"]

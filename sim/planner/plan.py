@@ -38,7 +38,7 @@ What is simulated and what is computed (docs/plan.md says it in full):
   reload all-gathers the rest over NVLink (computed from the topology).
 * Compute: training 8 x active params x tokens FLOPs for the actor (6 for
   forward/backward, 2 for the old log-probs), 8 for a critic, 2 for each
-  scoring role, at ``mfu`` of the GPU's peak (:data:`sim.planner.plan_model.GPU_FLOPS`).
+  scoring role, at ``mfu`` of the GPU's peak (:data:`sim.planner.plan_inputs.GPU_FLOPS`).
 * Rollout: needs a KV cache for its batch; with less it runs in waves (time
   grows as need / available), or speed is proportional to KV memory when
   ``tokens_per_s_per_gib`` is given; with ``kv_gib`` given the need is strict.
@@ -57,10 +57,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from refimpl.comm import PGPolicy
-from sim.planner.plan_model import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
+from sim.planner.plan_inputs import (GiB, GpuSpec, Layout, Machine, ModelShape, PlanInputError, RoleState,
                             Workload, gpu_flops, model_preset, role_state)
-from sim.planner.plan_layout import LayoutCost, layout_cost, micro_batches
-from sim.planner.plan_sim import SIM_TENSORS, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)
+from sim.planner.layout_cost import LayoutCost, layout_cost, micro_batches
+from sim.planner.plan_sim import SIM_TENSORS, quiet_protocol_logs, simulate_node  # noqa: F401 (SIM_TENSORS re-exported)
 from sim.planner.plan_rank import ROLE_ABBREV, Candidate, Outcome, pareto, rank, recommend, ties  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,18 @@ PG_STEPS, PG_WARMUP = 4, 2
 RESERVE_GIB = 2.0
 #: assumption: fraction of HBM bandwidth a decode step reaches
 DECODE_HBM_EFF = 0.6
+#: what a role's turn holds on a GPU, in words (:meth:`Planner.memory_driver` names the largest)
+MEMORY_TERMS = {
+    "reserve": "the CUDA context and allocator reserve",
+    "communicators": "the NCCL communicators",
+    "other_roles_state": "the state of the other roles kept on the GPU",
+    "state": "the role's own state (weights, gradients, optimizer)",
+    "layer_activations": "one layer's activations of the micro-batch",
+    "logits": "the fp32 logits over the vocabulary and their gradient",
+    "checkpointed_inputs": "the checkpointed layer inputs of the micro-batch",
+}
+#: the terms that grow with the micro-batch (a smaller one shrinks them in proportion)
+MICRO_BATCH_TERMS = ("layer_activations", "logits", "checkpointed_inputs")
 
 
 
@@ -101,10 +113,16 @@ class PlanInputs:
     reserve_gib: float = RESERVE_GIB
     pg_groups: str = "layout"  # see PG_GROUPS
     cooldown_s: float = 2.0  # port-release cooldown of the destroying policies (pg_groups "megatron")
+    wake_proxies: bool = True  # the runtime wakes NCCL's proxy in a destroy (TorchRuntime's default; pg_groups "megatron")
     gpus_per_node: int | None = None  # use only the first N GPUs of each node of the preset (None: all)
     # (offload, backend, score_offload, pg_policy) -> whether the user's framework can express it (None: all can)
     allow: Callable[[tuple[str, ...], str, bool, str], bool] | None = None
-    layouts: list[Layout] | None = None  # other layouts to compare (sim.planner.plan_layouts); None: only ``layout``
+    layouts: list[Layout] | None = None  # other layouts to compare (sim.planner.layout_stage); None: only ``layout``
+    # whether the rollout shares these GPUs (colocated); False: the training pool of a split, the rollout on GPUs of
+    # its own (sim.planner.split): no engine here, no KV cache to leave it, no rollout time in the step
+    rollout_here: bool = True
+    split: bool = True  # also say whether splitting the GPUs into a rollout and a training pool is faster
+    crossover: bool = False  # and where that answer turns (response length, model size, GPUs): a sweep of plans
 
 
 class Planner:
@@ -147,16 +165,18 @@ class Planner:
             self.states["reference"] = role_state(model, self.lay, trained=False)
         if self.w.reward_model is not None:
             self.states["reward"] = role_state(self.w.reward_model, self.lay, trained=False)
-        self.engine_bytes = model.params * 2 / self.lay.rollout_tp
+        self.rollout_here = inputs.rollout_here
+        self.engine_bytes = model.params * 2 / self.lay.rollout_tp if inputs.rollout_here else 0.0
         seq = self.w.prompt_len + self.w.response_len
         self.kv_need = (self.w.kv_gib * GiB if self.w.kv_gib is not None
                         else self.w.sequences * seq * model.kv_bytes_per_token / self.m.gpus)
         self.kv_min = seq * model.kv_bytes_per_token / self.lay.rollout_tp  # one sequence per engine
-        if self.w.rollout_s is not None:
-            self.rollout_full = self.w.rollout_s
-        else:
-            avg_kv = self.kv_need * (self.w.prompt_len + self.w.response_len / 2) / seq
-            self.rollout_full = self.w.response_len * (self.engine_bytes + avg_kv) / (self.m.hbm_bw * DECODE_HBM_EFF)
+        self.rollout_full = self.w.rollout_s if self.w.rollout_s is not None else self.decode_s(self.kv_need)
+
+    @property
+    def kv_need_gib(self) -> float | None:
+        """The KV cache the rollout needs per GPU (GiB), or None when the rollout is not on these GPUs."""
+        return self.kv_need / GiB if self.rollout_here else None
 
     # ------------------------------------------------------------------ simulation
 
@@ -194,8 +214,10 @@ class Planner:
 
         pol = PGPolicy.parse("paused_live" if pg_policy == "none" else pg_policy)
         t0 = time.perf_counter()
-        per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
-                            cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref)
+        with quiet_protocol_logs():
+            per_rank = simulate(pol, **self.megatron_mesh(), steps=PG_STEPS, train_s=0.0, rollout_s=self.rollout_full,
+                                cooldown_s=self.inp.cooldown_s, topology=self.cluster_ref,
+                                wake_proxies=self.inp.wake_proxies)
         self.sim_wall_s += time.perf_counter() - t0
         r = summarize(pol, per_rank, PG_WARMUP)
         held = (r.held_in_rollout_gib or 0.0) * GiB
@@ -245,16 +267,21 @@ class Planner:
     def _compute_s(self, role: str) -> float:
         return self._ideal_compute_s(role) + self.layout_cost(role).total
 
-    def _activations(self, role: str) -> float:
+    def _activation_terms(self, role: str) -> dict[str, float]:
+        """Bytes of ``role``'s activations in its turn, per :data:`MEMORY_TERMS` name: one layer's activations
+        (recomputed under checkpointing), the fp32 logits over the vocabulary and their gradient, and (trained
+        roles) the checkpointed layer inputs of the micro-batches in flight."""
         model = self.w.reward_model if role == "reward" else self.inp.model
         t, tp = self.w.micro_batch_tokens / self.lay.cp, self.lay.tp
-        per_layer = t * model.hidden * 34 / tp  # one layer's activations, recomputed under checkpointing
-        logits = t * model.vocab * 8 / tp  # fp32 logits and their gradient
+        out = {"layer_activations": t * model.hidden * 34 / tp, "logits": t * model.vocab * 8 / tp}
         if role in ("actor_train", "critic"):
             # 1F1B: the first stage holds the checkpointed inputs of up to pp micro-batches in flight
             in_flight = min(self.lay.pp, micro_batches(self.w, self.lay))
-            return per_layer + logits + in_flight * t * model.hidden * 2 * model.layers / self.lay.pp / tp
-        return per_layer + logits
+            out["checkpointed_inputs"] = in_flight * t * model.hidden * 2 * model.layers / self.lay.pp / tp
+        return out
+
+    def _activations(self, role: str) -> float:
+        return sum(self._activation_terms(role).values())
 
     def _fsdp_cpu_train(self, role: str, compute: float) -> tuple[float, float]:
         """(train time, added time) of a trained role under CPUOffloadPolicy: shards copied in per pass, CPU Adam."""
@@ -276,20 +303,48 @@ class Planner:
         return b / each + (a - b) / self.m.pcie
 
     def evaluate(self, c: Candidate) -> Outcome:
-        """Cost of one candidate (see the module docstring for what is simulated)."""
+        """Cost of one candidate (see the module docstring for what is simulated): the roles' switch costs, the
+        memory of each turn and the KV cache left to the rollout, why it does not fit, and the step's timeline."""
         roles = list(c.order) or self.w.roles()
         trained = [r for r in roles if r in ("actor_train", "critic")]
         scoring = [r for r in roles if r in ("reference", "reward")]
         cpu_policy = c.offload == ("fsdp_cpu",)
         include = () if cpu_policy else tuple(x for x in ("params", "grads", "optimizer") if x in c.offload)
+        costs, resident, pinned = self._role_costs(c, trained, scoring, include)
+        turns, fixed, kv = self._memory(costs, resident, trained + scoring, include, cpu_policy)
+        reasons = self._reasons(costs, turns, kv, pinned)
+        rollout_s = self._rollout_s(kv)
+        compute = {}
+        for r in trained + scoring:
+            base = self._compute_s(r)
+            if cpu_policy and r in trained:
+                base, _added = self._fsdp_cpu_train(r, base)
+            compute[r] = base
+        timeline, switch = self._timeline(roles, trained, costs, compute, rollout_s, include)
+        step = rollout_s + sum(compute.values()) + switch
+        in_rollout = fixed + min(max(kv, 0.0), self.kv_need)
+        peak = max([*turns.values(), in_rollout])
+        memory = {r: v / GiB for r, v in turns.items()}
+        memory["rollout"] = in_rollout / GiB
+        offloaded = {r: list(c.offload if cpu_policy else include) for r in trained if cpu_policy or include}
+        offloaded.update({r: ["params"] for r in scoring if c.score_offload})
+        return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
+                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline,
+                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory, offloaded)
+
+    def _role_costs(self, c: Candidate, trained: list[str], scoring: list[str], include: tuple[str, ...]
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+        """(switch costs per role, bytes each role keeps on the GPU between its turns, pinned host bytes per rank)
+        of candidate ``c``: the trained roles' simulated copies (``local_dedup`` moving 1/R of the replicated bytes
+        over PCIe and all-gathering the rest), the scoring roles' weights, the engine's sleeping weights."""
+        cpu_policy = c.offload == ("fsdp_cpu",)
         costs: dict[str, dict[str, float]] = {}
         resident: dict[str, float] = {}
         pinned = 0.0
         for r in trained:
-            s = self._simulate(r, include, c.pg_policy)
+            s = dict(self._simulate(r, include, c.pg_policy))
             st = self.states[r]
             off_b = sum(st.bytes[x] for x in include)
-            s = dict(s)
             if c.backend == "local_dedup" and include:
                 rep = sum(st.replicated[x] for x in include)
                 if rep:
@@ -307,53 +362,113 @@ class Planner:
             resident[r] = 0.0 if c.score_offload else self.states[r].total
             pinned += s["pinned"]
         pinned += self.engine_bytes  # the engine's weights sleep in host memory (vLLM sleep level 1)
-        comm = costs["actor_train"]["comm_train"]
+        return costs, resident, pinned
+
+    def _memory(self, costs: dict[str, dict[str, float]], resident: dict[str, float], roles: list[str],
+                include: tuple[str, ...], cpu_policy: bool) -> tuple[dict[str, float], float, float]:
+        """(GPU bytes in use in each role's turn, bytes held through the rollout besides its KV cache, the KV
+        cache bytes left to the rollout)."""
         reserve = self.inp.reserve_gib * GiB
-        # memory of each turn
-        turns = {}
-        for r in trained + scoring:
-            others = sum(v for k, v in resident.items() if k != r)
-            own = 0.0 if (cpu_policy and r in trained) else self.states[r].total
-            if cpu_policy and r in trained:
-                own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
-            turns[r] = reserve + comm + others + own + self._activations(r)
+        turns = {r: sum(self._turn_terms(r, costs, resident, cpu_policy).values()) for r in roles}
         actor_rollout = costs["actor_train"]["rollout_resident"]  # resident actor state + communicators kept
         st_a = self.states["actor_train"]
         comm_rollout = max(0.0, actor_rollout - (st_a.total - sum(st_a.bytes[x] for x in include)))
         fixed = reserve + comm_rollout + sum(resident.values()) + self.engine_bytes
-        kv = self.m.gpu_bytes - fixed
+        return turns, fixed, self.m.gpu_bytes - fixed
+
+    def _turn_terms(self, role: str, costs: dict[str, dict[str, float]], resident: dict[str, float],
+                    cpu_policy: bool) -> dict[str, float]:
+        """Bytes in use on a GPU in ``role``'s turn, per :data:`MEMORY_TERMS` name."""
+        trained_on_cpu = cpu_policy and role in ("actor_train", "critic")
+        own = 0.0 if trained_on_cpu else self.states[role].total
+        if trained_on_cpu:
+            own += 2 * self.inp.model.params * 2 / max(1, self.inp.model.layers) / self.lay.tp  # two unsharded layers
+        return {"reserve": self.inp.reserve_gib * GiB, "communicators": costs["actor_train"]["comm_train"],
+                "other_roles_state": sum(v for k, v in resident.items() if k != role), "state": own,
+                **self._activation_terms(role)}
+
+    def memory_driver(self, outcome: Outcome) -> dict[str, Any] | None:
+        """What fills the GPU in the largest turn of an ``outcome`` that does not fit it, or None when its turns fit:
+        the role, its need, the terms in GiB, the biggest, and the micro-batch (tokens) that would fit, 0 if none."""
+        turns = {r: v for r, v in outcome.memory_gib.items() if r != "rollout"}
+        role = max(turns, key=turns.get)
+        gpu = self.m.gpu_bytes
+        if turns[role] * GiB <= gpu:
+            return None
+        c = outcome.candidate
+        cpu_policy = c.offload == ("fsdp_cpu",)
+        include = () if cpu_policy else tuple(x for x in ("params", "grads", "optimizer") if x in c.offload)
+        roles = [r for r in (list(c.order) or self.w.roles()) if r != "rollout"]
+        costs, resident, _pinned = self._role_costs(c, [r for r in roles if r in ("actor_train", "critic")],
+                                                    [r for r in roles if r in ("reference", "reward")], include)
+        terms = self._turn_terms(role, costs, resident, cpu_policy)
+        need = sum(terms.values())
+        micro = sum(terms.get(t, 0.0) for t in MICRO_BATCH_TERMS)
+        tokens = self.w.micro_batch_tokens
+        fit = int(tokens * (gpu - (need - micro)) / micro) if micro > 0 and gpu > need - micro else 0
+        biggest = max(terms, key=terms.get)
+        model = self.w.reward_model if role == "reward" else self.inp.model
+        return {"role": role, "need_gib": need / GiB, "gpu_gib": gpu / GiB, "biggest": biggest,
+                "terms_gib": {k: v / GiB for k, v in terms.items()}, "micro_batch_tokens": tokens,
+                "micro_batch_tokens_that_fit": min(fit, tokens - 1), "sequence_tokens": self.w.prompt_len + self.w.response_len,
+                "vocab": model.vocab, "layers": model.layers, "hidden": model.hidden, "candidate": c.label()}
+
+    def _reasons(self, costs: dict[str, dict[str, float]], turns: dict[str, float], kv: float,
+                 pinned: float) -> list[str]:
+        """Why a candidate does not fit (empty when it does): a simulation that failed, a turn larger than the GPU,
+        a rollout without the KV cache it needs, pinned host memory beyond the node's."""
         reasons = [costs[r]["failed"] for r in costs if costs[r].get("failed")]
         worst = max(turns, key=turns.get)
         if turns[worst] > self.m.gpu_bytes:
             reasons.append(f"{worst} needs {turns[worst] / GiB:.1f} GiB of a {self.m.gpu_bytes / GiB:.1f} GiB GPU")
         need = self.w.kv_gib * GiB if self.w.kv_gib is not None else self.kv_min
-        if kv < need:
+        if kv < need and self.rollout_here:
             what = ("needs the {:.1f} asked for" if self.w.kv_gib is not None else
                     "needs at least {:.1f} for one sequence").format(need / GiB)
             reasons.append(f"rollout gets {max(kv, 0) / GiB:.1f} GiB of KV cache, {what}")
         if pinned * self.m.per_node > self.m.host_per_node:
             reasons.append(f"pinned host {pinned * self.m.per_node / GiB:.0f} GiB exceeds the node's {self.m.host_per_node / GiB:.0f} GiB")
-        kv_used = min(max(kv, 1.0), self.kv_need)
+        return reasons
+
+    def _rollout_s(self, kv: float) -> float:
+        """The rollout's time with ``kv`` bytes of KV cache per GPU (:meth:`rollout_time` on these GPUs)."""
+        if not self.rollout_here:
+            return 0.0
+        return self.rollout_time(self.kv_need, min(max(kv, 1.0), self.kv_need), self.m.gpus)
+
+    def decode_s(self, kv: float) -> float:
+        """Decode-bound seconds of ``response_len`` decode steps, each reading the engine's weights and the average of
+        ``kv`` bytes of KV cache per GPU (the batch's, as it grows from the prompts to the full responses)."""
+        seq = self.w.prompt_len + self.w.response_len
+        engine = self.inp.model.params * 2 / self.lay.rollout_tp
+        avg_kv = kv * (self.w.prompt_len + self.w.response_len / 2) / seq
+        return self.w.response_len * (engine + avg_kv) / (self.m.hbm_bw * DECODE_HBM_EFF)
+
+    def rollout_time(self, kv_need: float, kv_used: float, gpus: int) -> float:
+        """The rollout's seconds on ``gpus`` GPUs that need ``kv_need`` bytes of KV cache each and get ``kv_used``:
+        in waves of ``kv_used`` when that is less (each wave decodes the full response, reading the weights and its
+        own KV), or, with a speed per GiB given, in proportion to the memory. With ``rollout_s`` given (the time on
+        this plan's GPUs with all the KV they need) the decode estimate is scaled to it."""
         if self.w.tokens_per_s_per_gib:
             gen = self.w.sequences * self.w.response_len
-            rollout_s = gen / (self.m.gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
-        else:
-            rollout_s = self.rollout_full * max(1.0, self.kv_need / kv_used)
-        # compute and switches along the order
-        compute = {}
-        timeline: list[tuple[str, str, float]] = []
-        for r in trained + scoring:
-            base = self._compute_s(r)
-            if cpu_policy and r in trained:
-                base, _added = self._fsdp_cpu_train(r, base)
-            compute[r] = base
+            return gen / (gpus * self.w.tokens_per_s_per_gib * kv_used / GiB)
+        seconds = self.decode_s(kv_used) * max(1.0, kv_need / kv_used)
+        if self.w.rollout_s is not None:
+            seconds *= self.w.rollout_s / self.decode_s(self.kv_need)
+        return seconds
+
+    def _timeline(self, roles: list[str], trained: list[str], costs: dict[str, dict[str, float]],
+                  compute: dict[str, float], rollout_s: float, include: tuple[str, ...]
+                  ) -> tuple[list[tuple[str, str, float]], float]:
+        """(the step's segments in order, the seconds spent switching): the roles' turns and the switches between
+        them along ``roles``, the weight sync before the rollout, the first collectives after a wake."""
         # the trained roles' first collectives after the wake (lazy NCCL init of rebuilt groups) are switch cost
         # ([Note: the switch cost] in sim.machine.switch_cost), paid at the start of their compute turn
         first_use = {r: costs[r]["train_overhead_s"] for r in trained}
         switch = sum(first_use.values())
-        seq = roles
-        for i, r in enumerate(seq):
-            nxt = seq[(i + 1) % len(seq)]
+        timeline: list[tuple[str, str, float]] = []
+        for i, r in enumerate(roles):
+            nxt = roles[(i + 1) % len(roles)]
             if r == "rollout":
                 timeline.append((r, "compute", rollout_s))
                 continue
@@ -375,17 +490,11 @@ class Planner:
             t = self._switch(off, on)
             timeline.append((f"{r}->{nxt}", "switch", t))
             switch += t
-        first = seq[1] if len(seq) > 1 else None
+        first = roles[1] if len(roles) > 1 else None
         if first is not None:
             timeline.insert(1, (f"rollout->{first}", "switch", costs[first]["reload_s"]))
             switch += costs[first]["reload_s"]
-        step = rollout_s + sum(compute.values()) + switch
-        peak = max([*turns.values(), fixed + min(max(kv, 0.0), self.kv_need)])
-        memory = {r: v / GiB for r, v in turns.items()}
-        memory["rollout"] = (fixed + min(max(kv, 0.0), self.kv_need)) / GiB
-        return Outcome(c, not reasons, "; ".join(reasons), step, switch, compute, rollout_s, peak / GiB,
-                       max(kv, 0.0) / GiB, pinned / GiB, pinned * self.m.per_node / GiB, timeline,
-                       {r: self.layout_cost(r).as_dict() for r in trained + scoring}, memory)
+        return timeline, switch
 
     # ------------------------------------------------------------------ search
 
@@ -434,13 +543,13 @@ class Planner:
         self.progress(f"plan: staged search of about {n_off + self.inp.top * (len(PG_POLICIES) - 1) + n_ord - 1} candidates "
                       f"(--exhaustive: {n_off * len(PG_POLICIES) * n_ord})")
         stage1 = rank(self._run(self.offload_candidates(), "offload settings"))
-        rec1, _why = recommend(stage1)  # the tie-aware pick goes on whatever the faster ones get
+        rec1, _why = recommend(stage1, self.kv_need_gib)  # the tie-aware pick goes on whatever the faster ones get
         best = [o.candidate for o in stage1 if o.feasible and (rec1 is None or o.candidate != rec1.candidate)]
         best = ([rec1.candidate] if rec1 else []) + best[: self.inp.top - (1 if rec1 else 0)]
         best = best or [o.candidate for o in stage1[: self.inp.top]]
         stage2 = self._run([x for c in best for x in self.pg_candidates(c)], "process-group policies")
         ranked = rank(stage1 + stage2)
-        pick, _why = recommend(ranked)
+        pick, _why = recommend(ranked, self.kv_need_gib)
         lead = (pick or ranked[0]).candidate
         stage3 = self._run([Candidate(lead.offload, lead.backend, lead.score_offload, lead.pg_policy, o)
                             for o in self.orders()[1:]], "role orders")
@@ -458,6 +567,41 @@ class Planner:
         return out
 
 
+def memory_words(d: dict[str, Any]) -> str:
+    """One clause saying what drives the memory of a turn that does not fit (:meth:`Planner.memory_driver`): the
+    biggest term with its GiB and what it is made of, and the micro-batch that would fit."""
+    tokens, seq = d["micro_batch_tokens"], d["sequence_tokens"]
+    made = f"{tokens:,} tokens a micro-batch"
+    if tokens % seq == 0:
+        made += f" ({tokens // seq} sequences of {seq:,} tokens)"
+    detail = {"logits": f": {made} x {d['vocab']:,} vocabulary x 8 bytes",
+              "checkpointed_inputs": f": {made} x {d['layers']} layers x {d['hidden']:,} hidden x 2 bytes",
+              "layer_activations": f": {made}"}.get(d["biggest"], "")
+    text = (f"the largest part of the {d['role']}'s {d['need_gib']:.1f} GiB is {MEMORY_TERMS[d['biggest']]}, "
+            f"{d['terms_gib'][d['biggest']]:.1f} GiB{detail}")
+    fit = d["micro_batch_tokens_that_fit"]
+    if fit >= 1:
+        text += f"; a micro-batch of at most {fit:,} tokens fits"
+        if fit >= seq:
+            text += f" ({fit // seq} sequences)"
+    elif d["biggest"] in MICRO_BATCH_TERMS:
+        text += "; even a micro-batch of one token does not fit beside the rest"
+    return text
+
+
+def _does_not_fit(planner: Planner, ranked: list[Outcome], why: str) -> tuple[dict[str, Any] | None, str]:
+    """(what drives the memory of the candidate closest to fitting a GPU, the reason with it) when nothing fits."""
+    over = [o for o in ranked if o.memory_gib and max(v for r, v in o.memory_gib.items() if r != "rollout")
+            > planner.m.gpu_bytes / GiB]
+    if not over:
+        return None, why
+    closest = min(over, key=lambda o: max(v for r, v in o.memory_gib.items() if r != "rollout"))
+    driver = planner.memory_driver(closest)
+    if driver is None:
+        return None, why
+    return driver, f"does not fit: {closest.reason}; {memory_words(driver)}"
+
+
 def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
               tick: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the search; returns a JSON-ready plan: inputs, the layouts compared, ranked outcomes, the ties and the
@@ -468,7 +612,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
     layouts: list[dict[str, Any]] = []
     layout_stats: dict[str, Any] = {}
     if inputs.layouts:
-        from sim.planner.plan_layouts import compare_layouts
+        from sim.planner.layout_stage import compare_layouts
 
         chosen, layouts = compare_layouts(inputs, Planner, progress, tick)
         layout_stats = layouts.pop()["stats"]
@@ -476,7 +620,19 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
     planner = Planner(inputs, progress)
     planner.tick = tick
     ranked = planner.search()
-    best, why = recommend(ranked)
+    best, why = recommend(ranked, planner.kv_need_gib)
+    driver = None
+    if best is None:
+        driver, why = _does_not_fit(planner, ranked, why)
+    split = cross = None
+    if inputs.split and inputs.rollout_here:
+        from sim.planner.split import colocate_or_split, crossover
+
+        split = colocate_or_split(inputs, planner, best)
+        if tick is not None:
+            tick("colocate or split")
+        if inputs.crossover:
+            cross = crossover(inputs, planner, tick=tick)
     return {
         "inputs": {
             "model": asdict(inputs.model),
@@ -493,6 +649,7 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
             "overlap": inputs.overlap,
             "pg_groups": inputs.pg_groups,
             "cooldown_s": inputs.cooldown_s,
+            "wake_proxies": inputs.wake_proxies,
             "kv_need_gib": planner.kv_need / GiB,
             "rollout_full_s": planner.rollout_full,
             "engine_gib": planner.engine_bytes / GiB,
@@ -503,10 +660,14 @@ def make_plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None,
         "ties": [o.candidate.label() for o in ties(ranked)],
         "recommendation": best.to_dict() if best else None,
         "reason": why,
+        "memory_driver": driver,  # when nothing fits: what fills the GPU in the turn closest to fitting
+        "split": split,  # colocated or split into a rollout and a training pool (sim.planner.split)
+        "crossover": cross,  # with inputs.crossover: where the faster of the two changes
         # pg_groups "megatron": each policy's switch window (sleep, update_weights, wake_up, total; s) over the
         # Megatron families of the node's mesh, as `timeshare bench switch-window` reports it
         "pg_switch_windows": {p: {k: v for k, v in w.items() if k != "held"} for p, w in planner.pg_windows.items()},
-        "simulations": len(planner.sims) + len(planner.pg_windows) + layout_stats.get("simulations", 0),
+        "simulations": (len(planner.sims) + len(planner.pg_windows) + layout_stats.get("simulations", 0)
+                        + (split or {}).get("simulations", 0)),
         "simulation_wall_s": planner.sim_wall_s + layout_stats.get("simulation_wall_s", 0.0),
         "wall_s": time.perf_counter() - t0,
     }
@@ -520,10 +681,15 @@ def plan_size(inputs: PlanInputs) -> int:
         planner = Planner(replace(inputs, layouts=None))
     except PlanInputError:
         return 0
-    from sim.planner.plan_layouts import SHORTLIST
+    from sim.planner.layout_stage import SHORTLIST
+
+    from sim.planner.split import SWEEPS
 
     n = len(planner.offload_candidates())
-    return planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()
+    size = planner.staged_size() + n * (1 + min(SHORTLIST, len(inputs.layouts))) if inputs.layouts else planner.staged_size()
+    if inputs.split and inputs.rollout_here:
+        size += 1 + (sum(len(f) for f in SWEEPS.values()) if inputs.crossover else 0)
+    return size
 
 
 def default_inputs() -> PlanInputs:
@@ -531,6 +697,6 @@ def default_inputs() -> PlanInputs:
     return PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="hgx-h200-8x", layout=Layout(dp=8))
 
 
-__all__ = ["Candidate", "OFFLOAD_SETS", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
+__all__ = ["Candidate", "MEMORY_TERMS", "MICRO_BATCH_TERMS", "OFFLOAD_SETS", "memory_words", "Outcome", "PG_GROUPS", "PG_POLICIES", "PlanInputs", "Planner", "default_inputs",
            "make_plan", "pareto", "plan_size", "rank", "recommend", "ties"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.planner.plan import Candidate, PlanInputs, Planner
-from sim.planner.plan_model import GiB, Layout, Workload, model_preset
+from sim.planner.plan_inputs import GiB, Layout, Workload, model_preset
 
 #: (case name, model preset, workload) — the article's batch is 60 prompts x 12 samples
 CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (

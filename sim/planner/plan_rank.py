@@ -46,8 +46,9 @@ class Outcome:
     pinned_rank_gib: float
     pinned_node_gib: float
     timeline: list[tuple[str, str, float]] = field(default_factory=list)  # (role, kind, seconds) in step order
-    layout_s: dict[str, dict[str, float]] = field(default_factory=dict)  # per role: what the layout adds (plan_layout)
+    layout_s: dict[str, dict[str, float]] = field(default_factory=dict)  # per role: what the layout adds (layout_cost)
     memory_gib: dict[str, float] = field(default_factory=dict)  # GPU memory in use in each role's turn
+    offloaded: dict[str, list[str]] = field(default_factory=dict)  # role -> what it moves out between its turns
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the candidate's fields inline)."""
@@ -78,7 +79,7 @@ def pareto(outcomes: list[Outcome]) -> list[Outcome]:
     return rank(front)
 
 
-#: the model's stated error on a step-time difference between two candidates (docs/plan.md, "Ties"):
+#: the estimate's stated error on a step-time difference between two candidates (docs/plan.md, "Ties"):
 #: the simulated switch windows are within 15% of the 2 x H200 measurement (docs/calibration.md) ...
 SWITCH_REL_ERROR = 0.15
 #: ... the layout's communication formulas are not measured here (assumption: 25%) ...
@@ -93,7 +94,7 @@ def _layout_total(o: Outcome) -> float:
 
 
 def tie_margin(a: Outcome, b: Outcome) -> float:
-    """Seconds within which the step times of ``a`` and ``b`` are a tie: inside the model's stated error."""
+    """Seconds within which the step times of ``a`` and ``b`` are a tie: inside the estimate's stated error."""
     la, lb = _layout_total(a), _layout_total(b)
     rest = abs((a.step_s - a.switch_s - la) - (b.step_s - b.switch_s - lb))
     return SWITCH_REL_ERROR * max(a.switch_s, b.switch_s) + LAYOUT_REL_ERROR * max(la, lb) + STEP_REL_ERROR * rest
@@ -113,13 +114,14 @@ def ties(ranked: list[Outcome]) -> list[Outcome]:
     return [o for o in ok if o.step_s - ok[0].step_s <= tie_margin(ok[0], o)]
 
 
-def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
+def recommend(ranked: list[Outcome], kv_need_gib: float | None = None) -> tuple[Outcome | None, str]:
     """The recommended candidate and a sentence saying why.
 
-    Among the candidates tied with the fastest (inside the model's error, :func:`ties`) the one with the
-    fewest moving parts (:func:`moving_parts`) is recommended: a difference the model cannot resolve is
+    Among the candidates tied with the fastest (inside the estimate's error, :func:`ties`) the one with the
+    fewest moving parts (:func:`moving_parts`) is recommended: a difference the estimate cannot resolve is
     no reason to offload more or to run a PG lifecycle. The sentence gives the margin to the fastest
-    candidate that is not a tie, and what offloading nothing would cost.
+    candidate that is not a tie, and what offloading nothing would cost; with ``kv_need_gib`` (the KV cache the
+    rollout needs per GPU) it says the rollout has what it needs only when it does.
     """
     ok = [o for o in ranked if o.feasible]
     if not ok:
@@ -129,7 +131,7 @@ def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
     best = min(tied, key=lambda o: (moving_parts(o.candidate), o.step_s))
     parts = [f"step {best.step_s:.2f} s, of which {best.switch_s:.2f} s switching"]
     if len(tied) > 1:
-        parts.append(f"{len(tied) - 1} other candidate(s) within the model's error of the fastest "
+        parts.append(f"{len(tied) - 1} other candidate(s) within the estimate's error of the fastest "
                      f"({tie_margin(tied[0], tied[-1]):.2f} s): a tie, so the one with the fewest moving parts")
     rest = [o for o in ok if o not in tied]
     if rest:
@@ -147,8 +149,24 @@ def recommend(ranked: list[Outcome]) -> tuple[Outcome | None, str]:
             parts.append(f"{base.step_s - best.step_s:.2f} s faster than offloading nothing "
                          f"(KV cache {best.rollout_gib:.1f} vs {base.rollout_gib:.1f} GiB per GPU)")
     elif base is best:
-        parts.append("offloading would only add switch time: the rollout already has the KV cache it needs")
+        parts.append(_why_offload_nothing(best, ok, kv_need_gib))
     return best, "; ".join(parts)
+
+
+def _why_offload_nothing(best: Outcome, ok: list[Outcome], kv_need_gib: float | None) -> str:
+    """Why offloading nothing is recommended, in the numbers of the rollout's KV cache."""
+    if kv_need_gib is None:
+        return "offloading would only add switch time"
+    if best.rollout_gib >= kv_need_gib:
+        return (f"offloading would only add switch time: the rollout already has the KV cache it needs "
+                f"({kv_need_gib:.1f} GiB; it gets {best.rollout_gib:.1f})")
+    roomier = max(ok, key=lambda o: o.rollout_gib)
+    text = f"the rollout gets {best.rollout_gib:.1f} of the {kv_need_gib:.1f} GiB of KV cache it needs"
+    if roomier.rollout_gib > best.rollout_gib + 0.05:
+        text += (f", but offloading to give it more does not pay: {roomier.candidate.label()} gives it "
+                 f"{min(roomier.rollout_gib, kv_need_gib):.1f} GiB, {roomier.rollout_s - best.rollout_s:+.2f} s of "
+                 f"rollout and {roomier.switch_s - best.switch_s:+.2f} s of switching a step")
+    return text
 
 
 __all__ = ["Candidate", "LAYOUT_REL_ERROR", "Outcome", "ROLE_ABBREV", "STEP_REL_ERROR", "SWITCH_REL_ERROR",

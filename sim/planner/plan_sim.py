@@ -9,12 +9,19 @@ process (:data:`SCENARIO_CACHE_SIZE`): the simulator is deterministic, so the sa
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import math
 import re
 import time
-from typing import Any
+from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
+#: the loggers of the protocol code the simulated candidates run: quiet while they run (a candidate that fails is
+#: an answer, reported once with its reason), unless the plan logs at DEBUG (``timeshare -vv plan``)
+PROTOCOL_LOGGERS = ("refimpl", "sim")
 
 #: at most this many tensors per category in a simulated role (same bytes; the steady-state copies do not depend on it)
 SIM_TENSORS = 16
@@ -67,7 +74,8 @@ def simulate_node(planner: Any, role: str, include: tuple[str, ...], pg_policy: 
         planner.sims[key] = _SCENARIO_CACHE[scenario_key]
         return planner.sims[key]
     t0 = time.perf_counter()
-    result, world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
+    with quiet_protocol_logs():
+        result, world, _plan = run_scenario(parse_scenario(raw), record_memory=True)
     planner.sim_wall_s += time.perf_counter() - t0
     if not result.ok:
         # a candidate that does not fit the host (pinning fails) or that the simulated job cannot finish is an
@@ -97,6 +105,25 @@ def simulate_node(planner: Any, role: str, include: tuple[str, ...], pg_policy: 
         _SCENARIO_CACHE.pop(next(iter(_SCENARIO_CACHE)))
     _SCENARIO_CACHE[scenario_key] = out
     return out
+
+
+@contextlib.contextmanager
+def quiet_protocol_logs() -> Iterator[None]:
+    """Raise the protocol code's loggers (:data:`PROTOCOL_LOGGERS`) above ERROR while a candidate is simulated: its
+    failure (pinning past the host's memory, a peer that failed) is one reason in the plan's answer, not a hundred
+    log lines; ``-vv`` (the planner's logger at DEBUG) keeps them."""
+    if log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in PROTOCOL_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def sim_failure(violations: list[str], role: str, include: tuple[str, ...], pg_policy: str) -> str:
@@ -130,4 +157,4 @@ def rollout_resident(world) -> float:
     return best
 
 
-__all__ = ["SCENARIO_CACHE_SIZE", "SIM_TENSORS", "rollout_resident", "sim_failure", "simulate_node"]
+__all__ = ["PROTOCOL_LOGGERS", "SCENARIO_CACHE_SIZE", "SIM_TENSORS", "quiet_protocol_logs", "rollout_resident", "sim_failure", "simulate_node"]

@@ -89,7 +89,7 @@ def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True,
         collective_cost=TopologyCollectiveCost(topo),
         memory=TopologyMemory(topo, record=record_memory),
         faults=plan,
-        comm=NcclComm(topo, lazy_init=scn.lazy_init),
+        comm=NcclComm(topo, lazy_init=scn.lazy_init, proxy_wake=scn.wake_proxies),
         group_timeouts=scn.watchdog,  # a deployment's watchdog: each group's timeout_s (600 s, torch's default)
         trace=False,
         peer_loss_s=scn.peer_loss_s,  # a crashed rank's connections close (sim.rendezvous)
@@ -342,7 +342,7 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
 
 
 def _mesh_topology(scn: Scenario) -> Any:
-    from refimpl.store.replica import MeshTopology
+    from refimpl.store.backends.replica import MeshTopology
 
     return MeshTopology(tuple(n for _, n in scn.mesh), tuple(d for d, _ in scn.mesh))
 
@@ -351,7 +351,7 @@ def _shard_id(scn: Scenario, rank: int) -> int:
     """The lowest rank of ``rank``'s replica group (``rank`` itself when nothing is replicated)."""
     if not scn.offload.replicate_over:
         return rank
-    from refimpl.store.replica import group_over_dims
+    from refimpl.store.backends.replica import group_over_dims
 
     return group_over_dims(_mesh_topology(scn), rank, scn.offload.replicate_over).ranks[0]
 
@@ -361,8 +361,8 @@ def _dedup_kwargs(scn: Scenario) -> dict[str, Any]:
     up front (meta payloads move no bytes, so the group exchange cannot run)."""
     if scn.offload.backend != "local_dedup":
         return {}
-    from refimpl.store.dedup import DedupConfig
-    from refimpl.store.replica import MeshReplica, ReplicaPolicy
+    from refimpl.store.backends.dedup_config import DedupConfig
+    from refimpl.store.backends.replica import MeshReplica, ReplicaPolicy
 
     mesh, dims = _mesh_topology(scn), scn.offload.replicate_over
     return {"dedup": DedupConfig(policy=ReplicaPolicy(overrides={"*": MeshReplica(mesh, dims)}),

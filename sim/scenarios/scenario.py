@@ -128,6 +128,9 @@ class Scenario:
     payload: str
     streams: str = "per_rank"
     lazy_init: bool = True
+    #: the runtime wakes NCCL's proxy thread in a destroy (TorchRuntime's default); False: each destroy of an
+    #: initialised communicator waits for the proxy's next poll, as a framework's own destroy_process_group does
+    wake_proxies: bool = True
     #: collectives and group creation time out after the group's timeout_s, as torch's watchdog does (False: a hang
     #: stops the run as a deadlock with its waits-for cycle)
     watchdog: bool = True
@@ -463,7 +466,7 @@ def parse_scenario(raw: Any) -> Scenario:
     lifecycle = LifecycleSettings(_num(lc, "cooldown_s", "lifecycle", 2.0), _bool(lc, "two_phase", "lifecycle", True),
                                   _int(lc, "min_ranks", "lifecycle", 1, lo=1))
     transport = _obj(raw.get("transport", {}), "transport", {"streams"})
-    comm = _obj(raw.get("comm", {}), "comm", {"lazy_init", "watchdog", "peer_loss_s"})
+    comm = _obj(raw.get("comm", {}), "comm", {"lazy_init", "watchdog", "wake_proxies", "peer_loss_s"})
     peer_loss_s = comm.get("peer_loss_s", PEER_LOSS_S)
     if peer_loss_s is not None:
         peer_loss_s = _num(comm, "peer_loss_s", "comm", PEER_LOSS_S)
@@ -499,6 +502,7 @@ def parse_scenario(raw: Any) -> Scenario:
         payload=payload,
         streams=_choice(transport, "streams", "transport", ("per_rank", "per_kind"), "per_rank"),
         lazy_init=_bool(comm, "lazy_init", "comm", True),
+        wake_proxies=_bool(comm, "wake_proxies", "comm", True),
         watchdog=_bool(comm, "watchdog", "comm", True),
         peer_loss_s=peer_loss_s,
         raw=raw,

@@ -125,3 +125,48 @@ def test_an_address_in_use_at_one_ranks_rebuild_is_retried_with_the_deployments_
     out = world.run(job)
     assert faults.fired
     assert out == [(PGState.ACTIVE, 1)] * 4, out
+
+
+class _CorruptControl:
+    """Rank 0's copy of the result of the first control-group collective after ``point`` comes back corrupted (+1)."""
+
+    def __init__(self, point: str):
+        self.point, self.armed, self.fired = point, False, False
+
+    def on_point(self, rank, name):
+        self.armed = self.armed or (rank == 0 and name == self.point)
+        return None
+
+    def on_collective(self, rank, group, op, seq):
+        if rank == 0 and self.armed and not self.fired and group == "lifecycle.control":
+            self.fired = True
+            return sim.FaultAction.corrupt()
+        return None
+
+    def on_group_create(self, rank, spec):
+        return None
+
+    def on_pin(self, rank, nbytes):
+        return None
+
+
+def test_a_control_group_result_corrupted_on_one_rank_is_named_as_such_not_as_a_mismatch():
+    """No agreement survives a corrupted result of its last round on one rank (that rank cannot tell its peers, who
+    read the true result); the lifecycle assumes a reliable control group (Gloo over TCP). What it can do: a header
+    that no all_reduce(MIN) can produce is reported as a corrupted result, not as ranks calling different operations."""
+    faults = _CorruptControl("lifecycle.pause.decide")
+    world = sim.SimWorld(2, group_timeouts=True, faults=faults)
+
+    async def job(rt):
+        lc = PGLifecycle(rt, _mesh(2), config=LifecycleConfig(policy=PGPolicy.DESTROY, agree_timeout_s=30.0))
+        await lc.start()
+        try:
+            await lc.pause()  # its decision's agreement: corrupted on rank 0
+        except Exception as exc:  # noqa: BLE001 - which error, is the assertion
+            return lc.state, type(exc).__name__, str(exc)
+        return lc.state, None, None
+
+    state, name, msg = world.run(job, return_exceptions=True)[0]
+    assert faults.fired
+    assert state is PGState.FAILED
+    assert name == "AgreementError" and "corrupted" in msg and "'pause.decide'" in msg, (name, msg)

@@ -7,7 +7,6 @@ from refimpl.comm.decisions import (
     Preservation,
     after_gates,
     after_good_sync,
-    after_sync_event,
     disabled,
     inline_cooldown,
     local_vote,
@@ -54,11 +53,8 @@ def test_pause_event_follows_the_agreed_vote():
     assert inline_cooldown(PGPolicy.DESTROY) and not inline_cooldown(PGPolicy.DESTROY_DEFERRED)
 
 
-def test_bring_up_and_return_after_a_sync():
+def test_bring_up_before_a_sync_or_a_resume():
     assert [s for s in PGState if needs_bring_up(s)] == [PGState.SUSPENDED, PGState.DESTROYED]
-    assert after_sync_event(PGState.SUSPENDED) is PGEvent.SUSPEND
-    assert after_sync_event(PGState.DESTROYED) is PGEvent.DESTROY
-    assert after_sync_event(PGState.PAUSED_LIVE) is None
 
 
 def test_policy_codes_round_trip():

@@ -16,8 +16,8 @@ from refimpl.comm import (
     PGLifecycle,
     PGPolicy,
     PGState,
+    ResumeMemoryError,
 )
-from refimpl.comm.role_groups import ResumeMemoryError
 from refimpl.runtime.base import AddressInUseError, GroupSpec, GroupSuspendedError
 
 MiB = 2**20
@@ -213,6 +213,37 @@ def test_too_little_memory_to_resume_fails_every_rank_before_any_barrier():
     results = world.run(job)
     assert results[0] == ("ResumeMemoryError", PGState.FAILED)
     assert all(r == ("PeerFailedError", PGState.FAILED) for r in results[1:])
+
+
+def test_a_peers_failure_is_one_error_class_named_by_the_rank_and_caught_by_either_root():
+    """The lifecycle's peer failure is the store's too (local_dedup raises the same PeerFailedError): a
+    LifecycleError and a DedupError at once, naming the rank that failed."""
+    from refimpl.comm import LifecycleError
+    from refimpl.runtime.errors import DedupError
+
+    world = sim.SimWorld(3)
+
+    def release_memory(rt):
+        if rt.rank == 2:
+            raise RuntimeError("offload failed on rank 2")
+
+    async def job(rt):
+        lc = PGLifecycle(rt, mesh(2), config=config("DESTROY_DEFERRED"))
+        caught = []
+        try:
+            await lc.pause(lambda: release_memory(rt))
+        except DedupError as e:
+            caught.append(("DedupError", type(e).__name__, getattr(e, "ranks", None)))
+        except LifecycleError as e:  # only reached if the class were the lifecycle's alone
+            caught.append(("LifecycleError", type(e).__name__, getattr(e, "ranks", None)))
+        except RuntimeError as e:
+            caught.append(("RuntimeError", str(e), None))
+        return caught, lc.state
+
+    results = world.run(job)
+    for rank in (0, 1):  # ranks 0 and 1 hold the groups; rank 2 holds none but fails the agreed step
+        assert results[rank] == ([("DedupError", "PeerFailedError", (2,))], PGState.FAILED), results[rank]
+    assert results[2] == ([("RuntimeError", "offload failed on rank 2", None)], PGState.FAILED)
 
 
 PAUSED = {"PAUSED_LIVE": PGState.PAUSED_LIVE, "SUSPEND": PGState.SUSPENDED,

@@ -67,12 +67,14 @@ def test_a_parallel_walk_does_what_the_ordered_walk_does(policy):
 
 
 def test_on_the_calibrated_preset_a_parallel_walk_takes_one_poll_period():
-    """The 2 x H200 benchmark's settings: SUSPEND_PLANNED's weight sync walk (14 groups, right after the training
-    step's inits) 1.51 s ordered, 0.51 s parallel; DESTROY_DEFERRED's pause the same. parallel-walks measured 0.518 s for
-    both parallel walks (tests/sim/calibrate/test_validate_records.py holds the prediction to the record)."""
+    """The 2 x H200 benchmark's settings without the runtime's proxy waker (as parallel-walks ran): SUSPEND_PLANNED's
+    weight sync walk (14 groups, right after the training step's inits) 1.51 s ordered, 0.51 s parallel;
+    DESTROY_DEFERRED's pause the same. parallel-walks measured 0.518 s for both parallel walks
+    (tests/sim/calibrate/test_validate_records.py holds the prediction to the record)."""
     from bench import switch_window as sw
 
-    kw = dict(dp=2, tp=1, steps=4, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="calibrated/hgx-h200-8x")
+    kw = dict(dp=2, tp=1, steps=4, train_s=0.0, rollout_s=3.0, cooldown_s=2.0, topology="calibrated/hgx-h200-8x",
+              wake_proxies=False)
     res = {row: sw.summarize(row, sw.simulate(row, **kw), warmup=2) for row in
            ("DESTROY_DEFERRED", "DESTROY_DEFERRED_PARALLEL", "SUSPEND_PLANNED", "SUSPEND_PLANNED_PARALLEL")}
     assert res["SUSPEND_PLANNED"].update_weights == pytest.approx(1.513, abs=0.01)
@@ -109,9 +111,9 @@ def test_a_rank_dying_before_a_parallel_walk_fails_every_other_rank_within_the_a
 
 
 def test_the_simulated_destroy_groups_overlaps_the_waits_and_names_failures():
-    """Two initialised two-rank groups, 0.1 s apart, destroyed later one first: one by one, the earlier one's timeout
-    has passed when the first destroy ends, so it waits a whole period more; together, the call ends with the later
-    one's timeout. A name that is not a group is reported, not raised, and
+    """Two initialised two-rank groups, 0.1 s apart, destroyed later one first, without the runtime's proxy waker:
+    one by one, the earlier one's timeout has passed when the first destroy ends, so it waits a whole period more;
+    together, the call ends with the later one's timeout. A name that is not a group is reported, not raised, and
     the others are destroyed all the same."""
     from sim.machine.collectives import NcclComm, TopologyCollectiveCost
     from sim.presets import first_gpus, load_preset_data
@@ -120,7 +122,7 @@ def test_the_simulated_destroy_groups_overlaps_the_waits_and_names_failures():
     def run(together: bool):
         topo = Topology(first_gpus(load_preset_data("calibrated/hgx-h200-8x"), 2))
         world = sim.SimWorld(2, collective_cost=TopologyCollectiveCost(topo),
-                             comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
+                             comm=NcclComm(topo, lazy_init=True, init_at_collective=True, proxy_wake=False))
 
         async def job(rt):
             for g in ("a", "b"):

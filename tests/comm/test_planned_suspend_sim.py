@@ -315,7 +315,8 @@ def test_the_cost_row_destroys_a_communicator_whose_suspend_and_resume_cost_more
 
     c = SwitchCosts()
     assert cheaper_to_destroy(c, 2, 480 * MiB), "2 x H200 multigpu run 1: 480 MiB two-rank communicators"
-    assert not cheaper_to_destroy(c, 2, 192 * MiB), "GPU.md's 2 x H200 run: 192 MiB two-rank communicators"
+    assert cheaper_to_destroy(c, 2, 192 * MiB), "GPU.md's 2 x H200 run: 192 MiB, destroyed with the proxy waker"
+    assert not cheaper_to_destroy(c, 2, 128 * MiB), "below the break-even size (156 MiB)"
     assert not cheaper_to_destroy(None, 2, 480 * MiB)
     with pytest.raises(ValueError, match="SwitchCosts.resume_s_per_gib"):
         SwitchCosts(resume_s_per_gib=-1.0)

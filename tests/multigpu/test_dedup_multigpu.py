@@ -34,7 +34,7 @@ def _device():
 
 def _store(net, opt, backend="local_dedup"):
     from refimpl.store import OffloadStore
-    from refimpl.store.dedup import DedupConfig
+    from refimpl.store.backends.dedup_config import DedupConfig
     from refimpl.torch_runtime import TorchRuntime
 
     kw = {"dedup": DedupConfig(verify_replicas=True)} if backend == "local_dedup" else {}

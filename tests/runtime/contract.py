@@ -301,6 +301,20 @@ async def check_votes(rt: Runtime) -> dict[str, Any]:
     return {"full": full.encode(), "late": None if late is None else (late.absent, late.decided_by, late.points)}
 
 
+async def check_vote_spaces(rt: Runtime) -> list[tuple[str, str]]:
+    """Vote spaces are named by what their votes are about: two made in different orders on different ranks (two
+    stores, two roles of one process) keep one name each on every rank, and their votes do not pair."""
+    abouts = ("contract.actor", "contract.critic")
+    order = abouts if rt.rank % 2 == 0 else abouts[::-1]
+    spaces = {about: rt.vote_space("contract", about) for about in order}
+    assert spaces[abouts[0]] != spaces[abouts[1]]
+    ranks = tuple(range(rt.world_size))
+    for mark, about in enumerate(abouts):
+        verdict = await rt.vote(f"{spaces[about]}/0", ranks, "contract.space", 0, {mark}, timeout_s=30.0)
+        assert verdict is not None and verdict.agreed and verdict.marks == frozenset({mark}), (about, verdict)
+    return sorted(spaces.items())
+
+
 # --------------------------------------------------------------------------- all together
 
 CHECKS = {
@@ -312,6 +326,7 @@ CHECKS = {
     "group_rebuild": check_group_rebuild,
     "clock": check_clock,
     "votes": check_votes,
+    "vote_spaces": check_vote_spaces,
 }
 
 
@@ -339,3 +354,5 @@ def verify_agreement(name: str, per_rank: list[Any], world_size: int) -> None:
         assert per_rank == [0] * world_size
     elif name == "votes":
         assert all(obs == per_rank[0] for obs in per_rank), f"ranks read different verdicts: {per_rank}"
+    elif name == "vote_spaces":
+        assert all(obs == per_rank[0] for obs in per_rank), f"ranks named the spaces differently: {per_rank}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests._dist import run_distributed
-from refimpl.store.parking import is_parked
+from refimpl.store.state.parking import is_parked
 
 WRITE_DELAY_S = 1.5
 

@@ -4,7 +4,7 @@ import gc
 
 import pytest
 import torch
-from refimpl.store.parking import is_parked
+from refimpl.store.state.parking import is_parked
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -16,7 +16,7 @@ from refimpl.store import (
     UnsupportedTensorError,
     WrongDeviceError,
 )
-from refimpl.store.parking import is_parked
+from refimpl.store.state.parking import is_parked
 
 
 def _store(**tensors):

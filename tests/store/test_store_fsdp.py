@@ -3,7 +3,7 @@ gives bitwise the same losses, parameters and optimizer state as training withou
 import pytest
 
 from tests._dist import run_distributed
-from refimpl.store.parking import is_parked
+from refimpl.store.state.parking import is_parked
 
 STEPS = 4
 

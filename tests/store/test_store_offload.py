@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from refimpl.runtime import CopyKind
 from refimpl.torch_runtime import TorchRuntime
 from refimpl.store import Category, LayoutState, OffloadStore, StoreConfig
-from refimpl.store.parking import is_parked
+from refimpl.store.state.parking import is_parked
 
 VOCAB, DIM = 37, 16
 

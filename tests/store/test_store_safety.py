@@ -26,7 +26,7 @@ from refimpl.store import (
     UnsupportedTensorError,
     is_parked,
 )
-from refimpl.store.parking import DEBUG_ENV
+from refimpl.store.debug import DEBUG_ENV
 from refimpl.worker import WorkerStateControl, auto_offload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import types
 
 import torch
@@ -20,18 +21,33 @@ def batch(x: torch.Tensor, **meta) -> types.SimpleNamespace:
     return types.SimpleNamespace(x=x, meta_info=dict(meta))
 
 
+class InterruptibleStore(OffloadStore):
+    """An OffloadStore whose next offload, once armed, is interrupted as it starts, as Ctrl-C or a cancelled
+    call would interrupt it (``KeyboardInterrupt``, before any byte moved)."""
+
+    armed = False
+
+    async def offload_async(self, *args, **kwargs):
+        """The store's offload, or ``KeyboardInterrupt`` once after :attr:`armed` was set."""
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt("planted interrupt as the offload starts")
+        return await super().offload_async(*args, **kwargs)
+
+
 class ToyWorker(RoleWorker):
     """A linear model per rank, its process group formed from the address the cluster handed in."""
 
     @register
-    def setup(self, seed: int) -> tuple[int, int]:
+    def setup(self, seed: int, interruptible: bool = False) -> tuple[int, int]:
         """Form the role's Gloo group (``env://``: the cluster's MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
         torch.set_num_threads(1)
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method="env://")
         torch.manual_seed(seed)
         self.model = torch.nn.Linear(16, 4)
-        store = OffloadStore(TorchRuntime("cpu"))
+        self.bumps = 0
+        store = (InterruptibleStore if interruptible else OffloadStore)(TorchRuntime("cpu"))
         store.attach_module(self.model)
         self.state_control = WorkerStateControl(store)
         self.gates: dict[str, threading.Event] = {}
@@ -83,3 +99,29 @@ class ToyWorker(RoleWorker):
         if how != "raise_alone":
             dist.all_reduce(t)  # waits for the failed rank: never completes
         return t
+
+    @register
+    def bump(self, fail_rank: int | None = None) -> int:
+        """One update of the state (the bias grows by one) on every rank but ``fail_rank``, which raises."""
+        if self.rank == fail_rank:
+            raise ValueError(f"planted failure of bump on rank {fail_rank}")
+        with torch.no_grad():
+            self.model.bias.add_(1.0)
+        self.bumps += 1
+        return self.bumps
+
+    @register(offload=False)
+    def bump_count(self) -> int:
+        """How many bumps this rank has applied."""
+        return self.bumps
+
+    @register(offload=False)
+    def sleep(self, seconds: float) -> None:
+        """Keep the actor busy for ``seconds`` (later calls queue behind it on a single-threaded actor)."""
+        time.sleep(seconds)
+
+    @register(offload=False)
+    def interrupt_next_offload(self, rank: int) -> None:
+        """On ``rank``: the next offload of the store raises ``KeyboardInterrupt`` as it starts."""
+        if self.rank == rank:
+            self.state_control.store.armed = True

@@ -6,19 +6,9 @@ import time
 import pytest
 import torch
 
-from tests.worker._ray import start_ray
-
-
 
 @pytest.fixture(scope="module")
-def ray_mod():
-    ray = start_ray()
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def roles(ray_mod):
+def roles(ray_module):
     """Roles ``a`` (6 calls at once per actor) and ``b`` colocated on one pool; room for 2 sacrificial roles."""
     from refimpl.worker import Cluster, ResourcePool
     from tests.worker.ray_workers import ToyWorker

@@ -27,7 +27,7 @@ awaited, also when the store is about to raise, so ranks never diverge.
 The store releases device memory only after every finisher of an offload
 has completed, and re-points tensors only after validation, so a backend error
 loses nothing. The one exception is opt-in: a backend that sets
-``early_release`` promises that nothing but the copies it issued through
+``release_as_copied`` promises that nothing but the copies it issued through
 ``source.copy_to_host`` reads the device data, and that by the time its
 ``offload`` returns all its host memory is allocated; the store may then
 release each storage as soon as the copies carrying its bytes completed, while
@@ -39,14 +39,14 @@ collective setup. ``settle_offload(error)`` ends every offload exactly once
 (``prepare_reload`` / ``settle_reload`` do the same for a reload), so a backend
 whose ranks must end an operation the same way can agree on its outcome there
 (``local_dedup``'s outcome votes, [Note: the outcome votes] in
-:mod:`refimpl.store.backends.dedup_outcome`). A backend that sets ``speculative_offload`` (no collectives
+:mod:`refimpl.store.backends.dedup_outcome`). A backend that sets ``copy_ahead`` (no collectives
 in ``offload``) may see ``offload`` of an unchanged layout issued before
 collection and ``prepare``; the store awaits and discards it if the layout
 turns out to have changed.
 
 The required interface is two coroutines, :meth:`StoreBackend.offload` and
 :meth:`StoreBackend.reload`; every other method has a working default for a
-rank-local backend. Streaming the first offload (:mod:`refimpl.store.streaming`)
+rank-local backend. Streaming the first offload (:mod:`refimpl.store.moves.streaming`)
 is an optional protocol, :class:`StreamingBackend`: a backend that implements
 its four methods is streamed, any other is not, and nothing of it is part of
 the required contract.
@@ -62,15 +62,15 @@ from __future__ import annotations
 import abc
 import bisect
 import logging
-from typing import Awaitable, ClassVar, Hashable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Awaitable, ClassVar, Hashable, Iterable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from refimpl.runtime.base import Completion, Runtime
+from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 from refimpl.store.config import Category, StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
-from refimpl.store.parking import own_view
-from refimpl.store.pool import HostBuffer, PinnedHostPool
+from refimpl.store.state.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.state.storage_views import own_view
 
 logger = logging.getLogger(__name__)
 
@@ -137,21 +137,21 @@ class StoreBackend(abc.ABC):
     Required: :attr:`name`, :meth:`offload` and :meth:`reload`. Optional, with
     defaults for a rank-local backend: the layout hooks (:meth:`placement_key`,
     :meth:`padded_numel`, :meth:`prepare`), host memory (:meth:`reserve`,
-    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`) and two
-    capability flags the store may use to overlap work (``speculative_offload``,
-    ``early_release``; both off by default). Streaming is :class:`StreamingBackend`.
+    :meth:`host_view`, :meth:`host_bytes`, :meth:`discard`, :meth:`close`) and three
+    capability flags the store may use to overlap work (``copy_ahead``,
+    ``release_as_copied``, ``early_copies``; all off by default). Streaming is :class:`StreamingBackend`.
     """
 
     #: the name ``OffloadStore(backend=...)`` uses
     name: ClassVar[str] = ""
     #: True if :meth:`offload` of an unchanged resident layout may be issued before collection (and
     #: possibly discarded); only for backends whose offload runs no collective. See the store's note.
-    speculative_offload: ClassVar[bool] = False
+    copy_ahead: ClassVar[bool] = False
     #: True if :meth:`offload` reads device data only through ``source.copy_to_host`` and nothing in its
     #: finisher reads it again: the store may then release each storage as soon as its copies completed
-    early_release: ClassVar[bool] = False
+    release_as_copied: ClassVar[bool] = False
     #: True if :meth:`copy_early` copies a resident layout's range into the host buffer the next offload uses
-    #: and :meth:`offload_rest` copies the rest (see [Note: early copies] in :mod:`refimpl.store.early`)
+    #: and :meth:`offload_rest` copies the rest (see [Note: early copies] in :mod:`refimpl.store.moves.early`)
     early_copies: ClassVar[bool] = False
 
     def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:
@@ -219,7 +219,7 @@ class StoreBackend(abc.ABC):
                             chunk_numel: int) -> list[Piece] | None:
         """Optional: issue the fill of ``device_flat`` as pieces of at most ``chunk_numel`` elements, each with
         its own completion, so a streamed reload can hand each tensor over as its piece lands (see
-        :class:`refimpl.store.reload.StreamedReload`). None (the default): not supported (a backend with
+        :class:`refimpl.store.moves.reload.StreamedReload`). None (the default): not supported (a backend with
         collectives in its reload, or one that fills the buffer in one step); :meth:`reload` is used."""
         return None
 
@@ -265,7 +265,7 @@ class StreamingBackend(Protocol):
 
     A backend implementing these four methods (no padding, no collectives in
     ``offload``) gets its first offload of scattered state streamed (see [Note:
-    why stream] in :mod:`refimpl.store.streaming`); ``prepare`` is not called then.
+    why stream] in :mod:`refimpl.store.moves.streaming`); ``prepare`` is not called then.
     """
 
     def stream_begin(self, layout: FlatLayout) -> None:
@@ -287,4 +287,23 @@ def streams(backend: StoreBackend) -> bool:
     return isinstance(backend, StreamingBackend)
 
 
-__all__ = ["LayoutSource", "Piece", "StoreBackend", "StreamingBackend", "streams"]
+def complement(ranges: list[tuple[int, int]], numel: int, cuts: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``[0, numel)`` not in ``ranges`` (ascending, disjoint), split at the host segments ``cuts``: what
+    :meth:`StoreBackend.offload_rest` still copies after the ranges copied early."""
+    gaps, at = [], 0
+    for a, b in ranges:
+        if a > at:
+            gaps.append((at, a))
+        at = max(at, b)
+    if at < numel:
+        gaps.append((at, numel))
+    out = []
+    for lo, hi in gaps:
+        for a, b in cuts:
+            x, y = max(lo, a), min(hi, b)
+            if x < y:
+                out.append((x, y))
+    return out
+
+
+__all__ = ["LayoutSource", "Piece", "StoreBackend", "StreamingBackend", "complement", "streams"]

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 The store groups tensors into flat layouts keyed by (category, dtype,
 placement key); for this backend the placement key is the entry's
-:class:`~refimpl.store.replica.ReplicaGroup` (``None`` for the ``local`` path,
-see :mod:`refimpl.store.replica`). For a layout of ``numel`` elements whose
+:class:`~refimpl.store.backends.replica.ReplicaGroup` (``None`` for the ``local`` path,
+see :mod:`refimpl.store.backends.replica`). For a layout of ``numel`` elements whose
 group has N members, member ``i`` owns the balanced slice
 ``[i*chunk, min((i+1)*chunk, numel))`` with ``chunk = ceil(numel/N)`` rounded up
 to ``align_bytes`` (:class:`~refimpl.store.backends.dedup_config.MemberSlice`). Everything past ``numel`` is padding.
@@ -19,7 +19,7 @@ to ``align_bytes`` (:class:`~refimpl.store.backends.dedup_config.MemberSlice`). 
   group), rebuild the other chunks, piece by piece as the H2D lands
   (:mod:`refimpl.store.backends.dedup_gather`). Bytes come back bitwise.
   Layouts without a group take the local path: no collective at all.
-* Groups: :func:`~refimpl.store.replica_sync.agree_on_groups` tells every rank
+* Groups: :func:`~refimpl.store.backends.replica_sync.agree_on_groups` tells every rank
   every other rank's groups, and every rank creates the union in one sorted
   order (torch requires all ranks to create every group). Layouts are
   processed in sorted key order, one global order, so no two ranks wait on
@@ -39,7 +39,7 @@ to ``align_bytes`` (:class:`~refimpl.store.backends.dedup_config.MemberSlice`). 
 * Content check (``verify_replicas``, on by default): when a layout is first
   deduplicated and whenever it changes (a new layout object), each replicated
   tensor's bytes are hashed on the device
-  (:func:`~refimpl.store.replica_sync.content_digest`) and compared over the
+  (:func:`~refimpl.store.backends.replica_sync.content_digest`) and compared over the
   group the same way; in debug mode (or with ``verify_replicas=True``) at every
   offload; ``verify_replicas=False`` turns it off. A wrong inference would
   otherwise silently overwrite one rank's weights with another's on reload.
@@ -58,19 +58,16 @@ import torch
 
 from refimpl.runtime.base import CollectiveTimeoutError, CopyKind, Runtime, gather
 from refimpl.store.backends.base import LayoutSource, StoreBackend
-from refimpl.store.backends.dedup_config import (
-    DedupConfig, DedupError, LayoutMismatchError, MemberSlice, OperationMismatchError, PeerFailedError,
-    PeerUnavailableError, ReplicaMismatchError, ReplicaShare, SlicePlan,
-)
+from refimpl.store.backends.dedup_config import DedupConfig, DedupError, MemberSlice, ReplicaShare
 from refimpl.store.backends.dedup_gather import SegmentCopy, SliceGather
 from refimpl.store.backends.dedup_outcome import Code, OutcomeVotes, Stage, peer_error
 from refimpl.store.backends.local import LocalBackend
+from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
+from refimpl.store.backends.replica import ReplicaGroup
 from refimpl.store.config import CATEGORY_ORDER, Category, StoreConfig
-from refimpl.store.layout import FlatLayout, LayoutKey, StorageEntry
-from refimpl.store.pool import HostBuffer, PinnedHostPool
-from refimpl.store.replica import ReplicaGroup
-from refimpl.store.parking import DEBUG_ENV, debug_mode, own_view
-from refimpl.store.replica_sync import (
+from refimpl.store.state.layout import FlatLayout, LayoutKey, StorageEntry
+from refimpl.store.state.storage_views import own_view
+from refimpl.store.backends.replica_sync import (
     agree_on_groups, content_digest, ensure_groups, layout_signature, members_agree, members_agree_any,
     release_digest_weights,
 )
@@ -434,18 +431,4 @@ class DedupBackend(StoreBackend):
         self._local.close()
 
 
-__all__ = [
-    "DEBUG_ENV",
-    "DedupBackend",
-    "DedupConfig",
-    "DedupError",
-    "LayoutMismatchError",
-    "MemberSlice",
-    "OperationMismatchError",
-    "PeerFailedError",
-    "PeerUnavailableError",
-    "ReplicaMismatchError",
-    "ReplicaShare",
-    "SlicePlan",
-    "debug_mode",
-]
+__all__ = ["DedupBackend"]

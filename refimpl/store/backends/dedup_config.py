@@ -12,12 +12,9 @@ import os
 from dataclasses import dataclass, field
 
 from refimpl.runtime.base import CollectiveTimeoutError
-from refimpl.store.parking import debug_mode
-from refimpl.store.replica import ReplicaGroup, ReplicaPolicy
-
-
-class DedupError(RuntimeError):
-    """Base class of ``local_dedup`` errors."""
+from refimpl.runtime.errors import DedupError, PeerFailedError  # one class with the lifecycle's
+from refimpl.store.backends.replica import ReplicaGroup, ReplicaPolicy
+from refimpl.store.debug import debug_mode
 
 
 class ReplicaMismatchError(DedupError):
@@ -34,14 +31,6 @@ class PeerUnavailableError(DedupError, CollectiveTimeoutError):
     ``ranks``: the ranks that never arrived (dead, hung, or not making the same call); empty when every
     member arrived and one died or hung inside the collective.
     """
-
-    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.ranks = tuple(ranks)
-
-
-class PeerFailedError(DedupError):
-    """A ``local_dedup`` offload or reload failed on other ranks (``ranks``); this rank undid its part too."""
 
     def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
@@ -189,8 +178,5 @@ class ReplicaShare:
         return self.host_bytes / self.layout_bytes if self.layout_bytes else 0.0
 
 
-SlicePlan = MemberSlice
-"""The old name of :class:`MemberSlice`."""
-
 __all__ = ["DedupConfig", "DedupError", "LayoutMismatchError", "MemberSlice", "OperationMismatchError",
-           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare", "SlicePlan"]
+           "PeerFailedError", "PeerUnavailableError", "ReplicaMismatchError", "ReplicaShare"]

@@ -29,9 +29,9 @@ import torch
 from refimpl.runtime.base import CollectiveFailedError, CollectiveTimeoutError, Completion, Runtime
 from refimpl.store.backends.dedup_config import DedupConfig, MemberSlice
 from refimpl.store.backends.dedup_outcome import peer_error
+from refimpl.store.backends.replica import ReplicaGroup
 from refimpl.store.config import StoreConfig
-from refimpl.store.parking import own_view
-from refimpl.store.replica import ReplicaGroup
+from refimpl.store.state.storage_views import own_view
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,12 @@ from typing import Awaitable
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, Runtime, gather
-from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend
+from refimpl.store.backends.base import LayoutSource, Piece, StoreBackend, complement
+from refimpl.store.backends.pool import HostBuffer, PinnedHostPool
 from refimpl.store.config import StoreConfig
-from refimpl.store.early import complement
 from refimpl.store.errors import StoreStateError
-from refimpl.store.layout import FlatLayout, LayoutKey
-from refimpl.store.parking import own_view
-from refimpl.store.pool import HostBuffer, PinnedHostPool
+from refimpl.store.state.layout import FlatLayout, LayoutKey
+from refimpl.store.state.storage_views import own_view
 
 
 class LocalBackend(StoreBackend):
@@ -24,8 +23,8 @@ class LocalBackend(StoreBackend):
     """
 
     name = "local"
-    speculative_offload = True
-    early_release = True
+    copy_ahead = True
+    release_as_copied = True
     early_copies = True
 
     def __init__(self, runtime: Runtime, pool: PinnedHostPool, config: StoreConfig) -> None:

@@ -7,7 +7,7 @@ DDP's reducer registers a hook on each parameter's gradient accumulator
 through its own communication buckets: flat tensors it allocates and owns in
 C++, which Python never sees. The store keeps each parameter's autograd
 identity across offload and reload (see [Note: autograd identity] in
-:mod:`refimpl.store.parking`), so the reducer's hooks keep firing.
+:mod:`refimpl.store.state.repoint`), so the reducer's hooks keep firing.
 
 * ``gradient_as_bucket_view=False``: ``p.grad`` are tensors of their own; the
   module's parameters, gradients and buffers and the optimizer state are
@@ -20,7 +20,7 @@ identity across offload and reload (see [Note: autograd identity] in
   refuses (``UnattachedAliasError``). So the gradients are not given to the
   store: :class:`DDPClient` releases each bucket storage *in place* instead.
   Offload copies its bytes to host memory, parks the visible ``p.grad`` views
-  (see :mod:`refimpl.store.parking`) and shrinks the storage to 0 bytes; reload
+  (see :mod:`refimpl.store.state.parking`) and shrinks the storage to 0 bytes; reload
   grows the same storage object back, copies the bytes in and points ``p.grad``
   back where it was. Every view the reducer holds (they reference the storage,
   not an address) is valid again and sees the same bytes. A bucket is reachable
@@ -41,11 +41,11 @@ import torch
 from refimpl.arguments import ArgumentTypeError, expect_name
 from refimpl.runtime.base import CopyKind
 from refimpl.store.arguments import check_optimizer
-from refimpl.store.store import check_store
 from refimpl.store.clients.base import StoreClient
 from refimpl.store.config import Category
 from refimpl.store.errors import StoreStateError
-from refimpl.store.parking import ViewPlace, park_views, repoint_views
+from refimpl.store.state.parking import ViewPlace, park_views, repoint_views
+from refimpl.store.store import check_store
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ this rank's shard is reduced), are local.
 
 Megatron registers its gradient hooks on each parameter's gradient accumulator;
 the store keeps those across a reload ([Note: autograd identity] in
-:mod:`refimpl.store.parking`). Megatron itself is not imported here: the
+:mod:`refimpl.store.state.repoint`). Megatron itself is not imported here: the
 objects are read by duck typing (``buffers``, ``expert_parallel_buffers``,
 ``chained_optimizers``, ``optimizer``), so megatron-core stays optional.
 """
@@ -49,13 +49,13 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 import torch
 
 from refimpl.arguments import expect_name
-from refimpl.store.store import check_store
+from refimpl.store.backends.dedup_config import DedupConfig
+from refimpl.store.backends.replica import LOCAL, ReplicaGroup, ReplicaPolicy
 from refimpl.store.clients.base import StoreClient
 from refimpl.store.config import Category
-from refimpl.store.dedup import DedupConfig
 from refimpl.store.errors import StoreError
-from refimpl.store.parking import Parking, ViewPlace, park_views, repoint_views
-from refimpl.store.replica import LOCAL, ReplicaGroup, ReplicaPolicy
+from refimpl.store.state.parking import Parking, ViewPlace, park_views, repoint_views
+from refimpl.store.store import check_store
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""sim.calibrate.colocated: the simulated colocated RL step's invariants, on a record shaped like bench/rl_loop.py's."""
+"""sim.calibrate.colocated: the simulated colocated RL step's invariants, on a record shaped like bench.rl's."""
 from __future__ import annotations
 
 import copy
@@ -11,6 +11,7 @@ from pathlib import Path
 from sim.calibrate.colocated import (LOOP_CONSTANTS, PHASES, compare, fit_loop_constants, measured_phases,
                                      predict_step, simulate_lifecycle)
 from sim.calibrate.records import RecordError
+from sim.machine.topology import Topology
 
 GB = 1e9
 
@@ -114,9 +115,10 @@ def test_the_lifecycle_share_comes_from_the_simulated_lifecycle(driver_pred):
     # the pause destroys the communicator the training step used: the destroy waits for the proxy thread's
     # next 500 ms poll, counted from the end of its init (at the step's training collective), so a longer
     # training step leaves less of the wait, and one past the poll period waits for the next one
+    own = Topology.from_preset("calibrated/h200-1x").comm.destroy_s  # the destroy's own cost beyond the wait
     for train_s, wait_s in ((0.1, 0.4), (0.3, 0.2), (0.45, 0.05), (0.6, 0.4)):
         got = simulate_lifecycle("calibrated/h200-1x", 1, "DESTROY_DEFERRED", 0.5, train_s, 3.0)["offload"]
-        assert got == pytest.approx(wait_s, abs=0.01), train_s
+        assert got == pytest.approx(wait_s + own, abs=0.01), train_s
     # the measured remainder is reported beside, not used
     assert set(driver_pred["lifecycle_measured_s"]) == {"offload", "weight_sync", "reload"}
 
@@ -184,14 +186,17 @@ def test_cli_compares_a_record_and_predicts_another_configuration(capsys):
 @pytest.mark.parametrize("name", ["rl1/rl_step_1.json", "rl1_alloc/rl_step_1.json", "rl2/rl_step_2.json"])
 def test_the_pause_destroy_of_a_just_used_group_is_the_proxy_poll_wait(name):
     """The DESTROY_DEFERRED pause right after training destroys trainer.dp, whose communicator the training
-    collective initialised: the destroy waits for NCCL's proxy thread's next 500 ms poll. The preset's rule
-    (fitted on the comm-split records, not on these) gives the lifecycle's part of the offload within 5%;
-    without the poll wait it would be the bare destroy (0 to 13 ms)."""
+    collective initialised: without the runtime's proxy waker (these records predate it) the destroy waits for NCCL's
+    proxy thread's next 500 ms poll. The preset's rule (nothing of it fitted on these records) gives the lifecycle's
+    part of the offload within 10%: the simulator places the poll's origin at the end of the training collective,
+    where NCCL's log puts the thread's last request about 26 ms (one rank) earlier, so it waits that much less;
+    without the poll wait it would be the destroy's own cost (17 ms)."""
     from sim.presets import load_preset_data
 
     rec = _load(name)
     res = predict_step(rec)
-    assert res["lifecycle_s"]["offload"] == pytest.approx(res["lifecycle_measured_s"]["offload"], rel=0.05)
+    assert res["lifecycle_s"]["offload"] == pytest.approx(res["lifecycle_measured_s"]["offload"], rel=0.10)
+    assert res["lifecycle_s"]["offload"] > res["lifecycle_measured_s"]["offload"]  # the poll's origin, above
     data = load_preset_data("calibrated/hgx-h200-8x")
     assert "rl_step_" not in json.dumps(data)  # no constant of the preset comes from the RL records
     assert res["lifecycle_s"]["offload"] > 10 * data["constants"][data["comm"]["destroy_multi"]]["value"]

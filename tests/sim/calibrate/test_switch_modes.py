@@ -169,6 +169,29 @@ def test_early_copies_leave_the_offload_its_host_work_and_the_step_its_tail():
     assert early["switch_cost_s"] < 0.6 * plain["switch_cost_s"]
 
 
+def test_without_an_offload_phase_of_its_own_the_early_offload_is_the_walk_plus_the_records_host_work():
+    """A record that ran no early copies: the predicted early-copy offload is the pause's walk plus the store's
+    host work the record measured (its copies and their wait gone), so it follows that host work one for one
+    and does not depend on the record's copy wait."""
+    from sim.calibrate.switch_modes import predict_modes, store_offload_host_s
+
+    base = json.loads((EARLY / "db_base.json").read_text())
+    kw = dict(policies=("DESTROY_DEFERRED",), modes=("streamed", "overlapped"), early_units_bytes=UNITS)
+    rows = {r["mode"]: r for r in predict_modes(base, **kw)}
+    more_host = json.loads(json.dumps(base))
+    more_host["store_phases"]["offload.collect"] += 0.010
+    longer_wait = json.loads(json.dumps(base))
+    longer_wait["store_phases"]["offload.wait"] += 1.0
+    assert store_offload_host_s(more_host) == pytest.approx(store_offload_host_s(base) + 0.010)
+    for mode, row in rows.items():
+        walk = row["offload_s"] - store_offload_host_s(base)
+        assert walk > 0, mode  # DESTROY_DEFERRED's pause walks its groups
+        moved, = (r for r in predict_modes(more_host, **kw) if r["mode"] == mode)
+        assert moved["offload_s"] == pytest.approx(row["offload_s"] + 0.010, abs=1e-9)
+        waited, = (r for r in predict_modes(longer_wait, **kw) if r["mode"] == mode)
+        assert waited["offload_s"] == pytest.approx(row["offload_s"], abs=1e-9)
+
+
 def test_a_record_that_ran_early_copies_gives_its_own_offload_phase_and_reload_issue_time():
     from sim.calibrate.switch_modes import early_offload_phase_s, predict_modes, reload_issue_host_s
 

@@ -3,9 +3,11 @@
 Fit set (``timeshare sim calibrate``): one-rank communicator costs of H200 run 1
 (``comm_raw`` of its comm_h200 record), two-rank communicator costs of the old
 2 x H200 record (``comm_raw``, and its SUSPEND wake for the canary after a resume,
-``--canary-from``), group creation, first collective and destroy of the commsplit
-probe, the scrub probe of run 7, the agreement probe and the destroy-walk probes
-(the poll phase spread and the late-walk rate). Validation set (``timeshare sim
+``--canary-from``), group creation and first collective of the commsplit probe, the
+scrub probe of run 7, the agreement probe, the destroy-walk probes (the poll phase
+spread and the late-walk rate), NCCL's own logs of two of them (a destroy's own cost)
+and the rebuild probe of one H200 on 2026-12-04 (a destroy with the proxy waker, a
+rebuild and its first collective). Validation set (``timeshare sim
 validate``, blind: no part of a validated file is in the fit set): the all-policies
 record (every PGPolicy), lazy-wake, walk-probes, the held-out switch-8-steps and parallel-walks, the stock-NCCL
 all-policies record (switch window and dedup), the lazy lifecycle-bind record, and the
@@ -50,13 +52,17 @@ PROBES = sorted((WALK_PROBES / "destroy-walk").glob("destroy-walk-*.json"))
 #: the 2 x H200 record of 15:12 UTC (main at 7e3982b): DESTROY_DEFERRED, PAUSED_LIVE, SUSPEND_PLANNED and its lazy
 #: variant; nothing of it is in the fit set
 PROBES_SWITCH = WALK_PROBES / "multigpu-2026-11-30-nvidia-h200x2.json"
-FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB, AGREEMENT, *PROBES]
+#: NCCL's own log of two of the probes (INIT,PROXY, microsecond timestamps): a destroy's own cost beyond the poll wait
+NCCL_LOGS = sorted((WALK_PROBES / "destroy-walk").glob("nccl-log-*.tgz"))
+#: bench/gpu/rebuild_probe.py on one H200, 2026-12-04, NCCL's cuMem as users run it: a destroy with the proxy waker
+REBUILD = RESULTS / "2026-12-04-h200-rebuild-probe" / "rebuild_cumem_unset.json"
+FIT_SET = [RUN1_COMM, MULTIGPU, *SPLIT, SCRUB, AGREEMENT, *PROBES, *NCCL_LOGS, REBUILD]
 #: whose SUSPEND wake_up gives the canary after resume (needs a base of 2 GPUs or more)
-CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "hgx-h20-8x": [MULTIGPU], "h200-1x": []}
+CANARY_FROM = {"hgx-h200-8x": [MULTIGPU], "hgx-h20-8x": [MULTIGPU], "h200-2x": [MULTIGPU], "h200-1x": []}
 OFFLOAD_VALIDATION = [RESULTS / f"2026-11-29-h200-run{n}" / "2026-11-29-h200-offload.json" for n in (6, 9)]
 
 
-@pytest.mark.parametrize("base", ["hgx-h200-8x", "hgx-h20-8x", "h200-1x"])
+@pytest.mark.parametrize("base", ["hgx-h200-8x", "hgx-h20-8x", "h200-2x", "h200-1x"])
 def test_shipped_calibrated_presets_are_what_calibrate_writes(base, tmp_path, capsys):
     out = tmp_path / "p.json"
     canary = [a for p in CANARY_FROM[base] for a in ("--canary-from", str(p))]
@@ -72,16 +78,26 @@ def test_each_fitted_constant_names_its_record_and_section():
     by = {o.constant: o for o in obs}  # the last observation of each constant
     suspend = next(o for o in obs if o.constant == "nccl_suspend_multi")
     assert suspend.record == two and suspend.value == pytest.approx(4.82997291099997 / 14)
-    # destroys wait for the proxy thread's 500 ms poll: the commsplit probe destroys right after the first
-    # collectives (a known poll phase), so its replay gives what is left (13.2 ms two-rank, nothing one-rank); the
-    # multigpu record destroys after suspends and resumes (unknown phase) and gives no destroy constant
+    # a destroy's own cost, beyond the wait for the proxy thread's 500 ms poll: where it stands apart from the wait,
+    # in NCCL's log (from each UDS thread's exit to the next destroy's proxy stop) and in the rebuild probe's destroy
+    # with the proxy waker; no walk's total (the commsplit probe's is paced by its inits: a check, not a fit)
+    logs = [str(p.relative_to(ROOT)) for p in NCCL_LOGS]
     destroy = [o for o in obs if o.constant == "nccl_destroy_multi"]
-    assert [o.record for o in destroy] == [f"{SPLIT[0].relative_to(ROOT)}#comm_raw"]
-    assert destroy[0].value == pytest.approx(0.0132, abs=0.001) and by["nccl_destroy"].value == 0.0
-    assert "replayed with the 500 ms proxy poll: 2.512 s" in destroy[0].how
+    assert [o.record for o in destroy] == logs and all(0.015 < o.value < 0.018 for o in destroy)
+    one = [o for o in obs if o.constant == "nccl_destroy"]
+    assert [o.record for o in one] == [*logs, str(REBUILD.relative_to(ROOT))]
+    assert all(0.015 < o.value < 0.018 for o in one) and "destroy with the proxy waker" in one[-1].how
+    assert data["constants"]["nccl_destroy"]["value"] == pytest.approx(statistics.mean(o.value for o in one), abs=1e-6)
+    assert not [o for o in obs if o.constant in ("nccl_destroy", "nccl_destroy_multi") and "commsplit" in o.record]
     poll = [o for o in obs if o.constant == "nccl_proxy_poll"]
     assert len(poll) == 2 and all(o.value == 0.5 and "ncclProxyServiceUDS" in o.how for o in poll)
+    assert all("whole 500 ms poll periods after its last activity" in o.how for o in poll)
     assert data["comm"]["proxy_poll"] == "nccl_proxy_poll" and data["constants"]["nccl_proxy_poll"]["value"] == 500
+    # the one-rank lazy init: the commsplit probe's first collective and the rebuild probe's rebuild and first
+    # collective (the runtime as users run it), less the group object
+    init = [o for o in obs if o.constant == "nccl_init"]
+    assert [o.record.split("#")[0] for o in init] == [str(SPLIT[1].relative_to(ROOT)), str(REBUILD.relative_to(ROOT))]
+    assert [round(o.value, 4) for o in init] == [0.0346, 0.0223]
     # the canary after resume: no fit record times the raw first collective after resume; the lifecycle's wake
     # leaves 0.12 s per two-rank group (old record's SUSPEND wake_up), charged there; that record is in the fit set
     canary = by["nccl_resume_first_collective_multi"]
@@ -96,7 +112,7 @@ def test_each_fitted_constant_names_its_record_and_section():
     assert len(late) == 4 and statistics.mean(o.value for o in late) == pytest.approx(3 / 24)
     assert data["comm"]["poll_late_rate"] == "nccl_poll_late_rate"
     # torch creates communicators lazily: a group object costs a fraction of a millisecond (2 x H200)
-    assert by["pg_create_multi"].value < 1e-3 and by["nccl_init"].value == pytest.approx(0.0346, rel=0.01)
+    assert by["pg_create_multi"].value < 1e-3
     assert by["nccl_suspend"].record.endswith("comm_h200-nccl2.32.3.json#comm_raw")
     assert by["h200_scrub"].value == pytest.approx(428.7e9, rel=1e-3)
     for o in obs:
@@ -246,19 +262,19 @@ def test_a_late_walk_is_predicted_from_the_fit_records_not_from_the_validated_on
 
 def test_lazy_wake_and_walk_probes_switch_costs_and_rankings():
     """lazy-wake and walk-probes timed the first collectives after the wake: the switch cost (window + the first use's extra)
-    is compared and ranks the policies. walk-probes (every walk on time): every switch cost within 6%, ranking equal.
-    lazy-wake (SUSPEND_PLANNED's walk late in both steps): its switch cost 15.5% under, and ranked before its lazy
+    is compared and ranks the policies. walk-probes (every walk on time): every switch cost within 7%, ranking equal.
+    lazy-wake (SUSPEND_PLANNED's walk late in both steps): its switch cost 17% under, and ranked before its lazy
     variant where the measurement put it after."""
     rows, facts = validate_switch_window(load_record(PROBES_SWITCH), "calibrated/hgx-h200-8x")
     by = _long(rows)
     assert facts["ranked_by"] == "switch cost" and facts["measured_order"] == facts["predicted_order"]
     costs = {w: r for w, r in by.items() if w.endswith("switch cost")}
-    assert len(costs) == 3 and all(abs(r.rel_error) < 0.06 for r in costs.values())
+    assert len(costs) == 3 and all(abs(r.rel_error) < 0.07 for r in costs.values())
     assert by["SUSPEND_PLANNED switch cost"].measured == pytest.approx(1.515 + 1.257 - 0.010, abs=0.005)
     rows, facts = validate_switch_window(load_record(LAZY_WAKE), "calibrated/hgx-h200-8x")
     assert facts["measured_order"] == ["PAUSED_LIVE", "SUSPEND_PLANNED_LAZY", "SUSPEND_PLANNED", "DESTROY_DEFERRED"]
     assert facts["predicted_order"] == ["PAUSED_LIVE", "SUSPEND_PLANNED", "SUSPEND_PLANNED_LAZY", "DESTROY_DEFERRED"]
-    assert _long(rows)["SUSPEND_PLANNED switch cost"].rel_error == pytest.approx(-0.155, abs=0.01)
+    assert _long(rows)["SUSPEND_PLANNED switch cost"].rel_error == pytest.approx(-0.171, abs=0.01)
 
 
 EIGHT_STEPS = RESULTS / "2026-11-30-h200x2-switch-8-steps" / "multigpu-2026-11-30-nvidia-h200x2.json"
@@ -278,13 +294,14 @@ def test_the_held_out_parallel_walks():
     assert cost.measured / by["DESTROY_DEFERRED switch cost"].measured == pytest.approx(0.33, abs=0.005)
 
 
-def test_switch_8_steps_held_out_the_lazy_sync_walk_not():
-    """switch-8-steps (held out, six measured steps): every figure of 0.1 s and more within 15% but the lazy variant's sync
-    walk (one destroy, of the sync group, whose wait is the spacing between its init and the others': 0.208 s
-    against 0.165 s) and its window (-15.3%)."""
+def test_switch_8_steps_held_out():
+    """switch-8-steps (held out, six measured steps, no proxy waker): every figure of 0.1 s and more within 15%, the
+    lazy variant's sync walk too (one destroy, of the sync group, whose wait is the spacing between its init and the
+    others': 0.208 s measured, 0.184 s expected), ranking equal."""
     rows, facts = validate_switch_window(load_record(EIGHT_STEPS), "calibrated/hgx-h200-8x")
     by = _long(rows)
-    assert {w for w, r in by.items() if not r.ok} == {"SUSPEND_PLANNED_LAZY update_weights", "SUSPEND_PLANNED_LAZY window"}
+    assert {w for w, r in by.items() if not r.ok} == set()
+    assert by["SUSPEND_PLANNED_LAZY update_weights"].rel_error == pytest.approx(-0.116, abs=0.01)
     assert facts["measured_order"] == facts["predicted_order"]
 
 
@@ -310,7 +327,7 @@ def test_validate_scores_the_held_out_records_apart(capsys):
     assert main(["sim", "validate", str(PROBES_SWITCH), str(PARALLEL_WALKS), "--no-dedup"]) == 1
     out = capsys.readouterr().out
     assert out.count("(same)") == 2
-    assert "held-out records (no calibration read them): >= 0.1 s: 14 of 14 within tolerance" in out
+    assert out.startswith("held-out records (no calibration read them, 1): >= 0.1 s: 14 of 14 within tolerance")
 
 
 def test_calibrate_without_anything_to_fit_says_so(tmp_path, capsys):
@@ -349,12 +366,17 @@ def test_two_gpu_lazy_init_record_ranking_and_destroy():
 
 def test_dedup_reload_of_the_two_gpu_record_within_10_percent():
     """multigpu.py's dedup section (8 GiB of replicated bf16 state per rank, groups of 2, every rank reloading at
-    once): the same store code replayed on 2 simulated H200s (bench/validate_dedup.py), not fitted on it."""
+    once): the same store code replayed on 2 simulated H200s (bench/validate_dedup.py), not fitted on it. The PCIe
+    layout is the machine's preset's (calibrated/h200-2x: each GPU on its own link, as nvidia-smi shows the machine),
+    never the record's: on the HGX preset's first two GPUs, which share a PCIe switch, the same replay predicts the
+    shared uplink and misses."""
     from bench.validate import validate_dedup
     from bench.validate_dedup import predict_dedup
 
     rec = load_record(STOCK)
-    rows = validate_dedup(rec, "calibrated/hgx-h200-8x", "calibrated/h200-1x")
+    shared = {r.what: r for r in validate_dedup(rec, "calibrated/hgx-h200-8x", "calibrated/h200-1x")}
+    assert shared["dedup g=2 local reload"].rel_error > 0.8  # two GPUs' reloads through one switch uplink
+    rows = validate_dedup(rec, "calibrated/h200-2x", "calibrated/h200-1x")
     assert [r.what for r in rows] == ["dedup g=2 local reload", "dedup g=2 dedup reload", "dedup g=2 one_gather reload"]
     assert all(r.ok for r in rows), [f"{r.what} {r.rel_error:+.1%}" for r in rows]
     by = {r.what: r for r in rows}
@@ -362,7 +384,7 @@ def test_dedup_reload_of_the_two_gpu_record_within_10_percent():
     assert by["dedup g=2 dedup reload"].predicted / by["dedup g=2 local reload"].predicted == pytest.approx(
         measured_ratio, rel=0.1)
     row = rec.dedup[0]
-    pred = predict_dedup(2, 2, row["state_bytes_per_rank"], preset="calibrated/hgx-h200-8x",
+    pred = predict_dedup(2, 2, row["state_bytes_per_rank"], preset="calibrated/h200-2x",
                          offload_preset="calibrated/h200-1x", gap_s=row["gap_s"])
     assert (pred["host_bytes_local"], pred["host_bytes_dedup"]) == (row["host_bytes_per_rank_local"],
                                                                     row["host_bytes_per_rank_dedup"])

@@ -136,7 +136,7 @@ def test_max_min_rates_are_feasible_and_every_flow_has_a_saturated_bottleneck(ps
                    and all(y <= x * (1 + 1e-9) for q, y in zip(ps, rates) if r in q) for r in p)
 
 
-SCRUB = 443e9  # the H200 presets' h200_scrub
+SCRUB = 428e9  # the H200 presets' h200_scrub (run 7's probe alone)
 
 
 def test_h2d_after_a_free_waits_for_the_drivers_scrub_and_d2h_does_not():

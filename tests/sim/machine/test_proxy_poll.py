@@ -1,9 +1,12 @@
-"""Destroying an initialised NCCL communicator waits for its UDS proxy thread's 500 ms poll (issue 11).
+"""Destroying an initialised NCCL communicator without the runtime's proxy waker waits for its UDS proxy thread's
+500 ms poll; with the waker it does not.
 
 NCCL's ``ncclProxyServiceUDS`` reads its stop flag only when ``poll(pollfds, 1, 500)`` returns, and
-``ncclCommDestroy`` joins that thread ([Note: the proxy's 500 ms poll] in sim.presets). The lifecycle's
-weight sync destroys the sync group right after its first collective, so it waits almost the whole
-period: the 0.47 s the 2 x H200 update_weights had beyond its raw costs.
+``ncclCommDestroy`` joins that thread ([Note: the proxy's 500 ms poll] in sim.presets). Without the waker (the records
+of 2026-11-30) the lifecycle's weight sync destroys the sync group right after its first collective, so it waits
+almost the whole period: the 0.47 s the 2 x H200 update_weights had beyond its raw costs. With the waker (TorchRuntime's
+default, ``NcclComm``'s) a destroy costs its own cost alone ([Note: a destroy, with and without the proxy waker] in
+sim.machine.collectives).
 """
 from __future__ import annotations
 
@@ -26,10 +29,10 @@ RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 SPLIT = {k: RESULTS / "2026-11-30-h200x2-commsplit" / f"2026-11-30-h200x2-comm-split-ranks{k}.json" for k in (1, 2)}
 
 
-def _world(data, n):
+def _world(data, n, *, wake=False):
     topo = Topology(first_gpus(data, n))
     return SimWorld(n, trace=False, collective_cost=TopologyCollectiveCost(topo),
-                    comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
+                    comm=NcclComm(topo, lazy_init=True, init_at_collective=True, proxy_wake=wake))
 
 
 def _destroy_after(data, pause_s):
@@ -117,10 +120,11 @@ def test_replay_paces_destroys_by_the_inits_and_fit_recovers_the_base():
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_the_simulated_probe_gives_the_destroys_of_the_fit_set_records(k):
-    """bench/gpu/comm_split_probe.py on the simulator with the calibrated preset: 14 groups, their first
-    collectives one after the other, a second collective, then the destroys. The fit (sim.calibrate.fit) replays the
-    same sequence; this checks that the simulator charges what the replay assumes (these records are the
-    fit set: a consistency check, not a validation)."""
+    """bench/gpu/comm_split_probe.py on the simulator with the calibrated preset, without the proxy waker (as the
+    probe ran): 14 groups, their first collectives one after the other, a second collective, then the destroys. The
+    destroy's own cost is fitted apart (NCCL's log, the rebuild probe); the walk's total, paced by the inits, is a
+    check on the poll rule (these records are in the fit set for the inits: a consistency check, not a
+    validation)."""
     raw = load_record(SPLIT[k]).comm_raw
     world = _world(load_preset_data("calibrated/hgx-h200-8x"), 2)
 
@@ -144,21 +148,26 @@ def test_the_simulated_probe_gives_the_destroys_of_the_fit_set_records(k):
         return t[1] - t[0], t[3] - t[2]
 
     first, destroy = max(world.run(fn), key=lambda r: r[1])
-    assert first == pytest.approx(raw.first_collective_s, rel=0.05)  # init_multi: the mean of three records
-    assert destroy == pytest.approx(raw.destroy_s, rel=0.02)
-    if k == 1:  # inits 35 ms apart: the walk ends one poll period after the last init, whatever the count
-        assert destroy == pytest.approx(NCCL_PROXY_POLL_S, abs=0.002)
+    params = Topology(load_preset_data("calibrated/hgx-h200-8x")).comm.for_size(k)
+    assert first == pytest.approx(14 * params.init_s, rel=0.01)
+    # two-rank: the mean of three records, this one among them; one-rank: the mean of this record's 34.6 ms and the
+    # rebuild probe's 22.3 ms (one H200, the runtime as users run it)
+    assert first == pytest.approx(raw.first_collective_s, rel=0.05 if k == 2 else 0.2)
+    assert destroy == pytest.approx(raw.destroy_s, rel=0.06)
+    if k == 1:  # inits 28 ms apart, more than a destroy's own cost: the walk ends one poll period after the last init
+        assert destroy == pytest.approx(NCCL_PROXY_POLL_S + params.destroy_s, abs=0.002)
 
 
 def test_a_woken_proxy_destroys_without_the_wait():
-    """With the runtime's proxy waker (``NcclComm(proxy_wake=True)``) a destroy costs ``destroy`` alone, however
-    long ago the communicator was initialised: what the H200 measured (0.358 s -> 0.017 s, the switch-probe record)."""
+    """With the runtime's proxy waker (``NcclComm``'s default, as TorchRuntime's) a destroy costs ``destroy`` alone,
+    however long ago the communicator was initialised: what the H200 measured (0.299 s -> 0.017 s, the rebuild-probe
+    record of 2026-12-04)."""
     data = load_preset_data("calibrated/hgx-h200-8x")
     base = data["constants"]["nccl_destroy_multi"]["value"]
     topo = Topology(first_gpus(data, 2))
     for pause in (0.0, 0.3, 1.1):
         world = SimWorld(2, trace=False, collective_cost=TopologyCollectiveCost(topo),
-                         comm=NcclComm(topo, lazy_init=True, init_at_collective=True, proxy_wake=True))
+                         comm=NcclComm(topo, lazy_init=True, init_at_collective=True))
 
         async def fn(rt, pause=pause):
             await rt.new_group(GroupSpec("g", (0, 1), backend="nccl"))

@@ -44,18 +44,23 @@ def test_a_record_without_the_second_pass_uses_paused_live_as_its_live_reference
 
 
 def test_the_simulated_rows_carry_the_lazy_init_after_the_wake():
-    """The switch-window driver on 2 x H200 (calibrated preset): SUSPEND_PLANNED destroys most groups, so their lazy
-    NCCL init after the wake (1.2 s) is in its switch cost; PAUSED_LIVE keeps them live and pays none."""
+    """The switch-window driver on 2 x H200 (calibrated preset): SUSPEND_PLANNED destroys every group, so their lazy
+    NCCL init after the wake (1.1 s) is in its switch cost; PAUSED_LIVE keeps them live and pays none. The weight
+    sync's destroy walk costs the 14 destroys' own cost with the runtime's proxy waker (its default), and waits for the
+    proxies' polls without it."""
     from sim.calibrate.switch_window import simulate, summarize_simulated
 
     res = {}
-    for row in ("SUSPEND_PLANNED", "PAUSED_LIVE"):
+    for row, wake in (("SUSPEND_PLANNED", True), ("PAUSED_LIVE", True), ("SUSPEND_PLANNED", False)):
         per_rank = simulate(row, dp=2, tp=1, steps=3, train_s=0.0, rollout_s=3.0, cooldown_s=2.0,
-                            topology="calibrated/hgx-h200-8x")
-        res[row] = summarize_simulated(row, per_rank, 1, "calibrated/hgx-h200-8x")
-    sp, live = res["SUSPEND_PLANNED"], res["PAUSED_LIVE"]
+                            topology="calibrated/hgx-h200-8x", wake_proxies=wake)
+        res[row, wake] = summarize_simulated(row, per_rank, 1, "calibrated/hgx-h200-8x")
+    sp, live, waiting = res["SUSPEND_PLANNED", True], res["PAUSED_LIVE", True], res["SUSPEND_PLANNED", False]
     assert sp.switch_cost == pytest.approx(sp.total + sp.first_use_extra)
-    assert 1.1 < sp.first_use_extra < 1.4 and sp.switch_cost > 2.5
+    assert 1.0 < sp.first_use_extra < 1.4 and 1.2 < sp.switch_cost < 1.6
+    assert 0.2 < sp.update_weights < 0.3  # 14 destroys at 16.5-16.7 ms
+    assert waiting.first_use_extra == pytest.approx(sp.first_use_extra, abs=1e-3)
+    assert waiting.update_weights > 1.4 and waiting.switch_cost > 2.5  # the polls: three periods after the last init
     assert live.first_use_extra == pytest.approx(0.0, abs=1e-3)
 
 

@@ -8,7 +8,7 @@ from refimpl.runtime.base import CopyKind
 from sim.presets import PRESET_DIR, list_presets, load_preset_data
 from sim.machine.topology import ElementKind, LinkKind, Topology, TopologyError
 
-EXPECTED = {"h200-1x", "hgx-h200-8x", "hgx-h200-8x-ib", "hgx-h20-8x", "a6000-4x-nvlink"}
+EXPECTED = {"h200-1x", "h200-2x", "hgx-h200-8x", "hgx-h200-8x-ib", "hgx-h20-8x", "a6000-4x-nvlink"}
 
 
 def test_every_preset_loads_and_every_constant_says_where_it_came_from():
@@ -172,3 +172,17 @@ def test_a_topology_of_many_nodes_answers_as_if_every_node_were_built():
     assert lazy.pinnable_bytes("n5/numa0") == 7
     assert lazy.capacities() == caps and lazy.pinnable_bytes("n5/numa0") == 7
     assert list(lazy.graph) == list(full.graph) and list(lazy.graph.edges) == list(full.graph.edges)
+
+
+def test_the_two_h200_machine_has_each_gpu_on_its_own_pcie_link():
+    """h200-2x, the machine as nvidia-smi shows it (its records of 2026-11-30): two H200 on NVLink (NV18), each on its
+    own PCIe link to the root complex, no switch shared: both GPUs reload at the line rate at once, where the HGX
+    preset's first two GPUs share one switch's uplink."""
+    two = Topology.from_preset("h200-2x")
+    assert two.num_gpus == 2 and two.p2p(0, 1) == (pytest.approx(450e9), LinkKind.NVLINK)
+    shared = set(two.copy_path(0, CopyKind.H2D)) & set(two.copy_path(1, CopyKind.H2D))
+    assert shared == {"link:n0/numa0>n0/cpu0", "duplex:n0/cpu0|n0/numa0"}  # host memory only, no PCIe link
+    assert "nvidia-smi" in two.constant("pcie_gen5_x16").source
+    hgx = Topology.from_preset("hgx-h200-8x")
+    shared_hgx = set(hgx.copy_path(0, CopyKind.H2D)) & set(hgx.copy_path(1, CopyKind.H2D))
+    assert "link:n0/cpu0>n0/pcisw0" in shared_hgx  # the switch's uplink

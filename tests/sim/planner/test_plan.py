@@ -6,7 +6,7 @@ import pytest
 from refimpl.cli import main
 from sim.planner.plan import (PG_POLICIES, Candidate, PlanInputs, Planner, default_inputs, make_plan, pareto, rank,
                              recommend)
-from sim.planner.plan_model import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
+from sim.planner.plan_inputs import (GiB, Layout, PlanInputError, Workload, model_preset, role_state, shape_from_hf_config,
                             shape_from_sizes)
 
 
@@ -61,7 +61,7 @@ def test_default_plan_ranks_every_pg_policy_and_recommends_a_feasible_candidate(
     rec = default_plan["recommendation"]
     assert round(rec["step_s"], 3) == min(steps) and default_plan["reason"]
     labels = {o["candidate"]["label"] for o in feasible}
-    # the ties are feasible candidates within the model's error of the fastest; the recommendation is one of them
+    # the ties are feasible candidates within the estimate's error of the fastest; the recommendation is one of them
     assert set(default_plan["ties"]) <= labels and rec["candidate"]["label"] in default_plan["ties"]
     # the step is the sum of its timeline
     assert sum(s["s"] for s in rec["timeline"]) == pytest.approx(rec["step_s"], rel=1e-9)
@@ -200,7 +200,7 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     # out; sleep + update + wake per policy
     from pathlib import Path
 
-    from sim.planner.plan_model import GpuSpec
+    from sim.planner.plan_inputs import GpuSpec
     from sim.calibrate.switch_window import mesh_groups
 
     report = json.loads((Path(__file__).resolve().parents[3] / "bench/results/2026-11-30-h200x2-all-policies"
@@ -212,9 +212,11 @@ def test_two_h200_pg_policy_ranking_and_switch_windows_match_the_measurement():
     # the calibrated H200 preset cut to its first two GPUs: the measured 2 x H200 host
     inputs = PlanInputs(model=model_preset("Qwen2.5-7B"), cluster="calibrated/hgx-h200-8x", gpus_per_node=2,
                         layout=Layout(dp=st["dp"], tp=st["tp"]), workload=Workload(rollout_s=st["rollout_s"]),
-                        gpu=GpuSpec(989e12, "H200 dense bf16"), pg_groups="megatron", cooldown_s=st["cooldown_s"])
+                        gpu=GpuSpec(989e12, "H200 dense bf16"), pg_groups="megatron", cooldown_s=st["cooldown_s"],
+                        wake_proxies=False)  # the record predates the runtime's proxy waker
     plan = make_plan(inputs)
     assert plan["inputs"]["gpus"] == 2 and plan["inputs"]["pg_groups"] == "megatron"
+    assert plan["inputs"]["wake_proxies"] is False
     assert (st["steps"], st["warmup"]) == (4, 2)  # the plan's lifecycle driver runs PG_STEPS, PG_WARMUP = 4, 2
     lead = plan["recommendation"]["candidate"]
     same = [o for o in plan["outcomes"] if all(o["candidate"][k] == lead[k]
@@ -281,9 +283,9 @@ def test_plan_fills_in_dp_as_the_gpus_left_over_by_tp_pp_and_cp():
     assert layout("--pp", "2", "--cp", "2").dp == 2
 
 
-def test_a_layout_within_the_models_error_of_the_fastest_keeps_the_users_own():
+def test_a_layout_within_the_estimates_error_of_the_fastest_keeps_the_users_own():
     # Qwen3-4B on 2 GPUs, all state offloaded: FSDP over both is a few hundredths of a second faster than the user's
-    # DDP layout, far inside the model's error, so the plan keeps the user's layout (less to change)
+    # DDP layout, far inside the estimate's error, so the plan keeps the user's layout (less to change)
     everything = ("params", "grads", "optimizer")
     inputs = PlanInputs(model=model_preset("Qwen3-4B"), cluster="hgx-h200-8x", gpus_per_node=2,
                         layout=Layout(dp=2, fsdp=1), layouts=[Layout(dp=2, fsdp=2)], workload=Workload(reference=False),

