@@ -153,13 +153,24 @@ def _one_process(n: int, fold: bool) -> dict:
     return m
 
 
+def _write_record(out: str | None, rows: list[dict], note: str | None) -> None:
+    """Write ``rows`` to ``out`` (when given) as a record: the command, Python, the machine, the rows and ``note``."""
+    import platform
+
+    if out:
+        record = {"command": " ".join([Path(sys.executable).name] + sys.argv), "python": sys.version.split()[0],
+                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
+        if note:
+            record["note"] = note
+        Path(out).write_text(json.dumps(record, indent=1))
+
+
 def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note: str | None = None,
            write: bool = False) -> int:
     """Peak RSS and CPU time of whole CLI runs of :func:`scenario` against the estimate the CLI prints before them
     (``write``: with ``--out``, the result written as JSON). Each row keeps the run's size
     (:class:`sim.scenarios.scale.RunSize`), what ``--fit`` fits the estimate's constants on."""
     import dataclasses
-    import platform
 
     from sim.scenarios.fold import plan_fold
     from sim.scenarios.scale import estimate, run_size
@@ -182,20 +193,13 @@ def memory(sizes: list[int], arms: list[str], fold: bool, out: str | None, note:
             rows.append(m)
             print(f"{arm:<17}{n:>7}{str(est.folded):>8}{m['cpu_s']:>8.2f}{est.seconds:>8.1f}{m['peak_rss_gb']:>13.3f}"
                   f"{est.gb:>8.2f}{m['rss_over_est']:>9.2f}", flush=True)
-    if out:
-        record = {"command": " ".join([Path(sys.executable).name] + sys.argv), "python": sys.version.split()[0],
-                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
-        if note:
-            record["note"] = note
-        Path(out).write_text(json.dumps(record, indent=1))
+    _write_record(out, rows, note)
     return 0
 
 
 def fault(sizes: list[int], out: str | None, note: str | None = None) -> int:
     """:data:`FAULT_SCENARIO` at each size through the CLI (the shipped file at 131,072 ranks): time, memory, and
     whether every rank ended in one agreed state with the crash learned of at once."""
-    import platform
-
     from sim.scenarios.fold import plan_fold
 
     rows = []
@@ -228,12 +232,7 @@ def fault(sizes: list[int], out: str | None, note: str | None = None) -> int:
         ok = m["wall_s"] <= 10 and m["peak_rss_gb"] <= 2
         print(f"131,072 ranks: {m['wall_s']:.2f} s wall ({m['cpu_s']:.2f} s CPU), {m['peak_rss_gb']:.2f} GB "
               f"({'within' if ok else 'OVER'} 10 s and 2 GB; load average before it {m['load_average_before']:.1f})")
-    if out:
-        record = {"command": " ".join([Path(sys.executable).name] + sys.argv), "python": sys.version.split()[0],
-                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
-        if note:
-            record["note"] = note
-        Path(out).write_text(json.dumps(record, indent=1))
+    _write_record(out, rows, note)
     return 0
 
 
