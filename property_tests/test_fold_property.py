@@ -13,7 +13,8 @@ import json
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.scenarios.fold import plan_fold, run_folded
+from sim.scenarios.fold import plan_fold
+from sim.scenarios.fold_run import run_folded
 from sim.scenarios.runner import run_scenario
 from sim.scenarios.scenario import parse_scenario
 

@@ -29,6 +29,9 @@ class WaitingWorld(Protocol):
     engine: "Engine"
     runtimes: Sequence["SimRuntime"]
 
+    def runtime(self, rank: int) -> "SimRuntime":
+        """The runtime of ``rank``."""
+
 MAX_LISTED = 32
 
 
@@ -37,7 +40,7 @@ def _is_hang(fut) -> bool:
 
 
 def _status(world: WaitingWorld, rank: int) -> str:
-    rt = world.runtimes[rank]
+    rt = world.runtime(rank)
     p = rt.process
     if p is None:
         return f"rank {rank} is not running (last op: {rt.last_op})"
@@ -90,16 +93,16 @@ def find_deadlock(world: WaitingWorld) -> DeadlockError | None:
               if rt.process is not None and rt.process.state is ProcessState.FAILED}
     # when the job became stuck: the last blocked rank started waiting, or the last rank they could have
     # needed ended (finished, failed, crashed); timers of others may run on after that
-    ends = [world.runtimes[r].process.waiting_since for r in waits]
-    ends += [world.runtimes[r].process.ended_at for r in {*absent, *failed}
-             if world.runtimes[r].process is not None and r not in hung]
+    ends = [world.runtime(r).process.waiting_since for r in waits]
+    ends += [world.runtime(r).process.ended_at for r in {*absent, *failed}
+             if world.runtime(r).process is not None and r not in hung]
     blocked_at = max((t for t in ends if t is not None), default=world.engine.now)
 
     lines = [
         f"deadlock at t={blocked_at:.6f} s (simulated): no event is pending and "
         f"{len(waits)} rank(s) are blocked"
     ]
-    first = min(failed, key=lambda r: (world.runtimes[r].process.ended_at or 0.0, r)) if failed else None
+    first = min(failed, key=lambda r: (world.runtime(r).process.ended_at or 0.0, r)) if failed else None
     if first is not None:
         lines.append(f"caused by: {failed[first]}")
     for i, (r, targets) in enumerate(waits.items()):

@@ -19,6 +19,18 @@ out) contributed its input but receives nothing.
 A pending collective is also the *blocker* of the ranks waiting in it: it
 answers :meth:`Pending.missing`, the members that have not arrived, which is
 what the deadlock detector draws as waits-for edges.
+
+[Note: a crashed peer's closed connections]
+When a process dies its sockets close, and a peer blocked on them learns it at once: Gloo's TCP
+pairs return an error, NCCL's proxy connection reports the remote error that torch's asynchronous
+error handling turns into a failed collective. With the world's ``peer_loss_s`` set (a number of
+seconds; ``sim run`` sets it), :meth:`Rendezvous.peer_lost` fails every member waiting in a
+collective of a group that has the crashed rank, and every member reaching one later, that long
+after the crash, with :class:`CollectiveFailedError` naming the rank: the peers fail together
+promptly, as a real job does, instead of each waiting out its timeout. Group creation is not
+affected (torch's store barrier cannot see a dead peer: a rebuild with one waits for its timeout),
+nor are votes (the store does not know who died). With ``peer_loss_s`` None (:class:`sim.SimWorld`'s
+default) a crashed rank is one that never arrives, like a hung one.
 """
 from __future__ import annotations
 
@@ -27,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
-from refimpl.runtime.base import CollectiveTimeoutError, GroupSpec, ReduceOp
+from refimpl.runtime.base import CollectiveFailedError, CollectiveTimeoutError, GroupSpec, ReduceOp
 from sim.kernel.engine import Event, SimFuture
 from sim.kernel.errors import CollectiveMismatchError
 
@@ -44,6 +56,9 @@ class RendezvousHost(Protocol):
     engine: "Engine"
     comm: "CommCosts"
     collective_cost: "CollectiveCost"
+    #: seconds after a rank's crash its peers' collectives fail (None: never; see [Note: a crashed peer's closed
+    #: connections])
+    peer_loss_s: float | None
 
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
         """``spec`` with its backend filled in."""
@@ -131,6 +146,7 @@ class Rendezvous:
     def __init__(self, world: RendezvousHost):
         self._world = world
         self._pending: dict[tuple[str, int, int], Pending] = {}
+        self._lost: dict[int, float] = {}  # crashed rank -> when its peers learn it (peer_loss_s after the crash)
 
     def arrive(
         self,
@@ -173,7 +189,48 @@ class Rendezvous:
         if p.count == spec.size:
             del self._pending[key]
             self._schedule_complete(p)
+        elif self._lost and seq != CREATE_SEQ:
+            self._fail_if_lost(p, arrival)
         return arrival
+
+    # ------------------------------------------------------------------ crashed peers
+
+    def peer_lost(self, rank: int) -> None:
+        """``rank`` crashed: fail its peers' collectives on its groups ``peer_loss_s`` from now (None: never).
+
+        See [Note: a crashed peer's closed connections].
+        """
+        delay = self._world.peer_loss_s
+        if delay is None or rank in self._lost:
+            return
+        self._lost[rank] = self._world.engine.now + delay
+        for p in list(self._pending.values()):
+            if p.seq != CREATE_SEQ and p.spec.has_member(rank):
+                for a in p.arrivals:
+                    if a is not None:
+                        self._fail_if_lost(p, a)
+
+    def _fail_if_lost(self, p: Pending, arrival: Arrival) -> None:
+        """Fail ``arrival`` when its peers learn of the first crashed member of ``p``'s group (if it has one)."""
+        lost = [(t, r) for r, t in self._lost.items() if p.spec.has_member(r)]
+        if not lost:
+            return
+        when, rank = min(lost)
+        engine = self._world.engine
+        engine.schedule(max(0.0, when - engine.now), self._peer_gone, p, arrival, rank)
+
+    def _peer_gone(self, p: Pending, arrival: Arrival, lost: int) -> None:
+        fut = arrival.future
+        if fut.done():
+            return
+        if arrival.timer is not None:
+            arrival.timer.cancel()
+        self._world.engine.record(self._world.engine.now, arrival.rank, "peer lost", fut.label, lost)
+        fut.fail(CollectiveFailedError(
+            f"rank {arrival.rank}: {fut.label} failed: rank {lost}, a member of group {p.spec.name!r}, is gone (its "
+            "process exited and its connections closed); restart the job's workers"
+        ))
+        arrival.payload = arrival.snapshot = None
 
     def _schedule_complete(self, p: Pending) -> None:
         """Every member arrived: complete ``p`` when its cost has passed (between nodes, through the shared NICs)."""

@@ -18,8 +18,6 @@ is in :mod:`sim.machine.allocator`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import functools
 import logging
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
@@ -30,6 +28,7 @@ from refimpl.runtime.base import (
     WORLD, CommMemory, CopyKind, CopyStats, GroupError, GroupSpec, GroupSuspendedError, MemoryInfo,
     PinningError, ReduceOp, Runtime, check_same_shape,
 )
+from sim.groups import GroupState, OutsiderGroup, RankGroup
 from sim.machine.allocator import RankAllocator
 from sim.kernel.engine import Crash, Process, SimFuture, Timeout
 from sim.kernel.errors import SimUsageError
@@ -38,6 +37,7 @@ from refimpl.runtime.votes import Ballot, Verdict
 from sim.rendezvous import CREATE_SEQ, HangBlocker, describe
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sim.groups import GroupBook
     from sim.kernel.engine import Engine
     from sim.machine.protocols import CommCosts, FaultHooks, Memory, Transport
     from sim.rendezvous import Rendezvous
@@ -62,32 +62,13 @@ class RankHost(Protocol):
     comm: "CommCosts"
     rendezvous: "Rendezvous"
     votes: "VoteBox"
+    groups: "GroupBook"
 
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
         """``spec`` with its backend filled in."""
 
 
 _COPY_LABEL = {k: f"copy {k.value}" for k in CopyKind}
-
-
-class GroupState(enum.Enum):
-    """A group as one rank sees it."""
-
-    LIVE = "live"
-    SUSPENDED = "suspended"
-    DESTROYED = "destroyed"
-
-
-@dataclasses.dataclass
-class RankGroup:
-    """One rank's record of a group: its spec, state, next seq and held comm memory."""
-
-    spec: GroupSpec
-    state: GroupState
-    member: bool
-    group_rank: int = -1
-    seq: int = 0
-    held: CommMemory = CommMemory()
 
 
 def _storage_covers(t: torch.Tensor) -> bool:
@@ -113,7 +94,7 @@ class SimRuntime(Runtime):
         self._engine = world.engine
         self._memory = world.memory
         self._faults = world.faults
-        self._groups: dict[str, RankGroup] = {}
+        self._groups: dict[str, RankGroup | OutsiderGroup] = {}  # see [Note: one object per group] in sim.groups
         freed = getattr(world.transport, "device_freed", None)  # optional: a transport that simulates the scrub
         self.allocator = RankAllocator(world.memory, rank, self.device,
                                        None if freed is None else functools.partial(freed, rank))
@@ -209,23 +190,30 @@ class SimRuntime(Runtime):
 
     # ---- groups -------------------------------------------------------------
 
-    def _group(self, name: str) -> RankGroup:
+    def _group(self, name: str) -> RankGroup | OutsiderGroup:
         rg = self._groups.get(name)
         if rg is None:
-            raise GroupError(f"rank {self.rank}: unknown group {name!r}; known: {list(self._groups)}")
+            known = list(self._groups)
+            shown = f"{known[:16]} and {len(known) - 16} more" if len(known) > 16 else str(known)
+            raise GroupError(f"rank {self.rank}: unknown group {name!r}; known: {shown}")
         return rg
 
-    def _install(self, spec: GroupSpec, member: bool) -> RankGroup:
-        rg = RankGroup(spec, GroupState.LIVE, member, spec.group_rank(self.rank) if member else -1)
+    def _install(self, spec: GroupSpec) -> RankGroup:
+        """A member's fresh record of ``spec`` (live)."""
+        rg = RankGroup(spec, GroupState.LIVE, True, spec.group_rank(self.rank))
         self._groups[spec.name] = rg
         return rg
+
+    def _install_outsider(self, spec: GroupSpec, state: GroupState) -> None:
+        """This rank's record of a group it is not a member of: the world's shared one for ``spec`` in ``state``."""
+        self._groups[spec.name] = self.world.groups.outsider(spec, state)
 
     def join_world_group(self, spec: GroupSpec) -> None:
         """Install the world's default group on this rank and charge its communicator memory.
 
         The world calls this once per rank while it is built (no rendezvous: every rank starts in it).
         """
-        self._charge_comm(self._install(spec, member=True))
+        self._charge_comm(self._install(self.world.groups.intern(spec)))
 
     def _charge_comm(self, rg: RankGroup, suspendable_only: bool = False) -> None:
         mem = self.world.comm.memory(self.world.resolve_backend(rg.spec), self.rank)
@@ -248,9 +236,9 @@ class SimRuntime(Runtime):
             rg.held = CommMemory()
 
     async def _create(self, spec: GroupSpec) -> None:
-        """Members rendezvous, then each charges its communicator memory."""
-        if self.rank not in spec.ranks:
-            self._install(spec, member=False)
+        """Members rendezvous, then each charges its communicator memory. ``spec`` is the world's (interned)."""
+        if not spec.has_member(self.rank):  # a lookup, where `in spec.ranks` scans the tuple
+            self._install_outsider(spec, GroupState.LIVE)
             return
         op = "new_group" if spec.generation == 0 else "recreate_group"
         self.last_op = describe(op, spec, CREATE_SEQ)
@@ -262,13 +250,13 @@ class SimRuntime(Runtime):
         resolved = self.world.resolve_backend(spec)
         arrival = self.world.rendezvous.arrive(
             spec, spec.group_rank(self.rank), CREATE_SEQ, "create_group", resolved,
-            f"{op}(ranks={list(spec.ranks)[:8]}{'...' if spec.size > 8 else ''}, backend={resolved.backend})",
+            f"{op}(ranks={list(spec.ranks[:8])}{'...' if spec.size > 8 else ''}, backend={resolved.backend})",
             None, 0,
         )
         if self.world.group_timeouts:
             self.world.rendezvous.arm_timeout(arrival, spec.timeout_s, self.rank)
         await arrival.future
-        rg = self._install(spec, member=True)
+        rg = self._install(spec)
         try:
             self._charge_comm(rg)
         except BaseException:
@@ -283,7 +271,7 @@ class SimRuntime(Runtime):
                 f"rank {self.rank}: group {spec.name!r} already exists ({old.state.value}, generation "
                 f"{old.spec.generation}); use recreate_group, or destroy it and pass a higher generation"
             )
-        await self._create(spec)
+        await self._create(self.world.groups.intern(spec))
 
     async def destroy_group(self, name: str, *, abort: bool = False) -> None:
         """Destroy the group's communicator (no-op if already destroyed); the spec is kept."""
@@ -318,7 +306,9 @@ class SimRuntime(Runtime):
         for rg in todo:
             if rg.member:
                 self._uncharge_comm(rg)
-            rg.state = GroupState.DESTROYED
+                rg.state = GroupState.DESTROYED
+            else:  # the shared record of the group destroyed
+                self._install_outsider(rg.spec, GroupState.DESTROYED)
         return errors
 
     async def recreate_group(self, name: str) -> GroupSpec:
@@ -326,14 +316,19 @@ class SimRuntime(Runtime):
         rg = self._group(name)
         if rg.state is not GroupState.DESTROYED:
             raise GroupError(f"rank {self.rank}: group {name!r} is {rg.state.value}; destroy it before recreate_group")
-        new = dataclasses.replace(rg.spec, generation=rg.spec.generation + 1)
-        rg.spec = new  # a failed attempt still uses up its generation (fresh store prefix per attempt)
+        new = self.world.groups.next_generation(rg.spec)  # the world's object, shared by the members
+        if rg.member:
+            rg.spec = new  # a failed attempt still uses up its generation (fresh store prefix per attempt)
         await self._create(new)
         return new
 
     def group_spec(self, name: str) -> GroupSpec:
         """The spec this rank knows for ``name`` (live, suspended or destroyed)."""
         return self._group(name).spec
+
+    def is_member(self, name: str) -> bool:
+        """True if this rank is one of group ``name``'s ranks (its record says so: no scan of the rank tuple)."""
+        return self._group(name).member
 
     def group_live(self, name: str) -> bool:
         """True if the group exists and is not destroyed."""
@@ -532,6 +527,7 @@ class SimRuntime(Runtime):
         elif kind is FaultKind.CRASH:
             self.crashed = True
             self.last_op = f"crashed {where}"
+            self.world.rendezvous.peer_lost(self.rank)  # its connections close (if the world models that)
             await Crash(where)
         elif kind is FaultKind.HANG:
             self.last_op = f"hung {where}"

@@ -22,14 +22,14 @@ set up in one ``run`` and act in the next. A crashed rank stays crashed.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Sequence
 
 from refimpl.runtime.base import WORLD, GroupSpec
 from sim.deadlock import find_deadlock
+from sim.groups import GroupBook
 from sim.kernel.engine import Chooser, Engine, ProcessState, RandomChooser
 from sim.kernel.errors import RankCrashedError, RankFailedError, RankHungError, SimUsageError
 from sim.machine.protocols import (
@@ -93,6 +93,12 @@ class SimWorld:
             (as torch's watchdog does). Off by default so that a hang shows up
             as a :class:`sim.DeadlockError` with its waits-for cycle.
         trace: keep the event trace (:meth:`sim.kernel.engine.Engine.trace_bytes`).
+        peer_loss_s: seconds after a rank crashes at which its peers' collectives on its groups fail, as when a
+            process dies and its connections close (see :mod:`sim.rendezvous`, [Note: a crashed peer's closed
+            connections]); None (the default) models a crashed rank as one that never arrives: its peers wait
+            for their timeouts (``group_timeouts``, an explicit ``timeout_s``) or stop as a deadlock.
+        ranks: the ranks that have a runtime and run (a folded run's active ranks, :mod:`sim.scenarios.fold`);
+            None: all. :attr:`runtimes` lists them in rank order, :meth:`runtime` finds one by rank.
     """
 
     def __init__(
@@ -110,6 +116,8 @@ class SimWorld:
         default_backend: str = "nccl",
         group_timeouts: bool = False,
         trace: bool = True,
+        peer_loss_s: float | None = None,
+        ranks: Sequence[int] | None = None,
     ):
         if not isinstance(world_size, int) or world_size < 1:
             raise SimUsageError(f"world_size must be an int >= 1, got {world_size!r}")
@@ -117,6 +125,8 @@ class SimWorld:
             raise SimUsageError(f"payload must be one of {PAYLOADS}, got {payload!r}")
         if default_backend not in ("nccl", "gloo"):
             raise SimUsageError(f"default_backend must be 'nccl' or 'gloo', got {default_backend!r}")
+        if peer_loss_s is not None and not (isinstance(peer_loss_s, (int, float)) and 0 <= peer_loss_s < float("inf")):
+            raise SimUsageError(f"peer_loss_s must be None or a number of seconds >= 0, got {peer_loss_s!r}")
         if chooser == "random":
             chooser = RandomChooser(seed)
         elif isinstance(chooser, str):
@@ -128,6 +138,7 @@ class SimWorld:
         self.rng = random.Random(seed)
         self.default_backend = default_backend
         self.group_timeouts = group_timeouts
+        self.peer_loss_s = peer_loss_s
         self.engine = Engine(chooser, trace=trace)
         self.transport: Transport = transport if transport is not None else FixedBandwidthTransport()
         self.collective_cost: CollectiveCost = collective_cost if collective_cost is not None else RingCollectiveCost()
@@ -140,17 +151,27 @@ class SimWorld:
                 bind(self)
         self.rendezvous = Rendezvous(self)
         self.votes = VoteBox(self)
-        self.runtimes = [SimRuntime(self, r) for r in range(world_size)]
+        self.groups = GroupBook()  # one spec per group and generation, shared by its ranks (sim.groups)
+        if ranks is None:
+            simulated: Sequence[int] = range(world_size)
+        else:
+            simulated = sorted(set(ranks))
+            if not simulated or simulated[0] < 0 or simulated[-1] >= world_size:
+                raise SimUsageError(f"ranks must be a non-empty set of ranks below world_size {world_size}")
+        self.runtimes = [SimRuntime(self, r) for r in simulated]
+        self._by_rank = None if ranks is None else {rt.rank: rt for rt in self.runtimes}
         world_spec = GroupSpec(WORLD, tuple(range(world_size)), backend=default_backend)
         for rt in self.runtimes:
             rt.join_world_group(world_spec)
         self._broken: BaseException | None = None
 
+    def runtime(self, rank: int) -> SimRuntime:
+        """The runtime of ``rank`` (KeyError for a rank this world does not simulate)."""
+        return self.runtimes[rank] if self._by_rank is None else self._by_rank[rank]
+
     def resolve_backend(self, spec: GroupSpec) -> GroupSpec:
         """``spec`` with ``backend=None`` replaced by the world's default backend."""
-        if spec.backend is not None:
-            return spec
-        return dataclasses.replace(spec, backend=self.default_backend)
+        return self.groups.resolved(spec, self.default_backend)
 
     def run(self, fn: Callable[[SimRuntime], Coroutine[Any, Any, Any]], *, return_exceptions: bool = False) -> list[Any]:
         """Run ``fn(rt)`` on every rank until the job ends; see the module docstring."""

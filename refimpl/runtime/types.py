@@ -5,6 +5,7 @@ import path protocol code uses; it lives apart so the seam's interface reads on 
 """
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 from dataclasses import dataclass, field
@@ -100,11 +101,22 @@ class GroupSpec:
             raise GroupError(f"rank {global_rank} is not a member of group {self.name!r} {self.ranks}")
         return pos
 
+    def has_member(self, global_rank: int) -> bool:
+        """True if ``global_rank`` is one of the group's ranks (a lookup in the position table, not a scan)."""
+        return global_rank in self._positions
+
     @functools.cached_property
     def _positions(self) -> dict[int, int]:
         # rank -> position, built on first use: ``ranks.index`` made every member's
         # lookup O(size), so installing a 16,384-rank world group was O(n^2)
         return {r: i for i, r in enumerate(self.ranks)}
+
+    def next_generation(self) -> "GroupSpec":
+        """This group under the next generation (a rebuild): the same rank tuple and, once built, the same
+        position table, shared rather than copied, so it costs no work in the group's size."""
+        nxt = copy.copy(self)  # the fields and the cached position table; __post_init__'s checks already held
+        object.__setattr__(nxt, "generation", self.generation + 1)
+        return nxt
 
     @property
     def store_prefix(self) -> str:

@@ -56,6 +56,7 @@ outside the simulated runtime (the RL step on N GPUs) calls them directly.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -123,7 +124,8 @@ class TopologyCollectiveCost:
             return hit
         own, own_kind = self._own(ranks)
         nic = self.nic_share_capacity()
-        multi = len({self.topology.node_of(r) for r in ranks}) > 1
+        g = self.topology.gpus_per_node
+        multi = min(ranks) // g != max(ranks) // g
         if multi and not nic > 0:
             order = sorted(ranks)
             self.topology.p2p(order[0], order[-1])  # raises: nodes without NICs
@@ -132,22 +134,34 @@ class TopologyCollectiveCost:
         return out
 
     def _own(self, ranks: tuple[int, ...]) -> tuple[float, LinkKind]:
-        """The ring's bottleneck over every link but the NICs (each at its efficiency), and its kind."""
-        topo, eff = self.topology, self.params.efficiency
+        """The ring's bottleneck over every link but the NICs (each at its efficiency), and its kind (the first hop's
+        of the ring's narrowest).
+
+        A hop's bandwidth depends only on its two GPUs' places in their nodes and whether the nodes differ (every
+        node is built alike), so each kind of hop is looked up once (:meth:`_hop`)."""
         best, kind = math.inf, LinkKind.NVLINK
         order = sorted(ranks)
+        g = self.topology.gpus_per_node
+        hop = self._hop
         for a, b in zip(order, order[1:] + order[:1]):
             if a == b:
                 continue
-            if topo.node_of(a) == topo.node_of(b):
-                bw, k = topo.p2p(a, b)
-                bw *= eff[k]
-            else:  # the GPUs' own widest links carry the hop to the NICs
-                bw, k = topo.gpu_link_bandwidth(a, b), LinkKind.NVLINK
-                bw *= eff[k]
+            bw, k = hop(a % g, b % g, a // g == b // g)
             if bw < best:
                 best, kind = bw, k
         return best, kind
+
+    @functools.lru_cache(maxsize=None)
+    def _hop(self, local_a: int, local_b: int, same_node: bool) -> tuple[float, LinkKind]:
+        """A ring hop between GPUs ``local_a`` and ``local_b`` of one node (``same_node``) or of two: its bandwidth at
+        NCCL's efficiency and its link kind."""
+        topo, eff = self.topology, self.params.efficiency
+        g = topo.gpus_per_node
+        if same_node:
+            bw, k = topo.p2p(local_a, local_b)
+        else:  # the GPUs' own widest links carry the hop to the NICs
+            bw, k = topo.gpu_link_bandwidth(local_a, g + local_b if topo.nodes > 1 else local_b), LinkKind.NVLINK
+        return bw * eff[k], k
 
     def nic_share_capacity(self) -> float:
         """What one node's NICs carry out of it for collectives (bytes/s): their aggregate at the network efficiency

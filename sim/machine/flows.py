@@ -234,10 +234,14 @@ class FlowTransport:
         self.topology = topology
         self.streams = streams
         self.latency_s = topology.copy.latency_s
-        self.network = FlowNetwork(topology.capacities())
+        # resources enter the network when a path first crosses them (see [Note: a node built once] in
+        # sim.machine.topology: a 16,384-node topology has about 650,000; a folded run's copies cross a few hundred)
+        self.network = FlowNetwork({})
         self._engine = None
         self._paths: dict[tuple[int, CopyKind], tuple[int, ...]] = {}
         self._binding: set[int] | None = None
+        self._binding_names: dict[int, frozenset[str]] = {}  # node -> its binding resources' names (see _is_binding)
+        self._slowed = False  # a slow-link fault changed a capacity: every node's loads are its own
         self._world_size = topology.num_gpus
         self._queues: dict[tuple, list[tuple[CopyKind, int, Callable[[], None]]]] = {}
         self._busy: dict[tuple, bool] = {}
@@ -258,20 +262,57 @@ class FlowTransport:
         self._engine = world.engine
         self._world_size = world.world_size
         self._binding = None
+        self._binding_names.clear()
         self._paths.clear()
+
+    def _index(self, names: Iterable[str]) -> tuple[int, ...]:
+        """Indices of resource names, adding those the network does not have yet with the topology's capacity."""
+        net, out = self.network, []
+        for n in names:
+            i = net.index.get(n)
+            if i is None:
+                cap = self.topology.capacity(n)
+                if cap is None:
+                    raise FlowError(f"unknown resource {n!r}; the topology has no such link or element")
+                i = net.add_resource(n, cap)
+            out.append(i)
+        return tuple(out)
 
     def path(self, rank: int, kind: CopyKind) -> tuple[int, ...]:
         """Resource indices a copy of ``kind`` on ``rank`` flows through, without those that can never bind."""
         key = (rank, kind)
         p = self._paths.get(key)
         if p is None:
-            binding = self._binding_resources()
-            full = self.network.resources(self.topology.copy_path(rank, kind))
-            p = self._paths[key] = tuple(r for r in full if r in binding) or full[:1]
+            names = self.topology.copy_path(rank, kind)
+            full = self._index(names)
+            if self._slowed:
+                binding = self._binding_resources()
+                p = tuple(r for r in full if r in binding) or full[:1]
+            else:
+                binding_names = self._node_binding(rank // self.topology.gpus_per_node)
+                p = tuple(r for r, n in zip(full, names) if n in binding_names) or full[:1]
+            self._paths[key] = p
         return p
 
+    def _node_binding(self, node: int) -> frozenset[str]:
+        """The names of ``node``'s resources that can bind (see [Note: pruning resources that never bind]).
+
+        Copy paths stay inside a node and every node is built alike, so a node's loads are those of any other
+        node with as many ranks: worked out on the first node with that many (the last node of a world that does
+        not fill it has fewer) and renamed."""
+        g = self.topology.gpus_per_node
+        ranks = min(g, self._world_size - node * g)
+        first = 0 if ranks == g else node
+        hit = self._binding_names.get(first)
+        if hit is None:
+            hit = self._binding_names[first] = frozenset(self._loaded(range(first * g, first * g + ranks)))
+        if first == node:
+            return hit
+        return frozenset(n.replace(f"n{first}/", f"n{node}/") for n in hit)
+
     def _binding_resources(self) -> set[int]:
-        """Resources whose capacity the flows of this world can exhaust.
+        """Indices of the resources whose capacity the flows of this world can exhaust, every rank's paths walked
+        (after a slow-link fault, when nodes differ; else :meth:`_node_binding`).
 
         [Note: pruning resources that never bind]
         Copies on one stream run one at a time, so a resource carries at most one
@@ -283,20 +324,25 @@ class FlowTransport:
         what keeps an event cheap at 1,024 ranks. A slow-link fault changes
         capacities, so :meth:`slow` recomputes this and re-paths flows in flight.
         """
-        if self._binding is not None:
-            return self._binding
+        if self._binding is None:
+            self._binding = set(self._index(self._loaded(range(self._world_size))))
+        return self._binding
+
+    def _loaded(self, ranks: Iterable[int]) -> list[str]:
+        """Names of the resources the copy streams of ``ranks`` can exhaust (see [Note: pruning resources that never
+        bind]), at the network's current capacities."""
         net = self.network
-        load: dict[int, float] = {}
+        load: dict[str, float] = {}
         kinds = list(CopyKind)
         groups = [kinds] if self.streams == "per_rank" else [[k] for k in kinds]
         others: dict[tuple[float, ...], tuple[float, ...]] = {}  # capacities on a path -> min of the others
-        for rank in range(self._world_size):
-            full = {k: net.resources(self.topology.copy_path(rank, k)) for k in kinds}
+        for rank in ranks:
+            full = {k: self.topology.copy_path(rank, k) for k in kinds}
             for group in groups:
-                best: dict[int, float] = {}
+                best: dict[str, float] = {}
                 for k in group:
                     path = full[k]
-                    caps = tuple(net.capacity(r) for r in path)
+                    caps = tuple(net.capacity(r) for r in self._index(path))
                     mins = others.get(caps)
                     if mins is None:  # most ranks' paths have the same capacities: computed once each
                         mins = others[caps] = tuple(min((c for j, c in enumerate(caps) if j != i), default=float("inf"))
@@ -305,8 +351,7 @@ class FlowTransport:
                         best[r] = max(best.get(r, 0.0), other)
                 for r, v in best.items():
                     load[r] = load.get(r, 0.0) + v
-        self._binding = {r for r, v in load.items() if net.capacity(r) < v * (1 + 1e-9)}
-        return self._binding
+        return [r for r, v in load.items() if net.capacity(net.index[r]) < v * (1 + 1e-9)]
 
     def start(self, rank: int, kind: CopyKind, nbytes: int, on_done: Callable[[], None]) -> None:
         """Queue a copy on the rank's copy stream; ``on_done`` runs when its last byte lands."""
@@ -345,8 +390,12 @@ class FlowTransport:
     def slow(self, resources: Iterable[str], factor: float) -> None:
         """Scale the capacity of ``resources`` by ``factor`` from now on (1.0 restores)."""
         now = self._engine.now
+        resources = list(resources)
+        self._index(resources)
         changed = {f.fid: f for f in self.network.set_factor(resources, factor, now)}
+        self._slowed = True  # nodes may differ from now on (a factor of 1.0 back is still walked rank by rank)
         self._binding = None
+        self._binding_names.clear()
         self._paths.clear()
         for flow in list(self.network.flows.values()):  # re-path flows in flight under the new capacities
             new = self.path(*flow.key)
@@ -360,8 +409,10 @@ class FlowTransport:
     def resources_matching(self, element: str) -> list[str]:
         """Resource names of links touching ``element`` (e.g. ``"n0/pcisw1"``) and its own throughputs.
 
-        A full resource name (``"link:n0/gpu0>n0/pcisw0"``) matches itself.
+        A full resource name (``"link:n0/gpu0>n0/pcisw0"``) matches itself. Every resource of the topology
+        enters the network (and every node is built: a slow-link fault names one).
         """
+        self._index(self.topology.resource_names())
         out = [n for n in self.network.names if n == element or element in _endpoints(n)]
         if not out:
             raise FlowError(f"no link or element {element!r} in topology {self.topology.name!r}")

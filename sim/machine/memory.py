@@ -20,6 +20,7 @@ how much memory a phase held (e.g. the paused window of a weight sync).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,34 @@ def _holders(by_tag: dict[str, int], limit: int = 8) -> str:
     return shown or "nothing"
 
 
+class NumaLedgers(Mapping[str, NumaLedger]):
+    """The NUMA nodes' ledgers, each made when first asked for (a 16,384-node topology has 32,768 NUMA nodes; a
+    folded run touches a few). Iteration gives the ledgers made so far, in the topology's order: a NUMA node
+    never asked for holds nothing."""
+
+    def __init__(self, topology: "Topology"):
+        self._topology = topology
+        self._made: dict[str, NumaLedger] = {}
+
+    def __getitem__(self, name: str) -> NumaLedger:
+        led = self._made.get(name)
+        if led is None:
+            try:
+                cap, pinnable = self._topology.host_capacity(name), self._topology.pinnable_bytes(name)
+            except KeyError:
+                raise KeyError(name) from None
+            led = self._made[name] = NumaLedger(name, cap, pinnable)
+        return led
+
+    def __iter__(self) -> Iterator[str]:
+        if len(self._made) == 0:
+            return iter(())
+        return (n for n in self._topology.host_memory_nodes() if n in self._made)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+
 class TopologyMemory:
     """HBM and host-memory ledgers sized by a topology (see the module docstring).
 
@@ -83,9 +112,7 @@ class TopologyMemory:
         self._ledgers: dict[int, RankLedger] = {}
         self._capacity: dict[int, int] = {}
         self._numa_of: dict[int, str] = {}
-        self.numa: dict[str, NumaLedger] = {
-            n: NumaLedger(n, topology.host_capacity(n), topology.pinnable_bytes(n)) for n in topology.host_memory_nodes()
-        }
+        self.numa = NumaLedgers(topology)
         self._engine = None
         self._timeline: dict[int, list[tuple[float, int]]] = {}
 
@@ -222,4 +249,4 @@ class TopologyMemory:
             node.pageable -= nbytes
 
 
-__all__ = ["HostOutOfMemoryError", "NumaLedger", "TopologyMemory"]
+__all__ = ["HostOutOfMemoryError", "NumaLedger", "NumaLedgers", "TopologyMemory"]

@@ -45,6 +45,17 @@ networkx keeps them), :func:`_bidirectional_bfs` is networkx's
 paths is broken the same way; ``tests/sim/machine/test_topology.py`` compares them),
 and :attr:`Topology.graph` builds the ``networkx.DiGraph`` only for callers
 that want one.
+
+[Note: a node built once]
+Every node is the ``node`` section again, so what a run asks of a node is what it would ask of the
+first one, renamed: a rank's copy path is node 0's with ``n0/`` made ``n<k>/`` (as it always was),
+its NUMA node and HBM come from the section, a resource's capacity is its node-0 namesake's. So a
+topology builds the elements, links and resources of node 0 and the fabric only; an element of
+another node is made from the section when asked for (:meth:`Topology.element`) and kept, so a
+caller may change it. Only :attr:`Topology.graph` and :meth:`Topology.capacities` build every node
+(in the order a full build has them, handed-out elements kept). A 16,384-node preset took 8.5 s
+and about 1 GB to build in full (cProfile of ``timeshare sim run`` at 131,072 ranks, shared machine);
+a run of the folded simulator asks for a few nodes.
 """
 from __future__ import annotations
 
@@ -52,6 +63,7 @@ import enum
 import heapq
 import logging
 import math
+import re
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -108,6 +120,8 @@ def _elem_resource(a: str) -> Resource:
 
 
 _ELEMENT_NUMBERS = {"hbm", "bandwidth", "capacity", "pinnable", "copy_bandwidth"}
+_NODE_PREFIX = re.compile(r"^n(\d+)/(.+)$")
+_NODE_ANY = re.compile(r"(?<![A-Za-z0-9_])n(\d+)/")
 _LINK_NUMBERS = {"bandwidth", "duplex"}
 
 
@@ -132,20 +146,15 @@ class Topology:
         node = data.get("node")
         if not isinstance(node, Mapping):
             raise TopologyError(f"{where}.node: missing or not an object (the elements and links of one machine)")
-        self._succ: dict[str, dict[str, dict[str, Any]]] = {}  # see [Note: no networkx on the way of a run]
-        self._pred: dict[str, dict[str, dict[str, Any]]] = {}
-        self._edges: list[tuple[str, str, dict[str, Any]]] = []  # insertion order, for :attr:`graph`
-        self._graph: Any = None
-        self._elements: dict[str, dict[str, Any]] = {}
-        self._resources: dict[Resource, float] = {}
-        local = self._add_elements(node.get("elements"), f"{where}.node.elements", per_node=True)
-        self._add_links(node.get("links"), f"{where}.node.links", local, per_node=True)
         fabric = data.get("fabric")
-        if fabric is not None:
-            if not isinstance(fabric, Mapping):
-                raise TopologyError(f"{where}.fabric: expected an object")
-            shared = self._add_elements(fabric.get("elements", []), f"{where}.fabric.elements", per_node=False)
-            self._add_links(fabric.get("links", []), f"{where}.fabric.links", local | shared, per_node=True, shared=shared)
+        if fabric is not None and not isinstance(fabric, Mapping):
+            raise TopologyError(f"{where}.fabric: expected an object")
+        self._graph: Any = None
+        self._derived: dict[str, dict[str, Any]] = {}  # elements of nodes past the first, made when asked for
+        self._sections = (node, fabric)
+        self._built = 1  # nodes whose elements, links and resources are in the dicts (see [Note: a node built once])
+        local = self._build()
+        self._section = local  # node elements by local name, as the section has them
         self.local_gpus: list[str] = [n for n, e in local.items() if e["kind"] is ElementKind.GPU]
         if not self.local_gpus:
             raise TopologyError(f"{where}.node.elements: a node needs at least one element of kind 'gpu'")
@@ -179,6 +188,7 @@ class Topology:
         if self._graph is None:
             import networkx as nx
 
+            self._materialize()
             g = nx.DiGraph()
             for name, attrs in self._elements.items():
                 g.add_node(name, **attrs)
@@ -204,31 +214,52 @@ class Topology:
 
     def numa_of(self, rank: int) -> str:
         """Graph name of the host-memory (NUMA) element nearest to ``rank``'s GPU."""
-        return self._elements[self.gpu(rank)]["numa"]
+        self._check_rank(rank)
+        node, i = divmod(rank, self.gpus_per_node)
+        return f"n{node}/{self._section[self.local_gpus[i]]['numa_local']}"
 
     def hbm_bytes(self, rank: int) -> int:
         """Device memory of ``rank``'s GPU in bytes."""
-        return int(self._elements[self.gpu(rank)]["hbm"])
+        self._check_rank(rank)
+        return int(self._section[self.local_gpus[rank % self.gpus_per_node]]["hbm"])
 
     def host_memory_nodes(self) -> list[str]:
         """Graph names of every host-memory (NUMA) element."""
-        return [n for n, e in self._elements.items() if e["kind"] is ElementKind.HOST_MEMORY]
+        local = [n for n, e in self._section.items() if e["kind"] is ElementKind.HOST_MEMORY]
+        shared = [n for n, e in self._elements.items() if n.startswith("fabric/") and e["kind"] is ElementKind.HOST_MEMORY]
+        return [f"n{k}/{n}" for k in range(self.nodes) for n in local] + shared
 
     def host_capacity(self, numa: str) -> int:
         """Bytes of host memory on NUMA node ``numa``."""
-        return int(self._elements[numa]["capacity"])
+        return int(self._element(numa)["capacity"])
 
     def pinnable_bytes(self, numa: str) -> int:
         """Host memory of ``numa`` that may be page-locked (``ulimit -l`` and the like)."""
-        e = self._elements[numa]
+        e = self._element(numa)
         return int(e.get("pinnable", e["capacity"]))
 
     def element(self, name: str) -> Mapping[str, Any]:
         """The attributes of element ``name`` (kind, capacities in SI units)."""
-        return self._elements[name]
+        return self._element(name)
+
+    def capacity(self, resource: Resource) -> float | None:
+        """Capacity in bytes/s of one shared resource (None if the topology has no such resource): a node not built
+        has its first node's capacities."""
+        cap = self._resources.get(resource)
+        if cap is None and self._built < self.nodes:
+            nodes = {int(k) for k in _NODE_ANY.findall(resource)}
+            if nodes and max(nodes) < self.nodes:
+                cap = self._resources.get(_NODE_ANY.sub("n0/", resource))
+        return cap
+
+    def resource_names(self) -> list[Resource]:
+        """Every shared resource's name (builds every node)."""
+        self._materialize()
+        return list(self._resources)
 
     def capacities(self) -> dict[Resource, float]:
-        """Capacity in bytes/s of every shared resource."""
+        """Capacity in bytes/s of every shared resource (builds every node)."""
+        self._materialize()
         return dict(self._resources)
 
     def copy_path(self, rank: int, kind: CopyKind) -> tuple[Resource, ...]:
@@ -284,6 +315,51 @@ class Topology:
 
     # ------------------------------------------------------------------ building
 
+    def _build(self) -> dict[str, dict[str, Any]]:
+        """Elements, links and resources of the first :attr:`_built` nodes and the fabric, in the order a full build
+        has them (every node's elements, the fabric's, every node's links, every node's links to the fabric)."""
+        node, fabric = self._sections
+        where = self.where
+        self._succ: dict[str, dict[str, dict[str, Any]]] = {}  # see [Note: no networkx on the way of a run]
+        self._pred: dict[str, dict[str, dict[str, Any]]] = {}
+        self._edges: list[tuple[str, str, dict[str, Any]]] = []  # insertion order, for :attr:`graph`
+        self._elements: dict[str, dict[str, Any]] = {}
+        self._resources: dict[Resource, float] = {}
+        local = self._add_elements(node.get("elements"), f"{where}.node.elements", per_node=True)
+        self._add_links(node.get("links"), f"{where}.node.links", local, per_node=True)
+        if fabric is not None:
+            shared = self._add_elements(fabric.get("elements", []), f"{where}.fabric.elements", per_node=False)
+            self._add_links(fabric.get("links", []), f"{where}.fabric.links", local | shared, per_node=True, shared=shared)
+        return local
+
+    def _materialize(self) -> None:
+        """Build every node (for :attr:`graph` and :meth:`capacities`); elements already handed out stay the same
+        objects (a caller may have changed one)."""
+        if self._built == self.nodes:
+            return
+        kept = {**self._elements, **self._derived}
+        self._built = self.nodes
+        self._build()
+        for name, attrs in kept.items():
+            self._elements[name] = attrs
+        self._derived.clear()
+
+    def _element(self, name: str) -> dict[str, Any]:
+        """The attributes of element ``name`` (made from the node's section for a node not built; KeyError if none)."""
+        attrs = self._elements.get(name)
+        if attrs is not None:
+            return attrs
+        attrs = self._derived.get(name)
+        if attrs is None:
+            m = _NODE_PREFIX.match(name)
+            if m is None or not int(m.group(1)) < self.nodes or m.group(2) not in self._section:
+                raise KeyError(name)
+            attrs = dict(self._elements[f"n0/{m.group(2)}"])
+            if "numa_local" in attrs:
+                attrs["numa"] = f"n{m.group(1)}/{attrs['numa_local']}"
+            self._derived[name] = attrs
+        return attrs
+
     def _add_elements(self, elements: Any, where: str, *, per_node: bool) -> dict[str, dict[str, Any]]:
         if not isinstance(elements, list):
             raise TopologyError(f"{where}: expected a list of elements")
@@ -320,7 +396,7 @@ class Topology:
             if kind is ElementKind.HOST_MEMORY and "capacity" not in raw:
                 raise TopologyError(f"{w}.capacity: host memory needs a 'capacity' constant")
             local[name] = attrs
-        copies = range(self.nodes) if per_node else [None]
+        copies = range(self._built) if per_node else [None]
         for node in copies:
             for name, attrs in local.items():
                 full = f"n{node}/{name}" if node is not None else f"fabric/{name}"
@@ -369,7 +445,7 @@ class Topology:
                 raise TopologyError(f"{w}.bandwidth: every link needs a bandwidth constant")
             bw = self.table.ref(raw["bandwidth"], f"{w}.bandwidth", "bandwidth")
             duplex = self.table.ref(raw["duplex"], f"{w}.duplex", "bandwidth") if "duplex" in raw else None
-            for node in range(self.nodes):
+            for node in range(self._built):
                 a, b = (f"fabric/{e}" if e in shared else f"n{node}/{e}" for e in ends)
                 for u, v in ((a, b), (b, a)):
                     res = [_link_resource(u, v)]
@@ -427,7 +503,7 @@ class Topology:
     @lru_cache(maxsize=None)
     def _node0(self) -> frozenset[str]:
         """Elements of node 0 (what networkx's induced subgraph view of them showed)."""
-        return frozenset(n for n in self._elements if n.startswith("n0/"))
+        return frozenset(f"n0/{n}" for n in self._section)
 
     @lru_cache(maxsize=None)
     def _widest_local(self, a: str, b: str) -> tuple[float, LinkKind]:

@@ -63,7 +63,7 @@ pass), and the renaming check above does the rest. Everything else is as
 for nodes: a unit's NUMA ledgers are its representative unit's.
 
 :func:`plan_fold` checks all of this and picks the smallest fold for which it
-holds. :func:`run_folded` then runs a world of all ``N`` ranks (topology,
+holds. :func:`sim.scenarios.fold_run.run_folded` then runs a world of all ``N`` ranks (topology,
 groups, flow pruning and collective costs see every rank) in which only the
 active ranks run; a collective completes when its active members have
 arrived. Each inactive rank's result is its representative's, with group
@@ -73,35 +73,60 @@ once per rank its owner stands for, or the completion of a collective on one
 group, counted once per group of the full job through its representative
 group.
 
+[Note: a fold with a crashed rank and the lifecycle]
+One rank's crash (the only fault a fold takes) makes the ranks differ by their relation to it: the
+crashed rank itself, the ranks that share one of its groups (their collectives on it fail when its
+connections close), the rest. The crashed rank's unit is simulated as itself (a *single* unit,
+standing for nobody else), and for every family every rank must share the crashed rank's group
+exactly when its representative does; then the others follow their representatives as before.
+
+The lifecycle's agreements move real values (an ``all_reduce(MIN)`` on its control group of
+codes, votes and rank ids). A folded :class:`sim.scenarios.fold_run.FoldedRendezvous` reduces only the active ranks'
+values; that is the whole job's reduction when (1) every rank's value is its representative's,
+except for rank ids, and (2) for a lane carrying a rank id (its rank, or minus it: the
+lifecycle's check that ranks 0 to N-1 all arrived) the lowest and the highest rank of every
+class of ranks that follow one timeline are simulated: the MIN of a rank id over a class is at
+one of its ends. So a fold of a lifecycle scenario also simulates, as single units, the last unit
+of every class of the period (``Fold.ends``). A lane per group (a walk's vote for each group, the
+plan's action for it) is the MIN over the group's members, which the active members give only
+if the members' representatives are members of the same group: every group the lifecycle
+manages must be its own representative group (groups spanning the nodes, or the units, do; a
+tensor-parallel group of one node of the tail does not). A sum (the canary) counts each active
+member once per member of the group it stands for. Other collectives with real bytes, and folds
+that do not keep these conditions, stop the folded run (:class:`FoldBroken`): the caller
+simulates every rank.
+
 Anything the checks did not foresee (a collective moving real bytes, a rank
-that did not finish, a deadlock) makes :func:`run_auto` fall back to the full
+that did not finish, a deadlock) makes :func:`sim.scenarios.scale.run_auto` fall back to the full
 simulation. ``tests/sim/scenarios/test_fold.py`` compares folded and full runs bit for
 bit at 256 to 2,048 ranks and against the golden results of the simulator as
-it was before folding existed.
+it was before folding existed; ``tests/sim/scenarios/test_fold_crash.py`` compares
+them, rank by rank, with the lifecycle and a crashed rank.
+
+[Note: checks over arrays]
+The checks below ask, for every rank of the job, where it sits and which groups it is in. At
+131,072 ranks a Python loop over ranks and families costs seconds, so they are numpy operations
+over arrays indexed by rank (the representative of every rank, the number of its group in a family,
+:meth:`sim.scenarios.mesh_groups.MeshGroups.group_index_of_all`), and the machine's part uses that
+every node of a topology is built from the same ``node`` section: two units in the same places of
+their nodes, with representatives in the same places of theirs, are checked once.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import gc
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from refimpl.runtime.base import WORLD
-from sim.kernel.errors import CollectiveMismatchError, DeadlockError, SimError
-from sim.rendezvous import Arrival, Pending, Rendezvous, describe
-from sim.scenarios.result import RankOutcome, ScenarioResult, judge
-from sim.world import RankReport, WorldReport
+from sim.kernel.errors import SimError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.machine.faults import FaultPlan
-    from sim.scenarios.runner import MeshGroups
-    from sim.scenarios.scenario import Scenario
+    import numpy as np
+
     from sim.machine.topology import Topology
-    from sim.world import SimWorld
+    from sim.scenarios.mesh_groups import MeshGroups
+    from sim.scenarios.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +150,11 @@ class Fold:
     and no host memory with each other, such as the GPUs of one socket (see
     [Note: units smaller than a node]). The first ``head`` units run and stand
     only for themselves; the next ``nodes`` units run and stand, periodically,
-    for every later unit. So ``rep(r) = r`` for the ``active`` ranks, and for a
-    later rank the rank at the same place of the tail period.
+    for every later unit. ``singles`` are later units that run and stand only for
+    themselves (a crashed rank's unit; with ``ends``, the last unit of every class,
+    see [Note: a fold with a crashed rank and the lifecycle]). So ``rep(r) = r``
+    for the ``active`` ranks, and for another rank the rank at the same place of
+    the tail period.
     """
 
     world_size: int
@@ -134,6 +162,8 @@ class Fold:
     nodes: int  # tail period in units (k)
     head: int = 0  # leading units simulated as themselves
     ranks_per_unit: int | None = None  # None: a unit is a node
+    singles: tuple[int, ...] = ()  # later units simulated as themselves, ascending
+    ends: bool = False  # the singles include the last unit of every class of the period
 
     @functools.cached_property
     def unit(self) -> int:
@@ -141,31 +171,103 @@ class Fold:
         return self.ranks_per_unit or self.gpus_per_node
 
     @functools.cached_property
+    def units(self) -> int:
+        """Units in the job."""
+        return self.world_size // self.unit
+
+    @functools.cached_property
+    def _single_set(self) -> frozenset[int]:
+        return frozenset(self.singles)
+
+    @functools.cached_property
     def active(self) -> int:
         """Ranks that really run."""
-        return (self.head + self.nodes) * self.unit
+        return (self.head + self.nodes + len(self.singles)) * self.unit
+
+    @functools.cached_property
+    def active_ranks(self) -> tuple[int, ...]:
+        """The ranks that really run, ascending."""
+        units = list(range(self.head + self.nodes)) + list(self.singles)
+        return tuple(u * self.unit + i for u in units for i in range(self.unit))
+
+    def is_active(self, rank: int) -> bool:
+        """True if ``rank`` really runs."""
+        u = rank // self.unit
+        return u < self.head + self.nodes or u in self._single_set
+
+    def stands_alone(self, rank: int) -> bool:
+        """True if ``rank`` runs and stands for no other rank (a head or single unit)."""
+        u = rank // self.unit
+        return u < self.head or u in self._single_set
 
     def rep(self, rank: int) -> int:
         """The active rank whose timeline ``rank`` follows."""
-        active = self.active
-        if rank < active:
+        if self.is_active(rank):
             return rank
         h = self.head * self.unit
-        return h + (rank - h) % (active - h)
+        return h + (rank - h) % (self.nodes * self.unit)
 
     def rep_node(self, node: int) -> int:
         """The simulated node whose timeline ``node`` follows (units of whole nodes only)."""
         if self.unit != self.gpus_per_node:
             raise ValueError(f"a fold in units of {self.unit} ranks maps ranks, not nodes; use rep()")
-        if node < self.head + self.nodes:
+        if node < self.head + self.nodes or node in self._single_set:
             return node
         return self.head + (node - self.head) % self.nodes
 
     def multiplicity(self, rank: int) -> int:
         """How many ranks of the job active ``rank`` stands for (itself included)."""
-        if rank < self.head * self.unit:
+        u = rank // self.unit
+        if u < self.head or u in self._single_set:
             return 1
-        return (self.world_size // self.unit - self.head) // self.nodes
+        place = (u - self.head) % self.nodes
+        taken = sum(1 for s in self.singles if (s - self.head) % self.nodes == place)
+        return (self.units - self.head) // self.nodes - taken
+
+    def rep_of_all(self) -> "np.ndarray":
+        """:meth:`rep` of every rank of the job (an int64 array indexed by rank; made once, read-only)."""
+        return self._reps
+
+    @functools.cached_property
+    def _reps(self) -> "np.ndarray":
+        import numpy as np
+
+        ranks = np.arange(self.world_size, dtype=np.int64)
+        units = ranks // self.unit
+        h = self.head * self.unit
+        later = (units >= self.head + self.nodes) & ~np.isin(units, np.asarray(self.singles, dtype=np.int64))
+        reps = np.where(later, h + (ranks - h) % (self.nodes * self.unit), ranks)
+        reps.setflags(write=False)
+        return reps
+
+    def alone_of_all(self) -> "np.ndarray":
+        """:meth:`stands_alone` of every rank (a bool array indexed by rank)."""
+        import numpy as np
+
+        units = np.arange(self.world_size, dtype=np.int64) // self.unit
+        return (units < self.head) | np.isin(units, np.asarray(self.singles, dtype=np.int64))
+
+
+def with_singles(fold: Fold, crashed: int | None, ends: bool) -> Fold | None:
+    """``fold`` with the crashed rank's unit and (``ends``) the last unit of every class simulated as themselves;
+    None when the crashed rank is in the period (it would stand for others)."""
+    singles: set[int] = set()
+    first_tail = fold.head + fold.nodes
+    if crashed is not None:
+        u = crashed // fold.unit
+        if fold.head <= u < first_tail:
+            return None
+        if u >= first_tail:
+            singles.add(u)
+    if ends:
+        for place in range(fold.nodes):
+            last = fold.units - 1 - ((fold.units - 1 - fold.head - place) % fold.nodes)
+            while last >= first_tail and last in singles:
+                last -= fold.nodes
+            if last >= first_tail:
+                singles.add(last)
+    return Fold(fold.world_size, fold.gpus_per_node, fold.nodes, fold.head, fold.ranks_per_unit,
+                tuple(sorted(singles)), ends)
 
 
 # --------------------------------------------------------------------------- can this scenario fold?
@@ -180,18 +282,38 @@ def _rename_node(name: str, node: int) -> str | None:
 
 def _units_apart(scn: "Scenario", topo: "Topology", unit: int) -> str | None:
     """None when no two units of ``unit`` consecutive ranks share a resource of a copy path or a NUMA
-    node (so their flows never compete and their host memory is their own); else why not."""
+    node (so their flows never compete and their host memory is their own); else why not.
+
+    Copy paths stay inside a node and every node is built alike (see [Note: checks over arrays]), so
+    the ranks of the first node (or of the job, if smaller) are the ones to check."""
     from refimpl.runtime.base import CopyKind
 
     kinds = list(CopyKind)
     owner: dict[str, int] = {}
-    for r in range(scn.world_size):
+    for r in range(min(scn.world_size, topo.gpus_per_node)):
         u = r // unit
         for res in (*(x for k in kinds for x in topo.copy_path(r, k)), "numa " + topo.numa_of(r)):
             v = owner.setdefault(res, u)
             if v != u:
                 return f"ranks {v * unit}-{v * unit + unit - 1} and rank {r} share {res!r}"
     return None
+
+
+def _examples(fold: Fold, gpus_per_node: int) -> list[int]:
+    """One unit of the tail for each way a unit can sit against its representative unit: its place in its node,
+    the representative's place in its node, same node or not (see [Note: checks over arrays])."""
+    per_node = max(1, gpus_per_node // fold.unit)
+    seen: dict[tuple[int, int, bool], int] = {}
+    first_tail = fold.head + fold.nodes
+    k = fold.nodes
+    # a unit's kind repeats every k * per_node units of the tail, and a unit shares a node with its representative
+    # only within per_node units of the period: two periods of kinds and a node more see every kind (singles apart)
+    for u in range(first_tail, min(fold.units, first_tail + 2 * k * per_node + per_node)):
+        if u in fold._single_set:
+            continue
+        rep_u = fold.head + (u - fold.head) % k
+        seen.setdefault((u % per_node, rep_u % per_node, u // per_node == rep_u // per_node), u)
+    return sorted(seen.values())
 
 
 def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | None:
@@ -202,79 +324,171 @@ def _topology_symmetric(scn: "Scenario", topo: "Topology", fold: Fold) -> str | 
     every rank's copy paths (position by position) and NUMA node to its
     representative's, with the same capacities, HBM size and host memory. For
     units of whole nodes that renaming is the node's name (``n7/`` to ``n1/``).
+    Checked on one unit of each kind (:func:`_examples`).
     """
     from refimpl.runtime.base import CopyKind
 
-    caps = topo.capacities()
     kinds = list(CopyKind)
-    rep_paths: dict[int, list[tuple[str, ...]]] = {}
-    for rep in range(fold.active):
-        rep_paths[rep] = [topo.copy_path(rep, kind) for kind in kinds]
     onto: dict[str, str] = {}  # a later unit's resource -> its representative unit's
     taken: dict[tuple[int, str], str] = {}  # (later unit, representative's resource) -> the unit's resource
-    for r in range(fold.active, scn.world_size):
-        rep, u = fold.rep(r), r // fold.unit
-        if topo.hbm_bytes(r) != topo.hbm_bytes(rep):
-            return f"rank {r} has another HBM size than rank {rep}"
-        numa, rnuma = topo.numa_of(r), topo.numa_of(rep)
-        if topo.host_capacity(numa) != topo.host_capacity(rnuma) or topo.pinnable_bytes(numa) != topo.pinnable_bytes(rnuma):
-            return f"NUMA node {numa!r} has other capacities than {rnuma!r}"
-        pairs = [("numa " + numa, "numa " + rnuma)]
-        for kind, rpath in zip(kinds, rep_paths[rep]):
-            path = topo.copy_path(r, kind)
-            if len(path) != len(rpath):
-                return f"rank {r}'s {kind.name} path {path} is not like rank {rep}'s {rpath}"
-            pairs += zip(path, rpath)
-        for a, b in pairs:
-            if onto.setdefault(a, b) != b or taken.setdefault((u, b), a) != a:
-                return f"rank {r}'s {a!r} is not in the place of rank {rep}'s {b!r} (its unit is laid out otherwise)"
-            if caps.get(a) != caps.get(b):
-                return f"resource {a!r} has another capacity than {b!r}"
+    for u in _examples(fold, topo.gpus_per_node):
+        for r in range(u * fold.unit, (u + 1) * fold.unit):
+            rep = fold.rep(r)
+            if topo.hbm_bytes(r) != topo.hbm_bytes(rep):
+                return f"rank {r} has another HBM size than rank {rep}"
+            numa, rnuma = topo.numa_of(r), topo.numa_of(rep)
+            if (topo.host_capacity(numa) != topo.host_capacity(rnuma)
+                    or topo.pinnable_bytes(numa) != topo.pinnable_bytes(rnuma)):
+                return f"NUMA node {numa!r} has other capacities than {rnuma!r}"
+            pairs = [("numa " + numa, "numa " + rnuma)]
+            for kind in kinds:
+                path, rpath = topo.copy_path(r, kind), topo.copy_path(rep, kind)
+                if len(path) != len(rpath):
+                    return f"rank {r}'s {kind.name} path {path} is not like rank {rep}'s {rpath}"
+                pairs += zip(path, rpath)
+            for a, b in pairs:
+                if onto.setdefault(a, b) != b or taken.setdefault((u, b), a) != a:
+                    return f"rank {r}'s {a!r} is not in the place of rank {rep}'s {b!r} (its unit is laid out otherwise)"
+                if not a.startswith("numa ") and topo.capacity(a) != topo.capacity(b):
+                    return f"resource {a!r} has another capacity than {b!r}"
     return None
 
 
-def _groups_symmetric(scn: "Scenario", topo: "Topology", groups: "MeshGroups", fold: Fold) -> str | None:
-    """None when every rank's groups look like its representative's (see the module docstring)."""
+@dataclass
+class _FoldArrays:
+    """What the group checks of one fold read, per rank: the representative, whether it runs, whether it stands alone,
+    and its place among the active ranks (-1 for the others)."""
+
+    rep: Any
+    active: Any
+    alone: Any
+    place: Any
+    nactive: int
+
+
+def _sort_order_varies(groups: "MeshGroups") -> bool:
+    """True if some rank's families could sort in another order by group name than another rank's: only when a
+    family's name followed by a digit begins another's (``tp`` and ``tp2x``), the group numbers then decide."""
+    fams = groups.families
+    return any(b != a and b.startswith(a) and b[len(a)].isdigit() and groups.count(a) > 1 for a in fams for b in fams)
+
+
+def _family_symmetric(groups: "MeshGroups", fam: str, index: Any, arrays: _FoldArrays, bus: Any,
+                      gpus_per_node: int) -> tuple[str | None, Any]:
+    """Check one family (see the module docstring); returns (why not or None, each group's representative group)."""
+    import numpy as np
+
+    n, count, size = groups.world_size, groups.count(fam), groups.size(fam)
+    onto = index[arrays.rep]  # the group of each rank's representative
+    image = np.empty(count, dtype=np.int64)
+    image[index] = onto
+    bad = np.flatnonzero(image[index] != onto)
+    if bad.size:
+        r = int(bad[0])
+        return f"group {groups.name(fam, int(index[r]))!r} of rank {r} does not fold onto one group", image
+    if size == 1:
+        nreps = np.ones(count, dtype=np.int64)
+    elif count * arrays.nactive <= 4 * n:  # distinct (group, representative) pairs, counted in a table
+        seen = np.bincount(index * arrays.nactive + arrays.place[arrays.rep], minlength=count * arrays.nactive)
+        nreps = (seen.reshape(count, arrays.nactive) > 0).sum(axis=1)
+    else:
+        nreps = np.bincount(np.unique(index * n + arrays.rep) // n, minlength=count)
+    nact = np.bincount(index[arrays.active], minlength=count)
+    bad = np.flatnonzero(nreps != nact[image])
+    if bad.size:
+        g = int(bad[0])
+        other = groups.name(fam, int(image[g]))
+        return f"group {groups.name(fam, g)!r} does not fold onto group {other!r}", image
+    first = groups.first_members(fam)
+    shared = np.flatnonzero((nreps < size) & ~arrays.alone[first])
+    if shared.size:
+        # [Note: first come, first served] The first member to use a lazily created communicator pays its
+        # initialisation; members that share a representative must therefore follow a rank that stands alone
+        return f"group {groups.name(fam, int(shared[0]))!r} has members that share a representative and no head rank", image
+    moved = np.flatnonzero(image != np.arange(count))
+    if moved.size:  # a group folded onto another: the same collective cost (translates by whole nodes cost alike)
+        keys = {}
+        for g in np.unique(np.stack([first[moved] % gpus_per_node, first[image[moved]] % gpus_per_node]), axis=1).T:
+            for key in g:
+                if int(key) not in keys:
+                    example = int(np.flatnonzero(first % gpus_per_node == key)[0])
+                    keys[int(key)] = bus(groups.members(fam, example))
+            if keys[int(g[0])] != keys[int(g[1])]:
+                return f"groups of {fam!r} fold onto groups with another collective cost", image
+    return None, image
+
+
+def _groups_symmetric(scn: "Scenario", topo: "Topology", groups: "MeshGroups", fold: Fold,
+                      indices: dict[str, Any], crashed: int | None, managed: frozenset[str]) -> str | None:
+    """None when every rank's groups look like its representative's (see the module docstring and [Note: a fold with
+    a crashed rank and the lifecycle]); ``indices``: each family's :meth:`MeshGroups.group_index_of_all` (a cache),
+    ``managed``: the families the lifecycle manages."""
+    import numpy as np
+
     from sim.machine.collectives import TopologyCollectiveCost
 
-    active, rep_of = fold.active, fold.rep
-    head = fold.head * fold.unit
-    by_name = {s.name: s for s in groups.specs}
-    repset: dict[str, frozenset[int]] = {}
-    for spec in groups.specs:
-        # [Note: first come, first served] The first member to use a lazily created communicator pays
-        # its initialisation; the others do not. Members that share a representative must therefore
-        # not include that first one, unless a head rank (standing only for itself) comes first.
-        # (More members than active ranks always share one: said before computing them all.)
-        if spec.size > active and not (spec.ranks[0] < head):
-            return f"group {spec.name!r} has members that share a representative and no head rank"
-        reps = [rep_of(m) for m in spec.ranks]
-        repset[spec.name] = frozenset(reps)
-        if len(repset[spec.name]) < len(reps) and not (spec.ranks[0] < head):
-            return f"group {spec.name!r} has members that share a representative and no head rank"
-    actset = {s.name: frozenset(m for m in s.ranks if m < active) for s in groups.specs}
+    rep = fold.rep_of_all()
+    active = rep == np.arange(scn.world_size)
+    place = np.full(scn.world_size, -1, dtype=np.int64)
+    place[active] = np.arange(int(active.sum()), dtype=np.int64)
+    arrays = _FoldArrays(rep, active, fold.alone_of_all(), place, int(active.sum()))
     cost = TopologyCollectiveCost(topo)
-    fams = [f.name for f in scn.groups]
-    for r in range(scn.world_size):
-        rep = rep_of(r)
-        mine, theirs = groups.member[r], groups.member[rep]
-        if set(mine) != set(theirs):
-            return f"rank {r} is in other group families than rank {rep}"
-        order = sorted(fams, key=lambda f: mine.get(f, ""))
-        if [f for f in order if f in mine] != [f for f in sorted(fams, key=lambda f: theirs.get(f, "")) if f in theirs]:
-            return f"rank {r}'s groups sort in another order than rank {rep}'s"
-        for fam, name in mine.items():
-            other = theirs[fam]
-            if name == other:
-                if repset[name] != actset[name]:
-                    return f"group {name!r}: representatives of its members are not all members"
-                continue
-            a, b = by_name[name], by_name[other]
-            if repset[name] != actset[other] or repset[other] != actset[other] or a.size != b.size:
-                return f"group {name!r} of rank {r} does not fold onto group {other!r} of rank {rep}"
-            if (a.backend, a.timeout_s) != (b.backend, b.timeout_s) or cost.bus(a.ranks) != cost.bus(b.ranks):
-                return f"group {name!r} has another collective cost than {other!r}"
+    for fam in groups.families:
+        index = indices.get(fam)
+        if index is None:
+            index = indices[fam] = groups.group_index_of_all(fam)
+        if crashed is not None:  # a rank shares the crashed rank's group exactly when its representative does
+            near = index == index[crashed]
+            bad = np.flatnonzero(near[rep] != near)
+            if bad.size:
+                r = int(bad[0])
+                return f"rank {r} and its representative {int(rep[r])} are not alike to the crashed rank {crashed} in {fam!r}"
+        why, image = _family_symmetric(groups, fam, index, arrays, cost.bus, topo.gpus_per_node)
+        if why is not None:
+            return why
+        if fam in managed and (image != np.arange(groups.count(fam))).any():
+            g = int(np.flatnonzero(image != np.arange(groups.count(fam)))[0])
+            return (f"the lifecycle's group {groups.name(fam, g)!r} folds onto {groups.name(fam, int(image[g]))!r}: "
+                    "its agreements' votes would be lost")
+    if _sort_order_varies(groups):
+        fams = groups.families
+        for r in range(scn.world_size):
+            mine, theirs = groups.groups_of(r), groups.groups_of(int(rep[r]))
+            if sorted(fams, key=mine.get) != sorted(fams, key=theirs.get):
+                return f"rank {r}'s groups sort in another order than rank {int(rep[r])}'s"
     return None
+
+
+def crashed_rank(scn: "Scenario") -> tuple[int | None, str | None]:
+    """``(rank, None)`` for a fault plan of one crash of one rank, ``(None, None)`` for no fault plan, else
+    ``(None, why the plan cannot fold)``."""
+    from sim.machine.faults import FaultType
+
+    faults = scn.faults.faults
+    if not faults:
+        return None, None
+    if len(faults) == 1 and faults[0].kind is FaultType.CRASH and faults[0].ranks is not None \
+            and len(faults[0].ranks) == 1:
+        return faults[0].ranks[0], None
+    return None, "a fault plan other than one crash of one rank breaks the symmetry between ranks"
+
+
+def _candidates(scn: "Scenario", crashed: int | None, ends: bool) -> list[Fold]:
+    """Every fold :func:`plan_fold` may try, fewest active ranks first (whole nodes first among as many)."""
+    g = scn.topo.gpus_per_node
+    candidates = []
+    for unit in (u for u in range(1, g + 1) if g % u == 0):  # see [Note: units smaller than a node]
+        units = scn.world_size // unit
+        k = 1
+        while k < units and k * unit <= MAX_ACTIVE:
+            for head in (0, k):  # no head, or one period of units simulated as themselves before the tail
+                if head + k < units and (units - head) % k == 0:
+                    fold = with_singles(Fold(scn.world_size, g, k, head, None if unit == g else unit), crashed, ends)
+                    if fold is not None and fold.active < scn.world_size:
+                        candidates.append(fold)
+            k *= 2
+    candidates.sort(key=lambda f: (f.active, f.unit != g))
+    return candidates
 
 
 def plan_fold(scn: "Scenario", groups: "MeshGroups | None" = None) -> tuple[Fold | None, str]:
@@ -287,297 +501,33 @@ def plan_fold(scn: "Scenario", groups: "MeshGroups | None" = None) -> tuple[Fold
     g = topo.gpus_per_node
     if scn.payload != "meta":
         return None, "real payloads: every rank holds different bytes"
-    if scn.faults.faults:
-        return None, "a fault plan breaks the symmetry between ranks"
-    if scn.pg_policy != "none":
-        return None, "the process-group lifecycle's agreements reduce over rank ids"
+    crashed, why = crashed_rank(scn)
+    if why is not None:
+        return None, why
     if scn.offload.backend not in ("local", "tms"):
         return None, f"offload backend {scn.offload.backend!r} gives each rank of a group its own slice"
     if scn.world_size % g or scn.world_size // g < 2:
         return None, f"{scn.world_size} ranks are not two or more whole nodes of {g} GPUs"
     groups = groups or mesh_groups(scn)
+    # the families the lifecycle manages (runner.lifecycle_specs): their groups must be their own representatives
+    managed = frozenset(f for f in groups.families
+                        if scn.pg_policy != "none" and groups.size(f) >= scn.lifecycle.min_ranks)
     why = "no candidate"
-    candidates = []
-    for unit in (u for u in range(1, g + 1) if g % u == 0):  # see [Note: units smaller than a node]
-        units = scn.world_size // unit
-        k = 1
-        while k < units and k * unit <= MAX_ACTIVE:
-            for head in (0, k):  # no head, or one period of units simulated as themselves before the tail
-                if head + k < units and (units - head) % k == 0:
-                    candidates.append(Fold(scn.world_size, g, k, head, None if unit == g else unit))
-            k *= 2
-    # the fewest active ranks first; among as many, whole nodes (the fold as it was before units)
-    candidates.sort(key=lambda f: (f.active, f.unit != g))
     apart: dict[int, str | None] = {}
-    for fold in candidates:
-        why = _groups_symmetric(scn, topo, groups, fold)  # most candidates fail here, at the first group
+    indices: dict[str, Any] = {}
+    for fold in _candidates(scn, crashed, ends=scn.pg_policy != "none"):
+        why = _groups_symmetric(scn, topo, groups, fold, indices, crashed, managed)  # most candidates fail here
         if why is None:
             if fold.unit not in apart:
                 apart[fold.unit] = _units_apart(scn, topo, fold.unit)
             why = apart[fold.unit] or _topology_symmetric(scn, topo, fold)
         if why is None:
             what = "node(s)" if fold.unit == g else f"unit(s) of {fold.unit} ranks"
+            more = f", {len(fold.singles)} simulated as themselves" if fold.singles else ""
             return fold, (f"{scn.world_size} ranks follow the timelines of {fold.active} simulated ranks "
-                          f"({fold.head} head {what}, then a period of {fold.nodes} {what})")
+                          f"({fold.head} head {what}, then a period of {fold.nodes} {what}{more})")
         log.debug("fold %s rejected: %s", fold, why)
     return None, f"no symmetric fold: {why}"
 
 
-# --------------------------------------------------------------------------- the folded run
-
-
-class FoldedRendezvous(Rendezvous):
-    """Completes a collective when its *active* members arrived."""
-
-    def __init__(self, world: "SimWorld", fold: Fold):
-        super().__init__(world)
-        self.fold = fold
-        self._expected: dict[tuple[str, int], int] = {}
-
-    def expected(self, spec) -> int:
-        """Active members of ``spec``."""
-        key = (spec.name, spec.generation)
-        n = self._expected.get(key)
-        if n is None:
-            n = self._expected[key] = sum(1 for m in spec.ranks if m < self.fold.active)
-        return n
-
-    def arrive(self, spec, group_rank, seq, op, signature, detail, payload, nbytes, corrupt=False) -> Arrival:
-        """As :meth:`Rendezvous.arrive`, but the last *active* member completes the collective."""
-        key = (spec.name, spec.generation, seq)
-        p = self._pending.get(key)
-        rank = spec.ranks[group_rank]
-        from sim.kernel.engine import SimFuture
-
-        fut = SimFuture(describe(op, spec, seq))
-        arrival = Arrival(rank, detail, payload, fut, corrupt)
-        if arrival.snapshot is not None:
-            raise FoldBroken(f"{describe(op, spec, seq)} moves real bytes; their values may differ by rank")
-        if p is None:
-            p = self._pending[key] = Pending(spec, seq, op, signature, nbytes)
-        elif p.signature != signature or p.op != op:
-            raise FoldBroken(f"collective mismatch at {describe(op, spec, seq)}")
-        fut.blocker = p
-        if p.arrivals[group_rank] is not None:
-            raise AssertionError(f"rank {rank} arrived twice at {p.describe()}")
-        p.arrivals[group_rank] = arrival
-        p.count += 1
-        if p.count == self.expected(spec):
-            del self._pending[key]
-            self._schedule_complete(p)
-        return arrival
-
-    def arm_timeout(self, arrival: Arrival, timeout_s: float, rank: int) -> None:
-        """Timeouts would fire on behalf of ranks that do not run: not foldable."""
-        raise FoldBroken("a collective with a timeout (the fold does not simulate timeouts)")
-
-
-
-class _ExpandedMemory:
-    """The simulated memory as :func:`sim.scenarios.result.judge` sees it: every rank reads its representative's ledger."""
-
-    def __init__(self, memory: Any, fold: Fold, topo: "Topology"):
-        self._m, self._fold = memory, fold
-        self._peaks: dict[tuple[int, float, float], int] = {}
-        # a rank's NUMA node reads its representative's (plan_fold checked that the renaming is one to one);
-        # one no rank is attached to stays untouched by any run, so any untouched one will do: with whole
-        # nodes its namesake on the representative node, else itself
-        of_rep = {topo.numa_of(r): topo.numa_of(fold.rep(r)) for r in range(fold.active, fold.world_size)}
-        self.numa = {}
-        for name in memory.numa:
-            src = of_rep.get(name)
-            if src is None:
-                m = _NODE.match(name) if fold.unit == fold.gpus_per_node else None
-                src = name if m is None else _rename_node(name, fold.rep_node(int(m.group(1))))
-            self.numa[name] = memory.numa[src]
-
-    def ledger(self, rank: int):
-        """The representative's counters."""
-        return self._m.ledger(self._fold.rep(rank))
-
-    def peak_between(self, rank: int, start: float, end: float) -> int:
-        """The representative's peak (cached: most ranks share it)."""
-        key = (self._fold.rep(rank), start, end)
-        v = self._peaks.get(key)
-        if v is None:
-            v = self._peaks[key] = self._m.peak_between(*key)
-        return v
-
-
-class _ExpandedWorld:
-    """What :func:`sim.scenarios.result.judge` reads from a world, for all ranks of a folded run."""
-
-    def __init__(self, report: WorldReport, memory: _ExpandedMemory):
-        self._report, self.memory = report, memory
-
-    def report(self) -> WorldReport:
-        """The expanded report."""
-        return self._report
-
-
-def _rename_groups(text: str, mine: dict[str, str], theirs: dict[str, str]) -> str:
-    for fam, name in theirs.items():
-        own = mine.get(fam)
-        if own is not None and own != name:
-            text = text.replace(f"group {name!r}", f"group {own!r}")
-    return text
-
-
-class _EventOwners:
-    """Counts the events a folded run executes by owner: a rank (its process steps, its copies' flow
-    events), a group (a collective's completion) or nobody in particular."""
-
-    def __init__(self, world: "SimWorld"):
-        from sim.kernel.engine import Process
-        from sim.machine.collectives import TopologyCollectiveCost
-        from sim.machine.flows import FlowTransport
-
-        self.by_rank: dict[int, int] = {}
-        self.by_group: dict[str, int] = {}
-        self.other = 0
-        self.current: int | None = None  # the rank whose process step runs now
-        engine = world.engine
-        pop = engine._pop
-        proc_step, begin, complete = Process._step, FlowTransport._begin, FlowTransport._complete
-        rdv_complete = Rendezvous._complete
-        # a collective across nodes that shares the NICs: its start and end events are its group's
-        net_begin, net_finish = TopologyCollectiveCost._begin, TopologyCollectiveCost._finish
-
-        def counted_pop():
-            ev = pop()
-            if ev is not None:
-                cb = ev.callback
-                fn = getattr(cb, "__func__", None)
-                self.current = None
-                if fn is proc_step:
-                    rank = self.current = int(cb.__self__.name[4:])  # processes are named "rank<r>" (SimWorld.run)
-                    self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
-                elif fn is begin:
-                    self.by_rank[ev.args[1]] = self.by_rank.get(ev.args[1], 0) + 1
-                elif fn is complete:
-                    rank = ev.args[0].key[0]
-                    self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
-                elif fn is net_begin or fn is net_finish:
-                    name = ev.args[0] if fn is net_begin else ev.args[0].key[0]
-                    self.by_group[name] = self.by_group.get(name, 0) + 1
-                elif fn is rdv_complete or isinstance(getattr(cb, "__self__", None), Rendezvous):
-                    name = ev.args[0].spec.name
-                    self.by_group[name] = self.by_group.get(name, 0) + 1
-                else:
-                    self.other += 1
-            return ev
-
-        engine._pop = counted_pop  # instance attribute: Engine.run looks it up on the instance
-
-
-def expand_events(fold: Fold, owners: _EventOwners, groups: "MeshGroups") -> int:
-    """The event count of the full run (see [Note: when two ranks follow the same timeline]).
-
-    Each active rank's events count once per rank it stands for; each group of
-    the full job counts its representative group's completions.
-    """
-    fam_of: dict[str, str] = {}
-    for r in range(fold.world_size):
-        for fam, name in groups.member[r].items():
-            fam_of.setdefault(name, fam)
-    total = owners.other + owners.by_group.get(WORLD, 0)
-    total += sum(n * fold.multiplicity(rank) for rank, n in owners.by_rank.items())
-    for spec in groups.specs:
-        rep_group = groups.member[fold.rep(spec.ranks[0])][fam_of[spec.name]]
-        total += owners.by_group.get(rep_group, 0)
-    return total
-
-
-def _expand_ranks(world_size: int, fold: Fold, simulated: dict[int, RankOutcome], rep_report: WorldReport,
-                  groups: "MeshGroups") -> tuple[list[RankOutcome], list[RankReport]]:
-    """Every rank's outcome and report from its representative's (``simulated``, ``rep_report``), with its own rank
-    and its own group names in its last operation."""
-    outcomes: list[RankOutcome] = []
-    reports: list[RankReport] = []
-    for r in range(world_size):
-        rep = fold.rep(r)
-        o = simulated[rep]
-        rr = rep_report.ranks[rep]
-        if r == rep:
-            outcomes.append(o)
-            reports.append(rr)
-            continue
-        outcomes.append(dataclasses.replace(o, rank=r, phases=[dict(p) for p in o.phases],
-                                            mismatched=list(o.mismatched), lifecycle_stats=dict(o.lifecycle_stats)))
-        reports.append(dataclasses.replace(
-            rr, rank=r, last_op=_rename_groups(rr.last_op, groups.member[r], groups.member[rep])))
-    return outcomes, reports
-
-
-def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
-               on_world: Any = None) -> tuple[ScenarioResult, "SimWorld", "FaultPlan | None"]:
-    """Run ``scn`` with only the fold's active ranks and expand the result to every rank.
-
-    ``on_world(world)``, if given, is called once the world is built.
-
-    Raises :class:`FoldBroken` if the run met anything the symmetry checks do
-    not cover (the caller then runs the full job).
-    """
-    from sim.scenarios.runner import RankContext, build_world, mesh_groups, rank_main
-    from sim.presets.models import build_state
-
-    t0 = time.perf_counter()
-    topo = scn.topo
-    world, plan = build_world(scn, topo, record_memory=record_memory)
-    # no watchdog in a folded run: plan_fold refused fault plans and the lifecycle, so in a run of symmetric
-    # ranks no collective can wait out a timeout; a real hang stops as a deadlock (FoldBroken: the caller runs
-    # the full job, with the watchdog)
-    world.group_timeouts = False
-    world.runtimes = world.runtimes[:fold.active]  # a prefix: world.runtimes[rank] still works for active ranks
-    if on_world is not None:
-        on_world(world)
-    world.rendezvous = FoldedRendezvous(world, fold)
-    groups = mesh_groups(scn)
-    owners = _EventOwners(world)
-    first_use = getattr(world.comm, "first_use", None)
-    if first_use is not None:
-        shared = {s.name for s in groups.specs if len({fold.rep(m) for m in s.ranks}) < s.size}
-        head = fold.head * fold.unit
-
-        def checked_first_use(spec):
-            """See [Note: first come, first served]: in a group whose members share representatives the
-            first user must be a head rank, or the ranks it stands for would all seem to pay the init."""
-            delay = first_use(spec)
-            if delay > 0 and spec.name in shared:
-                user = owners.current
-                if user is None or user >= head:
-                    raise FoldBroken(f"the first user of group {spec.name!r} (rank {user}) stands for other ranks")
-            return delay
-
-        world.comm.first_use = checked_first_use
-    ctx = RankContext(scn, topo, groups, build_state(scn.model))
-    if scn.pg_policy != "none":  # as run_scenario; plan_fold refuses it, a caller passing a fold may not
-        from refimpl.comm import lifecycle as lc_mod
-
-        ctx.lifecycle_cls = lc_mod
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # see [Note: no cyclic GC during a run] in sim/scenarios/runner.py
-    try:
-        results = world.run(lambda rt: rank_main(rt, world, ctx), return_exceptions=True)
-    except (DeadlockError, CollectiveMismatchError) as exc:
-        raise FoldBroken(f"the folded run stopped: {type(exc).__name__}") from exc
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    for rank, r in enumerate(results):
-        o = ctx.outcomes.get(rank)
-        if isinstance(r, BaseException) or o is None or not o.finished:
-            raise FoldBroken(f"rank {rank} did not finish in the folded run ({r!r})")
-    wall_run = time.perf_counter() - t0
-    rep_report = world.report()
-    events = expand_events(fold, owners, groups)
-    outcomes, reports = _expand_ranks(scn.world_size, fold, ctx.outcomes, rep_report, groups)
-    report = WorldReport(time=rep_report.time, events=events, ranks=tuple(reports))
-    view = _ExpandedWorld(report, _ExpandedMemory(world.memory, fold, topo))
-    result = judge(scn, topo, view, plan, outcomes, None, time.perf_counter() - t0)
-    log.info("folded run: %d of %d ranks simulated in %.2f s, expanded to %d events", fold.active,
-             scn.world_size, wall_run, events)
-    return result, world, plan
-
-
-__all__ = ["Fold", "FoldBroken", "FoldedRendezvous", "MAX_ACTIVE", "expand_events", "plan_fold", "run_folded"]
+__all__ = ["Fold", "FoldBroken", "MAX_ACTIVE", "crashed_rank", "plan_fold", "with_singles"]

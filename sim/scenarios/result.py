@@ -84,11 +84,17 @@ class ScenarioResult:
                 *(f"{c.replace('_', '_' + chr(10))}\n(s)" for c in cols), "peak\nGPU\n(GiB)", "rollout\nGPU\n(GiB)",
                 "pinned\nhost\n(GiB)", "bitwise"]
         groups: list[tuple[list[int], list[str]]] = []
+        made: dict[tuple, list[str]] = {}  # a folded run's ranks share their representative's dicts: cells made once
         for r in ranks:
-            phases = ["-" if r["phases"].get(c) is None else f"{r['phases'][c]:.4f}" for c in cols]
-            cells = [*(str(r[k]) for k in words), *phases, _gib(r["peak_device_bytes"]),
-                     _gib(r["phase_peak_device_bytes"].get("rollout")), _gib(r["peak_host_pinned_bytes"]),
-                     _bit(r["bitwise_equal"])]
+            key = (id(r["phases"]), id(r["phase_peak_device_bytes"]), *(r[k] for k in words), r["peak_device_bytes"],
+                   r["peak_host_pinned_bytes"], r["bitwise_equal"])
+            cells = made.get(key)
+            if cells is None:
+                phases = ["-" if r["phases"].get(c) is None else f"{r['phases'][c]:.4f}" for c in cols]
+                cells = made[key] = [
+                    *(str(r[k]) for k in words), *phases, _gib(r["peak_device_bytes"]),
+                    _gib(r["phase_peak_device_bytes"].get("rollout")), _gib(r["peak_host_pinned_bytes"]),
+                    _bit(r["bitwise_equal"])]
             if groups and groups[-1][1] == cells and groups[-1][0][-1] == r["rank"] - 1:
                 groups[-1][0].append(r["rank"])
             else:
@@ -146,7 +152,7 @@ def rank_switch_cost(phases_by_step: list[dict[str, float]]) -> float | None:
     return switch_cost(last["sleep"], last["update_weights"], last["wake_up"], last["first_use_extra"]).total
 
 
-def _rank_entry(o: RankOutcome, rr: Any, memory: Any) -> dict[str, Any]:
+def rank_entry(o: RankOutcome, rr: Any, memory: Any) -> dict[str, Any]:
     """One rank's part of the result: how it ended, its phases and switch cost, its memory peaks (overall and per
     phase); ``rr`` is the rank's :class:`sim.world.RankReport`, ``memory`` the world's simulated memory."""
     led = memory.ledger(o.rank) if hasattr(memory, "ledger") else None
@@ -182,11 +188,17 @@ def judge(
     topo: "Topology",
     world: "SimWorld",
     plan: "FaultPlan | None",
-    outcomes: list[RankOutcome],
+    outcomes: list[RankOutcome] | None,
     error: dict[str, Any] | None,
     wall_s: float,
+    *,
+    entries: list[dict[str, Any]] | None = None,
 ) -> ScenarioResult:
-    """Build the result of a run and list the violated invariants (see the module docstring)."""
+    """Build the result of a run and list the violated invariants (see the module docstring).
+
+    ``entries``: every rank's part of the result (:func:`rank_entry`) when the caller has them (a folded run
+    copies its representatives'); else they are made from ``outcomes`` and the world's report.
+    """
     report = world.report()
     memory = world.memory
     fired = list(plan.fired) if plan is not None else []
@@ -194,14 +206,15 @@ def judge(
     unfinished: dict[tuple[str, str], list[int]] = {}
     if error is not None:
         violations.append(f"{error['kind']}: {error['message']}")
-    ranks = []
-    for o, rr in zip(outcomes, report.ranks):
-        ranks.append(_rank_entry(o, rr, memory))
-        status = ranks[-1]["status"]
-        if o.finished and o.bitwise_equal is False:
-            violations.append(f"rank {o.rank}: tensors not bitwise equal after reload: {o.mismatched[:5]}")
-        if not o.finished and not fired and error is None:
-            unfinished.setdefault((status, o.error or rr.last_op), []).append(o.rank)
+    if entries is None:
+        entries = [rank_entry(o, rr, memory) for o, rr in zip(outcomes or (), report.ranks)]
+    ranks = entries
+    for r in ranks:
+        status = r["status"]
+        if status == "finished" and r["bitwise_equal"] is False:
+            violations.append(f"rank {r['rank']}: tensors not bitwise equal after reload: {r['mismatched_tensors'][:5]}")
+        if status != "finished" and not fired and error is None:
+            unfinished.setdefault((status, r["error"] or r["last_op"]), []).append(r["rank"])
     for (status, why), who in unfinished.items():
         names = f"rank {who[0]}" if len(who) == 1 else f"{len(who)} ranks ({_span(who)})"
         violations.append(f"{names} did not finish ({status}) and no fault was injected: {why}")
@@ -238,4 +251,4 @@ def judge(
     return ScenarioResult(data, violations)
 
 
-__all__ = ["PHASE_ORDER", "RankOutcome", "ScenarioResult", "judge", "rank_switch_cost"]
+__all__ = ["PHASE_ORDER", "RankOutcome", "ScenarioResult", "judge", "rank_entry", "rank_switch_cost"]

@@ -32,7 +32,6 @@ code of :mod:`refimpl` driven the way a trainer drives it:
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import math
 import time
@@ -48,6 +47,7 @@ from sim.machine.faults import FaultPlan
 from sim.machine.flows import FlowTransport
 from sim.machine.memory import TopologyMemory
 from sim.presets.models import TensorSpec, build_state
+from sim.scenarios.mesh_groups import MeshGroups, mesh_groups
 from sim.scenarios.result import PHASE_ORDER as PHASES, RankOutcome, ScenarioResult, judge
 from sim.scenarios.scenario import Scenario
 from sim.machine.topology import Topology
@@ -68,38 +68,18 @@ def build_topology(scn: Scenario) -> Topology:
     return scn.topo
 
 
-@dataclass
-class MeshGroups:
-    """The process groups of a scenario: every group's spec and, per rank, its group in each family."""
-
-    specs: list[GroupSpec]
-    member: list[dict[str, str]]  # rank -> family -> group name
-
-
-def mesh_groups(scn: Scenario) -> MeshGroups:
-    """Groups of each family over the mesh (row-major, last dimension fastest)."""
-    dims = [d for d, _ in scn.mesh]
-    sizes = [n for _, n in scn.mesh]
-    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
-    specs: list[GroupSpec] = []
-    member: list[dict[str, str]] = [{} for _ in range(scn.world_size)]
-    for fam in scn.groups:
-        inner = [dims.index(d) for d in fam.dims]
-        outer = [i for i in range(len(dims)) if i not in inner]
-        combos = list(itertools.product(*(range(sizes[i]) for i in outer)))
-        for gi, oc in enumerate(combos):
-            base = sum(c * strides[i] for c, i in zip(oc, outer))
-            ranks = sorted(base + sum(c * strides[i] for c, i in zip(ic, inner))
-                           for ic in itertools.product(*(range(sizes[i]) for i in inner)))
-            name = fam.name if len(combos) == 1 else f"{fam.name}{gi}"
-            specs.append(GroupSpec(name, tuple(ranks), backend="nccl"))
-            for r in ranks:
-                member[r][fam.name] = name
-    return MeshGroups(specs, member)
+def lifecycle_specs(scn: Scenario, groups: MeshGroups) -> list[GroupSpec]:
+    """The groups the scenario's lifecycle manages (none with ``pg_policy`` none): every group of a family whose
+    groups have ``lifecycle.min_ranks`` ranks or more, family by family."""
+    if scn.pg_policy == "none":
+        return []
+    return [s for fam in groups.families if groups.size(fam) >= scn.lifecycle.min_ranks for s in groups.specs_of(fam)]
 
 
-def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) -> tuple[SimWorld, FaultPlan | None]:
-    """A SimWorld whose machine comes from the topology; the fault plan is fresh for this run."""
+def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True,
+                ranks: Any = None) -> tuple[SimWorld, FaultPlan | None]:
+    """A SimWorld whose machine comes from the topology; the fault plan is fresh for this run. ``ranks``: the ranks
+    that run (a folded run's active ones; None: all)."""
     plan = FaultPlan(scn.faults.faults) if scn.faults.faults else None
     world = SimWorld(
         scn.world_size,
@@ -112,6 +92,8 @@ def build_world(scn: Scenario, topo: Topology, *, record_memory: bool = True) ->
         comm=NcclComm(topo, lazy_init=scn.lazy_init, proxy_wake=scn.wake_proxies),
         group_timeouts=scn.watchdog,  # a deployment's watchdog: each group's timeout_s (600 s, torch's default)
         trace=False,
+        peer_loss_s=scn.peer_loss_s,  # a crashed rank's connections close (sim.rendezvous)
+        ranks=ranks,
     )
     return world, plan
 
@@ -129,6 +111,14 @@ class RankContext:
     state: list[TensorSpec]
     lifecycle_cls: Any = None
     outcomes: dict[int, RankOutcome] = field(default_factory=dict)
+    #: the groups the lifecycle manages (:func:`lifecycle_specs`), made once for every rank
+    managed: list[GroupSpec] | None = None
+
+    def lifecycle_groups(self) -> list[GroupSpec]:
+        """:func:`lifecycle_specs` of the scenario (computed on the first call)."""
+        if self.managed is None:
+            self.managed = lifecycle_specs(self.scn, self.groups)
+        return self.managed
 
 
 def _fill(t: torch.Tensor, seed: int, rank: int, index: int) -> None:
@@ -158,7 +148,7 @@ async def _use_group(rt: Runtime, world: SimWorld, name: str) -> float:
 async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.Tensor | None) -> None:
     """update_weights' export: H2D of this rank's share per bucket, all-gather over the group, IPC hand-off."""
     ex = ctx.scn.workload.export
-    group = ctx.groups.member[rt.rank].get(ex.group)
+    group = ctx.groups.groups_of(rt.rank).get(ex.group)
     if group is None or backup is None:
         return
     n = rt.group_size(group)
@@ -166,7 +156,7 @@ async def _export(rt: Runtime, world: SimWorld, ctx: RankContext, backup: torch.
     buckets = max(1, math.ceil(share * n / ex.bucket_bytes))
     per = math.ceil(share / buckets)
     for fam in ex.also_uses:  # e.g. the expert weights' broadcast: its first collective after a rebuild
-        other = ctx.groups.member[rt.rank].get(fam)
+        other = ctx.groups.groups_of(rt.rank).get(fam)
         if other is not None:
             await _use_group(rt, world, other)
     first_use = getattr(world.comm, "first_use", None)
@@ -203,12 +193,13 @@ async def _start_groups(rt: Runtime, ctx: RankContext) -> Any:
     """Create this rank's process groups: those outside the lifecycle once, as torch creates them, the others through
     a started lifecycle, which is returned (None when the lifecycle manages no group)."""
     scn = ctx.scn
-    managed = [s for s in ctx.groups.specs if scn.pg_policy != "none" and s.size >= scn.lifecycle.min_ranks]
-    if len(managed) < len(ctx.groups.specs):  # the groups outside the lifecycle: created once, as torch creates them
-        inside = {s.name for s in managed}
-        for spec in ctx.groups.specs:
-            if spec.name not in inside:
-                await rt.new_group(spec)
+    managed = ctx.lifecycle_groups()
+    # the groups outside the lifecycle: created once, by their members (torch's new_group with
+    # use_local_synchronization; a non-member's call would return at once and do nothing the run can see),
+    # in family order (the order of every group's spec), this rank's group of each family
+    for fam, name in ctx.groups.groups_of(rt.rank).items():
+        if not (managed and ctx.groups.size(fam) >= scn.lifecycle.min_ranks):
+            await rt.new_group(ctx.groups.spec(name))
     if not managed:
         return None
     lc_mod = ctx.lifecycle_cls
@@ -298,10 +289,11 @@ async def rank_main(rt: Runtime, world: SimWorld, ctx: RankContext) -> RankOutco
         share = sum(t.nbytes for t in ctx.state if t.category == "params")
         backup = rt.alloc_host(max(share, 1), torch.uint8, pinned=True, tag="weights backup")
     engine_bytes = _engine_bytes(rt, w)
-    my_groups = sorted(set(ctx.groups.member[rt.rank].values()))
+    mine = ctx.groups.groups_of(rt.rank)
+    my_groups = sorted(set(mine.values()))
     # the groups training uses: every one, or those of the families named (workload.touch_groups)
     touched = my_groups if not isinstance(w.touch_groups, tuple) else sorted(
-        {g for fam, g in ctx.groups.member[rt.rank].items() if fam in w.touch_groups})
+        {g for fam, g in mine.items() if fam in w.touch_groups})
     paused = [(cat, name, t) for cat in scn.offload.include for name, t in sorted(tensors.get(cat, {}).items())]
 
     async def release() -> None:
@@ -459,4 +451,5 @@ def run_scenario(scn: Scenario, *, record_memory: bool = True,
     return result, world, plan
 
 
-__all__ = ["PHASES", "RankContext", "build_topology", "build_world", "mesh_groups", "rank_main", "run_scenario"]
+__all__ = ["PHASES", "MeshGroups", "RankContext", "build_topology", "build_world", "lifecycle_specs", "mesh_groups",
+           "rank_main", "run_scenario"]

@@ -4,16 +4,15 @@
     result, world, plan, how = run_auto(scn)              # folds when it can, else simulates every rank
     est = estimate(scn); est.check(max_seconds=600, max_gb=8)  # raises BudgetError past the budget
 
-:func:`estimate` predicts a run's wall time and peak memory from what it will
-simulate: the ranks that really run (all of them, or a socket's or a few nodes' worth when
-:func:`sim.scenarios.fold.plan_fold` folds the job) times the tensors each holds, plus a
-cost per rank of the whole world (topology, groups, ledgers, the expanded
-result). The constants come from measurements on the shared 2-core
-development machine (``bench/sim_scale_bench.py``; see ``docs/sim.md``,
-"Cluster scale"); they are meant to be right within a factor of two, which
-is what a budget needs. ``timeshare sim run`` prints the estimate before a large run
-and refuses one past ``--max-est-seconds`` / ``--max-est-gb`` unless given
-``--force``.
+:func:`estimate` predicts a run's CPU time and peak memory from what it will
+simulate (:class:`RunSize`): the ranks that really run (all of them, or a socket's or a few
+nodes' worth when :func:`sim.scenarios.fold.plan_fold` folds the job), the tensors each holds
+and the groups its lifecycle manages, the members of those groups, the ranks of the whole job
+(its result) and whether the result is written as JSON. The constants are fitted on whole CLI
+runs on the shared 2-core development machine and checked on others (``bench/sim_scale_bench.py
+--fit``; see ``docs/sim.md``, "Cluster scale"): the peak memory within 30 % (11 % at most on the
+check runs). ``timeshare sim run`` prints the estimate before a large run and refuses one past
+``--max-est-seconds`` / ``--max-est-gb`` unless given ``--force``.
 """
 from __future__ import annotations
 
@@ -40,20 +39,30 @@ log = logging.getLogger(__name__)
 #: before the topology, which grows with the nodes, is built)
 MAX_RANKS = 131_072
 
-# Run-cost estimate (see the module docstring). CPU seconds and peak RSS of whole `timeshare sim run`
-# processes, bench/results/2026-11-30-cpu-sim-scale-growth.json: full runs at 256 and 1,024 ranks
-# (17.1 s / 1.70 GB, 55.9 s / 5.65 GB) give the per-tensor figures; folded runs (8 simulated ranks)
-# at 1k-16k ranks, bench/results/2026-11-30-cpu-sim-scale-growth-sockets.json (2.25 s / 0.36 GB to
-# 6.0 s / 0.65 GB on the shared machine), the base and per-world-rank ones. Wall time on a loaded
-# machine is higher; on an idle one it is about the CPU time (the simulator is single-threaded).
-BASE_S = 1.5  # interpreter and imports (torch about 1 s of it), parsing, planning the fold, the result JSON
-BASE_GB = 0.30
-PER_TENSOR_S = 36e-6  # protocol code per simulated rank and tensor (store collect/pack/copy, allocator)
-PER_TENSOR_GB = 3.6e3 / 1e9  # meta tensors, store and ledger entries per simulated rank and tensor
-PER_SIM_RANK_S = 2e-3  # a simulated rank's fixed work (groups, phases, flows)
-PER_SIM_RANK_GB = 50e3 / 1e9
-PER_WORLD_RANK_S = 0.25e-3  # topology, runtimes, ledgers, judging and writing one rank of the result
-PER_WORLD_RANK_GB = 19e3 / 1e9
+# Run-cost estimate (see the module docstring and [Note: what a run's cost grows with]). Each constant is the cost of
+# one unit of one term of RunSize.terms(), fitted (non-negative least squares on relative error) by
+# `python bench/sim_scale_bench.py --fit ... --check ...` on whole `timeshare sim run` processes (CPU seconds and peak
+# RSS from os.wait4): the runs of bench/results/2026-12-04-cpu-sim-scale-lifecycle/estimate-fit-*.json, checked on
+# those of estimate-check-*.json (other sizes; the fit and both sets' errors in estimate-fit.json, the README there
+# lists them). Wall time on a loaded machine is higher; on an idle one it is about the CPU time.
+SECONDS: dict[str, float] = {
+    "base": 1.37,  # interpreter and imports (torch about 1 s of it), parsing, planning the fold
+    "simulated_rank": 0.00136,  # a simulated rank's fixed work (its groups, phases, flows)
+    "tensor": 4.64e-05,  # protocol code per simulated rank and tensor (store collect/pack/copy, allocator)
+    "known_group_step": 2.54e-05,  # per simulated rank, lifecycle group and step (the lifecycle's walks, votes)
+    "world_rank": 3.22e-06,  # per rank of the job: its result entry, the world's and control group's tables
+    "group_member": 3.01e-06,  # per member of a lifecycle group (its rank tuple and position table, made once)
+    "json_rank": 3.3e-05,  # per rank of the result written as JSON (--out)
+}
+GB: dict[str, float] = {
+    "base": 0.248,
+    "simulated_rank": 5.45e-05,
+    "tensor": 3.51e-06,
+    "known_group": 2.58e-07,  # per simulated rank and lifecycle group: its record on the rank, the lifecycle's names
+    "world_rank": 6.7e-07,
+    "group_member": 2.64e-07,
+    "json_rank": 7.59e-09,  # the result is streamed to the file: next to nothing
+}
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_GB = 8.0
@@ -78,6 +87,50 @@ def check_size(world_size: Any) -> None:
             f"world_size {world_size:,} is past the simulator's limit of {MAX_RANKS:,} ranks "
             f"(sim.scenarios.scale.MAX_RANKS); simulate a smaller job, e.g. one with the same per-node layout"
         )
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """What a run's cost grows with, known before it starts (see [Note: what a run's cost grows with])."""
+
+    world_ranks: int
+    simulated_ranks: int
+    tensors_per_rank: int
+    lifecycle_groups: int  # groups the lifecycle manages: every simulated rank knows, walks and votes on each
+    lifecycle_members: int  # their members together, the lifecycle's control group (every rank) included
+    steps: int
+    writes_json: bool  # the result is written as JSON (--out, --json)
+
+    def terms(self, kind: str) -> dict[str, float]:
+        """The amount of each term of :data:`SECONDS` (``kind="seconds"``) or :data:`GB` (``"gb"``)."""
+        a, n = self.simulated_ranks, self.world_ranks
+        groups = a * self.lifecycle_groups * (self.steps if kind == "seconds" else 1)
+        return {"base": 1.0, "simulated_rank": a, "tensor": a * self.tensors_per_rank,
+                ("known_group_step" if kind == "seconds" else "known_group"): groups, "world_rank": n,
+                "group_member": self.lifecycle_members, "json_rank": n if self.writes_json else 0}
+
+
+def run_size(scn: "Scenario", fold: Any, *, writes_json: bool = False) -> RunSize:
+    """The :class:`RunSize` of running ``scn`` (folded by ``fold``, or every rank when it is None)."""
+    from sim.presets.models import build_state
+    from sim.scenarios.runner import mesh_groups
+
+    groups = mesh_groups(scn)
+    managed = [f for f in groups.families if scn.pg_policy != "none" and groups.size(f) >= scn.lifecycle.min_ranks]
+    members = sum(groups.count(f) * groups.size(f) for f in managed) + (scn.world_size if managed else 0)
+    return RunSize(scn.world_size, fold.active if fold is not None else scn.world_size, len(build_state(scn.model)),
+                   sum(groups.count(f) for f in managed), members, scn.steps, writes_json)
+
+
+# [Note: what a run's cost grows with]
+# A run's peak memory is the interpreter and torch; per simulated rank its fixed objects (runtime, ledgers,
+# lifecycle, store) and its state's tensors (meta tensors, store and allocator entries); per simulated rank and
+# group its lifecycle manages, the rank's record of the group and the lifecycle's bookkeeping (the lifecycle
+# walks every group on every rank: what a job with the lifecycle over every tensor-parallel group cannot fold
+# away, so a run simulating every rank holds ranks x groups of them); per member of a lifecycle group (and of the
+# control group, every rank) one entry of a position table and a rank tuple, one per group (sim.groups); per rank
+# of the job its result entry; and, when the result is written as JSON, the encoder's share. Its time grows the
+# same way, the lifecycle's groups once per step (its walks). The constants are measured, not derived.
 
 
 @dataclass(frozen=True)
@@ -120,22 +173,21 @@ class Estimate:
             )
 
 
-def estimate(scn: "Scenario", fold: Any = None, reason: str | None = None) -> Estimate:
-    """The estimated wall time and peak memory of running ``scn`` (folded when ``fold`` is given).
+def estimate(scn: "Scenario", fold: Any = None, reason: str | None = None, *, writes_json: bool = False) -> Estimate:
+    """The estimated wall time and peak memory of running ``scn`` (folded when ``fold`` is given); ``writes_json``:
+    the result is written as JSON too (``--out``, ``--json``).
 
     Without ``fold`` and ``reason`` this asks :func:`sim.scenarios.fold.plan_fold`.
     """
     from sim.scenarios.fold import plan_fold
-    from sim.presets.models import build_state
 
     if fold is None and reason is None:
         fold, reason = plan_fold(scn)
-    tensors = len(build_state(scn.model))
-    sim_ranks = fold.active if fold is not None else scn.world_size
-    n = scn.world_size
-    seconds = (BASE_S + sim_ranks * (PER_SIM_RANK_S + tensors * PER_TENSOR_S) + n * PER_WORLD_RANK_S)
-    gb = BASE_GB + sim_ranks * (PER_SIM_RANK_GB + tensors * PER_TENSOR_GB) + n * PER_WORLD_RANK_GB
-    return Estimate(n, sim_ranks, tensors, seconds, gb, fold is not None, reason or "")
+    size = run_size(scn, fold, writes_json=writes_json)
+    seconds = sum(SECONDS[k] * v for k, v in size.terms("seconds").items())
+    gb = sum(GB[k] * v for k, v in size.terms("gb").items())
+    return Estimate(size.world_ranks, size.simulated_ranks, size.tensors_per_rank, seconds, gb, fold is not None,
+                    reason or "")
 
 
 class Progress:
@@ -263,18 +315,20 @@ class HowRun:
 
 def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], None] | None = None,
              planned: tuple[Any, str] | None = None, check_full: Callable[[Estimate], None] | None = None,
-             ) -> tuple["ScenarioResult", "SimWorld", "FaultPlan | None", HowRun]:
+             writes_json: bool = False) -> tuple["ScenarioResult", "SimWorld", "FaultPlan | None", HowRun]:
     """Run ``scn``, folded by symmetry when :func:`sim.scenarios.fold.plan_fold` allows it and ``fold`` is True.
 
     ``planned``: ``plan_fold(scn)``'s answer if the caller already has it.
     ``check_full(estimate)``: called before falling back from a folded run to
-    the full one (which may cost far more); it may raise :class:`BudgetError`.
+    the full one (which may cost far more); it may raise :class:`BudgetError`
+    (``writes_json``: that estimate counts the result written as JSON).
 
     The result is the same either way (``tests/sim/scenarios/test_fold.py``); the
     returned world holds only the simulated ranks when folded. A folded run
     that meets something the fold does not cover falls back to the full run.
     """
-    from sim.scenarios.fold import FoldBroken, plan_fold, run_folded
+    from sim.scenarios.fold import FoldBroken, plan_fold
+    from sim.scenarios.fold_run import run_folded
     from sim.scenarios.runner import run_scenario
 
     check_size(scn.world_size)
@@ -290,10 +344,11 @@ def run_auto(scn: "Scenario", *, fold: bool = True, on_world: Callable[[Any], No
             log.warning("%s: folded run abandoned (%s); simulating every rank", scn.name, exc)
             reason = f"fold abandoned: {exc}"
             if check_full is not None:
-                check_full(estimate(scn, None, reason))
+                check_full(estimate(scn, None, reason, writes_json=writes_json))
     result, world, faults = run_scenario(scn, on_world=on_world)
     return result, world, faults, HowRun(False, scn.world_size, reason)
 
 
-__all__ = ["ANNOUNCE_GB", "ANNOUNCE_SECONDS", "BudgetError", "DEFAULT_MAX_GB", "DEFAULT_MAX_SECONDS", "Estimate",
-           "HowRun", "MAX_RANKS", "Progress", "SizeError", "check_size", "command_gc", "estimate", "run_auto"]
+__all__ = ["ANNOUNCE_GB", "ANNOUNCE_SECONDS", "BudgetError", "DEFAULT_MAX_GB", "DEFAULT_MAX_SECONDS", "Estimate", "GB",
+           "HowRun", "MAX_RANKS", "Progress", "RunSize", "SECONDS", "SizeError", "check_size", "command_gc", "estimate",
+           "run_auto", "run_size"]

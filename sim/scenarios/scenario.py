@@ -35,6 +35,10 @@ BACKENDS = ("local", "local_dedup", "tms")
 PAYLOADS = ("real", "meta")
 #: largest real payload a scenario may allocate (all ranks together); meta payloads are free
 REAL_PAYLOAD_LIMIT = 1 << 30
+#: default ``comm.peer_loss_s``: how long after a rank's process dies its peers' collectives fail (the closed
+#: connections' errors reaching them). An assumed figure, not a measured one: a TCP reset and the error
+#: surfacing in the collective take about a network round trip and a poll of the library's progress thread
+PEER_LOSS_S = 1e-3
 
 _TOP = {"name", "description", "topology", "world_size", "mesh", "groups", "model", "offload", "pg_policy",
         "lifecycle", "workload", "steps", "faults", "seed", "payload", "transport", "comm"}
@@ -130,6 +134,9 @@ class Scenario:
     #: collectives and group creation time out after the group's timeout_s, as torch's watchdog does (False: a hang
     #: stops the run as a deadlock with its waits-for cycle)
     watchdog: bool = True
+    #: seconds after a rank crashes at which its peers' collectives on its groups fail, its connections closed
+    #: (None: never, a crashed rank is waited for as a hung one; see sim.rendezvous)
+    peer_loss_s: float | None = PEER_LOSS_S
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     topo: Topology | None = field(default=None, compare=False, repr=False)
 
@@ -459,7 +466,10 @@ def parse_scenario(raw: Any) -> Scenario:
     lifecycle = LifecycleSettings(_num(lc, "cooldown_s", "lifecycle", 2.0), _bool(lc, "two_phase", "lifecycle", True),
                                   _int(lc, "min_ranks", "lifecycle", 1, lo=1))
     transport = _obj(raw.get("transport", {}), "transport", {"streams"})
-    comm = _obj(raw.get("comm", {}), "comm", {"lazy_init", "watchdog", "wake_proxies"})
+    comm = _obj(raw.get("comm", {}), "comm", {"lazy_init", "watchdog", "wake_proxies", "peer_loss_s"})
+    peer_loss_s = comm.get("peer_loss_s", PEER_LOSS_S)
+    if peer_loss_s is not None:
+        peer_loss_s = _num(comm, "peer_loss_s", "comm", PEER_LOSS_S)
     try:
         faults = FaultPlan.from_json(raw.get("faults", []), "faults")
     except FaultPlanError as exc:
@@ -494,6 +504,7 @@ def parse_scenario(raw: Any) -> Scenario:
         lazy_init=_bool(comm, "lazy_init", "comm", True),
         wake_proxies=_bool(comm, "wake_proxies", "comm", True),
         watchdog=_bool(comm, "watchdog", "comm", True),
+        peer_loss_s=peer_loss_s,
         raw=raw,
         topo=topo,
     )
@@ -516,6 +527,7 @@ __all__ = [
     "GroupFamily",
     "LifecycleSettings",
     "OffloadConfig",
+    "PEER_LOSS_S",
     "PG_POLICIES",
     "REAL_PAYLOAD_LIMIT",
     "REPLICA_DIM_NAMES",

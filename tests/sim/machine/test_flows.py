@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import sim
 from refimpl.runtime.base import CopyKind
 from sim.kernel.engine import Engine
 from sim.machine.flows import FlowError, FlowNetwork, FlowTransport, max_min_rates
@@ -196,3 +197,17 @@ def test_sim_runtime_reports_returns_to_the_driver_to_the_transport():
     assert seen["after_release"] == pytest.approx(1e9 / SCRUB)
     assert seen["after_drop"] == pytest.approx(1e9 / SCRUB)
     assert seen["after_empty_cache"] == pytest.approx(3e9 / SCRUB)
+
+
+def test_each_node_prunes_the_resources_a_walk_over_every_rank_would():
+    # [Note: pruning resources that never bind]: worked out on one node (and on a last node with fewer ranks) and
+    # renamed, against the walk over every rank's paths that a slow link makes necessary
+    topo = Topology.from_preset("hgx-h200-8x-ib", nodes=3)
+    for world_size, streams in ((24, "per_rank"), (21, "per_kind"), (5, "per_rank")):
+        world = sim.SimWorld(world_size, transport=FlowTransport(topo, streams=streams), payload="meta")
+        transport = world.transport
+        walked = transport._binding_resources()
+        for rank in range(world_size):
+            for kind in CopyKind:
+                full = transport._index(topo.copy_path(rank, kind))
+                assert transport.path(rank, kind) == (tuple(r for r in full if r in walked) or full[:1])

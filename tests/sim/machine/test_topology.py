@@ -146,6 +146,34 @@ def test_breadth_first_search_breaks_ties_as_networkx_does():
     assert ties > 100  # the draw does exercise the tie-breaking
 
 
+def test_a_topology_of_many_nodes_answers_as_if_every_node_were_built():
+    # [Note: a node built once]: node 0 and the fabric are built; other nodes are made from the node section when
+    # asked for. Every answer must be a full build's.
+    lazy = Topology.from_preset("hgx-h200-8x-ib", nodes=6)
+    full = Topology.from_preset("hgx-h200-8x-ib", nodes=6)
+    caps = full.capacities()  # builds every node
+    assert len(lazy._elements) < len(full._elements) / 5  # the lazy one really built one node
+    for rank in (0, 9, 23, 47):
+        for kind in CopyKind:
+            path = lazy.copy_path(rank, kind)
+            assert path == full.copy_path(rank, kind)
+            assert [lazy.capacity(r) for r in path] == [caps[r] for r in path]
+        assert (lazy.numa_of(rank), lazy.hbm_bytes(rank)) == (full.numa_of(rank), full.hbm_bytes(rank))
+        assert lazy.element(lazy.gpu(rank)) == full.element(full.gpu(rank))
+    for name in ("link:n5/nic0>fabric/spine", "elem:n4/gpu3/copy", "duplex:n3/cpu0|n3/pcisw1", "elem:fabric/spine"):
+        assert lazy.capacity(name) == caps[name]
+    assert lazy.capacity("link:n6/nic0>fabric/spine") is None and lazy.capacity("link:n2/nope>n2/gpu0") is None
+    assert lazy.host_memory_nodes() == full.host_memory_nodes()
+    for numa in full.host_memory_nodes():
+        assert (lazy.host_capacity(numa), lazy.pinnable_bytes(numa)) == (full.host_capacity(numa), full.pinnable_bytes(numa))
+    assert lazy.p2p(3, 40) == full.p2p(3, 40) and lazy.p2p(8, 9) == full.p2p(8, 9)
+    changed = lazy.element("n5/numa0")  # handed out, changed, and still the one the topology reads after a full build
+    changed["pinnable"] = 7
+    assert lazy.pinnable_bytes("n5/numa0") == 7
+    assert lazy.capacities() == caps and lazy.pinnable_bytes("n5/numa0") == 7
+    assert list(lazy.graph) == list(full.graph) and list(lazy.graph.edges) == list(full.graph.edges)
+
+
 def test_the_two_h200_machine_has_each_gpu_on_its_own_pcie_link():
     """h200-2x, the machine as nvidia-smi shows it (its records of 2026-11-30): two H200 on NVLink (NV18), each on its
     own PCIe link to the root complex, no switch shared: both GPUs reload at the line rate at once, where the HGX
