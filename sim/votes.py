@@ -11,7 +11,7 @@ Arrival marks are counters per ``(group, generation, point, rank)``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from refimpl.runtime.base import GroupSpec
 from refimpl.runtime.votes import Ballot, Verdict
@@ -44,6 +44,14 @@ class VoteBox:
         self._world = world
         self._votes: dict[str, _Vote] = {}
         self._marks: dict[tuple[str, int, str, int], int] = {}
+        #: in a folded run, each rank's representative (its marks are the representative's); None: every rank runs
+        self._reps: Any = None
+
+    def represent(self, reps: Any) -> None:
+        """Read each rank's arrival marks from its representative's (``reps[rank]``, a folded run's
+        :meth:`Fold.rep_of_all <sim.scenarios.fold.Fold.rep_of_all>`): a rank that is not simulated arrived
+        where the rank it is folded onto did."""
+        self._reps = reps
 
     # ------------------------------------------------------------------ votes
 
@@ -90,8 +98,10 @@ class VoteBox:
     def absent(self, spec: GroupSpec, point: str, rank: int) -> tuple[int, ...]:
         """Members that arrived at ``point`` fewer times than ``rank``."""
         mine = self._marks.get((spec.name, spec.generation, point, rank), 0)
+        reps = self._reps
         return tuple(r for r in spec.ranks if r != rank
-                     and self._marks.get((spec.name, spec.generation, point, r), 0) < mine)
+                     and self._marks.get((spec.name, spec.generation, point,
+                                          r if reps is None else int(reps[r])), 0) < mine)
 
 
 __all__ = ["VoteBox"]

@@ -386,6 +386,7 @@ def run_folded(scn: "Scenario", fold: Fold, *, record_memory: bool = True,
     if on_world is not None:
         on_world(world)
     world.rendezvous = FoldedRendezvous(world, fold)
+    world.votes.represent(fold.rep_of_all())
     groups = mesh_groups(scn)
     owners = _EventOwners(world)
     _first_use_checked(world, fold, owners)
