@@ -54,7 +54,9 @@ def _ensure_dist(device: torch.device) -> None:
 
 
 def build(name: str, device: torch.device, seed: int = 0):
-    """A fresh FSDP2 Qwen2 of ``name`` with AdamW, one training step taken (the optimizer state exists)."""
+    """A fresh FSDP2 Qwen2 of ``name`` with AdamW, one training step taken (the optimizer state exists); sharded
+    over every rank of the process group when one is initialised."""
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -65,7 +67,8 @@ def build(name: str, device: torch.device, seed: int = 0):
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2ForCausalLM(cfg)
-    mesh = init_device_mesh(device.type, (1,))
+    # FSDP2 over every rank of the process group (one rank when run alone)
+    mesh = init_device_mesh(device.type, (dist.get_world_size() if dist.is_initialized() else 1,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
