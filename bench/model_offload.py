@@ -43,14 +43,16 @@ MODELS: dict[str, dict[str, Any]] = {
 METHODS = ("store", "verl_like", "verl")
 
 
-def _ensure_dist(device: torch.device) -> None:
+def _ensure_dist(device: torch.device) -> bool:
+    """Initialise a one-rank process group (NCCL on CUDA, else Gloo) unless one exists; True if it made one."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return
+        return False
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
         os.environ.setdefault(k, v)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return True
 
 
 def build(name: str, device: torch.device, seed: int = 0):
@@ -200,15 +202,21 @@ def run_model_bench(model_name: str, *, device: str | None, cycles: int, methods
     if dev.type == "cuda":
         torch.cuda.set_device(dev.index or 0)
         dev = torch.device("cuda", torch.cuda.current_device())
-    _ensure_dist(dev)
+    made = _ensure_dist(dev)
     rt = TorchRuntime(dev)
     report: dict[str, Any] = {"model": model_name, "device": str(dev), "torch": torch.__version__, "methods": []}
-    for m in methods:
-        res = measure(m, model_name, dev, cycles, rt)
-        if tick is not None:
-            tick(m)
-        report["methods"].append(res)
-        logger.info("%s: %s", m, json.dumps({k: v for k, v in res.items() if k != "rows"}))
+    try:
+        for m in methods:
+            res = measure(m, model_name, dev, cycles, rt)
+            if tick is not None:
+                tick(m)
+            report["methods"].append(res)
+            logger.info("%s: %s", m, json.dumps({k: v for k, v in res.items() if k != "rows"}))
+    finally:
+        if made:  # the caller's process is left as it was (a test run in-process must not leave a group behind)
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
     report["state_bytes"] = next((m["state_bytes"] for m in report["methods"] if "state_bytes" in m), None)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"model_offload_{model_name}.json"), "w") as f:

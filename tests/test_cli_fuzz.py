@@ -71,7 +71,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def _check(argv: list[str]) -> None:
+def _assert_clean_exit(argv: list[str]) -> None:
     rc, out, err = _run(argv)
     assert "Traceback" not in out + err, (argv, err[-2000:])
     assert rc != EXIT_BUG, (argv, err)
@@ -85,7 +85,7 @@ def _check(argv: list[str]) -> None:
 @given(opts=plan_options, config=st.sampled_from([None, None, *CONFIGS]), sets=overrides)
 @BUDGET.settings(25)
 def test_plan_never_crashes(opts, config, sets):
-    _check(_argv_plan(opts, config, sets))
+    _assert_clean_exit(_argv_plan(opts, config, sets))
 
 
 @given(dp=numbers, tp=numbers, topology=st.sampled_from(["hgx-h200-8x", "h200-1x", "nosuch", "", "calibrated/hgx-h200-8x"]),
@@ -94,7 +94,7 @@ def test_plan_never_crashes(opts, config, sets):
 def test_bench_switch_window_never_crashes(dp, tp, topology, policy):
     argv = ["bench", "switch-window", "--steps", "3", "--warmup", "1", "--dp", dp, "--tp", tp, "--topology", topology]
     argv += ["--policy", policy] if policy else ["--policy", "destroy"]
-    _check(argv)
+    _assert_clean_exit(argv)
 
 
 SCENARIO = {"name": "fuzz", "world_size": 2, "topology": "hgx-h200-8x", "payload": "meta",
@@ -114,7 +114,7 @@ def test_sim_run_never_crashes_on_scenario_fields(sets, tmp_path_factory):
     argv = ["sim", "run", str(path), "--quiet"]
     for k, v in sets:
         argv += ["--set", f"{k}={v}"]
-    _check(argv)
+    _assert_clean_exit(argv)
 
 
 def test_a_bug_is_exit_4_with_one_line_and_a_report_file(monkeypatch, tmp_path):

@@ -86,16 +86,16 @@ def _nccl_state(pg: Any) -> tuple[bool, int | None]:
     """(an NCCL communicator exists, its bytes or None) for an NCCL group on this rank; nothing is created."""
     if not torch.cuda.is_available():
         return False, None
-    from refimpl.torch_runtime import nccl
+    from refimpl.torch_runtime.nccl import NcclLibrary, comm_mem_stats, pg_comm_handles
 
-    handles = nccl.pg_comm_handles(pg, create_lazy=False)
+    handles = pg_comm_handles(pg, create_lazy=False)
     if not handles:
         return False, 0
     try:
-        lib = nccl.NcclLibrary.load()
+        lib = NcclLibrary.load()
         if not lib.has_mem_stats:
             return True, None
-        mem = [nccl.comm_mem_stats(h) for h in handles]
+        mem = [comm_mem_stats(h) for h in handles]
         return True, int(sum(m.suspendable + m.persistent for m in mem))
     except Exception as e:  # noqa: BLE001 - the count is still known
         log.debug("ncclCommMemStats unavailable: %s", e)

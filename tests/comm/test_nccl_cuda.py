@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 def nccl_world():
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is already initialised in this process")
+    # every test that initialises torch.distributed in this process destroys it again: one left is a bug
+    assert not dist.is_initialized(), "an earlier test left torch.distributed initialised in this process"
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:

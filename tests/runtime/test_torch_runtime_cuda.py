@@ -110,8 +110,8 @@ def test_contract_on_one_gpu_without_distributed():
 def nccl_world():
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is already initialised in this process")
+    # every test that initialises torch.distributed in this process destroys it again: one left is a bug
+    assert not dist.is_initialized(), "an earlier test left torch.distributed initialised in this process"
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield

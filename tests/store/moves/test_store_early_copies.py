@@ -355,7 +355,7 @@ def _step_in_backward(m, opt_per_param, store, early: bool) -> None:
     return hooks
 
 
-def _in_backward_cycle(device: str) -> None:
+def _assert_in_backward_cycle_bitwise(device: str) -> None:
     """Two identical models: one steps in the backward and copies early, the other steps after it; after an
     offload and reload both hold the same bits, and the offload took every early byte over."""
     torch.manual_seed(0)
@@ -391,14 +391,14 @@ def _in_backward_cycle(device: str) -> None:
 
 
 def test_optimizer_in_backward_hooks_copy_early_and_match_the_plain_step_bitwise():
-    _in_backward_cycle("cpu")
+    _assert_in_backward_cycle_bitwise("cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_optimizer_in_backward_hooks_copy_early_on_the_gpu():
     """On CUDA the hooks run in the autograd engine's device thread and the copies on the copy stream."""
-    _in_backward_cycle("cuda")
+    _assert_in_backward_cycle_bitwise("cuda")
 
 
 @pytest.mark.cuda

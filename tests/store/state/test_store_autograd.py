@@ -27,7 +27,7 @@ def _hooked_model(device):
     return model, fired, accs
 
 
-def _check_identity_kept(device, cycles=2):
+def _assert_identity_kept(device, cycles=2):
     model, fired, accs = _hooked_model(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     store = OffloadStore(TorchRuntime(device))
@@ -55,10 +55,10 @@ def _check_identity_kept(device, cycles=2):
 def test_hooks_fire_after_offload_and_reload(monkeypatch, debug):
     if debug:
         monkeypatch.setenv(DEBUG_ENV, "1")
-    _check_identity_kept("cpu")
+    _assert_identity_kept("cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_hooks_fire_after_offload_and_reload_cuda():
-    _check_identity_kept("cuda")
+    _assert_identity_kept("cuda")
