@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import threading
 import weakref
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
@@ -182,6 +183,9 @@ class PGLifecycle:
         self.stats = LifecycleStats()
         self.failure: BaseException | None = None
         self._preservation = Preservation()
+        #: the thread running a public operation and how deeply it nests there (see :meth:`_operation`)
+        self._running: tuple[int, int] | None = None
+        self._running_lock = threading.Lock()
         self._pause_policy: PGPolicy = self.config.policy
         self._started = False
         self.role = RoleGroups(rt, self.groups, self.control, self.config, self.stats, self.cooldown, on_failure=self)
@@ -452,9 +456,18 @@ class PGLifecycle:
     async def _operation(self, op: str, *, span: str | None = None) -> AsyncIterator[None]:
         """One public operation (inside the runtime's ``span``): no group created before one of its agreements; an
         interrupt (``KeyboardInterrupt``, a cancelled call) that no agreed step took to its peers still ends this
-        rank FAILED, groups aborted ([Note: interrupts] in :mod:`refimpl.comm.role_groups`)."""
-        self.role.begin_operation()
+        rank FAILED, groups aborted ([Note: interrupts] in :mod:`refimpl.comm.role_groups`). One thread at a time:
+        an operation entered from another thread while one runs (a resume started on a worker thread and not joined
+        yet) is refused before it does anything, since the two threads' agreements would pair on the control group."""
+        me = threading.get_ident()
+        with self._running_lock:
+            if self._running is not None and self._running[0] != me:
+                raise LifecycleStateError(
+                    f"rank {self.rt.rank}: {op}() while another thread runs an operation of this lifecycle (a "
+                    "resume started in the background and not joined?); join it first: nothing was done")
+            self._running = (me, 1 if self._running is None else self._running[1] + 1)
         try:
+            self.role.begin_operation()
             with self.rt.span(span) if span is not None else contextlib.nullcontext():
                 yield
         except GeneratorExit:
@@ -463,6 +476,10 @@ class PGLifecycle:
             if not isinstance(exc, Exception) and self.state is not PGState.FAILED:
                 await self.fall_back(op, exc)
             raise
+        finally:
+            with self._running_lock:
+                depth = self._running[1] - 1 if self._running is not None else 0
+                self._running = (me, depth) if depth > 0 else None
 
     def _known(self, name: str) -> bool:
         try:

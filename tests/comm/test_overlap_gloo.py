@@ -81,9 +81,61 @@ def _cycles(rank, overlapped):
     return _state(torch, model, opt), seen, lc.stats.destroys, lc.stats.rebuilds
 
 
+def _second_thread_while_resuming(rank):
+    """A resume runs on a worker thread (held at its rebuild's preflight) while the caller's thread calls the
+    lifecycle's weight sync: refused before it does anything; then the resume is joined and a sync runs."""
+    import threading
+
+    from refimpl.comm import LifecycleStateError
+    from refimpl.comm.overlap import OverlappedSwitch
+
+    torch, rt, lc, store, model, opt = _setup(rank, "two")
+    sw = OverlappedSwitch(lc)
+    _train(torch, model, opt, 0)
+    sw.pause(store.offload, issued_point="store.offload.wait")
+    entered, release = threading.Event(), threading.Event()
+    remove = rt.on_point("lifecycle.rebuild.preflight", lambda: (entered.set(), release.wait(60)))
+    sw.resume(join=False, background=True)
+    assert entered.wait(60), "the background resume never reached its preflight"
+    called, refused = [], ""
+    try:
+        lc.sync.weight_sync(lambda: called.append(1))
+    except LifecycleStateError as exc:
+        refused = str(exc)
+    syncs = lc.stats.weight_syncs
+    release.set()
+    sw.join()
+    store.reload()
+    # a window the state allows (ACTIVE: use() is allowed and agrees nothing): a call from another thread while the
+    # caller's weight sync runs is refused by the one-thread rule alone
+    during = []
+
+    def from_another_thread():
+        try:
+            lc.sync.use()
+            during.append("ran")
+        except LifecycleStateError as exc:
+            during.append(str(exc))
+
+    def sync_body():
+        t = threading.Thread(target=from_another_thread)
+        t.start()
+        t.join(60)
+
+    lc.sync.weight_sync(sync_body)
+    refused_active = during[0]
+    lc.sync.pause(release_memory=store.offload)
+    lc.sync.resume()
+    remove()
+    lc.sync.weight_sync(lambda: called.append(2))
+    store.reload()
+    return refused, called, syncs, lc.stats.weight_syncs, lc.state.name, refused_active
+
+
 def _scenarios(rank, world_size):
     """Every scenario on one pair of processes (one spawn: spawning costs more than the scenarios)."""
     return {"seq": _cycles(rank, False), "ovl": _cycles(rank, True), "fail": _offload_fails_beside_walk(rank),
+            "two": _second_thread_while_resuming(rank),
             "stream": _streamed(rank, False), "sfail": _streamed(rank, True), "early": _early_forward(rank)}
 
 
@@ -91,6 +143,16 @@ def _scenarios(rank, world_size):
 def scenarios():
     res = run_distributed(_scenarios, 2, timeout=240)
     return {k: [r[k] for r in res] for k in res[0]}
+
+
+def test_a_second_thread_cannot_run_an_operation_while_a_background_resume_runs(scenarios):
+    for refused, called, syncs_during, syncs_after, state, refused_active in scenarios["two"]:
+        assert "use() while another thread runs an operation of this lifecycle" in refused_active, refused_active
+        # refused by the state (RELOADING while the rebuild runs) or, in a window where the state would allow it,
+        # by the lifecycle's one-thread rule; either way before anything ran
+        assert "lifecycle is RELOADING" in refused or "while another thread runs an operation" in refused, refused
+        assert called == [2] and syncs_during == 0 and syncs_after == 2  # nothing ran for the refused call
+        assert state == "ACTIVE"
 
 
 def test_overlapped_switch_is_bitwise_the_sequential_one_on_every_rank(scenarios):
