@@ -122,6 +122,10 @@ def test_step_config_refuses_bad_values():
         StepConfig(sync_in_backward=True, sync_first=True)
     assert StepConfig(sync_first=True, offload_in_backward=True).sync_in_backward is True  # on exactly then
     assert StepConfig(sync_first=True).sync_in_backward is False
+    with pytest.raises(ValueError, match="forward_from_rollout"):
+        StepConfig(forward_from_rollout=True, sync_first=True)  # the rollout copy is not the trainer's weights
+    assert StepConfig(sync_first=True, offload_in_backward=True).forward_from_rollout is True  # on exactly then
+    assert StepConfig(sync_first=True, offload_in_backward=True, sync_in_backward=False).forward_from_rollout is False
 
 
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
@@ -198,7 +202,7 @@ def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path)
 
 #: the switch on several GPUs off: init_device_mesh's (1, 2) HSDP mesh, trainer.dp, the check on the world group
 WITHOUT_NGPU = ("--no-managed-mesh", "--no-flat-mesh", "--no-rebuild-ahead", "--no-sync-in-backward",
-                "--no-gather-in-rollout-dtype")
+                "--no-gather-in-rollout-dtype", "--no-forward-from-rollout")
 
 
 def _with_and_without(rank, world_size, out_dir, extra):
@@ -209,8 +213,9 @@ def _with_and_without(rank, world_size, out_dir, extra):
     return on, off
 
 
-def _check_switch_ngpu(on, off, n_groups):
-    """What the switch on several GPUs must give, against the same run without it."""
+def _check_switch_ngpu(on, off, n_groups, served=True):
+    """What the switch on several GPUs must give, against the same run without it (``served``: with the first
+    forward after a switch served from the rollout's copy, the default)."""
     for a, b in ((on, off),):
         steps = [s["loss_local"] for s in a["steps"] + a["after_steps"]]
         assert steps == [s["loss_local"] for s in b["steps"] + b["after_steps"]]  # bit for bit
@@ -234,8 +239,10 @@ def _check_switch_ngpu(on, off, n_groups):
         assert held["process"]["nccl_communicators"] == 0
         assert s["mesh_problems"] == [] and s["lifecycle_state"] == "ACTIVE"
         names.append(tuple(s["mesh_names"]))
-        # the resume ran on a thread from the reload phase and was joined in the next training step's forward
+        # the resume ran on a thread from the reload phase and was joined in the next training step, before its
+        # backward: the forward's all-gathers came from the rollout's copy (every unit, no collective)
         ahead, k = s["resume_ahead"], s["step"]
+        assert ahead["join_at"] == ("backward" if served else "forward")
         assert spans[(k, "reload")]["start_s"] <= ahead["start_s"] <= spans[(k, "reload")]["end_s"]
         assert spans[(k + 1, "train")]["start_s"] <= ahead["join_at_s"] <= spans[(k + 1, "train")]["end_s"]
         assert ahead["end_s"] <= ahead["join_at_s"] + ahead["join_wait_s"] + 1e-3
@@ -247,10 +254,20 @@ def _check_switch_ngpu(on, off, n_groups):
         assert at == sorted(at) and spans[(k, "train")]["start_s"] <= at[0] <= at[-1] <= spans[(k, "train")]["end_s"]
         assert early["bytes"] == sum(u["bytes"] for u in early["units"]) > 0
     assert len(set(names)) == len(names)  # the mesh named new groups after every rebuild
+    after = on["steps"][1:] + on["after_steps"][:1]  # the training steps right after a switch
+    units = len(on["early_units_bytes"])
+    if served:
+        assert all(a["forward_from_rollout"]["units"] >= units and a["forward_from_rollout"]["bytes"] > 0
+                   for a in after)
+    assert "forward_from_rollout" not in on["steps"][0] and "forward_from_rollout" not in on["after_steps"][1]
+    assert served or not any("forward_from_rollout" in a for a in after)
     terms = on["summary"]["ngpu"]
     assert terms["resume_ahead"]["join_wait_s"] >= 0 and terms["early_sync"]["bytes"] > 0
+    assert terms["resume_ahead"]["join_at"] == (["backward"] if served else ["forward"])
+    assert (terms["forward_from_rollout"]["units"] >= units) if served else terms["forward_from_rollout"] is None
     assert terms["nccl_in_rollout"]["others"] == []
     assert off["summary"]["ngpu"]["resume_ahead"] is None and off["summary"]["ngpu"]["early_sync"] is None
+    assert off["summary"]["ngpu"]["forward_from_rollout"] is None
 
 
 def test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout(tmp_path):
@@ -284,3 +301,11 @@ def test_switch_ngpu_hsdp_four_ranks(tmp_path):
             by_group.setdefault(("r", rank % 2), set()).add(rep)
             by_group.setdefault(("s", rank // 2), set()).add(shard)
         assert all(len(v) == 1 for v in by_group.values())
+
+
+def test_switch_ngpu_joined_in_the_forward_without_the_rollout_copy(tmp_path):
+    """``--no-forward-from-rollout``: the first forward after a switch all-gathers over the rebuilt groups, so its
+    pre-hook joins the resume; bit for bit the same as the step without the N-GPU switch."""
+    extra = ("--steps", "2", "--sync-first", "--offload-in-backward", "--no-forward-from-rollout")
+    for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
+        _check_switch_ngpu(on, off, n_groups=1, served=False)

@@ -79,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
     ap.add_argument("--gather-in-rollout-dtype", action=argparse.BooleanOptionalAction, default=True,
                     help="the weight sync casts each sharded param to the rollout's dtype before gathering it "
                     "(half the bytes with bf16; the same bits) (default)")
+    ap.add_argument("--forward-from-rollout", action=argparse.BooleanOptionalAction, default=None,
+                    help="with the sync in the backward: the first training step after a switch fills FSDP2's "
+                    "all-gathers from the rollout's copy of the weights (the same bits), so its forward runs no "
+                    "collective and the rebuilt groups' creation runs beside it, joined before the backward "
+                    "(default: on exactly then)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -91,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       batch_ahead=a.batch_ahead, offload_in_backward=a.offload_in_backward, sync_first=a.sync_first,
                       managed_mesh=a.managed_mesh, flat_mesh=a.flat_mesh, rebuild_ahead=a.rebuild_ahead,
                       sync_in_backward=a.sync_in_backward, gather_in_rollout_dtype=a.gather_in_rollout_dtype,
+                      forward_from_rollout=a.forward_from_rollout,
                       **{**small, **kw})
 
 

@@ -42,6 +42,9 @@ class StepConfig:
     sync_in_backward: bool | None = None  # with sync_first and early copies: each unit gathered into the rollout
     #                                       copy right after its step; None: on exactly then
     gather_in_rollout_dtype: bool = True  # the weight sync gathers params already cast to the rollout's dtype
+    forward_from_rollout: bool | None = None  # with the sync in the backward: the first training step after a switch
+    #                                          all-gathers from the rollout's copy (bench/rl/rollout_gather.py);
+    #                                          None: on exactly then
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -53,6 +56,12 @@ class StepConfig:
         if self.sync_in_backward and not (self.sync_first and self.offload_in_backward):
             raise ValueError("sync_in_backward gathers each unit right after its optimizer step in the backward: it "
                              "needs sync_first and offload_in_backward (--sync-first --offload-in-backward)")
+        if self.forward_from_rollout is None:
+            self.forward_from_rollout = bool(self.sync_in_backward)
+        if self.forward_from_rollout and not self.sync_in_backward:
+            raise ValueError("forward_from_rollout fills the next forward's all-gathers from the rollout's copy, which "
+                             "holds the trainer's weights only with the sync in the backward (--sync-first "
+                             "--offload-in-backward)")
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -67,13 +67,15 @@ class SwitchDriver:
 
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any, *,
                  sync_first: bool = False, rebuild_ahead: bool = False, model: Any = None,
-                 sync_needs_groups: bool = False) -> None:
+                 sync_needs_groups: bool = False, forward_from_rollout: Callable[[], Any] | None = None) -> None:
         """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
         streamed reload is finished before the first of them steps. ``sync_first``: the weight sync runs before
         the offload (:meth:`sync_resident`), so the reload phase brings everything back. ``rebuild_ahead`` (off
         the sequential mode; needs ``model``, the trainer's root module): [Note: rebuild ahead].
         ``sync_needs_groups``: the weight sync after the rollout gathers over the lifecycle's groups, which then
-        come back before it (:meth:`weight_sync`)."""
+        come back before it (:meth:`weight_sync`). ``forward_from_rollout``: builds the
+        :class:`bench.rl.rollout_gather.ForwardFromRollout` of the trainer (called once, at the first reload), armed
+        at every reload for the training step after it (module docstring)."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
@@ -88,6 +90,7 @@ class SwitchDriver:
         self.woken = False
         self.t0 = clock.t0
         self._ahead: tuple[dict[str, Any], Any] | None = None
+        self._make_served, self._served = forward_from_rollout, None
         self.sync, self.stream_sync = clock.sync, clock.stream_sync
         self.life = lifecycle.sync
         self.switch = OverlappedSwitch(lifecycle) if mode != "sequential" else None
@@ -106,13 +109,33 @@ class SwitchDriver:
         """A resume started ahead (:meth:`resume`) is not joined yet."""
         return self._ahead is not None
 
-    def _before_forward(self, _module: Any, _args: Any) -> None:
-        """Rebuild ahead: the first forward after a switch joins the resume before its first collective."""
-        self.join_ahead()
+    @property
+    def forward_served(self) -> bool:
+        """The next forward's all-gathers are filled from the rollout's copy (armed at the reload)."""
+        return self._served is not None and self._served.armed
 
-    def join_ahead(self) -> None:
+    def _before_forward(self, _module: Any, _args: Any) -> None:
+        """Rebuild ahead: the first forward after a switch joins the resume before its first collective (with the
+        forward served from the rollout's copy it has none: :meth:`before_backward` joins)."""
+        if not self.forward_served:
+            self.join_ahead()
+
+    def before_backward(self) -> None:
+        """Between a training step's forward and its backward: a resume still running is joined here, before the
+        backward's first collective (the forward served from the rollout's copy left it running)."""
+        self.join_ahead(at="backward")
+
+    def forward_served_done(self) -> dict[str, Any] | None:
+        """After a training step's backward: FSDP2's own all-gathers again; what the rollout's copy served (None
+        when it was not armed)."""
+        if not self.forward_served:
+            return None
+        return self._served.disarm()
+
+    def join_ahead(self, at: str = "forward") -> None:
         """Wait for a resume started ahead (its thread, then the agreement on its outcome) and write where it ran
-        into its step's ``resume_ahead``: seconds on the phases' clock; nothing when none is pending."""
+        into its step's ``resume_ahead``: seconds on the phases' clock, ``at`` the point of the training step that
+        joined it (``forward``, ``backward``, or ``after`` the step); nothing when none is pending."""
         from refimpl.comm.overlap import RESUME
 
         if self._ahead is None:
@@ -129,6 +152,7 @@ class SwitchDriver:
         agreed = time.perf_counter()
         s["resume_ahead"] = {"start_s": bg.started_at - self.t0, "end_s": bg.ended_at - self.t0,
                              "thread_s": bg.ended_at - bg.started_at, "join_at_s": t - self.t0,
+                             "join_at": at,
                              "join_wait_s": waited - t, "join_agree_s": agreed - waited}
         s["lifecycle_state"] = self.lc.state.name
 
@@ -217,6 +241,10 @@ class SwitchDriver:
         t = time.perf_counter()
         if self.rebuild_ahead and not woken:  # the rebuild's host work starts at the rollout's end, beside the issue
             self._wake(s)
+        if self._make_served is not None:  # the next forward's all-gathers from the rollout's copy
+            if self._served is None:
+                self._served = self._make_served()
+            self._served.arm()
         if self.switch is not None and self.sync_first:
             self.store.reload(stream=True)
         if self.switch is None:
@@ -238,7 +266,7 @@ class SwitchDriver:
     def after_train(self) -> None:
         """After a training step (untimed): a resume still beside it joined, a streamed reload's tensors that
         the step did not touch handed over and its layouts made resident."""
-        self.join_ahead()
+        self.join_ahead(at="after")
         if self.switch is not None and self.switch.pending:
             self.switch.join()
         if self.switch is not None:

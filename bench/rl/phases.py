@@ -100,9 +100,15 @@ class ColocatedStep:
         self.data = data.to(self.device) if cfg.batch_ahead else data
         #: one record per switch step, in order
         self.steps: list[dict[str, Any]] = []
+        served = None
+        if cfg.forward_from_rollout:
+            def served():
+                from bench.rl.rollout_gather import ForwardFromRollout
+
+                return ForwardFromRollout(trainer.model, weights.params)
         self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first,
                                    rebuild_ahead=cfg.rebuild_ahead, model=trainer.model,
-                                   sync_needs_groups=bool(groups.sync))
+                                   sync_needs_groups=bool(groups.sync), forward_from_rollout=served)
         self.profiler = StretchProfiler(cfg.profile and rank == 0, cfg.out, self.cuda)
 
     def train(self, step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:
@@ -117,7 +123,11 @@ class ColocatedStep:
             out = self.trainer.model(input_ids=x, labels=x)
             if stepper is not None:
                 stepper.early = early
+            driver.before_backward()
             out.loss.backward()
+            served = driver.forward_served_done()
+            if served is not None:
+                s["forward_from_rollout"] = served
             if stepper is not None:
                 stepper.finish()
             else:

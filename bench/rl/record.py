@@ -120,19 +120,24 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
 def ngpu_terms(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The terms of the switch on several GPUs, over ``steps`` (the steady ones): the means of a resume run ahead
     (``resume_ahead``: its thread's seconds, the rebuild and warm-up in it, the wait and agreement at the join),
-    of the sync in the backward (``early_sync``: bytes, host seconds issuing it, device seconds on its stream)
-    and the most NCCL communicators, bytes and other groups any of them saw alive in the rollout."""
+    of the sync in the backward (``early_sync``: bytes, host seconds issuing it, device seconds on its stream),
+    of the all-gathers the rollout's copy served (``forward_from_rollout``: units, bytes, host seconds issuing the
+    fill; and where the resume was joined) and the most NCCL communicators, bytes and other groups any of them saw
+    alive in the rollout."""
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:
         vals = [r[key] for r in rows if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
     ahead = [s["resume_ahead"] for s in steps if s.get("resume_ahead")]
     early = [s["early_sync"] for s in steps if s.get("early_sync")]
+    served = [s["forward_from_rollout"] for s in steps if s.get("forward_from_rollout")]
     held = [s["nccl_in_rollout"]["process"] for s in steps if "process" in s.get("nccl_in_rollout", {})]
     sizes = [h["nccl_bytes"] for h in held]
     return {
-        "resume_ahead": {k: mean(ahead, k) for k in ("thread_s", "rebuild_s", "warm_s", "resume_s", "join_wait_s",
-                                                     "join_agree_s")} if ahead else None,
+        "resume_ahead": {**{k: mean(ahead, k) for k in ("thread_s", "rebuild_s", "warm_s", "resume_s",
+                                                        "join_wait_s", "join_agree_s")},
+                         "join_at": sorted({a.get("join_at", "forward") for a in ahead})} if ahead else None,
+        "forward_from_rollout": {k: mean(served, k) for k in ("units", "bytes", "fill_s")} if served else None,
         "early_sync": {k: mean(early, k) for k in ("bytes", "issue_s", "device_s")} if early else None,
         "nccl_in_rollout": {"communicators": max((h["nccl_communicators"] for h in held), default=None),
                             "bytes": None if None in sizes or not sizes else max(sizes),
