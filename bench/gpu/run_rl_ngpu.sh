@@ -9,7 +9,8 @@
 #                 the lifecycle takes down, the resume ahead, the sync in the backward, the flat mesh
 #   base          the same without any of it (--no-managed-mesh --no-flat-mesh --no-rebuild-ahead
 #                 --no-sync-in-backward --no-gather-in-rollout-dtype): the step as measured before
-#   ablate_*      the defaults less one: no_ahead, no_sync_bwd, no_managed, no_flat
+#   ablate_*      the defaults less one: no_served (--no-forward-from-rollout), no_ahead, no_sync_bwd, no_managed,
+#                 no_flat
 #   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 # PARTS (default "ngpu base ablate mode") picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
@@ -63,6 +64,7 @@ on ngpu && rl ngpu DESTROY_DEFERRED streamed
 on base && rl base DESTROY_DEFERRED streamed --no-managed-mesh --no-flat-mesh --no-rebuild-ahead \
   --no-sync-in-backward --no-gather-in-rollout-dtype
 if on ablate; then
+  rl ablate_no_served DESTROY_DEFERRED streamed --no-forward-from-rollout
   rl ablate_no_ahead DESTROY_DEFERRED streamed --no-rebuild-ahead
   rl ablate_no_sync_bwd DESTROY_DEFERRED streamed --no-sync-in-backward
   rl ablate_no_managed DESTROY_DEFERRED streamed --no-managed-mesh

@@ -78,20 +78,23 @@ def _held(r: dict) -> str:
 def ngpu_rows(w: str) -> list[str]:
     """One row per RL-step record: the terms of the switch on several GPUs (``summary.ngpu``: the resume ahead,
     the sync in the backward, the communicators in the rollout) and the world group's collectives."""
-    out = ["| run | world | mesh | resume ahead: thread / rebuild / warm s | join wait / agree s | "
+    out = ["| run | world | mesh | resume ahead: thread / rebuild / warm s | join wait / agree s (at) | "
+           "forward from the rollout's copy: all-gathers / GB / host s | "
            "sync in backward: GB / host / device s | NCCL comms in rollout | other groups | world collectives |",
-           "|---" * 9 + "|"]
+           "|---" * 10 + "|"]
     for path in sorted(glob.glob(os.path.join(w, "rl_*", "rl_step_*.json"))):
         r = _load(path)
         t = (r.get("summary") or {}).get("ngpu")
         if t is None:
             continue
         ra, es, held = t.get("resume_ahead"), t.get("early_sync"), t.get("nccl_in_rollout") or {}
+        fr, at = t.get("forward_from_rollout"), (t.get("resume_ahead") or {}).get("join_at") or []
         f = (lambda d, k: f"{d[k]:.3f}" if d and d.get(k) is not None else "-")
         wc = r.get("world_collectives") or {}
         out.append(f"| {os.path.basename(os.path.dirname(path))} | {r.get('world_size')} | {r.get('mesh')} | "
                    f"{f(ra, 'thread_s')} / {f(ra, 'rebuild_s')} / {f(ra, 'warm_s')} | "
-                   f"{f(ra, 'join_wait_s')} / {f(ra, 'join_agree_s')} | "
+                   f"{f(ra, 'join_wait_s')} / {f(ra, 'join_agree_s')} ({','.join(at) or '-'}) | "
+                   f"{(fr['units'] if fr else '-')} / {(fr['bytes'] / 1e9 if fr else 0):.2f} / {f(fr, 'fill_s')} | "
                    f"{(es['bytes'] / 1e9 if es else 0):.2f} / {f(es, 'issue_s')} / {f(es, 'device_s')} | "
                    f"{held.get('communicators')} | {', '.join(held.get('others') or []) or 'none'} | "
                    f"{wc.get('start')} -> {wc.get('end')} |")
