@@ -292,8 +292,9 @@ BREAKS: tuple[Break, ...] = (
 from tests.planted.comm_sim import COMM_SIM_BREAKS  # noqa: E402 - it needs Break, defined above
 from tests.planted.store import STORE_BREAKS  # noqa: E402 - it needs Break, defined above
 from tests.planted.worker import WORKER_BREAKS  # noqa: E402 - it needs Break, defined above
+from tests.planted.bench_rl import BENCH_RL_BREAKS  # noqa: E402 - it needs Break, defined above
 
-BREAKS = BREAKS + COMM_SIM_BREAKS + STORE_BREAKS + WORKER_BREAKS
+BREAKS = BREAKS + COMM_SIM_BREAKS + STORE_BREAKS + WORKER_BREAKS + BENCH_RL_BREAKS
 
 
 def by_name(names: list[str] | None = None) -> list[Break]:

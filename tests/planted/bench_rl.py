@@ -1,0 +1,26 @@
+"""Planted breaks of the RL step's switch on several GPUs (bench/rl): the forward served from the rollout's copy."""
+from __future__ import annotations
+
+from tests.planted import Break as B
+
+GATHER = "tests/test_rollout_gather.py"
+LOOP = "tests/test_rl_loop.py"
+
+BENCH_RL_BREAKS: tuple[B, ...] = (
+    B("rollout_fill_ranks_swapped", "bench/rl/rollout_gather.py",
+      "    return chunks + [t[:0]] * (world - len(chunks))\n",
+      "    return (chunks + [t[:0]] * (world - len(chunks)))[::-1]\n",
+      (GATHER,),
+      "the all-gather filled from the rollout's copy puts each rank's chunk where another rank's belongs",
+      ci_tests=(f"{GATHER}::test_fill_gives_the_bytes_of_fsdp2s_all_gather",)),
+    B("rollout_fill_never_disarmed", "bench/rl/rollout_gather.py",
+      "            comm.armed = False\n", "            pass\n",
+      (f"{LOOP}::test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout", GATHER),
+      "the rollout's copy keeps serving all-gathers after the first training step of a switch, when it no longer "
+      "holds the trainer's weights"),
+    B("resume_not_joined_before_backward", "bench/rl/modes.py",
+      "        self.join_ahead(at=\"backward\")\n", "        pass\n",
+      (f"{LOOP}::test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout",),
+      "with the forward served from the rollout's copy the resume ahead is never joined before the backward: the "
+      "backward's collectives run on groups the thread is still rebuilding"),
+)
