@@ -254,5 +254,17 @@ def _verl_version():
         return "unknown"
 
 
+def _main_then_destroy(argv=None) -> int:
+    """:func:`main`, then the process group it started destroyed on every rank (whatever main returned or raised),
+    so no rank exits with NCCL's communicators still up."""
+    import torch.distributed as dist
+
+    try:
+        return main(argv)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main_then_destroy())
