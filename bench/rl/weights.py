@@ -71,9 +71,12 @@ class RolloutWeights:
 
     def gathered(self, p: torch.Tensor) -> torch.Tensor:
         """The whole parameter ``p`` in the rollout's dtype (cast before the gather with ``gather_in_rollout_dtype``:
-        an elementwise cast gives the same bits on either side of an all-gather)."""
-        if self.cast_first:
-            return full_tensor(p.detach().to(self.dtype))
+        an elementwise cast gives the same bits on either side of an all-gather). Cast first, the gather's input is
+        a new tensor even where the dtypes match: a collective's work may hold its input a while after the gather
+        returns, and a view of the param's storage held then is an alias the store refuses at the offload that
+        follows (``UnattachedAliasError``, seen on Gloo)."""
+        if self.cast_first:  # a copy even where the dtypes match: the gather's input never views the param
+            return full_tensor(p.detach().to(self.dtype, copy=True))
         return full_tensor(p).to(self.dtype)
 
     def sync(self) -> None:
