@@ -155,7 +155,8 @@ def _sim_times(shape, preset: str, d2h_bps: float, h2d_bps: float, *, gap_s: flo
 def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, train_s: float = 0.0,
                        rollout_s: float = 0.0, steps: int = 3, *, sync_needs_groups: bool = True,
                        warm_rebuilt: bool = False, proxy_wake: bool = False,
-                       groups: tuple[tuple[str, tuple[int, ...]], ...] | None = None) -> dict[str, float]:
+                       groups: tuple[tuple[str, tuple[int, ...]], ...] | None = None,
+                       comm_rule: str = "log2") -> dict[str, float]:
     """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of the NCCL group
     ``trainer.dp`` over ``world`` ranks (or of ``groups``: (name, ranks) pairs every rank makes and the lifecycle
     manages, each rank using those it is a member of, as the RL step's mesh groups) in the steady step (the last of ``steps``), and what training's first
@@ -166,7 +167,9 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     weight sync, the resume. The preset's NCCL create / init / destroy costs (a destroy waits for the proxy
     thread's next poll unless ``proxy_wake``) and the cooldown apply. ``sync_needs_groups=False``: the plan
     rules say the sync needs none of the groups (``GroupPlanRules(sync_groups=set())``, as the RL step has
-    them); ``warm_rebuilt``: :class:`~refimpl.comm.LifecycleConfig`'s."""
+    them); ``warm_rebuilt``: :class:`~refimpl.comm.LifecycleConfig`'s; ``comm_rule``: how the preset's
+    communicator costs grow past two ranks (:data:`sim.presets.SIZE_RULES`; "ring" with the connection share of
+    NCCL's log, :data:`sim.calibrate.nccl_init_log.CONNECT_SHARE_2X_H200`)."""
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec
@@ -180,6 +183,10 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     if train_s < 0 or rollout_s < 0:
         raise ValueError(f"train_s and rollout_s must be >= 0, got {train_s} and {rollout_s}")
     topo = Topology.from_preset(preset)
+    if comm_rule != "log2":
+        from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200
+
+        topo.comm = topo.comm.with_size_rule(comm_rule, CONNECT_SHARE_2X_H200)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
                       memory=TopologyMemory(topo, record=False),
                       comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)

@@ -111,8 +111,8 @@ SM_COPY_RATE = 50.7 / 54.8
 #: the orders a reload may issue its flat buffers in (module docstring)
 RELOAD_ORDERS = ("first_use", "category")
 #: share of a training step before its first wait on a streamed reload issued in first-use order: FSDP2's first
-#: post-backward pinned copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of the record named
-#: in the module docstring)
+#: post-backward pinned copy at 61.8 ms of a 200.3 ms plain step (H200, profile_train_plain_4 of
+#: bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/)
 FIRST_WAIT_SHARE = 61.8 / 200.3
 #: a pageable host-to-device copy up to this size is staged inline and does not queue behind the engine's pinned
 #: copies (CUDA's documented 64 KiB; on the H200 a 16 KiB batch did not wait, a 256 KiB one waited 128 ms)

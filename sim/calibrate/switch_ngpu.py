@@ -50,11 +50,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.calibrate.records import HELD_OUT, VALIDATION_SET, RecordError
+from sim.presets import SIZE_RULES
 
 log = logging.getLogger(__name__)
 
 #: the mechanisms a prediction covers (module docstring)
-MECHANISMS = ("old", "new")
+MECHANISMS = ("old", "new", "forward_from_rollout")
+#: what a rank offloads on N GPUs: the one-GPU record's state sharded over the shard size (the same model), or the
+#: one-GPU record's bytes per rank (a model as many times larger as the shard size: what users run on more GPUs)
+BYTES_PER_RANK = ("sharded", "one-gpu")
 #: the mesh kinds: FSDP2 over every rank (``--shard N``), HSDP replicate x shard (``--shard HSDP_SHARD``)
 MESHES = ("fsdp", "hsdp")
 #: the shard size of an HSDP mesh (the RL step's ``--shard`` default)
@@ -104,10 +108,12 @@ def mesh_groups(replicate: int, shard: int) -> tuple[tuple[str, tuple[int, ...]]
 _SCALED_STEP_KEYS = ("offload_bytes", "params_bytes", "reload_bytes_last", "early_copy_bytes", "early_reused_bytes")
 
 
-def per_rank_record(rec: dict[str, Any], ranks: int, shard: int, *, link_share: int = 1) -> dict[str, Any]:
+def per_rank_record(rec: dict[str, Any], ranks: int, shard: int, *, link_share: int = 1,
+                    bytes_per_rank: str = "sharded") -> dict[str, Any]:
     """The one-GPU record ``rec`` as one rank of ``ranks`` (the state sharded over ``shard`` ranks) would give the
-    prediction's inputs: bytes per rank divided by ``shard``, ``world_size`` and ``mesh`` set, the line rates divided
-    by ``link_share`` (ranks copying at once through one host uplink); everything else as the record has it."""
+    prediction's inputs: bytes per rank divided by ``shard`` (``bytes_per_rank="one-gpu"``: not divided, a model
+    ``shard`` times larger), ``world_size`` and ``mesh`` set, the line rates divided by ``link_share`` (ranks
+    copying at once through one host uplink); everything else as the record has it."""
     if int(rec.get("world_size", 1)) != 1:
         raise RecordError(f"the input must be a one-GPU record (world_size 1), got world_size {rec.get('world_size')}")
     if not rec.get("offload_in_backward") or not rec.get("early_units_bytes"):
@@ -116,14 +122,17 @@ def per_rank_record(rec: dict[str, Any], ranks: int, shard: int, *, link_share: 
         raise ValueError(f"shard {shard} must divide ranks {ranks}")
     if link_share < 1:
         raise ValueError(f"link_share must be >= 1, got {link_share}")
+    if bytes_per_rank not in BYTES_PER_RANK:
+        raise ValueError(f"bytes_per_rank must be one of {BYTES_PER_RANK}, got {bytes_per_rank!r}")
+    div = shard if bytes_per_rank == "sharded" else 1
     r = json.loads(json.dumps(rec))
     r["world_size"] = ranks
     r["mesh"] = [ranks // shard, shard]
     for s in r.get("steps") or []:
         for k in _SCALED_STEP_KEYS:
             if s.get(k) is not None:
-                s[k] = s[k] / shard
-    r["early_units_bytes"] = [b / shard for b in rec["early_units_bytes"]]
+                s[k] = s[k] / div
+    r["early_units_bytes"] = [b / div for b in rec["early_units_bytes"]]
     r["line"] = {k: v / link_share for k, v in (rec.get("line") or {}).items()}
     return r
 
@@ -178,14 +187,17 @@ def _agreement_s(preset: str, ranks: int) -> float:
 
 def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechanisms: Iterable[str] = MECHANISMS,
                  policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
-                 preset: str = "calibrated/h200-1x", multi_preset: str | None = None) -> list[dict[str, Any]]:
+                 preset: str = "calibrated/h200-1x", multi_preset: str | None = None, comm_rule: str = "log2",
+                 bytes_per_rank: str = "sharded") -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
-    preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`)."""
+    preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`);
+    ``comm_rule``: how its communicator costs grow past two ranks (:data:`sim.presets.SIZE_RULES`);
+    ``bytes_per_rank``: :data:`BYTES_PER_RANK`."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
-    from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share, store_offload_host_s,
-                                            unit_chain_tail)
+    from sim.calibrate.switch_modes import (FIRST_WAIT_SHARE, _compose, early_offload_phase_s, first_wait_share,
+                                            store_offload_host_s, unit_chain_tail)
 
     mechanisms = tuple(mechanisms)
     for m in mechanisms:
@@ -197,7 +209,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                           "config.mode 'streamed')")
     multi = MULTI_PRESET if multi_preset is None else multi_preset
     replicate, shard = mesh_shape(mesh, ranks, hsdp_shard)
-    r = per_rank_record(rec, ranks, shard, link_share=link_share)
+    r = per_rank_record(rec, ranks, shard, link_share=link_share, bytes_per_rank=bytes_per_rank)
     r["config"].update(lifecycle_policy=policy, mode="streamed")
     r["warm_rebuilt"] = True
     p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator", gather_ranks=shard)
@@ -208,7 +220,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     def lifecycle(world: int, lc_preset: str, groups=None) -> dict[str, float]:
         return simulate_lifecycle(lc_preset, world, policy, cooldown, round(train, 4), round(rollout, 4),
                                   sync_needs_groups=False, warm_rebuilt=True, proxy_wake=settings["proxy_wake"],
-                                  groups=groups)
+                                  groups=groups, comm_rule=comm_rule if world > 1 else "log2")
 
     one = lifecycle(1, preset)  # the lifecycle the one-GPU record's offload phase holds (trainer.dp of one rank)
     phase_1 = early_offload_phase_s(rec)
@@ -239,7 +251,10 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             issue = p["reload_issue_host_s"]
             rel = issue
             thread = lc["reload"]  # cooldown's rest, rebuild per group, warm-up per member group, agreements
-            join = max(0.0, thread - rel) + _agreement_s(multi, ranks)
+            # the forward from the rollout's copy runs no collective: the join is before the backward, at the step's
+            # first post-backward (FIRST_WAIT_SHARE of the step), so the thread hides under the issue and the forward
+            forward = FIRST_WAIT_SHARE * train if mech == "forward_from_rollout" else 0.0
+            join = max(0.0, thread - rel - forward) + _agreement_s(multi, ranks)
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
                          + rest["sim_copies_s"] + rest["store_host_s"])
@@ -249,21 +264,24 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
                      "join_wait": join, "stream_wait": wait, "early_copies_tail": tail}
             detail = {"resume_thread_s": thread, "sync_units_s": sum(sync_units), "pause_s": lc["offload"],
-                      "lifecycle_groups": [[n, len(g)] for n, g in groups]}
+                      "hidden_creation_s": rel + forward, "lifecycle_groups": [[n, len(g)] for n, g in groups]}
         cost = sum(terms.values())
         copies = p["offload_bytes"] / (p["line"]["d2h_gbps"] * 1e9) + p["offload_bytes"] / (p["line"]["h2d_gbps"] * 1e9)
         rows.append({"mechanism": mech, "ranks": ranks, "mesh": mesh, "mesh_shape": [replicate, shard],
-                     "policy": policy, "link_share": link_share, "terms": terms, "detail": detail,
+                     "policy": policy, "link_share": link_share, "comm_rule": comm_rule,
+                     "bytes_scaling": bytes_per_rank, "terms": terms, "detail": detail,
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
                      "bytes_per_rank": p["offload_bytes"], "train_s": train, "rollout_s": rollout})
     return rows
 
 
 def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calibrated/h200-1x",
-                                                                          "calibrated/hgx-h200-8x")) -> list[str]:
+                                                                          "calibrated/hgx-h200-8x"),
+                       comm_rule: str = "log2") -> list[str]:
     """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
-    loop constant's source); raises :class:`RecordError` naming the first that is, or comes from, a record the
-    predictions are checked against (:data:`CHECKED`)."""
+    loop constant's source, the first post-backward's share of the step, and with the "ring" ``comm_rule`` the NCCL
+    logs of its connection share); raises :class:`RecordError` naming the first that is, or comes from, a record
+    the predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS
     from sim.presets import load_preset_data
 
@@ -274,6 +292,11 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
         sources += [f"{name}:{k}: {c.get('source', '')}" for k, c in data.get("constants", {}).items()]
         sources += [f"{name}:fitted_on: {x}" for x in (data.get("fitted_on") or {}).get("records", [])]
     sources += [f"LOOP_CONSTANTS:{k}: {c['source']}" for k, c in LOOP_CONSTANTS.items()]
+    sources.append("FIRST_WAIT_SHARE: bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/")
+    if comm_rule == "ring":
+        from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
+
+        sources += [f"CONNECT_SHARE_2X_H200: {p}" for p in WALK_PROBE_LOGS]
     for s in sources:
         for path in _RECORD_PATH.findall(s):
             for checked in CHECKED:
@@ -321,7 +344,8 @@ def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = No
         t = r["terms"]
         mesh = f"{r['mesh']} {r['mesh_shape'][0]}x{r['mesh_shape'][1]}"
         x = f"{r['switch_cost_x_copy_time']:.2f}"
-        if measured and r["mechanism"] == "old" and r["ranks"] == measured.get("world_size"):
+        if (measured and r["mechanism"] == "old" and r["ranks"] == measured.get("world_size")
+                and r.get("bytes_scaling", "sharded") == "sharded"):
             x += f" (measured {measured['switch_cost_x_copy_time']:.2f})"
         body.append(f"| {r['ranks']} | {mesh} | {r['mechanism']} | {t['offload']:.3f} | {t['weight_sync']:.3f} | "
                     f"{t['reload']:.3f} | {t['join_wait'] + t['first_use_extra']:.3f} | {t['stream_wait']:.3f} | "
@@ -354,7 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--meshes", default="fsdp,hsdp",
                     help="fsdp (FSDP2 over every rank) and/or hsdp (replicate x shard)")
     ap.add_argument("--mechanisms", default=",".join(MECHANISMS),
-                    help="old (trainer.dp rebuilt inline, the gather after the step) and/or new (the defaults)")
+                    help="old (trainer.dp rebuilt inline, the gather after the step), new (the mesh's groups, the "
+                    "resume ahead joined in the first forward) and/or forward_from_rollout (the defaults: the first "
+                    "forward's all-gathers from the rollout's copy, the resume joined before the backward)")
+    ap.add_argument("--comm-rule", default="log2", choices=SIZE_RULES,
+                    help="how a communicator's costs grow past two ranks: log2 (every cost one step per doubling) or "
+                    "ring (the connection at the first collective, its share from NCCL's log, the same at any size)")
+    ap.add_argument("--bytes-per-rank", default="sharded", choices=BYTES_PER_RANK,
+                    help="sharded (the one-GPU model's state over the shard size) or one-gpu (a model as many times "
+                    "larger: each rank offloads what the one GPU did)")
     ap.add_argument("--policy", default="DESTROY_DEFERRED", choices=POLICIES)
     ap.add_argument("--hsdp-shard", type=int, default=HSDP_SHARD, help="the shard size of an HSDP mesh")
     ap.add_argument("--link-share", type=int, default=1,
@@ -364,19 +396,24 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         ranks = [int(x) for x in a.ranks.split(",")]
-        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"))
+        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"), comm_rule=a.comm_rule)
         with open(a.record) as f:
             rec = json.load(f)
         rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), mechanisms=tuple(a.mechanisms.split(",")),
-                             policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset)
+                             policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset,
+                             comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(rows, indent=1) if a.json else format_ngpu(rows, checked_ratio()))
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"communicator costs past two ranks: the {a.comm_rule} rule; bytes per rank: {a.bytes_per_rank}\n")
+        print(format_ngpu(rows, checked_ratio()))
     return 0
 
 
-__all__ = ["CHECKED", "CHECKED_FIGURE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
+__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
            "format_ngpu", "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 

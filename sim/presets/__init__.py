@@ -276,17 +276,35 @@ class CommParams:
     poll_late_rate: float = 0.0
     #: the same costs for communicators of two or more ranks (None: as one-rank)
     multi: "CommParams | None" = None
+    #: how the costs grow past two ranks ([Note: communicator costs by size]): "log2" (every cost of
+    #: :data:`SIZE_SCALED`), or "ring" (the init's connection part, ``init_connect_share`` of the two-rank init,
+    #: the same at any size; the rest of every cost as "log2")
+    size_rule: str = "log2"
+    #: the share of a two-rank communicator's lazy init that is the connection made at its first collective
+    #: (NCCL's runtime connect; used by the "ring" rule)
+    init_connect_share: float = 0.0
 
     def for_size(self, ranks: int) -> "CommParams":
         """The cost set of a communicator over ``ranks`` ranks ([Note: communicator costs by size]): one-rank; the
-        multi-rank figures at two ranks; beyond, each time scaled as ``t1 + (t2 - t1) * log2(ranks)``."""
+        multi-rank figures at two ranks; beyond, scaled by :attr:`size_rule`."""
         if ranks <= 1 or self.multi is None:
             return self
         if ranks == 2:
             return self.multi
         return _scaled(self, ranks)
 
+    def with_size_rule(self, rule: str, init_connect_share: float = 0.0) -> "CommParams":
+        """These costs with another rule past two ranks (:data:`SIZE_RULES`); ``init_connect_share`` in [0, 1) for
+        "ring"."""
+        if rule not in SIZE_RULES:
+            raise ValueError(f"size rule must be one of {SIZE_RULES}, got {rule!r}")
+        if rule == "ring" and not 0.0 < init_connect_share < 1.0:
+            raise ValueError(f"the ring rule needs the init's connection share in (0, 1), got {init_connect_share!r}")
+        return dataclasses.replace(self, size_rule=rule, init_connect_share=init_connect_share)
 
+
+#: the rules a communicator's costs grow by past two ranks (:attr:`CommParams.size_rule`)
+SIZE_RULES = ("log2", "ring")
 #: the times of a communicator that grow with its size ([Note: communicator costs by size])
 SIZE_SCALED = ("suspend_s", "resume_s", "init_s", "destroy_s", "destroy_uninitialized_s", "create_group_s",
                "resume_first_collective_s")
@@ -303,10 +321,21 @@ def _scaled(params: CommParams, ranks: int) -> CommParams:
     beyond two ranks, one more step of (t2 - t1) per doubling (NCCL's bootstrap and connection setup add a level
     of its rings' and trees' exchanges per doubling), is an assumption no record tests; nodes enter only through
     the ranks (no record spans nodes). ``python -m sim.calibrate.comm_scaling`` checks the fit against every record with a
-    communicator of either size."""
+    communicator of either size.
+
+    The "ring" rule (``size_rule``) splits the lazy init as NCCL's own log of a two-rank run does
+    (:mod:`sim.calibrate.nccl_init_log`): ``ncclCommInitRankConfig`` (bootstrap, topology, graphs) and the
+    connection NCCL makes at the first collective (every channel's buffers registered with its ring neighbours).
+    On one node a ring's connections per rank are as many at any size (a send to the next rank and a receive from
+    the previous, per channel; at two ranks next and previous are the same rank), so the connection part,
+    ``init_connect_share`` of the two-rank init, stays as it is and only the rest grows by the log2 step. Neither
+    rule is tested past two ranks."""
     k = math.log2(ranks)
     multi = params.multi
     values = {f: max(0.0, getattr(params, f) + (getattr(multi, f) - getattr(params, f)) * k) for f in SIZE_SCALED}
+    if params.size_rule == "ring":
+        connect = params.init_connect_share * multi.init_s
+        values["init_s"] = max(0.0, params.init_s + (multi.init_s - connect - params.init_s) * k) + connect
     return dataclasses.replace(multi, **values)
 
 
@@ -424,6 +453,7 @@ def scenario_path(name: str) -> Path:
 
 
 __all__ = [
+    "SIZE_RULES",
     "CollectiveParams",
     "CommParams",
     "Constant",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sim.calibrate.records import RecordError
+from sim.calibrate.switch_modes import FIRST_WAIT_SHARE
 from sim.calibrate.switch_ngpu import (CHECKED_FIGURE, check_inputs_blind, checked_ratio, mesh_groups, mesh_shape,
                                        per_rank_record, predict_ngpu, predict_table, sync_first_issue_host_s)
 
@@ -67,10 +68,12 @@ def test_terms_compose_as_documented(rec, rows):
         b = rec["steps"][1]["offload_bytes"] / shard
         assert r["bytes_per_rank"] == pytest.approx(b)
         assert r["copy_time_at_line_s"] == pytest.approx(b / (line["d2h_gbps"] * 1e9) + b / (line["h2d_gbps"] * 1e9))
-        if mech == "new":
+        if mech in ("new", "forward_from_rollout"):
+            hidden = issue + (FIRST_WAIT_SHARE * r["train_s"] if mech == "forward_from_rollout" else 0.0)
+            assert r["detail"]["hidden_creation_s"] == pytest.approx(hidden)
             assert t["reload"] == pytest.approx(issue)
-            assert t["join_wait"] >= r["detail"]["resume_thread_s"] - issue
-            assert t["join_wait"] == pytest.approx(r["detail"]["resume_thread_s"] - issue, abs=0.01)
+            assert t["join_wait"] >= r["detail"]["resume_thread_s"] - hidden
+            assert t["join_wait"] == pytest.approx(max(0.0, r["detail"]["resume_thread_s"] - hidden), abs=0.01)
             assert 0 <= t["weight_sync"] < r["detail"]["sync_units_s"]
             assert [n for n, _ in r["detail"]["lifecycle_groups"]] == [n for n, _ in mesh_groups(*r["mesh_shape"])]
         else:
@@ -149,3 +152,73 @@ def test_the_command_refuses_a_checked_record_and_prints_the_table(capsys):
     assert main([str(ROOT / INPUT), "--ranks", "2", "--meshes", "fsdp", "--policy", "DESTROY_DEFERRED"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | fsdp 1x2 | old |" in out and "measured 1.72" in out and "| 2 | fsdp 1x2 | new |" in out
+
+
+def test_the_forward_from_the_rollout_copy_hides_the_creation_under_the_forward(rec, rows):
+    """Its join waits only for what of the resume thread outlasts the issue and the forward (the step's stretch to
+    its first post-backward): never more than the join at the forward, nothing on 2 GPUs (a two-rank creation is
+    shorter than the issue and the forward), and everything else the same as the join at the forward."""
+    for (ranks, mesh, mech), r in rows.items():
+        if mech != "forward_from_rollout":
+            continue
+        new = rows[(ranks, mesh, "new")]
+        assert r["terms"]["join_wait"] <= new["terms"]["join_wait"]
+        assert {k: v for k, v in r["terms"].items() if k != "join_wait"} == pytest.approx(
+            {k: v for k, v in new["terms"].items() if k != "join_wait"})
+    two = rows[(2, "fsdp", "forward_from_rollout")]
+    assert two["terms"]["join_wait"] < 0.001 and two["switch_cost_x_copy_time"] <= 0.5
+    # on 8 GPUs with the log2 rule (the preset's) the creation outlasts what it hides under
+    assert rows[(8, "fsdp", "forward_from_rollout")]["terms"]["join_wait"] > 0.1
+
+
+def test_the_ring_rule_keeps_two_ranks_and_grows_only_the_init_call():
+    """The ring rule: the same costs at one and two ranks as the log2 rule; past two, the init grows only by its
+    non-connection part (lower than log2's), every other cost as log2; a bad rule or share is refused."""
+    from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200
+    from sim.machine.topology import Topology
+
+    log2 = Topology.from_preset("calibrated/hgx-h200-8x").comm
+    ring = log2.with_size_rule("ring", CONNECT_SHARE_2X_H200)
+    for n in (1, 2):
+        assert ring.for_size(n).init_s == log2.for_size(n).init_s
+    t1, t2 = log2.for_size(1).init_s, log2.for_size(2).init_s
+    connect = CONNECT_SHARE_2X_H200 * t2
+    for n in (4, 8, 64):
+        k = {4: 2, 8: 3, 64: 6}[n]
+        assert ring.for_size(n).init_s == pytest.approx(t1 + (t2 - connect - t1) * k + connect)
+        assert ring.for_size(n).init_s < log2.for_size(n).init_s
+        assert ring.for_size(n).destroy_s == log2.for_size(n).destroy_s
+    with pytest.raises(ValueError, match="size rule"):
+        log2.with_size_rule("cubic")
+    with pytest.raises(ValueError, match="share"):
+        log2.with_size_rule("ring", 1.0)
+
+
+def test_bytes_per_rank_one_gpu_keeps_the_records_bytes(rec):
+    """A model as many times larger as the shard size: each rank offloads what the one GPU did, and the copies
+    against which the switch is set are the one GPU's."""
+    r = per_rank_record(rec, 8, 8, bytes_per_rank="one-gpu")
+    assert r["steps"][1]["offload_bytes"] == rec["steps"][1]["offload_bytes"]
+    assert r["early_units_bytes"] == rec["early_units_bytes"]
+    (row,) = predict_ngpu(rec, 8, "fsdp", mechanisms=("forward_from_rollout",), bytes_per_rank="one-gpu")
+    assert row["bytes_per_rank"] == pytest.approx(rec["steps"][1]["offload_bytes"])
+    assert row["bytes_scaling"] == "one-gpu"
+    with pytest.raises(ValueError, match="bytes_per_rank"):
+        per_rank_record(rec, 8, 8, bytes_per_rank="double")
+
+
+def test_the_command_takes_the_rule_and_the_scaling_and_refuses_bad_ones(capsys):
+    from sim.calibrate.switch_ngpu import main
+
+    assert main([str(ROOT / INPUT), "--ranks", "8", "--meshes", "fsdp", "--comm-rule", "ring", "--bytes-per-rank",
+                 "one-gpu", "--mechanisms", "forward_from_rollout"]) == 0
+    out = capsys.readouterr().out
+    assert "the ring rule; bytes per rank: one-gpu" in out and "| 8 | fsdp 1x8 | forward_from_rollout |" in out
+    assert "measured" not in out
+    for bad in (["--comm-rule", "cubic"], ["--bytes-per-rank", "double"]):
+        with pytest.raises(SystemExit) as e:
+            main([str(ROOT / INPUT), *bad])
+        assert e.value.code == 2
+        assert bad[1] in capsys.readouterr().err
+    sources = check_inputs_blind(ROOT / INPUT, comm_rule="ring")
+    assert any("nccl-log" in s for s in sources) and any("FIRST_WAIT_SHARE" in s for s in sources)

@@ -1,0 +1,146 @@
+"""A communicator's creation split as NCCL's own log times it: the init call, and the connection at the first collective.
+
+With ``NCCL_DEBUG=INFO`` NCCL logs, per process, each communicator's ``ncclCommInitRankConfig ... - Init START`` and
+``... - Init COMPLETE`` (bootstrap, topology, graphs: what the init call does) and, with the connections made at
+the first collective (NCCL's runtime connect, the default), the channels' ``via P2P/...`` lines and then
+``Connected all rings`` once every ring channel has its buffers registered with its neighbours. Lines carry a
+``[seconds]`` timestamp (``NCCL_DEBUG_TIMESTAMP_FORMAT``, as the probes of ``bench/gpu/run_destroy_walk.sh`` set it).
+:func:`creation_splits` reads, per communicator of two or more ranks, the init (START to COMPLETE) and the
+connection (COMPLETE to the first ``Connected all rings`` after it in the same process); :func:`connect_share` is the
+median share of the connection in their sum, the input of the "ring" size rule ([Note: communicator costs by
+size] in :mod:`sim.presets`). A one-rank communicator connects nothing and logs no ring.
+
+Logging at INFO slows NCCL down (each line is a write), so the log's absolute times are not the communicator's
+costs; the share is what is taken from it.
+
+    python -m sim.calibrate.nccl_init_log NCCL_LOG_OR_TGZ [...]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from sim.calibrate.records import RecordError
+
+#: the NCCL logs of the 2 x H200 destroy-walk probes (NCCL 2.32.3, runtime connect, INFO with timestamps)
+WALK_PROBE_LOGS = (
+    "bench/results/2026-11-30-h200x2-walk-probes/destroy-walk/nccl-log-destroy_deferred-none.tgz",
+    "bench/results/2026-11-30-h200x2-walk-probes/destroy-walk/nccl-log-destroy_deferred-tp.tgz",
+)
+#: :func:`connect_share` of :data:`WALK_PROBE_LOGS` (144 two-rank communicators: init 39.3 ms, connection 155.6 ms,
+#: medians; ``python -m sim.calibrate.nccl_init_log``); ``tests/sim/calibrate/test_nccl_init_log.py`` reads the logs
+#: again and checks it
+CONNECT_SHARE_2X_H200 = 0.799
+
+_INIT = re.compile(r"^\[(\d+(?:\.\d+)?)\].*ncclCommInitRank\w* comm (0x[0-9a-f]+) rank \d+ nranks (\d+) .*- Init "
+                   r"(START|COMPLETE)")
+_RINGS = re.compile(r"^\[(\d+(?:\.\d+)?)\].*Connected all rings")
+
+
+@dataclass(frozen=True)
+class CreationSplit:
+    """One communicator's creation as its process's log times it: ``init_s`` (the init call), ``connect_s`` (from
+    the init's end to its rings connected at the first collective)."""
+
+    source: str
+    comm: str
+    ranks: int
+    init_s: float
+    connect_s: float
+
+    @property
+    def connect_share(self) -> float:
+        """The connection's share of the creation."""
+        total = self.init_s + self.connect_s
+        return self.connect_s / total if total > 0 else 0.0
+
+
+def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationSplit]:
+    """The splits of one process's log lines, in order: a communicator's ring connection is the first ``Connected all
+    rings`` after its ``Init COMPLETE`` and before the next communicator's ``Init START``."""
+    out: list[CreationSplit] = []
+    start: dict[str, float] = {}
+    pending: tuple[str, int, float, float] | None = None  # comm, ranks, start, complete
+    for line in lines:
+        m = _INIT.match(line)
+        if m:
+            t, comm, ranks, what = float(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
+            if what == "START":
+                start[comm] = t
+                pending = None
+            elif comm in start and ranks > 1:
+                pending = (comm, ranks, start[comm], t)
+            continue
+        r = _RINGS.match(line)
+        if r and pending is not None:
+            comm, ranks, t0, t1 = pending
+            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1))
+            pending = None
+    return out
+
+
+def creation_splits(path: str | Path) -> list[CreationSplit]:
+    """Every split in an NCCL log file, or in each ``.log`` member (one process each) of a tar archive of them."""
+    import tarfile
+
+    path = Path(path)
+    try:
+        if path.name.endswith((".tgz", ".tar.gz")):
+            with tarfile.open(path) as tar:
+                return [s for m in tar.getmembers() if m.isfile() and m.name.endswith(".log")
+                        for s in splits_in_lines(tar.extractfile(m).read().decode(errors="replace").splitlines(),
+                                                 f"{path.name}:{m.name}")]
+        return splits_in_lines(path.read_text(errors="replace").splitlines(), path.name)
+    except (OSError, tarfile.TarError) as exc:
+        raise RecordError(f"{path}: cannot read it as an NCCL log or an archive of them ({exc})") from None
+
+
+def connect_share(splits: list[CreationSplit]) -> float:
+    """The median connection share of ``splits``; refuses none (a log without timestamps, INFO or a first
+    collective says nothing of the split)."""
+    if not splits:
+        raise RecordError("no communicator of two or more ranks with its init and its rings connected in the log "
+                          "(NCCL_DEBUG=INFO with NCCL_DEBUG_TIMESTAMP_FORMAT, and a first collective, are needed)")
+    return statistics.median(s.connect_share for s in splits)
+
+
+def summary(splits: list[CreationSplit]) -> str:
+    """Per communicator size: how many, the medians of the init, the connection and the share."""
+    rows = ["| ranks | communicators | init (median ms) | connection at the first collective (median ms) | "
+            "connection share (median) |", "|---|---|---|---|---|"]
+    for n in sorted({s.ranks for s in splits}):
+        same = [s for s in splits if s.ranks == n]
+        rows.append(f"| {n} | {len(same)} | {statistics.median(s.init_s for s in same) * 1e3:.1f} | "
+                    f"{statistics.median(s.connect_s for s in same) * 1e3:.1f} | {connect_share(same):.3f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: the splits of the given logs (default: the 2 x H200 destroy-walk probes' logs) as a table."""
+    ap = argparse.ArgumentParser(description="A communicator's creation split into the init call and the "
+                                 "connection at its first collective, from NCCL's INFO log")
+    ap.add_argument("logs", nargs="*", help="NCCL log files or .tgz archives of them (default: the 2 x H200 "
+                    "destroy-walk probes' logs in the repository)")
+    a = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[2]
+    paths = a.logs or [str(root / p) for p in WALK_PROBE_LOGS]
+    try:
+        splits = [s for p in paths for s in creation_splits(p)]
+        connect_share(splits)
+    except RecordError as e:
+        print(f"sim.calibrate.nccl_init_log: {e}", file=sys.stderr)
+        return 2
+    print(summary(splits))
+    return 0
+
+
+__all__ = ["CONNECT_SHARE_2X_H200", "CreationSplit", "WALK_PROBE_LOGS", "connect_share", "creation_splits",
+           "splits_in_lines", "summary", "main"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
