@@ -31,6 +31,13 @@ says each term's formula and source):
   of that chain outlasts the step. The join pays what of the thread outlasts the reload phase, plus one agreement
   on the control group; the streamed reload's copies run on from the reload phase's end, and what of them
   outlasts the join and the step's stretch before its first wait is paid too.
+* ``forward_from_rollout`` (the defaults with ``--sync-in-backward``): as ``new``, but the first training step after
+  a switch fills FSDP2's all-gathers from the rollout's unsharded copy, so its forward runs no collective and the
+  resume thread is joined right before ``loss.backward()``: the join pays what of the thread outlasts the issue and
+  the forward (``max(0, thread - issue - F x T)``, ``F`` = :data:`FORWARD_SHARE` of the step ``T``), plus one
+  agreement. The streamed reload's copies are then needed only from the backward on (each unit's optimizer step);
+  the stream's wait keeps ``new``'s rule (what of the copies outlasts the issue, the join and the step's stretch
+  to its first wait): an upper bound, since the forward reads none of them.
 
 Inputs only from records that are not the ones the predictions are checked against (:data:`CHECKED`):
 :func:`check_inputs_blind` refuses such a record as input and any constant of the presets or
@@ -67,6 +74,16 @@ HSDP_SHARD = 2
 ROLLOUT_PARAM_BYTES, TRAIN_PARAM_BYTES = 2, 4
 #: bytes per parameter an early copy moves (fp32 params and two AdamW moments)
 EARLY_BYTES_PER_PARAM = 12
+#: the forward's share of a training step (the stretch before ``loss.backward()``, where the forward from the rollout's
+#: copy joins the resume thread): FSDP2's first ``FSDP::pre_backward`` at 54.56 ms of the 200.3 ms plain step whose
+#: first post-backward gives :data:`~sim.calibrate.switch_modes.FIRST_WAIT_SHARE` (H200, :data:`FORWARD_SHARE_TRACE`;
+#: :func:`forward_share_of_trace` reads it). The same profile as that share, and the only one with the step's
+#: phases on the device: the steady profile of 2026-12-01 times offloads and reloads, not the step's forward. It
+#: is a plain step of one GPU (no all-gather waits); the join is on the host, which in that host-bound step runs
+#: 1 ms ahead of the device (the forward's last kernel ends at 53.61 ms)
+FORWARD_SHARE = 54.56 / 200.3
+#: the torch profiler trace :data:`FORWARD_SHARE` is read from
+FORWARD_SHARE_TRACE = "bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/profile_train_plain_4.json.gz"
 #: the records the N-GPU predictions are checked against, and the measurements of the same step on several GPUs to
 #: come: none may feed an input (:func:`check_inputs_blind`). The first is the 2 x H200 step of 2026-12-04, its
 #: figures transcribed; everything validation scores is scored too
@@ -77,6 +94,25 @@ CHECKED: tuple[str, ...] = (
 )
 #: the measured 2-GPU switch of the earlier mechanism against the copies at line (the checked record)
 CHECKED_FIGURE = "bench/results/2026-12-04-h200x2-from-gpu-md/rl-step-2026-12-04-h200x2.json"
+
+
+def forward_share_of_trace(path: str | Path) -> float:
+    """The forward's share of the training step a torch profiler trace (chrome JSON, gzipped or not) holds: the
+    first ``FSDP::pre_backward`` annotation's start from the trace's first event, over the trace's span."""
+    import gzip
+
+    p = Path(path)
+    with (gzip.open(p, "rt") if p.suffix == ".gz" else open(p)) as f:
+        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    if not events:
+        raise RecordError(f"{p}: no complete events in the trace")
+    t0 = min(e["ts"] for e in events)
+    t1 = max(e["ts"] + e.get("dur", 0) for e in events)
+    starts = [e["ts"] for e in events if e.get("name") == "FSDP::pre_backward" and e.get("cat") == "user_annotation"]
+    if not starts or t1 <= t0:
+        raise RecordError(f"{p}: no FSDP::pre_backward annotation (a torch.profiler "
+                          "trace of one FSDP2 training step)")
+    return (min(starts) - t0) / (t1 - t0)
 
 
 def mesh_shape(kind: str, ranks: int, hsdp_shard: int = HSDP_SHARD) -> tuple[int, int]:
@@ -188,18 +224,22 @@ def _agreement_s(preset: str, ranks: int) -> float:
 def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechanisms: Iterable[str] = MECHANISMS,
                  policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
                  preset: str = "calibrated/h200-1x", multi_preset: str | None = None, comm_rule: str = "log2",
-                 bytes_per_rank: str = "sharded") -> list[dict[str, Any]]:
+                 bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
     preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`);
     ``comm_rule``: how its communicator costs grow past two ranks (:data:`sim.presets.SIZE_RULES`);
-    ``bytes_per_rank``: :data:`BYTES_PER_RANK`."""
+    ``bytes_per_rank``: :data:`BYTES_PER_RANK`; ``forward_share``: the forward's share of the step, under which
+    ``forward_from_rollout`` hides the resume thread (:data:`FORWARD_SHARE`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
-    from sim.calibrate.switch_modes import (FIRST_WAIT_SHARE, _compose, early_offload_phase_s, first_wait_share,
+    from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
                                             store_offload_host_s, unit_chain_tail)
 
     mechanisms = tuple(mechanisms)
+    if not 0.0 <= forward_share < 1.0:
+        raise ValueError(f"forward_share must be in [0, 1) (the forward's share of the training step), "
+                         f"got {forward_share!r}")
     for m in mechanisms:
         if m not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {MECHANISMS}, got {m!r}")
@@ -251,9 +291,10 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             issue = p["reload_issue_host_s"]
             rel = issue
             thread = lc["reload"]  # cooldown's rest, rebuild per group, warm-up per member group, agreements
-            # the forward from the rollout's copy runs no collective: the join is before the backward, at the step's
-            # first post-backward (FIRST_WAIT_SHARE of the step), so the thread hides under the issue and the forward
-            forward = FIRST_WAIT_SHARE * train if mech == "forward_from_rollout" else 0.0
+            # the forward from the rollout's copy runs no collective: the join is right before loss.backward(), so the
+            # thread hides under the issue and the forward (FORWARD_SHARE of the step, not the first post-backward:
+            # the host blocks at the join before it issues the backward)
+            forward = forward_share * train if mech == "forward_from_rollout" else 0.0
             join = max(0.0, thread - rel - forward) + _agreement_s(multi, ranks)
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
@@ -279,7 +320,7 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
                                                                           "calibrated/hgx-h200-8x"),
                        comm_rule: str = "log2") -> list[str]:
     """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
-    loop constant's source, the first post-backward's share of the step, and with the "ring" ``comm_rule`` the NCCL
+    loop constant's source, the first post-backward's and the forward's shares of the step, and with the "ring" ``comm_rule`` the NCCL
     logs of its connection share); raises :class:`RecordError` naming the first that is, or comes from, a record
     the predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS
@@ -293,6 +334,7 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
         sources += [f"{name}:fitted_on: {x}" for x in (data.get("fitted_on") or {}).get("records", [])]
     sources += [f"LOOP_CONSTANTS:{k}: {c['source']}" for k, c in LOOP_CONSTANTS.items()]
     sources.append("FIRST_WAIT_SHARE: bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/")
+    sources.append(f"FORWARD_SHARE: {FORWARD_SHARE_TRACE}")
     if comm_rule == "ring":
         from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
 
@@ -413,8 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
-           "format_ngpu", "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
+__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
+           "format_ngpu", "forward_share_of_trace", "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 
 if __name__ == "__main__":
