@@ -50,6 +50,6 @@ def test_the_command_prints_the_table_and_refuses_a_missing_log(tmp_path, capsys
     log = tmp_path / "nccl.log"
     log.write_text(LOG)
     assert main([str(log)]) == 0
-    assert "| 2 | 1 | 40.0 | 160.0 | 0.800 |" in capsys.readouterr().out
+    assert "| 2 | 1 | 40.0 | 160.0 | 200.0 | 0.800 |" in capsys.readouterr().out
     assert main([str(tmp_path / "none.log")]) == 2
     assert "cannot read" in capsys.readouterr().err
