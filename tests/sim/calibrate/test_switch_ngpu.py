@@ -263,3 +263,21 @@ def test_the_forward_share_is_the_profiles_stretch_before_the_backward(tmp_path)
     t.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "k", "cat": "kernel", "ts": 0.0, "dur": 9.0}]}))
     with pytest.raises(RecordError, match="FSDP::pre_backward"):
         forward_share_of_trace(t)
+
+
+def test_the_ring_rule_predicts_two_ranks_as_log2_and_less_above(rec):
+    """Both rules give the same rows on 2 ranks (the preset's two-rank constants); past two the ring rule's resume
+    thread is shorter (only the init call grows), so no mechanism's switch is larger under it."""
+    log2 = {(r["ranks"], r["mesh"], r["mechanism"]): r for r in predict_table(rec, [2, 8], ("fsdp", "hsdp"))}
+    ring = {(r["ranks"], r["mesh"], r["mechanism"]): r
+            for r in predict_table(rec, [2, 8], ("fsdp", "hsdp"), comm_rule="ring")}
+    assert log2.keys() == ring.keys()
+    for key, a in log2.items():
+        b = ring[key]
+        assert b["comm_rule"] == "ring" and a["comm_rule"] == "log2"
+        if key[0] == 2:
+            assert b["terms"] == pytest.approx(a["terms"])
+        else:
+            assert b["switch_cost_s"] <= a["switch_cost_s"] + 1e-9
+            if key[2] != "old":
+                assert b["detail"]["resume_thread_s"] < a["detail"]["resume_thread_s"]
