@@ -70,8 +70,9 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "instead of HSDP with a one-rank all-reduce per unit (default)")
     ap.add_argument("--rebuild-ahead", action=argparse.BooleanOptionalAction, default=True,
                     help="off the sequential mode, run the lifecycle's resume (cooldown, rebuild, warm-up) on a "
-                    "thread from the rollout's end, beside the reload's copies, joined in a pre-hook of the next "
-                    "forward before its first collective (default)")
+                    "thread from the rollout's end, beside the reload's copies, joined in the next training step before "
+                    "its first collective: before its backward with --forward-from-rollout, else in a pre-hook of its "
+                    "forward (default)")
     ap.add_argument("--sync-in-backward", action=argparse.BooleanOptionalAction, default=None,
                     help="with --sync-first and --offload-in-backward: gather each FSDP unit's params into the "
                     "rollout copy right after the unit's optimizer step in the backward (on a side stream on "

@@ -38,7 +38,8 @@ class StepConfig:
     managed_mesh: bool = True  # the FSDP mesh on groups the lifecycle takes down; no collective on the world group
     flat_mesh: bool = True  # a replicate dimension of one rank left out of the mesh (1-D FSDP instead of (1, N) HSDP)
     rebuild_ahead: bool = True  # off the sequential mode: the resume on a thread from the rollout's end, joined in
-    #                             the first forward's pre-hook
+    #                             the next training step (before its backward with forward_from_rollout, else in
+    #                             its forward's pre-hook)
     sync_in_backward: bool | None = None  # with sync_first and early copies: each unit gathered into the rollout
     #                                       copy right after its step; None: on exactly then
     gather_in_rollout_dtype: bool = True  # the weight sync gathers params already cast to the rollout's dtype
