@@ -455,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
-           "format_ngpu", "forward_share_of_trace", "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
+__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD",
+           "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio", "format_ngpu", "forward_share_of_trace",
+           "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 
 if __name__ == "__main__":
