@@ -472,19 +472,25 @@ def destroy_costs(gaps: Sequence[DestroyGap]) -> dict[int, tuple[float, int]]:
     return out
 
 
-def nccl_log_lines(path: str | Path) -> list[str]:
-    """Every line of an NCCL log file, or of every ``.log`` member of a tar archive of them."""
+def nccl_log_files(path: str | Path) -> list[tuple[str, list[str]]]:
+    """(name, lines) of an NCCL log file, or of every ``.log`` member of a tar archive of them (one process each;
+    a member is named ``archive:member``)."""
     import tarfile
 
     path = Path(path)
     try:
         if path.name.endswith((".tgz", ".tar.gz")):
             with tarfile.open(path) as tar:
-                return [line for m in tar.getmembers() if m.isfile() and m.name.endswith(".log")
-                        for line in tar.extractfile(m).read().decode(errors="replace").splitlines()]
-        return path.read_text(errors="replace").splitlines()
+                return [(f"{path.name}:{m.name}", tar.extractfile(m).read().decode(errors="replace").splitlines())
+                        for m in tar.getmembers() if m.isfile() and m.name.endswith(".log")]
+        return [(path.name, path.read_text(errors="replace").splitlines())]
     except (OSError, tarfile.TarError) as exc:
         raise RecordError(f"{path}: cannot read it as an NCCL log or an archive of them ({exc})") from None
+
+
+def nccl_log_lines(path: str | Path) -> list[str]:
+    """Every line of an NCCL log file, or of every ``.log`` member of a tar archive of them, in order."""
+    return [line for _, lines in nccl_log_files(path) for line in lines]
 
 
 def uds_report(threads: Sequence[UdsThread], poll_s: float = 0.5) -> str:
@@ -617,5 +623,5 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 __all__ = ["proxy_leads", "simulate_idle_destroys", "DestroyGap", "WALK_GAP_S", "destroy_costs", "destroy_gaps", "late_walks", "DestroyWalk", "MeshDestroy", "ProbeDestroy", "UdsThread", "WALK_SPANS", "init_passes",
-           "main", "mesh_walks", "nccl_log_lines", "poll_phase_spread", "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
+           "main", "mesh_walks", "nccl_log_files", "nccl_log_lines", "poll_phase_spread", "probe_destroys", "probe_report", "replay_mesh_walk", "replay_record", "report", "training_walks",
            "uds_report", "uds_threads", "walks_from_spans"]

@@ -86,18 +86,9 @@ def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationS
 
 def creation_splits(path: str | Path) -> list[CreationSplit]:
     """Every split in an NCCL log file, or in each ``.log`` member (one process each) of a tar archive of them."""
-    import tarfile
+    from sim.calibrate.destroy_walks import nccl_log_files
 
-    path = Path(path)
-    try:
-        if path.name.endswith((".tgz", ".tar.gz")):
-            with tarfile.open(path) as tar:
-                return [s for m in tar.getmembers() if m.isfile() and m.name.endswith(".log")
-                        for s in splits_in_lines(tar.extractfile(m).read().decode(errors="replace").splitlines(),
-                                                 f"{path.name}:{m.name}")]
-        return splits_in_lines(path.read_text(errors="replace").splitlines(), path.name)
-    except (OSError, tarfile.TarError) as exc:
-        raise RecordError(f"{path}: cannot read it as an NCCL log or an archive of them ({exc})") from None
+    return [s for name, lines in nccl_log_files(path) for s in splits_in_lines(lines, name)]
 
 
 def connect_share(splits: list[CreationSplit]) -> float:
