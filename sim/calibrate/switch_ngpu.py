@@ -37,7 +37,9 @@ says each term's formula and source):
   the forward (``max(0, thread - issue - F x T)``, ``F`` = :data:`FORWARD_SHARE` of the step ``T``), plus one
   agreement. The streamed reload's copies are then needed only from the backward on (each unit's optimizer step);
   the stream's wait keeps ``new``'s rule (what of the copies outlasts the issue, the join and the step's stretch
-  to its first wait): an upper bound, since the forward reads none of them.
+  to its first wait): an upper bound, since the forward reads none of them. The fills themselves (device copies
+  of each unit's full parameters in the rollout's dtype, forward and backward re-gather) are added whole
+  (:func:`rollout_fill_s`), another upper bound.
 
 Inputs only from records that are not the ones the predictions are checked against (:data:`CHECKED`):
 :func:`check_inputs_blind` refuses such a record as input and any constant of the presets or
@@ -82,6 +84,10 @@ EARLY_BYTES_PER_PARAM = 12
 #: is a plain step of one GPU (no all-gather waits); the join is on the host, which in that host-bound step runs
 #: 1 ms ahead of the device (the forward's last kernel ends at 53.61 ms)
 FORWARD_SHARE = 54.56 / 200.3
+#: how many times the first training step after a switch fills a unit's all-gather from the rollout's copy, in
+#: backward order (the head, each layer, the root): twice (its forward, and its backward's re-gather, FSDP2
+#: resharding after the forward) but the root's once (FSDP2 keeps the root unsharded after its forward)
+FILL_PASSES_NON_ROOT, FILL_PASSES_ROOT = 2, 1
 #: the torch profiler trace :data:`FORWARD_SHARE` is read from
 FORWARD_SHARE_TRACE = "bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/profile_train_plain_4.json.gz"
 #: the records the N-GPU predictions are checked against, and the measurements of the same step on several GPUs to
@@ -198,6 +204,22 @@ def sync_in_backward_units_s(rec_rank: dict[str, Any], shard: int, per_tensor_s:
     return out
 
 
+def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = None) -> float:
+    """Seconds the first training step after a switch spends filling its all-gathers from the rollout's copy: each
+    fill copies the unit's full parameters in the rollout's dtype (every rank's chunk, ``shard`` x this rank's
+    shard) device to device at the GPU's copy rate of ``preset`` (default
+    :data:`~sim.calibrate.colocated.MULTI_PRESET`), :data:`FILL_PASSES_NON_ROOT` times a unit and
+    :data:`FILL_PASSES_ROOT` for the root (the last unit in backward order). Counted whole on the step's path: an
+    upper bound, since FSDP2 issues them on its all-gather stream ahead of the compute that needs them."""
+    from sim.calibrate.colocated import MULTI_PRESET
+    from sim.machine.topology import Topology
+
+    units = rec_rank["early_units_bytes"]
+    passes = [FILL_PASSES_NON_ROOT] * (len(units) - 1) + [FILL_PASSES_ROOT]
+    full = sum(k * b / EARLY_BYTES_PER_PARAM * ROLLOUT_PARAM_BYTES * shard for k, b in zip(passes, units))
+    return full / Topology.from_preset(preset or MULTI_PRESET).device_copy_bandwidth()
+
+
 def sync_first_issue_host_s(rec: dict[str, Any]) -> float:
     """Seconds a sync-first streamed record's reload phase spent issuing the reload: the phase's mean over the steady
     steps less the lifecycle's resume measured inside it (``runtime_spans``' ``lifecycle.resume``)."""
@@ -278,7 +300,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                            r["early_units_bytes"], True)
             terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
                      "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
-                     "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"]}
+                     "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"],
+                     "rollout_fill": 0.0}
             detail = {"resume_inline_s": lc["reload"], "gather_s": p["parts"]["weight_sync"]["gather_s"],
                       "pause_s": lc["offload"], "lifecycle_groups": [["trainer.dp", ranks]]}
         else:
@@ -302,8 +325,9 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             under = first_wait_share(r) * train
             wait = max(0.0, rest_left - rel - join - under)
             tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], train)
+            fill = rollout_fill_s(r, shard, multi) if mech == "forward_from_rollout" else 0.0
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
-                     "join_wait": join, "stream_wait": wait, "early_copies_tail": tail}
+                     "join_wait": join, "stream_wait": wait, "early_copies_tail": tail, "rollout_fill": fill}
             detail = {"resume_thread_s": thread, "sync_units_s": sum(sync_units), "pause_s": lc["offload"],
                       "hidden_creation_s": rel + forward, "lifecycle_groups": [[n, len(g)] for n, g in groups]}
         cost = sum(terms.values())
@@ -380,7 +404,8 @@ def checked_ratio() -> dict[str, Any]:
 def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = None) -> str:
     """The rows as a markdown table (seconds; x copies), with the checked figure beside the 2-GPU old rows."""
     head = ("| ranks | mesh | mechanism | offload | weight sync | reload | join wait | stream wait | "
-            "early copies tail | switch cost | copies at line | x copies |\n" + "|---" * 12 + "|")
+            "early copies tail | fill from the rollout's copy | switch cost | copies at line | x copies |\n"
+            + "|---" * 13 + "|")
     body = []
     for r in rows:
         t = r["terms"]
@@ -391,7 +416,7 @@ def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = No
             x += f" (measured {measured['switch_cost_x_copy_time']:.2f})"
         body.append(f"| {r['ranks']} | {mesh} | {r['mechanism']} | {t['offload']:.3f} | {t['weight_sync']:.3f} | "
                     f"{t['reload']:.3f} | {t['join_wait'] + t['first_use_extra']:.3f} | {t['stream_wait']:.3f} | "
-                    f"{t['early_copies_tail']:.3f} | {r['switch_cost_s']:.3f} | {r['copy_time_at_line_s']:.3f} | {x} |")
+                    f"{t['early_copies_tail']:.3f} | {t.get('rollout_fill', 0.0):.3f} | {r['switch_cost_s']:.3f} | {r['copy_time_at_line_s']:.3f} | {x} |")
     return "\n".join([head, *body])
 
 
@@ -455,9 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD",
-           "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio", "format_ngpu", "forward_share_of_trace",
-           "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table",
+__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
+           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio", "format_ngpu", "forward_share_of_trace",
+           "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table", "rollout_fill_s",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 
 if __name__ == "__main__":

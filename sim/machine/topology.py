@@ -290,6 +290,11 @@ class Topology:
         own = min(self._gpu_max_link(la), self._gpu_max_link(lb))
         return min(nic_bw, own), LinkKind.NETWORK if nic_bw <= own else LinkKind.NVLINK
 
+    def device_copy_bandwidth(self, rank: int = 0) -> float:
+        """Bytes per second a device-to-device copy on ``rank``'s GPU moves (copied bytes, not read + write)."""
+        self._check_rank(rank)
+        return self._resources[_elem_resource("n0/" + self._local(self.gpu(rank))) + "/copy"]
+
     def nic_bandwidth(self) -> float:
         """One node's NICs' aggregate bandwidth to the fabric (bytes/s, one direction; 0 without NICs)."""
         return self._nic_bandwidth()
