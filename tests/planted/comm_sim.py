@@ -417,6 +417,12 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       ("tests/sim/calibrate/test_switch_ngpu.py",),
       "the prediction of the forward from the rollout's copy hides the creation under the issue alone, as if the "
       "join were still at the first forward"),
+    B("fill_forgets_the_backward_regather", "sim/calibrate/switch_ngpu.py",
+      "FILL_PASSES_NON_ROOT, FILL_PASSES_ROOT = 2, 1\n", "FILL_PASSES_NON_ROOT, FILL_PASSES_ROOT = 1, 1\n",
+      ("tests/sim/calibrate/test_switch_ngpu.py",),
+      "the fill from the rollout's copy is charged once a unit: the backward's re-gathers, filled too, are left out",
+      ci_tests=("tests/sim/calibrate/test_switch_ngpu.py::"
+                "test_the_fill_copies_each_units_full_params_in_bf16_at_the_gpus_copy_rate",)),
 )
 
 #: planted in modules a user relies on but not caught by the suite yet: kept out of COMM_SIM_BREAKS (so that
