@@ -13,7 +13,9 @@
 #                 no_flat
 #   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
-# PARTS (default "ngpu base ablate mode") picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+#   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
+#                 into its init call and its connection, and its channels (nccl_split.txt; nccl_log.tgz)
+# PARTS (default "ngpu base nccllog ablate mode") picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
 # start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
 # to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
 # STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
@@ -37,7 +39,7 @@ fi
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 N=${NPROC:-$($PY -c 'import torch; print(max(1, torch.cuda.device_count()))')}
 elapsed() { echo $(( $(date +%s) - T0 )); }
-on() { case " ${PARTS:-ngpu base ablate mode} " in *" $1 "*) return 0;; esac; return 1; }
+on() { case " ${PARTS:-ngpu base nccllog ablate mode} " in *" $1 "*) return 0;; esac; return 1; }
 step() {  # step NAME CMD...: runs if the budget leaves at least 30 s, under min(RUN_S, what is left)
   local name=$1; shift
   local left=$(( BUDGET - $(elapsed) )) to=$RUN_S
@@ -63,6 +65,18 @@ rl() {  # rl NAME POLICY MODE FLAGS...
 on ngpu && rl ngpu DESTROY_DEFERRED streamed
 on base && rl base DESTROY_DEFERRED streamed --no-managed-mesh --no-flat-mesh --no-rebuild-ahead \
   --no-sync-in-backward --no-gather-in-rollout-dtype
+if on nccllog && [ "$N" -gt 1 ]; then  # the defaults again with NCCL's INFO log (timed lines): what a communicator of N
+  # ranks costs to create, split into the init call and the connection (python -m sim.calibrate.nccl_init_log), and
+  # its channel count ("coll channels"); logging slows NCCL, so this run is not the ngpu one
+  mkdir -p "$W/nccl_log"
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,PROXY NCCL_DEBUG_FILE="$W/nccl_log/nccl.%h.%p.log" \
+    NCCL_DEBUG_TIMESTAMP_LEVELS=ALL NCCL_DEBUG_TIMESTAMP_FORMAT='[%s.%6f] ' rl nccllog DESTROY_DEFERRED streamed
+  { echo "== NCCL's log: communicator creation split (sim.calibrate.nccl_init_log)"
+    $PY -m sim.calibrate.nccl_init_log "$W"/nccl_log/*.log
+    echo "== channels per communicator (ranks: count)"
+    grep -h "coll channels" "$W"/nccl_log/*.log | sed 's/.*INFO //' | sort | uniq -c; } >"$W/nccl_split.txt" 2>&1
+  tar -C "$W" -czf "$W/nccl_log.tgz" nccl_log && rm -rf "$W/nccl_log"
+fi
 if on ablate; then
   rl ablate_no_served DESTROY_DEFERRED streamed --no-forward-from-rollout
   rl ablate_no_ahead DESTROY_DEFERRED streamed --no-rebuild-ahead
@@ -79,6 +93,7 @@ if on mode; then
   done
 fi
 $PY bench/gpu/switch_summary.py "$W" >"$W/summary.txt" 2>&1
+[ -f "$W/nccl_split.txt" ] && cat "$W/nccl_split.txt" >>"$W/summary.txt"
 echo "N=$N total $(elapsed)s" >>"$W/summary.txt"
 cat "$W/summary.txt"
 cp "$W/summary.txt" "$OUT/summary.txt"
