@@ -354,18 +354,33 @@ class RoleGroups:
 
     async def warm(self, names: Collection[str]) -> None:
         """Create the communicators of the rebuilt groups ``names`` now (``LifecycleConfig.warm_rebuilt``): one
-        one-element all-reduce on each group this rank is a member of, in group order; agreed as one step.
-        (A group's spec may leave its backend to the runtime's default, so every rebuilt group is warmed: on Gloo,
-        which creates its connections at once, the all-reduce costs one small collective.)"""
+        one-element all-reduce on each group this rank is a member of, in group order, and on a group of more than
+        two ranks a one-element all-gather after it; agreed as one step. (A group's spec may leave its backend to
+        the runtime's default, so every rebuilt group is warmed: on Gloo, which creates its connections at once,
+        each costs one small collective.) [Note: the ring's warm-up]"""
         rt = self.rt
         todo = [n for n in self.names if n in names and self.member(n)]
 
         async def run() -> None:
+            meta = rt.device.type == "meta"
             for name in todo:
-                buf = rt.alloc_device(1, torch.float32, tag="lifecycle.warm") if rt.device.type != "meta" \
-                    else torch.zeros(1)
+                buf = torch.zeros(1) if meta else rt.alloc_device(1, torch.float32, tag="lifecycle.warm")
                 await rt.all_reduce(buf, ReduceOp.SUM, name, timeout_s=self.config.canary_timeout_s)
-                if rt.device.type != "meta":
+                n = rt.group_size(name)
+                if n > 2:
+                    # [Note: the ring's warm-up] NCCL connects, at a communicator's first collective, only the
+                    # algorithm that collective runs (its runtime connect). A one-element all-reduce of more than
+                    # two ranks may run as a tree (NCCL's tuner scores tree and ring within a few microseconds of
+                    # each other on one node), and then the ring that FSDP2's all-gathers and reduce-scatters run
+                    # would connect at the training step's first one instead of here. An all-gather runs only as a
+                    # ring on one node (no NVLS tree for it, PAT only at one GPU a node), so it connects the ring
+                    # whatever the all-reduce chose; on two ranks NCCL's log shows the all-reduce connects the
+                    # ring ("Connected all rings" after every two-rank creation), so nothing is added there.
+                    out = torch.zeros(n) if meta else rt.alloc_device(n, torch.float32, tag="lifecycle.warm")
+                    await rt.all_gather_into_tensor(out, buf, name, timeout_s=self.config.canary_timeout_s)
+                    if not meta:
+                        rt.release(out)
+                if not meta:
                     rt.release(buf)
             self.stats.warm_ups += len(todo)
 

@@ -336,3 +336,46 @@ def test_a_hung_rank_makes_the_others_fail_within_the_agreement_timeout():
     r1 = results[1]  # wakes after its peer gave up: its own agreement fails too
     assert r1["error"] is not None and r1["state"] == "FAILED"
     assert r1["elapsed"] < hang_s + agree_timeout + 3.0
+
+
+# --------------------------------------------------------------------------- the ring's warm-up
+
+
+def _warm_ring(rank, world_size):
+    from refimpl.comm import PGLifecycle
+    from refimpl.torch_runtime import TorchRuntime
+
+    rt = TorchRuntime()
+    config, groups = _lifecycle(rt, "warm", "DESTROY_DEFERRED", warm_rebuilt=True)
+    lc = PGLifecycle(rt, groups, config=config)
+    sync = lc.sync
+    sync.start()
+    before = _sums(rt, lc.groups)
+    gathers = []
+    real = rt.all_gather_into_tensor
+
+    async def spy(output, input, group="world", *, timeout_s=None):  # the real collective, its group noted
+        gathers.append((group, output.numel()))
+        await real(output, input, group, timeout_s=timeout_s)
+
+    rt.all_gather_into_tensor = spy
+    sync.pause()
+    sync.resume()
+    rt.all_gather_into_tensor = real
+    after = _sums(rt, lc.groups)
+    out = {"before": before, "after": after, "gathers": gathers, "warm_ups": lc.stats.warm_ups,
+           "state": lc.state.name}
+    return out
+
+
+def test_the_warm_up_connects_the_ring_of_a_group_of_more_than_two_ranks():
+    """[Note: the ring's warm-up] in refimpl/comm/role_groups.py: with warm_rebuilt, the resume warms every
+    rebuilt group this rank is in with an all-reduce, and a group of more than two ranks with a one-element
+    all-gather after it (the collective that runs only as a ring); a two-rank group gets none. Real Gloo, 3 ranks:
+    the 3-rank dp group is gathered on every rank, the 2-rank tp group never, and both work after the resume."""
+    results = run_distributed(_warm_ring, 3, timeout=180)
+    for rank, r in enumerate(results):
+        assert r["state"] == "ACTIVE"
+        assert r["gathers"] == [("warm.dp", 3)], (rank, r["gathers"])
+        assert r["warm_ups"] == (2 if rank in TP else 1)
+        assert r["before"] == r["after"] == ({"warm.tp": 2, "warm.dp": 3} if rank in TP else {"warm.dp": 3})
