@@ -67,14 +67,12 @@ on base && rl base DESTROY_DEFERRED streamed --no-managed-mesh --no-flat-mesh --
   --no-sync-in-backward --no-gather-in-rollout-dtype
 if on nccllog && [ "$N" -gt 1 ]; then  # the defaults again with NCCL's INFO log (timed lines): what a communicator of N
   # ranks costs to create, split into the init call and the connection (python -m sim.calibrate.nccl_init_log), and
-  # its channel count ("coll channels"); logging slows NCCL, so this run is not the ngpu one
+  # its ring channels; logging slows NCCL, so this run is not the ngpu one
   mkdir -p "$W/nccl_log"
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,PROXY NCCL_DEBUG_FILE="$W/nccl_log/nccl.%h.%p.log" \
     NCCL_DEBUG_TIMESTAMP_LEVELS=ALL NCCL_DEBUG_TIMESTAMP_FORMAT='[%s.%6f] ' rl nccllog DESTROY_DEFERRED streamed
-  { echo "== NCCL's log: communicator creation split (sim.calibrate.nccl_init_log)"
-    $PY -m sim.calibrate.nccl_init_log "$W"/nccl_log/*.log
-    echo "== channels per communicator (ranks: count)"
-    grep -h "coll channels" "$W"/nccl_log/*.log | sed 's/.*INFO //' | sort | uniq -c; } >"$W/nccl_split.txt" 2>&1
+  { echo "== NCCL's log: communicator creation split and ring channels (sim.calibrate.nccl_init_log)"
+    $PY -m sim.calibrate.nccl_init_log "$W"/nccl_log/*.log; } >"$W/nccl_split.txt" 2>&1
   tar -C "$W" -czf "$W/nccl_log.tgz" nccl_log && rm -rf "$W/nccl_log"
 fi
 if on ablate; then

@@ -40,6 +40,7 @@ CONNECT_SHARE_2X_H200 = 0.799
 _INIT = re.compile(r"^\[(\d+(?:\.\d+)?)\].*ncclCommInitRank\w* comm (0x[0-9a-f]+) rank \d+ nranks (\d+) .*- Init "
                    r"(START|COMPLETE)")
 _RINGS = re.compile(r"^\[(\d+(?:\.\d+)?)\].*Connected all rings")
+_CHANNELS = re.compile(r".*NCCL INFO (\d+) coll channels,")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class CreationSplit:
     ranks: int
     init_s: float
     connect_s: float
+    #: its ring channels (the ``N coll channels`` line of its init), what a rank connects a send and a receive for;
+    #: None where the log has no such line
+    channels: int | None = None
 
     @property
     def connect_share(self) -> float:
@@ -65,6 +69,8 @@ def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationS
     rings`` after its ``Init COMPLETE`` and before the next communicator's ``Init START``."""
     out: list[CreationSplit] = []
     start: dict[str, float] = {}
+    channels: dict[str, int] = {}
+    initing: str | None = None  # the communicator between its Init START and COMPLETE
     pending: tuple[str, int, float, float] | None = None  # comm, ranks, start, complete
     for line in lines:
         m = _INIT.match(line)
@@ -72,14 +78,19 @@ def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationS
             t, comm, ranks, what = float(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
             if what == "START":
                 start[comm] = t
-                pending = None
+                initing, pending = comm, None
             elif comm in start and ranks > 1:
                 pending = (comm, ranks, start[comm], t)
+                initing = None
+            continue
+        c = _CHANNELS.match(line)
+        if c and initing is not None:
+            channels[initing] = int(c.group(1))
             continue
         r = _RINGS.match(line)
         if r and pending is not None:
             comm, ranks, t0, t1 = pending
-            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1))
+            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1, channels.get(comm)))
             pending = None
     return out
 
@@ -102,15 +113,17 @@ def connect_share(splits: list[CreationSplit]) -> float:
 
 def summary(splits: list[CreationSplit]) -> str:
     """Per communicator size: how many, the medians of the init, the connection, their sum (the creation as the
-    log times it, to set beside a preset's lazy-init constant) and the share."""
+    log times it, to set beside a preset's lazy-init constant) and the share, and the ring channels they have (the
+    ring rule holds while a larger communicator has as many)."""
     rows = ["| ranks | communicators | init (median ms) | connection at the first collective (median ms) | "
-            "creation (median ms) | connection share (median) |", "|---|---|---|---|---|---|"]
+            "creation (median ms) | connection share (median) | ring channels |", "|---|---|---|---|---|---|---|"]
     for n in sorted({s.ranks for s in splits}):
         same = [s for s in splits if s.ranks == n]
+        chans = sorted({s.channels for s in same if s.channels is not None})
         rows.append(f"| {n} | {len(same)} | {statistics.median(s.init_s for s in same) * 1e3:.1f} | "
                     f"{statistics.median(s.connect_s for s in same) * 1e3:.1f} | "
                     f"{statistics.median(s.init_s + s.connect_s for s in same) * 1e3:.1f} | "
-                    f"{connect_share(same):.3f} |")
+                    f"{connect_share(same):.3f} | {', '.join(map(str, chans)) or 'not logged'} |")
     return "\n".join(rows)
 
 

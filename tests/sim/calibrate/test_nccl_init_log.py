@@ -16,7 +16,9 @@ LOG = """\
 [100.000] h:1:1 [0] NCCL INFO [Rank 0] ncclCommInitRankConfig comm 0xaa rank 0 nranks 1 cudaDev 0 - Init START
 [100.020] h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0xaa rank 0 nranks 1 cudaDev 0 - Init COMPLETE
 [100.100] h:1:1 [0] NCCL INFO [Rank 0] ncclCommInitRankConfig comm 0xbb rank 0 nranks 2 cudaDev 0 - Init START
+[100.130] h:1:1 [0] NCCL INFO 24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer
 [100.140] h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0xbb rank 0 nranks 2 cudaDev 0 - Init COMPLETE
+[100.145] h:1:1 [0] NCCL INFO 64 coll channels, 64 collnet channels, 0 nvls channels, 64 p2p channels, 64 p2p channels per peer
 [100.150] h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM
 [100.300] h:1:1 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1
 [100.310] h:1:1 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1
@@ -34,6 +36,8 @@ def test_a_log_gives_each_multi_rank_communicators_init_and_connection():
     assert s[0].init_s == pytest.approx(0.040) and s[0].connect_s == pytest.approx(0.160)
     assert s[0].connect_share == pytest.approx(0.8)
     assert s[1].init_s == pytest.approx(0.050) and s[1].connect_s == pytest.approx(0.200)
+    # the channel line inside a communicator's init is its own; one outside any init belongs to none
+    assert s[0].channels == 24 and s[1].channels is None
     assert connect_share(s) == pytest.approx(0.8)
     with pytest.raises(RecordError, match="TIMESTAMP"):
         connect_share(splits_in_lines(["NCCL INFO Connected all rings"]))
@@ -44,12 +48,15 @@ def test_the_shipped_share_is_the_probes_logs():
     splits = [x for p in WALK_PROBE_LOGS for x in creation_splits(ROOT / p)]
     assert len(splits) > 100 and {x.ranks for x in splits} == {2}
     assert connect_share(splits) == pytest.approx(CONNECT_SHARE_2X_H200, abs=0.0005)
+    # every two-rank communicator has 24 ring channels: what the ring rule keeps at any size (docs/calibration.md)
+    assert {x.channels for x in splits} == {24}
 
 
 def test_the_command_prints_the_table_and_refuses_a_missing_log(tmp_path, capsys):
     log = tmp_path / "nccl.log"
     log.write_text(LOG)
     assert main([str(log)]) == 0
-    assert "| 2 | 1 | 40.0 | 160.0 | 200.0 | 0.800 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 2 | 1 | 40.0 | 160.0 | 200.0 | 0.800 | 24 |" in out and "| 4 | 1 | 50.0 | 200.0 | 250.0 | 0.800 | not logged |" in out
     assert main([str(tmp_path / "none.log")]) == 2
     assert "cannot read" in capsys.readouterr().err
