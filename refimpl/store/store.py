@@ -459,6 +459,7 @@ class OffloadStore:
             await self._finish_streams()
         if self._early:  # a reload reads the host buffers early copies write into
             await self._early.drain()
+        self._early.prepare()
         offloaded = self._held.offloaded_layouts(cats)
         chosen = frozenset(cats & self._held.offloaded)  # the same on every rank: offloads end alike everywhere
         agreed = not local_only and self.backend.agrees_on_reload(chosen)

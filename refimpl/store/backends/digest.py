@@ -23,12 +23,26 @@ value), less when it spans rows, whatever its structure, since no shift or permu
 Cost: per word, an int32 multiply (read 4 bytes, write 4) and a row sum (read 4): about three reads of the
 data, against one for the column sums; chunks of 16 Mi words bound the device memory it takes (64 MiB).
 Meta and empty tensors hash to zeros.
+
+[Note: the fused row sums]
+Eagerly the multiply and the row sum are two kernels and a temporary: on an H200 the digest read 146 GiB/s, 12.6
+times a clone of the same bytes, and the early copies' two digests made the one-GPU switch cost 1.19 x the copies
+instead of 0.42 x (bench/results/2026-12-05-h200-pending/). On a CUDA device the row sums are ``torch.compile``d
+into one kernel (multiply and sum fused, no temporary; Triton's integer arithmetic wraps as torch's does), once per
+process and device. The compiled function is used only if it gives the eager function's exact sums on a probe of
+random words (several row counts, an unaligned start); otherwise, or where compiling fails (no Triton, no
+compiler), the eager one is used and a warning says why. ``TIMESHARE_DIGEST_FUSED=0`` keeps the eager one. The
+compile is paid at the first digest of the process (a few seconds).
 """
 from __future__ import annotations
 
-from typing import Sequence
+import logging
+import os
+from typing import Callable, Sequence
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 DIGEST_ROW = 1021
 """Words per row of the digest's 2-D view (a prime)."""
@@ -84,8 +98,10 @@ def _row_weights(device: torch.device) -> torch.Tensor:
 
 
 def release_digest_weights() -> None:
-    """Drop the cached row weights (device memory); the next :func:`content_digest` builds them again."""
+    """Drop the cached row weights (device memory) and the decision on fused row sums; the next
+    :func:`content_digest` makes both again."""
     _ROW_WEIGHTS.clear()
+    _FUSED.clear()
 
 
 def _words(t: torch.Tensor) -> torch.Tensor | None:
@@ -101,14 +117,68 @@ def _row_count(words: torch.Tensor) -> int:
     return -(-words.numel() // DIGEST_ROW)
 
 
+RowSums = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def eager_row_sums(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``S[b] = sum_j rows[b, j] * weights[j]`` in int32, wrapping (two kernels and a temporary)."""
+    return torch.sum(rows * weights, dim=1, dtype=torch.int32)
+
+
+_FUSED: dict[str, RowSums | None] = {}
+
+
+def checked_row_sums(candidate: RowSums, device: torch.device) -> bool:
+    """Whether ``candidate`` gives :func:`eager_row_sums`' exact sums on ``device`` for a probe of random int32
+    words: several row counts, from an aligned and from an unaligned start (what a slice of a flat buffer gives)."""
+    g = torch.Generator(device="cpu").manual_seed(20261205)
+    words = torch.randint(-(2 ** 31), 2 ** 31 - 1, (300 * DIGEST_ROW + 3,), dtype=torch.int32, generator=g)
+    words = words.to(device)
+    weights = _row_weights(device)
+    for start, rows in ((0, 1), (0, 7), (1, 37), (3, 299), (0, 300)):
+        part = words[start:start + rows * DIGEST_ROW].view(rows, DIGEST_ROW)
+        if not torch.equal(candidate(part, weights), eager_row_sums(part, weights)):
+            return False
+    return True
+
+
+def fused_row_sums(device: torch.device) -> RowSums | None:
+    """The compiled row sums for ``device`` ([Note: the fused row sums]), or None where the eager ones are used:
+    not CUDA, ``TIMESHARE_DIGEST_FUSED=0``, a compile that fails or a result that differs on the probe. Decided once
+    per process and device."""
+    key = str(device)
+    if key in _FUSED:
+        return _FUSED[key]
+    fn: RowSums | None = None
+    if device.type == "cuda" and os.environ.get("TIMESHARE_DIGEST_FUSED", "1") != "0":
+        try:
+            compiled = torch.compile(eager_row_sums, dynamic=True, fullgraph=True)
+            if checked_row_sums(compiled, device):
+                fn = compiled
+            else:
+                logger.warning("content digest: the compiled row sums differ from the eager ones on %s; the eager "
+                               "ones are used (slower, same hashes)", device)
+        except Exception as e:  # noqa: BLE001 - any failure to build the kernel leaves the eager path
+            logger.warning("content digest: no compiled row sums on %s (%s: %s); the eager ones are used", device,
+                           type(e).__name__, e)
+    _FUSED[key] = fn
+    return fn
+
+
 def _row_sums_into(out: torch.Tensor, words: torch.Tensor, weights: torch.Tensor) -> None:
     """Write ``S[b] = sum_j words[b, j] * R[j]`` (int32, wrapping) of ``words`` in rows of 1,021 into ``out``
-    (one slot per row, the last row possibly short), a chunk of rows at a time."""
+    (one slot per row, the last row possibly short): all rows in one call where the sums are fused, else a chunk of
+    rows at a time (the eager temporary bounded)."""
     rows, tail = divmod(words.numel(), DIGEST_ROW)
-    for a in range(0, rows, _CHUNK_ROWS):
-        b = min(rows, a + _CHUNK_ROWS)
+    fused = fused_row_sums(words.device) if words.dtype == torch.int32 else None
+    step = max(rows, 1) if fused is not None else _CHUNK_ROWS
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
         part = words[a * DIGEST_ROW:b * DIGEST_ROW].view(b - a, DIGEST_ROW)
-        torch.sum(part * weights, dim=1, dtype=torch.int32, out=out[a:b])
+        if fused is not None:
+            out[a:b] = fused(part, weights)
+        else:
+            torch.sum(part * weights, dim=1, dtype=torch.int32, out=out[a:b])
     if tail:
         torch.sum(words[rows * DIGEST_ROW:] * weights[:tail], dim=0, keepdim=True, dtype=torch.int32,
                   out=out[rows:rows + 1])
@@ -151,4 +221,5 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
     return out
 
 
-__all__ = ["DIGEST_ROW", "content_digest", "mix", "mix_reference", "release_digest_weights"]
+__all__ = ["DIGEST_ROW", "checked_row_sums", "content_digest", "eager_row_sums", "fused_row_sums", "mix",
+           "mix_reference", "release_digest_weights"]

@@ -66,7 +66,7 @@ import torch
 
 from refimpl.runtime.base import Completion, Runtime
 from refimpl.store.backends.base import StoreBackend
-from refimpl.store.backends.digest import content_digest
+from refimpl.store.backends.digest import content_digest, fused_row_sums
 from refimpl.store.config import Category
 from refimpl.store.state.entry import StorageEntry, storage_id
 from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
@@ -196,6 +196,14 @@ class EarlyCopies:
 
     def __bool__(self) -> bool:
         return bool(self._by_key)
+
+    def prepare(self) -> None:
+        """Before the first layouts become resident (the store's reload, on its caller's thread): build the digest's
+        fused row sums for this device now ([Note: the fused row sums] in :mod:`refimpl.store.backends.digest`), so
+        their one-time compile is not paid inside a training step's ``copy_early``. Nothing without early copies or
+        off CUDA."""
+        if self.supported and self.rt.device.type == "cuda":
+            fused_row_sums(self.rt.device)
 
     async def issue(self, layouts: dict[LayoutKey, FlatLayout], tensors: Iterable[torch.Tensor]) -> int:
         """Queue the copy of every entry holding one of ``tensors`` (once per entry; neighbouring entries in one
