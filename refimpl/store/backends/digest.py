@@ -32,7 +32,10 @@ into one kernel (multiply and sum fused, no temporary; Triton's integer arithmet
 process and device. The compiled function is used only if it gives the eager function's exact sums on a probe of
 random words (several row counts, an unaligned start); otherwise, or where compiling fails (no Triton, no
 compiler), the eager one is used and a warning says why. ``TIMESHARE_DIGEST_FUSED=0`` keeps the eager one. The
-compile is paid at the first digest of the process (a few seconds).
+compile (seconds, once per process and device) is paid at the store's first reload
+(:meth:`~refimpl.store.moves.early.EarlyCopies.prepare`), or at the first digest where no store built it first
+(``local_dedup``'s replica check); ``python -m bench.digest_cost`` prints it. Two threads deciding at once both
+compile and keep either result: both passed the probe.
 """
 from __future__ import annotations
 
