@@ -104,6 +104,7 @@ def release_digest_weights() -> None:
     """Drop the cached row weights (device memory) and the decision on fused row sums; the next
     :func:`content_digest` makes both again."""
     _ROW_WEIGHTS.clear()
+    _INDEX_WEIGHTS.clear()
     _FUSED.clear()
 
 
@@ -187,16 +188,41 @@ def _row_sums_into(out: torch.Tensor, words: torch.Tensor, weights: torch.Tensor
                   out=out[rows:rows + 1])
 
 
+_INDEX_WEIGHTS: dict[str, torch.Tensor] = {}
+
+
+def _index_weights(device: torch.device, rows: int) -> torch.Tensor:
+    """``B``: the int64 weights of row indices ``0 .. rows - 1`` for the two hashes (a ``(2, capacity)`` tensor per
+    device, made on the device and kept; grown by doubling)."""
+    key = str(device)
+    table = _INDEX_WEIGHTS.get(key)
+    if table is None or table.shape[1] < rows:
+        cap = max(rows, 2 * (table.shape[1] if table is not None else 0), 1 << 14)
+        index = torch.arange(cap, dtype=torch.int64, device=device)
+        table = _INDEX_WEIGHTS[key] = torch.stack([mix(index, _SEEDS[1]), mix(index, _SEEDS[2])])
+    return table
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``; on CUDA through pinned memory without waiting for the device
+    (the caching host allocator keeps the pinned block until the copy has run)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+
+
 def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
     """Two 64-bit hashes per tensor of its raw bytes (``[h1, h2]`` for each, in order), computed where each tensor
     lives and gathered on ``device`` (default: the first tensor's); see [Note: content digest].
 
     Equal bytes give equal hashes on every rank and device; a changed word always changes them; words moved or
     rows swapped change them but with a probability of about 2**-32 per row they touch. The row sums of up to
-    4,096 tensors are combined at once, so a tensor costs two kernels per 16 Mi words (one for a short one).
+    4,096 tensors are combined at once, so a tensor costs one kernel (fused row sums) or two per 16 Mi words, plus
+    one for a short last row. The work is queued on each device's current stream and the host never waits for it
+    (where the tensors are on ``device``): the result is ready when that stream's work is.
     """
     dev = device or (tensors[0].device if tensors else torch.device("cpu"))
-    out = torch.zeros(2 * len(tensors), dtype=torch.int64, device=dev)
+    out = torch.zeros(len(tensors), 2, dtype=torch.int64, device=dev)
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for i, t in enumerate(tensors):
         words = _words(t)
@@ -207,21 +233,22 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
         for lo in range(0, len(items), _BATCH):
             part = items[lo:lo + _BATCH]
             counts = [_row_count(words) for _, words in part]
-            sums = torch.empty(sum(counts), dtype=torch.int32, device=d)
+            total = sum(counts)
+            sums = torch.empty(total, dtype=torch.int32, device=d)
             at = 0
             for (_, words), n in zip(part, counts):
                 _row_sums_into(sums[at:at + n], words, weights)
                 at += n
-            count_t = torch.tensor(counts, dtype=torch.int64)
-            starts = torch.cumsum(count_t, 0) - count_t
-            row = (torch.arange(at, dtype=torch.int64) - torch.repeat_interleave(starts, count_t)).to(d)
-            slot = torch.repeat_interleave(torch.tensor([2 * i for i, _ in part], dtype=torch.int64), count_t).to(d)
-            wide = sums.to(torch.int64)
-            acc = torch.zeros_like(out, device=d)
-            acc.index_add_(0, slot, wide * mix(row, _SEEDS[1]))
-            acc.index_add_(0, slot + 1, wide * mix(row, _SEEDS[2]))
-            out += acc.to(dev)
-    return out
+            # each row's tensor (slot) and index in it, made on the device from the counts: no host wait
+            meta = _to_device(counts + [i for i, _ in part], d)
+            count_d, slot_d = meta[:len(part)], meta[len(part):]
+            owner = torch.repeat_interleave(torch.arange(len(part), device=d), count_d, output_size=total)
+            row = torch.arange(total, dtype=torch.int64, device=d) - (torch.cumsum(count_d, 0) - count_d)[owner]
+            terms = sums.to(torch.int64).unsqueeze(1) * _index_weights(d, max(counts))[:, row].t()
+            acc = torch.zeros(len(tensors), 2, dtype=torch.int64, device=d)
+            acc.index_add_(0, slot_d[owner], terms)
+            out += acc if d == dev else acc.to(dev)
+    return out.view(-1)
 
 
 __all__ = ["DIGEST_ROW", "checked_row_sums", "content_digest", "eager_row_sums", "fused_row_sums", "mix",

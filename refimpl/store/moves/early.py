@@ -89,10 +89,8 @@ class EarlyCopy:
     storage: int
     #: bytes of the entries copied (the range less the alignment padding between them)
     nbytes: int
-    #: ``(offset, numel)`` of each entry the copy carries (what :meth:`EarlyCopies.verify` digests again)
-    entries: list[tuple[int, int]] = field(default_factory=list)
-    #: :func:`~refimpl.store.backends.digest.content_digest` of those entries when the copy was issued (on the
-    #: device; one row of two hashes per entry)
+    #: :func:`~refimpl.store.backends.digest.content_digest` of the range ``start:stop`` of the flat buffer when the
+    #: copy was issued (on the device; two hashes), what :meth:`EarlyCopies.verify` digests again
     digest: torch.Tensor | None = None
     #: set by :meth:`EarlyCopies.verify`: the range's bytes no longer hash as they did when the copy was issued
     changed: bool = False
@@ -232,11 +230,10 @@ class EarlyCopies:
             if not runs:
                 continue
             watched = [_watched(run) for run in runs]
-            # the digests are taken where the copies are ordered: after the work queued on this stream so far
-            digests = content_digest([flat[e.offset:e.offset + e.numel] for w in watched for e in w]).view(-1, 2)
-            at = 0
-            for run, watch in zip(runs, watched):
-                first, at = at, at + len(watch)
+            # one digest of each copy's whole range, taken where the copies are ordered (after the work queued on
+            # this stream so far) and never waited for here
+            digests = content_digest([flat[run[0].offset:run[-1].offset + run[-1].numel] for run in runs]).view(-1, 2)
+            for j, (run, watch) in enumerate(zip(runs, watched)):
                 a, b = run[0].offset, run[-1].offset + run[-1].numel
                 done = await self.backend.copy_early(lay, flat, a, b)
                 if done is None:  # the backend holds no host buffer of this layout yet
@@ -246,8 +243,7 @@ class EarlyCopies:
                             for obj, plain in ((r.live(), True), (r.live_dtensor(), False)) if obj is not None]
                 nbytes = sum(e.nbytes for e in run)
                 self._by_key.setdefault(key, []).append(EarlyCopy(
-                    a, b, done, versions, lay.flat_storage, nbytes, [(e.offset, e.numel) for e in watch],
-                    digests[first:at]))
+                    a, b, done, versions, lay.flat_storage, nbytes, digests[j]))
                 self._copied.update((key, e.offset) for e in run)
                 moved += nbytes
         flat = None  # no view of a flat buffer outlives the call but the copies' own
@@ -266,20 +262,19 @@ class EarlyCopies:
             flat = resident_flat(lay, {})
             if flat is None:  # not resident in its flat buffer any more: the copies are not taken
                 continue
-            checks.extend((c, [flat[a:a + n] for a, n in c.entries]) for c in copies
+            checks.extend((c, flat[c.start:c.stop]) for c in copies
                           if c.digest is not None and c.storage == lay.flat_storage and c.counters_unchanged())
         flat = None
         if not checks:
             return 0
         copies = [c for c, _ in checks]
-        now = content_digest([v for _, views in checks for v in views]).view(-1, 2)
+        now = content_digest([view for _, view in checks]).view(-1, 2)
         checks.clear()  # no view of a flat buffer outlives the call
-        then = torch.cat([c.digest for c in copies]).to(now.device)
-        same = (now == then).all(dim=1).tolist()  # one row per entry; the one host synchronization
-        at, changed = 0, 0
-        for c in copies:
-            c.changed = not all(same[at:at + len(c.entries)])
-            at += len(c.entries)
+        then = torch.stack([c.digest for c in copies]).to(now.device)
+        same = (now == then).all(dim=1).tolist()  # one row per copy; the one host synchronization
+        changed = 0
+        for c, ok in zip(copies, same):
+            c.changed = not ok
             changed += c.changed
         if changed:
             logger.info("%d early cop%s changed after copy_early without a version counter moving (a fused optimizer "

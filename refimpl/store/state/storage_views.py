@@ -63,11 +63,16 @@ def find_views(storage_id: int, known: set[int]) -> list[torch.Tensor]:
     """
     import gc
     import warnings
+    import weakref
 
+    proxies = (weakref.ProxyType, weakref.CallableProxyType)
     known = known | own_views_of(storage_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on deprecated torch objects warns
-        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and id(o) not in known]
+        # a weakref.proxy passes isinstance() for the tensor it points to and raises ReferenceError once that is
+        # gone (torch.compile leaves such proxies): type() does not look through it, so proxies are skipped first
+        objects = [o for o in gc.get_objects()
+                   if type(o) not in proxies and isinstance(o, torch.Tensor) and id(o) not in known]
     out = []
     for obj in objects:
         try:

@@ -75,3 +75,25 @@ def test_the_fused_digest_equals_the_eager_one_on_the_gpu():
     changed = flat.clone()
     changed.view(torch.int32)[DIGEST_ROW * 2000 + 5] += 1
     assert not torch.equal(content_digest([changed]).cpu(), content_digest([flat]).cpu())
+
+
+@CUDA
+@pytest.mark.cuda
+def test_the_digest_never_makes_the_host_wait_on_the_gpu():
+    """Once its weights and fused sums exist, a digest of CUDA tensors queues its work without one host
+    synchronization (torch's sync debug mode raises on any), so a ``copy_early`` in a backward hook does not stall
+    the autograd engine; its hashes equal those of the same bytes digested on the CPU."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cpu").manual_seed(11)
+    host = [torch.randn(DIGEST_ROW * 300 + 7, generator=g), torch.randn(1 << 20, generator=g),
+            torch.randint(0, 255, (DIGEST_ROW + 1,), dtype=torch.uint8, generator=g), torch.ones(3)]
+    on_gpu = [t.to(dev) for t in host]
+    content_digest(on_gpu)  # builds the row weights, the index weights and the fused sums (these may wait)
+    torch.cuda.synchronize(dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = content_digest(on_gpu)
+        got = content_digest(on_gpu[::-1])  # the same tensor count, another order: nothing new to build
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got.cpu(), content_digest(host[::-1]))

@@ -10,6 +10,7 @@ accounts for those.)
 """
 import gc
 import warnings
+import weakref
 
 import torch
 
@@ -22,7 +23,9 @@ def _live_tensors_on(ptrs: set[int]) -> list[str]:
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on deprecated torch objects warns
-        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        # type() first: a dead weakref.proxy (torch.compile leaves them) raises ReferenceError on isinstance()
+        tensors = [o for o in gc.get_objects()
+                   if type(o) not in (weakref.ProxyType, weakref.CallableProxyType) and isinstance(o, torch.Tensor)]
     for t in tensors:
         try:
             st = t.untyped_storage()
