@@ -60,6 +60,7 @@ def syncs_of(fn: Callable[[], object]) -> int:
 
 
 def row_sums_only(tensors: list[torch.Tensor], fused: bool) -> None:
+    """Run only the digest's row-sum stage over ``tensors``, fused or eager, without finalizing."""
     weights = dg._row_weights(tensors[0].device)
     for t in tensors:
         words = dg._words(t)
@@ -74,6 +75,7 @@ def row_sums_only(tensors: list[torch.Tensor], fused: bool) -> None:
 
 
 def measure(name: str, tensors: list[torch.Tensor], repeats: int) -> dict:
+    """Time the digest and its parts over ``tensors`` (best of ``repeats``) against a clone and an int32 sum."""
     dev = tensors[0].device
     gib = sum(t.numel() * t.element_size() for t in tensors) / (1 << 30)
     fused = dg._FUSED.get(str(dev))
@@ -98,6 +100,7 @@ def measure(name: str, tensors: list[torch.Tensor], repeats: int) -> dict:
 
 
 def main() -> int:
+    """Print one JSON line per tensor layout with the digest's timings on the first CUDA device."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=8192)
     ap.add_argument("--tensors", type=int, default=64)
