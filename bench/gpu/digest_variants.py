@@ -4,11 +4,12 @@
 
 Times, best of ``--repeats`` after a warm-up, each with the device synchronised at the end:
 
-* ``digest``: :func:`~refimpl.store.backends.digest.content_digest` as it is (fused row sums where built), and with
-  the eager row sums;
+* ``<kind>_digest``: :func:`~refimpl.store.backends.digest.content_digest` with each kind of row sums: eager,
+  each fused kind that builds and passes the probe (its build time printed), the Triton kernel with other tiles;
+  ``digest`` is the kind the digest picks by default;
 * ``digest, host``: the same call's time on the host alone (no synchronisation): what a backward hook pays;
 * ``host syncs``: how many times one call makes the host wait (torch's sync debug mode, counted);
-* ``row sums``: the fused and the eager row sums alone over the same bytes;
+* ``<kind>_row_sums``: each kind's row sums alone over the same bytes;
 * ``early-copy shape``: the digest of a 1 B model's worth of bf16 ranges (2 GiB in 24 ranges) and of 2 GiB in 400
   tensors (what ``local_dedup`` checks);
 * references: a clone and an int32 sum of the same bytes.
@@ -16,6 +17,7 @@ Times, best of ``--repeats`` after a warm-up, each with the device synchronised 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -59,40 +61,68 @@ def syncs_of(fn: Callable[[], object]) -> int:
     return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
 
 
-def row_sums_only(tensors: list[torch.Tensor], fused: bool) -> None:
-    """Run only the digest's row-sum stage over ``tensors``, fused or eager, without finalizing."""
+def row_sums_only(tensors: list[torch.Tensor], fn: dg.RowSums | None) -> None:
+    """Run only the digest's row-sum stage over ``tensors`` with the row sums ``fn`` (None: eager), without
+    finalizing."""
     weights = dg._row_weights(tensors[0].device)
-    for t in tensors:
-        words = dg._words(t)
-        out = torch.empty(dg._row_count(words), dtype=torch.int32, device=t.device)
-        saved = dg._FUSED.get(str(t.device))
-        if not fused:
-            dg._FUSED[str(t.device)] = None
-        try:
+    key = str(tensors[0].device)
+    saved = dg._FUSED.get(key)
+    dg._FUSED[key] = fn
+    try:
+        for t in tensors:
+            words = dg._words(t)
+            out = torch.empty(dg._row_count(words), dtype=torch.int32, device=t.device)
             dg._row_sums_into(out, words, weights)
-        finally:
-            dg._FUSED[str(t.device)] = saved
+    finally:
+        dg._FUSED[key] = saved
 
 
-def measure(name: str, tensors: list[torch.Tensor], repeats: int) -> dict:
-    """Time the digest and its parts over ``tensors`` (best of ``repeats``) against a clone and an int32 sum."""
+def candidates(dev: torch.device) -> dict[str, dg.RowSums | None]:
+    """The row sums to compare: eager, each fused kind that builds and passes the probe (with its build time
+    printed), and the Triton kernel with other tile shapes (rows per program, warps)."""
+    out: dict[str, dg.RowSums | None] = {"eager": None}
+    for kind in dg.FUSED_KINDS:
+        t0 = time.perf_counter()
+        fn = dg.choose_row_sums((kind,), dev)
+        print(f"{kind} row sums: {'built and exact' if fn is not None else 'NOT taken'} in "
+              f"{time.perf_counter() - t0:.2f} s", flush=True)
+        if fn is not None:
+            out[kind] = fn
+    if "triton" in out:
+        from refimpl.store.backends.digest_kernel import triton_row_sums
+        for rows, warps in ((2, 4), (4, 4), (16, 8), (32, 16)):
+            fn = functools.partial(triton_row_sums, block_rows=rows, num_warps=warps)
+            fn.writes_into = True
+            if dg.checked_row_sums(fn, dev):
+                out[f"triton_r{rows}_w{warps}"] = fn
+            else:
+                print(f"triton {rows} rows x {warps} warps: NOT exact", flush=True)
+    return out
+
+
+def measure(name: str, tensors: list[torch.Tensor], kinds: dict[str, dg.RowSums | None], repeats: int) -> dict:
+    """Time the digest and its row sums over ``tensors`` with each of ``kinds`` (best of ``repeats``), the default
+    choice's host time and host syncs, against a clone and an int32 sum of the same bytes."""
     dev = tensors[0].device
+    key = str(dev)
     gib = sum(t.numel() * t.element_size() for t in tensors) / (1 << 30)
-    fused = dg._FUSED.get(str(dev))
     r = {"case": name, "gib": round(gib, 3), "tensors": len(tensors)}
-    r["digest_ms"] = best(lambda: dg.content_digest(tensors), repeats) * 1e3
     r["digest_host_ms"] = best(lambda: dg.content_digest(tensors), repeats, sync=False) * 1e3
     r["digest_syncs"] = syncs_of(lambda: dg.content_digest(tensors))
-    dg._FUSED[str(dev)] = None
-    try:
-        r["eager_digest_ms"] = best(lambda: dg.content_digest(tensors), repeats) * 1e3
-    finally:
-        dg._FUSED[str(dev)] = fused
-    r["fused_row_sums_ms"] = best(lambda: row_sums_only(tensors, True), repeats) * 1e3
-    r["eager_row_sums_ms"] = best(lambda: row_sums_only(tensors, False), repeats) * 1e3
+    default = dg._FUSED.get(key)
+    for kind, fn in kinds.items():
+        dg._FUSED[key] = fn
+        try:
+            r[f"{kind}_digest_ms"] = best(lambda: dg.content_digest(tensors), repeats) * 1e3
+        finally:
+            dg._FUSED[key] = default
+        r[f"{kind}_row_sums_ms"] = best(lambda: row_sums_only(tensors, fn), repeats) * 1e3
     r["clone_ms"] = best(lambda: [t.clone() for t in tensors], repeats) * 1e3
     r["int32_sum_ms"] = best(lambda: [t.view(-1).view(torch.int32).sum(dtype=torch.int32) for t in tensors],
                              repeats) * 1e3
+    chosen = next((k for k, fn in kinds.items() if fn is default), "?")
+    r["default"] = chosen
+    r["digest_ms"] = r[f"{chosen}_digest_ms"] if chosen != "?" else float("nan")
     r["digest_gib_per_s"] = gib / (r["digest_ms"] / 1e3)
     r["digest_over_sum"] = r["digest_ms"] / r["int32_sum_ms"]
     r["digest_over_clone"] = r["digest_ms"] / r["clone_ms"]
@@ -100,7 +130,8 @@ def measure(name: str, tensors: list[torch.Tensor], repeats: int) -> dict:
 
 
 def main() -> int:
-    """Print one JSON line per tensor layout with the digest's timings on the first CUDA device."""
+    """Print one JSON line per tensor layout with the digest's timings, per kind of row sums, on the first CUDA
+    device."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=8192)
     ap.add_argument("--tensors", type=int, default=64)
@@ -109,10 +140,11 @@ def main() -> int:
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(dev), "torch", torch.__version__, flush=True)
     dg.release_digest_weights()
+    kinds = candidates(dev)
     t0 = time.perf_counter()
     fused = dg.fused_row_sums(dev)
-    print(f"fused row sums: {'built' if fused is not None else 'NOT built'} in {time.perf_counter() - t0:.2f} s",
-          flush=True)
+    print(f"default row sums: {next((k for k, fn in kinds.items() if fn is fused), '?')} "
+          f"(decided in {time.perf_counter() - t0:.2f} s, the kinds already built)", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
     numel = (args.mib << 20) // 4 // args.tensors
     cases = {f"{args.mib} MiB fp32 in {args.tensors}": [torch.randn(numel, device=dev, generator=g)
@@ -125,7 +157,7 @@ def main() -> int:
     cases[f"2 GiB bf16 in {len(cuts) - 1} tensors"] = [flat[a:b] for a, b in zip(cuts, cuts[1:])]
     rows = []
     for name, tensors in cases.items():
-        r = measure(name, tensors, args.repeats)
+        r = measure(name, tensors, kinds, args.repeats)
         rows.append(r)
         print(json.dumps(r), flush=True)
     return 0

@@ -27,15 +27,18 @@ Meta and empty tensors hash to zeros.
 [Note: the fused row sums]
 Eagerly the multiply and the row sum are two kernels and a temporary: on an H200 the digest read 146 GiB/s, 12.6
 times a clone of the same bytes, and the early copies' two digests made the one-GPU switch cost 1.19 x the copies
-instead of 0.42 x (bench/results/2026-12-05-h200-pending/). On a CUDA device the row sums are ``torch.compile``d
-into one kernel (multiply and sum fused, no temporary; Triton's integer arithmetic wraps as torch's does), once per
-process and device. The compiled function is used only if it gives the eager function's exact sums on a probe of
-random words (several row counts, an unaligned start); otherwise, or where compiling fails (no Triton, no
-compiler), the eager one is used and a warning says why. ``TIMESHARE_DIGEST_FUSED=0`` keeps the eager one. The
-compile (seconds, once per process and device) is paid at the store's first reload
-(:meth:`~refimpl.store.moves.early.EarlyCopies.prepare`), or at the first digest where no store built it first
-(``local_dedup``'s replica check); ``python -m bench.digest_cost`` prints it. Two threads deciding at once both
-compile and keep either result: both passed the probe.
+instead of 0.42 x (bench/results/2026-12-05-h200-pending/). On a CUDA device the row sums are one kernel (multiply
+and sum fused, no temporary, the sums written in place), of the first kind of :data:`FUSED_KINDS` that builds and
+passes a probe: a hand-written Triton kernel (:mod:`refimpl.store.backends.digest_kernel`; a tile of whole rows per
+program), else :func:`eager_row_sums` through ``torch.compile``. Triton's integer arithmetic wraps as torch's does.
+A kind is used only if it gives the eager function's exact sums on a probe of random words (several row counts, an
+unaligned start, the sums written into a slice); otherwise, or where it does not build (no Triton, no compiler),
+the next kind or the eager sums are used and a warning says why. ``TIMESHARE_DIGEST_FUSED`` picks: ``1`` (default,
+every kind in order), ``0`` (eager), or one kind by name. The build (a Triton compile, once per process and device)
+is paid at the store's first reload (:meth:`~refimpl.store.moves.early.EarlyCopies.prepare`), or at the first
+digest where no store built it first (``local_dedup``'s replica check); ``python bench/gpu/digest_variants.py``
+prints each kind's build time and cost. Two threads deciding at once both build and keep either result: both passed
+the probe.
 """
 from __future__ import annotations
 
@@ -141,30 +144,73 @@ def checked_row_sums(candidate: RowSums, device: torch.device) -> bool:
     weights = _row_weights(device)
     for start, rows in ((0, 1), (0, 7), (1, 37), (3, 299), (0, 300)):
         part = words[start:start + rows * DIGEST_ROW].view(rows, DIGEST_ROW)
-        if not torch.equal(candidate(part, weights), eager_row_sums(part, weights)):
+        want = eager_row_sums(part, weights)
+        if not torch.equal(candidate(part, weights), want):
             return False
+        if getattr(candidate, "writes_into", False):  # the path the digest takes: sums written into a slice
+            into = torch.zeros(rows + 2, dtype=torch.int32, device=device)
+            candidate(part, weights, out=into[1:1 + rows])
+            if not (torch.equal(into[1:1 + rows], want) and not into[0] and not into[-1]):
+                return False
     return True
 
 
+FUSED_KINDS = ("triton", "compile")
+"""The fused row sums tried, in order: the hand-written Triton kernel (:mod:`refimpl.store.backends.digest_kernel`),
+then :func:`eager_row_sums` through ``torch.compile``."""
+
+
+def _fused_kinds() -> tuple[str, ...]:
+    """The kinds ``TIMESHARE_DIGEST_FUSED`` asks for: unset or ``1`` all of :data:`FUSED_KINDS` in order, ``0`` none,
+    or one kind by name; anything else raises ValueError (a typo must not silently change the path)."""
+    value = os.environ.get("TIMESHARE_DIGEST_FUSED", "1").strip().lower()
+    if value in ("", "1"):
+        return FUSED_KINDS
+    if value == "0":
+        return ()
+    if value in FUSED_KINDS:
+        return (value,)
+    raise ValueError(f"TIMESHARE_DIGEST_FUSED={value!r}: expected 1 (any fused row sums), 0 (eager), or one of "
+                     f"{', '.join(FUSED_KINDS)}")
+
+
+def build_row_sums(kind: str) -> RowSums:
+    """The fused row sums of ``kind`` (one of :data:`FUSED_KINDS`), unchecked; raises where they cannot be built
+    (ImportError without Triton). :func:`fused_row_sums` probes what this returns before using it."""
+    if kind == "triton":
+        from refimpl.store.backends.digest_kernel import triton_row_sums
+        return triton_row_sums
+    if kind == "compile":
+        return torch.compile(eager_row_sums, dynamic=True, fullgraph=True)
+    raise ValueError(f"no fused row sums of kind {kind!r}; expected one of {', '.join(FUSED_KINDS)}")
+
+
+def choose_row_sums(kinds: Sequence[str], device: torch.device) -> RowSums | None:
+    """The first of ``kinds`` whose row sums build and give the eager sums exactly on ``device``'s probe, or None
+    (the eager sums); each kind refused is a warning that says why, and so is falling back to the eager sums."""
+    for kind in kinds:
+        try:
+            candidate = build_row_sums(kind)
+            if checked_row_sums(candidate, device):
+                return candidate
+            logger.warning("content digest: the %s row sums differ from the eager ones on %s; not used", kind,
+                           device)
+        except Exception as e:  # noqa: BLE001 - any failure to build a kernel leaves the next kind or the eager path
+            logger.warning("content digest: no %s row sums on %s (%s: %s)", kind, device, type(e).__name__, e)
+    if kinds:
+        logger.warning("content digest: the eager row sums are used on %s (slower, same hashes)", device)
+    return None
+
+
 def fused_row_sums(device: torch.device) -> RowSums | None:
-    """The compiled row sums for ``device`` ([Note: the fused row sums]), or None where the eager ones are used:
-    not CUDA, ``TIMESHARE_DIGEST_FUSED=0``, a compile that fails or a result that differs on the probe. Decided once
-    per process and device."""
+    """The fused row sums for ``device`` ([Note: the fused row sums]), or None where the eager ones are used:
+    not CUDA, ``TIMESHARE_DIGEST_FUSED=0``, or no kind that builds and gives the eager sums exactly on the probe.
+    The kinds of :data:`FUSED_KINDS` are tried in order (or the one ``TIMESHARE_DIGEST_FUSED`` names); each
+    failure is a warning. Decided once per process and device."""
     key = str(device)
     if key in _FUSED:
         return _FUSED[key]
-    fn: RowSums | None = None
-    if device.type == "cuda" and os.environ.get("TIMESHARE_DIGEST_FUSED", "1") != "0":
-        try:
-            compiled = torch.compile(eager_row_sums, dynamic=True, fullgraph=True)
-            if checked_row_sums(compiled, device):
-                fn = compiled
-            else:
-                logger.warning("content digest: the compiled row sums differ from the eager ones on %s; the eager "
-                               "ones are used (slower, same hashes)", device)
-        except Exception as e:  # noqa: BLE001 - any failure to build the kernel leaves the eager path
-            logger.warning("content digest: no compiled row sums on %s (%s: %s); the eager ones are used", device,
-                           type(e).__name__, e)
+    fn = choose_row_sums(_fused_kinds() if device.type == "cuda" else (), device)
     _FUSED[key] = fn
     return fn
 
@@ -179,7 +225,9 @@ def _row_sums_into(out: torch.Tensor, words: torch.Tensor, weights: torch.Tensor
     for a in range(0, rows, step):
         b = min(rows, a + step)
         part = words[a * DIGEST_ROW:b * DIGEST_ROW].view(b - a, DIGEST_ROW)
-        if fused is not None:
+        if fused is not None and getattr(fused, "writes_into", False):
+            fused(part, weights, out=out[a:b])  # the sums written in place: no copy kernel per tensor
+        elif fused is not None:
             out[a:b] = fused(part, weights)
         else:
             torch.sum(part * weights, dim=1, dtype=torch.int32, out=out[a:b])
@@ -251,5 +299,5 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
     return out.view(-1)
 
 
-__all__ = ["DIGEST_ROW", "checked_row_sums", "content_digest", "eager_row_sums", "fused_row_sums", "mix",
-           "mix_reference", "release_digest_weights"]
+__all__ = ["DIGEST_ROW", "FUSED_KINDS", "build_row_sums", "checked_row_sums", "choose_row_sums", "content_digest",
+           "eager_row_sums", "fused_row_sums", "mix", "mix_reference", "release_digest_weights"]

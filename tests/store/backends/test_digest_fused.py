@@ -1,14 +1,14 @@
-"""The content digest's fused row sums ([Note: the fused row sums] in refimpl/store/backends/digest.py): a compiled
-function is taken only if it gives the eager sums exactly on the probe, never off CUDA or when turned off; on a GPU
-the digest with them equals the eager digest bit for bit on every kind of tensor it meets."""
+"""The content digest's fused row sums ([Note: the fused row sums] in refimpl/store/backends/digest.py): a kind
+(the Triton kernel, the compiled sums) is taken only if it gives the eager sums exactly on the probe, never off CUDA
+or when turned off; on a GPU the digest with each equals the eager digest bit for bit on every kind of tensor."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from refimpl.store.backends import digest as dg
-from refimpl.store.backends.digest import (DIGEST_ROW, checked_row_sums, content_digest, eager_row_sums,
-                                           fused_row_sums)
+from refimpl.store.backends.digest import (DIGEST_ROW, FUSED_KINDS, checked_row_sums, choose_row_sums,
+                                           content_digest, eager_row_sums, fused_row_sums)
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -35,29 +35,78 @@ def test_off_cuda_or_turned_off_the_eager_sums_are_used(monkeypatch):
     assert dg._FUSED == {}
 
 
-def test_a_compile_that_fails_leaves_the_eager_sums_with_a_warning(monkeypatch, caplog):
-    """Where torch.compile raises (no Triton, no compiler) the digest keeps working on the eager sums and says
-    why; nothing is cached wrong for the device."""
-    def broken(*a, **k):
-        raise RuntimeError("no triton here")
+def test_a_kind_that_fails_to_build_or_gives_other_sums_is_passed_over_with_a_warning(monkeypatch, caplog):
+    """Kinds are tried in order: one that raises while building (no Triton, no compiler) and one whose sums differ
+    on the probe are each refused with a warning naming the kind and why; the next kind that gives the exact sums is
+    taken; when none does, the eager sums are used and a warning says so."""
+    def build(kind):
+        if kind == "triton":
+            raise ImportError("no triton here")
+        if kind == "compile":
+            return lambda r, w: eager_row_sums(r, w) + 1  # off by one in every row
+        return eager_row_sums
 
-    dg.release_digest_weights()
-    monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.delenv("TIMESHARE_DIGEST_FUSED", raising=False)
+    monkeypatch.setattr(dg, "build_row_sums", build)
+    cpu = torch.device("cpu")
     with caplog.at_level("WARNING", logger=dg.__name__):
-        assert fused_row_sums(torch.device("cuda", 7)) is None
-    assert "no triton here" in caplog.text and "eager" in caplog.text
+        assert choose_row_sums(("triton", "compile", "exact"), cpu) is eager_row_sums
+    assert "no triton row sums" in caplog.text and "no triton here" in caplog.text
+    assert "the compile row sums differ" in caplog.text and "eager row sums are used" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=dg.__name__):
+        assert choose_row_sums(("triton", "compile"), cpu) is None
+    assert "the eager row sums are used" in caplog.text
+
+
+def test_writing_into_a_slice_is_probed_too():
+    """Row sums that write into a given ``out`` (the Triton kernel's way in the digest) are refused when what they
+    write there is wrong or spills past the slice, even though their returned sums are right."""
+    def spills(rows, weights, out=None):
+        got = eager_row_sums(rows, weights)
+        if out is not None:
+            out.copy_(got)
+            out.as_strided((out.numel() + 1,), (1,))[-1] = 1  # one slot past the slice
+        return got
+
+    def ignores_out(rows, weights, out=None):
+        return eager_row_sums(rows, weights)
+
+    exact = lambda rows, weights, out=None: eager_row_sums(rows, weights) if out is None else out.copy_(  # noqa: E731
+        eager_row_sums(rows, weights))
+    cpu = torch.device("cpu")
+    for fn, ok in ((spills, False), (ignores_out, False), (exact, True)):
+        fn.writes_into = True
+        assert checked_row_sums(fn, cpu) is ok, fn
+
+
+def test_the_setting_names_one_kind_none_or_all_and_a_typo_raises(monkeypatch):
+    """``TIMESHARE_DIGEST_FUSED``: unset or 1 tries every kind in order, 0 none, a kind's name only that kind;
+    anything else is a ValueError that lists the choices (a typo must not silently pick the slow path)."""
+    tried = []
+    monkeypatch.setattr(dg, "choose_row_sums", lambda kinds, device: tried.append(tuple(kinds)))
+    for value, kinds in (("1", FUSED_KINDS), ("0", ()), ("compile", ("compile",)), (" Triton ", ("triton",))):
+        dg.release_digest_weights()
+        monkeypatch.setenv("TIMESHARE_DIGEST_FUSED", value)
+        fused_row_sums(torch.device("cuda", 0))
+        assert tried[-1] == kinds, value
+    dg.release_digest_weights()
+    monkeypatch.setenv("TIMESHARE_DIGEST_FUSED", "tritn")
+    with pytest.raises(ValueError, match="TIMESHARE_DIGEST_FUSED='tritn'.*triton, compile"):
+        fused_row_sums(torch.device("cuda", 0))
+    assert dg._FUSED == {}
     dg.release_digest_weights()
 
 
 @CUDA
 @pytest.mark.cuda
-def test_the_fused_digest_equals_the_eager_one_on_the_gpu():
-    """On the GPU the compiled sums are taken (Triton ships with CUDA torch) and the digest with them equals the
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_the_fused_digest_equals_the_eager_one_on_the_gpu(kind, monkeypatch):
+    """On the GPU each kind of fused sums is taken (Triton ships with CUDA torch) and the digest with it equals the
     eager digest on tensors of every kind: whole rows, a short last row, uint8 words (a size not a multiple of 4),
     bf16, a view that starts inside a flat buffer, an empty and a one-word tensor; a changed word still shows."""
     dev = torch.device("cuda")
     dg.release_digest_weights()
+    monkeypatch.setenv("TIMESHARE_DIGEST_FUSED", kind)
     assert fused_row_sums(dev) is not None
     g = torch.Generator(device="cpu").manual_seed(5)
     flat = torch.randn(DIGEST_ROW * 4099 + 5, generator=g).to(dev)
@@ -97,3 +146,20 @@ def test_the_digest_never_makes_the_host_wait_on_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(got.cpu(), content_digest(host[::-1]))
+
+
+@CUDA
+@pytest.mark.cuda
+def test_the_triton_kernel_refuses_what_it_would_read_wrong():
+    """The kernel reads row-major int32 rows and weights of the row's width: a transposed view, another dtype,
+    weights of another width or an ``out`` of the wrong size raise ValueError instead of reading the wrong bytes."""
+    from refimpl.store.backends.digest_kernel import triton_row_sums
+    dev = torch.device("cuda")
+    rows = torch.arange(4 * DIGEST_ROW, dtype=torch.int32, device=dev).view(4, DIGEST_ROW)
+    weights = dg._row_weights(dev)
+    assert torch.equal(triton_row_sums(rows, weights), eager_row_sums(rows, weights))
+    for bad in (lambda: triton_row_sums(rows.t(), weights[:4]), lambda: triton_row_sums(rows.float(), weights),
+                lambda: triton_row_sums(rows, weights[:-1]),
+                lambda: triton_row_sums(rows, weights, out=torch.empty(3, dtype=torch.int32, device=dev))):
+        with pytest.raises(ValueError, match="triton_row_sums needs"):
+            bad()
