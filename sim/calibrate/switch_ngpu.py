@@ -41,6 +41,9 @@ says each term's formula and source):
   of each unit's full parameters in the rollout's dtype, forward and backward re-gather) are added whole
   (:func:`rollout_fill_s`), another upper bound.
 
+``new`` and ``forward_from_rollout`` also pay the early copies' content check (:func:`content_check_s`: two digests
+of every byte a rank copies early at the digest's measured rate, counted whole), which ``old`` predates.
+
 Inputs only from records that are not the ones the predictions are checked against (:data:`CHECKED`):
 :func:`check_inputs_blind` refuses such a record as input and any constant of the presets or
 :data:`~sim.calibrate.colocated.LOOP_CONSTANTS` whose source names one.
@@ -90,6 +93,14 @@ FORWARD_SHARE = 54.56 / 200.3
 FILL_PASSES_NON_ROOT, FILL_PASSES_ROOT = 2, 1
 #: the torch profiler trace :data:`FORWARD_SHARE` is read from
 FORWARD_SHARE_TRACE = "bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/profile_train_plain_4.json.gz"
+#: the content digest's rate (bytes/s) the early copies' content check runs at (:func:`content_check_s`), with its
+#: source; :func:`check_inputs_blind` reads the source like every other input's
+CONTENT_DIGEST: dict[str, Any] = {
+    "value": 8192 * 2 ** 20 / 54.35e-3,
+    "source": "measured: bench/results/2026-12-05-h200-pending/run2/digest_cost.log (1 x H200, python3 -m "
+              "bench.digest_cost --device cuda --mib 8192, best of 5): content_digest of 8 GiB in 64 fp32 tensors in "
+              "54.35 ms with the compiled row sums, 147.2 GiB/s",
+}
 #: the records the N-GPU predictions are checked against, and the measurements of the same step on several GPUs to
 #: come: none may feed an input (:func:`check_inputs_blind`). The first is the 2 x H200 step of 2026-12-04, its
 #: figures transcribed; everything validation scores is scored too
@@ -220,6 +231,18 @@ def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = No
     return full / Topology.from_preset(preset or MULTI_PRESET).device_copy_bandwidth()
 
 
+def content_check_s(rec_rank: dict[str, Any], rate_bps: float | None = None) -> float:
+    """Seconds the early copies' content check adds to one rank's switch: two digests of every byte the rank copies
+    early (one at each ``copy_early``, queued on the compute stream in the backward; one at the offload, whose
+    comparison the offload waits for) at ``rate_bps`` (default: the measured
+    :data:`CONTENT_DIGEST`). Counted whole on the switch's path: an upper bound, since the
+    backward's digests can run while the device would otherwise wait on the host."""
+    rate = CONTENT_DIGEST["value"] if rate_bps is None else rate_bps
+    if not rate > 0:
+        raise ValueError(f"the digest's rate must be positive (bytes/s), got {rate!r}")
+    return 2 * sum(rec_rank["early_units_bytes"]) / rate
+
+
 def sync_first_issue_host_s(rec: dict[str, Any]) -> float:
     """Seconds a sync-first streamed record's reload phase spent issuing the reload: the phase's mean over the steady
     steps less the lifecycle's resume measured inside it (``runtime_spans``' ``lifecycle.resume``)."""
@@ -246,14 +269,18 @@ def _agreement_s(preset: str, ranks: int) -> float:
 def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechanisms: Iterable[str] = MECHANISMS,
                  policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
                  preset: str = "calibrated/h200-1x", multi_preset: str | None = None, comm_rule: str = "log2",
-                 bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE) -> list[dict[str, Any]]:
+                 bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE, content_check: bool = True,
+                 check_rate: float | None = None) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
     preset of the N-rank lifecycle and NVLink (default :data:`~sim.calibrate.colocated.MULTI_PRESET`);
     ``comm_rule``: how its communicator costs grow past two ranks (:data:`sim.presets.SIZE_RULES`);
     ``bytes_per_rank``: :data:`BYTES_PER_RANK`; ``forward_share``: the forward's share of the step, under which
-    ``forward_from_rollout`` hides the resume thread (:data:`FORWARD_SHARE`)."""
+    ``forward_from_rollout`` hides the resume thread (:data:`FORWARD_SHARE`); ``content_check``: whether ``new`` and
+    ``forward_from_rollout`` pay the early copies' content check (:func:`content_check_s` at ``check_rate``, the
+    measured digest rate by default; ``old`` is the mechanism as measured before the check existed and never pays
+    it)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
                                             store_offload_host_s, unit_chain_tail)
@@ -301,7 +328,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
                      "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
                      "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"],
-                     "rollout_fill": 0.0}
+                     "rollout_fill": 0.0, "content_check": 0.0}
             detail = {"resume_inline_s": lc["reload"], "gather_s": p["parts"]["weight_sync"]["gather_s"],
                       "pause_s": lc["offload"], "lifecycle_groups": [["trainer.dp", ranks]]}
         else:
@@ -326,8 +353,10 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             wait = max(0.0, rest_left - rel - join - under)
             tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], train)
             fill = rollout_fill_s(r, shard, multi) if mech == "forward_from_rollout" else 0.0
+            check = content_check_s(r, check_rate) if content_check else 0.0
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
-                     "join_wait": join, "stream_wait": wait, "early_copies_tail": tail, "rollout_fill": fill}
+                     "join_wait": join, "stream_wait": wait, "early_copies_tail": tail, "rollout_fill": fill,
+                     "content_check": check}
             detail = {"resume_thread_s": thread, "sync_units_s": sum(sync_units), "pause_s": lc["offload"],
                       "hidden_creation_s": rel + forward, "lifecycle_groups": [[n, len(g)] for n, g in groups]}
         cost = sum(terms.values())
@@ -344,8 +373,8 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
                                                                           "calibrated/hgx-h200-8x"),
                        comm_rule: str = "log2") -> list[str]:
     """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
-    loop constant's source, the first post-backward's and the forward's shares of the step, and with the "ring" ``comm_rule`` the NCCL
-    logs of its connection share); raises :class:`RecordError` naming the first that is, or comes from, a record
+    loop constant's source, the first post-backward's and the forward's shares of the step, the digest's rate, and
+    with the "ring" ``comm_rule`` the NCCL logs of its connection share); raises :class:`RecordError` naming the first that is, or comes from, a record
     the predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS
     from sim.presets import load_preset_data
@@ -359,6 +388,7 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
     sources += [f"LOOP_CONSTANTS:{k}: {c['source']}" for k, c in LOOP_CONSTANTS.items()]
     sources.append("FIRST_WAIT_SHARE: bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/")
     sources.append(f"FORWARD_SHARE: {FORWARD_SHARE_TRACE}")
+    sources.append(f"CONTENT_DIGEST: {CONTENT_DIGEST['source']}")
     if comm_rule == "ring":
         from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
 
@@ -404,8 +434,8 @@ def checked_ratio() -> dict[str, Any]:
 def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = None) -> str:
     """The rows as a markdown table (seconds; x copies), with the checked figure beside the 2-GPU old rows."""
     head = ("| ranks | mesh | mechanism | offload | weight sync | reload | join wait | stream wait | "
-            "early copies tail | fill from the rollout's copy | switch cost | copies at line | x copies |\n"
-            + "|---" * 13 + "|")
+            "early copies tail | fill from the rollout's copy | content check | switch cost | copies at line | "
+            "x copies |\n" + "|---" * 14 + "|")
     body = []
     for r in rows:
         t = r["terms"]
@@ -416,7 +446,9 @@ def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = No
             x += f" (measured {measured['switch_cost_x_copy_time']:.2f})"
         body.append(f"| {r['ranks']} | {mesh} | {r['mechanism']} | {t['offload']:.3f} | {t['weight_sync']:.3f} | "
                     f"{t['reload']:.3f} | {t['join_wait'] + t['first_use_extra']:.3f} | {t['stream_wait']:.3f} | "
-                    f"{t['early_copies_tail']:.3f} | {t.get('rollout_fill', 0.0):.3f} | {r['switch_cost_s']:.3f} | {r['copy_time_at_line_s']:.3f} | {x} |")
+                    f"{t['early_copies_tail']:.3f} | {t.get('rollout_fill', 0.0):.3f} | "
+                    f"{t.get('content_check', 0.0):.3f} | "
+                    f"{r['switch_cost_s']:.3f} | {r['copy_time_at_line_s']:.3f} | {x} |")
     return "\n".join([head, *body])
 
 
@@ -459,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-share", type=int, default=1,
                     help="ranks copying at once through one host uplink (their line rates divided)")
     ap.add_argument("--preset", default="calibrated/h200-1x", help="the one-GPU preset")
+    ap.add_argument("--no-content-check", action="store_true",
+                    help="leave out the early copies' content check (two digests of every byte copied early), as "
+                    "for a record of the step before the check existed")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -468,20 +503,25 @@ def main(argv: list[str] | None = None) -> int:
             rec = json.load(f)
         rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), mechanisms=tuple(a.mechanisms.split(",")),
                              policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset,
-                             comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank)
+                             comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank,
+                             content_check=not a.no_content_check)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"communicator costs past two ranks: the {a.comm_rule} rule; bytes per rank: {a.bytes_per_rank}\n")
+        check = ("left out" if a.no_content_check else "two digests of every byte copied early at "
+                 f"{CONTENT_DIGEST['value'] / 1e9:.0f} GB/s (not in old)")
+        print(f"communicator costs past two ranks: the {a.comm_rule} rule; bytes per rank: {a.bytes_per_rank}; "
+              f"content check: {check}\n")
         print(format_ngpu(rows, checked_ratio()))
     return 0
 
 
-__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
-           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio", "format_ngpu", "forward_share_of_trace",
+__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "CONTENT_DIGEST", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
+           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
+           "content_check_s", "format_ngpu", "forward_share_of_trace",
            "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table", "rollout_fill_s",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 

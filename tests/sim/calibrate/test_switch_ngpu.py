@@ -101,7 +101,8 @@ def test_the_half_copies_verdict_follows_from_the_inputs(rec, rows, tmp_path):
     term that keeps it over is the join's wait for the communicators' creation. With a creation nearly free (the same
     record, another preset) it does at 2 GPUs and on the 8-GPU HSDP mesh, but not on 8-GPU FSDP: there a rank's
     copies (1/8 of the state) are shorter than twice the host work that does not shrink with them (the offload's
-    stages and pause, the reload's issue). The verdicts are the inputs', not the test's."""
+    stages and pause, the reload's issue), the early copies' content check left out (its own test). The verdicts
+    are the inputs', not the test's."""
     for key in ((2, "fsdp"), (8, "fsdp"), (8, "hsdp")):
         r = rows[(*key, "new")]
         t = r["terms"]
@@ -112,7 +113,7 @@ def test_the_half_copies_verdict_follows_from_the_inputs(rec, rows, tmp_path):
             for k in ((2, "fsdp"), (8, "fsdp"), (8, "hsdp"))}
     cheap = _preset_with_cheap_init(tmp_path)
     for ranks, mesh in ((2, "fsdp"), (8, "fsdp"), (8, "hsdp")):
-        (r,) = predict_ngpu(rec, ranks, mesh, mechanisms=("new",), multi_preset=cheap)
+        (r,) = predict_ngpu(rec, ranks, mesh, mechanisms=("new",), multi_preset=cheap, content_check=False)
         assert r["terms"]["join_wait"] < 0.01
         under = host[(ranks, mesh)] <= 0.45 * r["copy_time_at_line_s"]
         assert (r["switch_cost_x_copy_time"] <= 0.5) == under, (ranks, mesh, r["terms"])
@@ -168,8 +169,10 @@ def test_the_forward_from_the_rollout_copy_hides_the_creation_under_the_forward(
             {k: v for k, v in new["terms"].items() if k not in own})
         assert new["terms"]["rollout_fill"] == 0.0 < r["terms"]["rollout_fill"]
     two = rows[(2, "fsdp", "forward_from_rollout")]
-    # a two-rank creation is about as long as the issue and the forward: a few ms of it exposed at most
-    assert two["terms"]["join_wait"] < 0.005 and two["switch_cost_x_copy_time"] <= 0.5
+    # a two-rank creation is about as long as the issue and the forward: a few ms of it exposed at most; without the
+    # early copies' content check the switch is under half the copies
+    assert two["terms"]["join_wait"] < 0.005
+    assert (two["switch_cost_s"] - two["terms"]["content_check"]) / two["copy_time_at_line_s"] <= 0.5
     # on 8 GPUs with the log2 rule (the preset's) the creation outlasts what it hides under
     assert rows[(8, "fsdp", "forward_from_rollout")]["terms"]["join_wait"] > 0.1
 
@@ -306,6 +309,34 @@ def test_the_fill_copies_each_units_full_params_in_bf16_at_the_gpus_copy_rate(re
         (row,) = predict_ngpu(rec, n, "fsdp", mechanisms=("forward_from_rollout",))
         assert row["terms"]["rollout_fill"] == pytest.approx(expect)
         assert row["switch_cost_s"] == pytest.approx(sum(row["terms"].values()))
+
+
+def test_the_content_check_costs_two_digests_of_every_early_byte_and_not_in_old(rec):
+    """Today's mechanisms pay the early copies' content check: two digests of each byte a rank copies early at the
+    measured digest rate (so half the bytes per rank on twice the shard, the same on one GPU's bytes per rank);
+    ``old`` (measured before the check existed) never does; leaving the check out takes exactly that term off; a
+    rate that is not positive is refused."""
+    from sim.calibrate.switch_ngpu import CONTENT_DIGEST, content_check_s
+
+    rate = CONTENT_DIGEST["value"]
+    assert "measured" in CONTENT_DIGEST["source"] and any(s.startswith("CONTENT_DIGEST: ")
+                                                          for s in check_inputs_blind(ROOT / INPUT))
+    for n, scaling, share in ((2, "sharded", 2), (8, "sharded", 8), (8, "one-gpu", 1)):
+        r = per_rank_record(rec, n, n, bytes_per_rank=scaling)
+        expect = 2 * sum(rec["early_units_bytes"]) / share / rate
+        assert content_check_s(r) == pytest.approx(expect, rel=1e-6)
+        with_check = {x["mechanism"]: x for x in predict_ngpu(rec, n, "fsdp", bytes_per_rank=scaling)}
+        without = {x["mechanism"]: x for x in predict_ngpu(rec, n, "fsdp", bytes_per_rank=scaling,
+                                                           content_check=False)}
+        assert with_check["old"]["terms"]["content_check"] == 0.0
+        assert with_check["old"]["switch_cost_s"] == without["old"]["switch_cost_s"]
+        for mech in ("new", "forward_from_rollout"):
+            assert with_check[mech]["terms"]["content_check"] == pytest.approx(expect, rel=1e-6)
+            assert with_check[mech]["switch_cost_s"] - without[mech]["switch_cost_s"] == pytest.approx(expect,
+                                                                                                       rel=1e-6)
+    assert content_check_s(rec, 2 * rate) == pytest.approx(content_check_s(rec) / 2)
+    with pytest.raises(ValueError, match="rate must be positive"):
+        content_check_s(rec, 0.0)
 
 
 #: the committed predictions (docs/comm.md quotes them): each file is the command's output for its rule and scaling
