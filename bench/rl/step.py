@@ -166,6 +166,9 @@ def open_store(rt, device: torch.device, cfg: StepConfig, trainer: Trainer, rec:
     if cfg.offload_in_backward:
         trainer.stepper = StepInBackward(trainer.units, optims, store)
     rec["offload_in_backward"] = cfg.offload_in_backward
+    # the store digests every early copy at copy_early and at the offload ([Note: early copies]); the simulator's
+    # predictions of this record pay the backward's digests (sim.calibrate.switch_modes.content_digests_s)
+    rec["early_content_check"] = cfg.offload_in_backward
     rec["line"] = line_rates(device, cfg.line_mib << 20, rt)
     # the order the store issues a reload in (sim.calibrate.switch_modes reads it): a training step's first use
     rec["reload_order"] = "first_use"

@@ -162,6 +162,29 @@ def store_offload_host_s(rec: dict[str, Any]) -> float | None:
     return float(sum(ph[k] for k in OFFLOAD_HOST_PHASES))
 
 
+#: the content digest's rate (bytes/s) the early copies' content check runs at (:func:`content_digests_s`,
+#: :func:`sim.calibrate.switch_ngpu.content_check_s`), with its source;
+#: :func:`sim.calibrate.switch_ngpu.check_inputs_blind` reads the source like every other input's
+CONTENT_DIGEST: dict[str, Any] = {
+    "value": 8192 * 2 ** 20 / 54.35e-3,
+    "source": "measured: bench/results/2026-12-05-h200-pending/run2/digest_cost.log (1 x H200, python3 -m "
+              "bench.digest_cost --device cuda --mib 8192, best of 5): content_digest of 8 GiB in 64 fp32 tensors in "
+              "54.35 ms with the compiled row sums, 147.2 GiB/s",
+}
+
+
+def content_digests_s(nbytes: float, digests: int = 1, rate_bps: float | None = None) -> float:
+    """Seconds ``digests`` content digests of ``nbytes`` take on the device at ``rate_bps`` (default: the measured
+    :data:`CONTENT_DIGEST`): the early copies' content check ([Note: early copies] in
+    :mod:`refimpl.store.moves.early`)."""
+    rate = CONTENT_DIGEST["value"] if rate_bps is None else rate_bps
+    if not rate > 0:
+        raise ValueError(f"the digest's rate must be positive (bytes/s), got {rate!r}")
+    if digests < 0:
+        raise ValueError(f"digests must be 0 or more, got {digests!r}")
+    return digests * nbytes / rate
+
+
 def early_offload_phase_s(rec: dict[str, Any]) -> float | None:
     """The record's steady offload phase (mean seconds) where it ran with early copies (its offload is then the
     pause's walk and the store's host work, which the prediction takes as measured), else None."""
@@ -214,7 +237,9 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
     copies each unit's state early (``--offload-in-backward``), these bytes per unit in backward order (default:
     the record's ``early_units_bytes`` where it ran so, else None: no early copies). ``sync_first``: the weight
     sync reads the resident params before the offload and the reload brings everything back (default: the
-    record's ``config.sync_first``).
+    record's ``config.sync_first``). A record whose store checked its early copies' content
+    (``early_content_check``) pays the backward's digests (:func:`content_digests_s`; the offload's are in its
+    offload phase, or a second digest where it has none); a record from before the check pays none.
     """
     if copy_engine not in COPY_ENGINES:
         raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
@@ -242,16 +267,22 @@ def predict_modes(rec: dict[str, Any], *, preset: str = "calibrated/h200-1x", po
             p["store_offload_host_s"] = store_offload_host_s(rec)
             p["reload_issue_host_s"] = reload_issue_host_s(rec)
             p["early_offload_phase_s"] = early_offload_phase_s(rec)
+            check = 0.0
+            if early_units_bytes and rec.get("early_content_check"):  # the record's store checked its early copies:
+                # the backward's digests lengthen the step before the offload; the offload's is in the record's phase
+                check = content_digests_s(sum(early_units_bytes), 1 if p["early_offload_phase_s"] else 2)
             rows.append({**_compose(p, policy, mode, fwd_bwd_share, line, copy_engine, first_wait, early_units_bytes,
-                                    first),
+                                    first, check),
                          "reload_order": order, "offload_in_backward": bool(early_units_bytes), "sync_first": first})
     return rows
 
 
 def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, line: dict[str, Any],
              copy_engine: str = "in_order", first_wait_share: float = 0.0,
-             early_units_bytes: list[int] | None = None, sync_first: bool = False) -> dict[str, Any]:
-    """One mode's row from a step prediction: the parts composed the way bench/rl/modes.py runs them."""
+             early_units_bytes: list[int] | None = None, sync_first: bool = False,
+             content_check_s: float = 0.0) -> dict[str, Any]:
+    """One mode's row from a step prediction: the parts composed the way bench/rl/modes.py runs them;
+    ``content_check_s``: what the early copies' content check adds beyond the record's own phases."""
     parts, lc = p["parts"], p["lifecycle_s"]
     off_store = sum(parts["offload"].values())
     early_tail = 0.0
@@ -295,11 +326,11 @@ def _compose(p: dict[str, Any], policy: str, mode: str, fwd_bwd_share: float, li
             rel = lc["reload"] + issue
             under = (first_wait_share if copy_engine == "in_order" else fwd_bwd_share) * train  # shared, sms
             wait = max(0.0, rest_left - rel - under)
-    cost = off + ws + rel + extra + wait + early_tail
+    cost = off + ws + rel + extra + wait + early_tail + content_check_s
     step = train + rollout + cost
     return {"policy": policy, "mode": mode, "offload_s": off, "weight_sync_s": ws, "reload_s": rel,
             "first_use_extra_s": extra, "stream_wait_s": wait, "early_copies_tail_s": early_tail,
-            "switch_cost_s": cost,
+            "content_check_s": content_check_s, "switch_cost_s": cost,
             "copy_time_at_line_s": copy_line, "switch_cost_x_copy_time": cost / copy_line,
             "step_s": step, "switch_cost_share_of_step": cost / step}
 
@@ -358,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "first_wait_share",
-           "unit_chain_tail", "early_offload_phase_s",
+           "unit_chain_tail", "early_offload_phase_s", "CONTENT_DIGEST", "content_digests_s",
            "reload_issue_host_s",
            "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]
 

@@ -93,14 +93,6 @@ FORWARD_SHARE = 54.56 / 200.3
 FILL_PASSES_NON_ROOT, FILL_PASSES_ROOT = 2, 1
 #: the torch profiler trace :data:`FORWARD_SHARE` is read from
 FORWARD_SHARE_TRACE = "bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/profile_train_plain_4.json.gz"
-#: the content digest's rate (bytes/s) the early copies' content check runs at (:func:`content_check_s`), with its
-#: source; :func:`check_inputs_blind` reads the source like every other input's
-CONTENT_DIGEST: dict[str, Any] = {
-    "value": 8192 * 2 ** 20 / 54.35e-3,
-    "source": "measured: bench/results/2026-12-05-h200-pending/run2/digest_cost.log (1 x H200, python3 -m "
-              "bench.digest_cost --device cuda --mib 8192, best of 5): content_digest of 8 GiB in 64 fp32 tensors in "
-              "54.35 ms with the compiled row sums, 147.2 GiB/s",
-}
 #: the records the N-GPU predictions are checked against, and the measurements of the same step on several GPUs to
 #: come: none may feed an input (:func:`check_inputs_blind`). The first is the 2 x H200 step of 2026-12-04, its
 #: figures transcribed; everything validation scores is scored too
@@ -231,16 +223,16 @@ def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = No
     return full / Topology.from_preset(preset or MULTI_PRESET).device_copy_bandwidth()
 
 
-def content_check_s(rec_rank: dict[str, Any], rate_bps: float | None = None) -> float:
-    """Seconds the early copies' content check adds to one rank's switch: two digests of every byte the rank copies
-    early (one at each ``copy_early``, queued on the compute stream in the backward; one at the offload, whose
-    comparison the offload waits for) at ``rate_bps`` (default: the measured
-    :data:`CONTENT_DIGEST`). Counted whole on the switch's path: an upper bound, since the
-    backward's digests can run while the device would otherwise wait on the host."""
-    rate = CONTENT_DIGEST["value"] if rate_bps is None else rate_bps
-    if not rate > 0:
-        raise ValueError(f"the digest's rate must be positive (bytes/s), got {rate!r}")
-    return 2 * sum(rec_rank["early_units_bytes"]) / rate
+def content_check_s(rec_rank: dict[str, Any], rate_bps: float | None = None, digests: int = 2) -> float:
+    """Seconds the early copies' content check adds to one rank's switch: ``digests`` digests of every byte the rank
+    copies early at ``rate_bps`` (default: the measured :data:`~sim.calibrate.switch_modes.CONTENT_DIGEST`). Two
+    for an input record that predates the check (one at each ``copy_early``, queued on the compute stream in the
+    backward; one at the offload, whose comparison the offload waits for); one where the record ran it
+    (``early_content_check``: its offload phase holds the offload's digest). Counted whole on the switch's path: an
+    upper bound, since the backward's digests can run while the device would otherwise wait on the host."""
+    from sim.calibrate.switch_modes import content_digests_s
+
+    return content_digests_s(sum(rec_rank["early_units_bytes"]), digests, rate_bps)
 
 
 def sync_first_issue_host_s(rec: dict[str, Any]) -> float:
@@ -279,7 +271,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     ``bytes_per_rank``: :data:`BYTES_PER_RANK`; ``forward_share``: the forward's share of the step, under which
     ``forward_from_rollout`` hides the resume thread (:data:`FORWARD_SHARE`); ``content_check``: whether ``new`` and
     ``forward_from_rollout`` pay the early copies' content check (:func:`content_check_s` at ``check_rate``, the
-    measured digest rate by default; ``old`` is the mechanism as measured before the check existed and never pays
+    measured digest rate by default, two digests or one where ``rec`` ran the check; ``old`` is the mechanism as measured before the check existed and never pays
     it)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
@@ -353,7 +345,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             wait = max(0.0, rest_left - rel - join - under)
             tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], train)
             fill = rollout_fill_s(r, shard, multi) if mech == "forward_from_rollout" else 0.0
-            check = content_check_s(r, check_rate) if content_check else 0.0
+            check = (content_check_s(r, check_rate, 1 if rec.get("early_content_check") else 2)
+                     if content_check else 0.0)
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
                      "join_wait": join, "stream_wait": wait, "early_copies_tail": tail, "rollout_fill": fill,
                      "content_check": check}
@@ -376,6 +369,7 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
     loop constant's source, the first post-backward's and the forward's shares of the step, the digest's rate, and
     with the "ring" ``comm_rule`` the NCCL logs of its connection share); raises :class:`RecordError` naming the first that is, or comes from, a record
     the predictions are checked against (:data:`CHECKED`)."""
+    from sim.calibrate import switch_modes
     from sim.calibrate.colocated import LOOP_CONSTANTS
     from sim.presets import load_preset_data
 
@@ -388,7 +382,7 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
     sources += [f"LOOP_CONSTANTS:{k}: {c['source']}" for k, c in LOOP_CONSTANTS.items()]
     sources.append("FIRST_WAIT_SHARE: bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/")
     sources.append(f"FORWARD_SHARE: {FORWARD_SHARE_TRACE}")
-    sources.append(f"CONTENT_DIGEST: {CONTENT_DIGEST['source']}")
+    sources.append(f"CONTENT_DIGEST: {switch_modes.CONTENT_DIGEST['source']}")
     if comm_rule == "ring":
         from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
 
@@ -511,15 +505,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
+        from sim.calibrate import switch_modes
+
         check = ("left out" if a.no_content_check else "two digests of every byte copied early at "
-                 f"{CONTENT_DIGEST['value'] / 1e9:.0f} GB/s (not in old)")
+                 f"{switch_modes.CONTENT_DIGEST['value'] / 1e9:.0f} GB/s (not in old)")
         print(f"communicator costs past two ranks: the {a.comm_rule} rule; bytes per rank: {a.bytes_per_rank}; "
               f"content check: {check}\n")
         print(format_ngpu(rows, checked_ratio()))
     return 0
 
 
-__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "CONTENT_DIGEST", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
+__all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
            "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
            "content_check_s", "format_ngpu", "forward_share_of_trace",
            "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table", "rollout_fill_s",

@@ -316,7 +316,8 @@ def test_the_content_check_costs_two_digests_of_every_early_byte_and_not_in_old(
     measured digest rate (so half the bytes per rank on twice the shard, the same on one GPU's bytes per rank);
     ``old`` (measured before the check existed) never does; leaving the check out takes exactly that term off; a
     rate that is not positive is refused."""
-    from sim.calibrate.switch_ngpu import CONTENT_DIGEST, content_check_s
+    from sim.calibrate.switch_modes import CONTENT_DIGEST
+    from sim.calibrate.switch_ngpu import content_check_s
 
     rate = CONTENT_DIGEST["value"]
     assert "measured" in CONTENT_DIGEST["source"] and any(s.startswith("CONTENT_DIGEST: ")
@@ -337,6 +338,27 @@ def test_the_content_check_costs_two_digests_of_every_early_byte_and_not_in_old(
     assert content_check_s(rec, 2 * rate) == pytest.approx(content_check_s(rec) / 2)
     with pytest.raises(ValueError, match="rate must be positive"):
         content_check_s(rec, 0.0)
+    # an input record whose store ran the check holds the offload's digest in its offload phase: one digest left
+    marked = {**rec, "early_content_check": True}
+    (one,) = predict_ngpu(marked, 2, "fsdp", mechanisms=("forward_from_rollout",))
+    (two,) = predict_ngpu(rec, 2, "fsdp", mechanisms=("forward_from_rollout",))
+    assert one["terms"]["content_check"] == pytest.approx(two["terms"]["content_check"] / 2)
+
+
+def test_the_one_gpu_prediction_pays_the_check_only_where_the_record_ran_it(rec):
+    """``predict_modes`` reproduces a record's own step: a record from before the check pays none; one whose store
+    checked its early copies (``early_content_check``) pays the backward's digest of every early byte (the offload's
+    is in its measured offload phase), exactly that much more."""
+    from sim.calibrate.switch_modes import content_digests_s, predict_modes
+
+    kw = dict(policies=("DESTROY_DEFERRED",), modes=("streamed",))
+    (before,) = predict_modes(rec, **kw)
+    (after,) = predict_modes({**rec, "early_content_check": True}, **kw)
+    assert before["content_check_s"] == 0.0
+    assert after["content_check_s"] == pytest.approx(content_digests_s(sum(rec["early_units_bytes"])))
+    assert after["switch_cost_s"] - before["switch_cost_s"] == pytest.approx(after["content_check_s"])
+    with pytest.raises(ValueError, match="digests must be 0 or more"):
+        content_digests_s(1.0, -1)
 
 
 #: the committed predictions (docs/comm.md quotes them): each file is the command's output for its rule and scaling
