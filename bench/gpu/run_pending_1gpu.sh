@@ -4,11 +4,11 @@
 #   bash bench/gpu/run_pending_1gpu.sh
 #   1. the whole CUDA suite in one process (the way docs/gpu.md says), then the four CUDA tests of the store's
 #      safety checks by name and the fused digest's test (docs/gpu.md, "The store's safety checks on the GPU"),
-#   2. the content digest's cost on 8 GiB, fused and eager (python -m bench.digest_cost --device cuda --mib 8192),
+#   2. the content digest's cost and its parts, per kind of row sums (python3 bench/gpu/digest_variants.py),
 #   3. the one-GPU RL step of the records (--offload-in-backward --sync-first, streamed, DESTROY_DEFERRED) with the
 #      defaults, without the N-GPU mechanism (base), then the ablations while the budget lasts
 #      (bench/gpu/run_rl_ngpu.sh with NPROC=1 PARTS="ngpu base ablate").
-# Writes into $OUT: cuda_tests.log, named_tests.log, digest_cost.log, summary.txt and rl_ngpu.tgz.
+# Writes into $OUT: cuda_tests.log, named_tests.log, digest_variants.log, summary.txt and rl_ngpu.tgz.
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -29,8 +29,8 @@ timeout -k 5 "${NAMED_TIMEOUT:-90}" python3 -m pytest -q -p no:cacheprovider -rs
   tests/store/backends/test_digest_fused.py \
   >"$OUT/named_tests.log" 2>&1
 echo "named tests rc=$?"; tail -n 3 "$OUT/named_tests.log"
-timeout -k 5 "${DIGEST_TIMEOUT:-60}" python3 -m bench.digest_cost --device cuda --mib 8192 >"$OUT/digest_cost.log" 2>&1
-echo "digest cost rc=$?"; tail -n 6 "$OUT/digest_cost.log"
+timeout -k 5 "${DIGEST_TIMEOUT:-120}" python3 bench/gpu/digest_variants.py >"$OUT/digest_variants.log" 2>&1
+echo "digest variants rc=$?"; cat "$OUT/digest_variants.log"
 OUT="$OUT/rl" NPROC=1 PARTS="ngpu base ablate" BUDGET_S="${RL_BUDGET_S:-300}" PYTHON=python3 bash bench/gpu/run_rl_ngpu.sh | tail -n 20
 cp "$OUT/rl/summary.txt" "$OUT/rl/rl_ngpu.tgz" "$OUT/" 2>/dev/null
 rm -rf "$OUT/rl"

@@ -41,11 +41,13 @@ in train mode (its running statistics are updated in place by the kernel),
 a raw pointer. Before the digests, such a write after ``copy_early`` left the
 host copy with the bytes of the time of the call and the reload returned them.
 The digest sees every such write (a changed word always changes it; see the
-Note for what else it guarantees). Its cost: two reads of every byte copied
-early (about three passes of device bandwidth each: an int32 multiply and a
-row sum), one at ``copy_early`` on the caller's stream and one at the offload,
-plus one host synchronization per offload that has early copies (it waits for
-the work queued before the offload). ``copy_early`` stays a hint: a tensor the
+Note for what else it guarantees). Its cost: two digests of every byte
+copied early, one at ``copy_early`` on the caller's stream (queued: the host
+does not wait) and one at the offload, plus one host synchronization per
+offload that has early copies (it waits for the work queued before the
+offload). On CUDA a digest is one read of the bytes (the fused row sums,
+[Note: the fused row sums]); elsewhere about three (an int32 multiply and a
+row sum). ``copy_early`` stays a hint: a tensor the
 store does not hold in a resident flat buffer (before the first reload, or a
 backend without ``early_copies``) is skipped and the offload copies it as always.
 
