@@ -5,7 +5,7 @@ Imported only where Triton is (CUDA builds of torch ship it); :func:`~refimpl.st
 takes the kernel only after it gave the eager sums exactly on a probe. Each program reads ``block_rows`` whole rows
 (a row padded to the next power of two, masked), multiplies each word by its row weight and sums the row in int32,
 wrapping as torch's integer arithmetic does: one read of the data, no temporary. The row width is a compile-time
-constant (one build per width, in practice the digest's 1,021).
+constant (one build per width, in practice the digest's 1,021); nothing else is specialized (:func:`_jit_once`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,18 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+def _jit_once(fn):
+    """``triton.jit`` with one build for every call: no specialization on the row count (Triton would build again
+    for 1 and for multiples of 16) nor on the alignment of the words and the sums (a range of a flat buffer starts
+    anywhere; rows of 1,021 words are never 16-byte aligned anyway). The probe then builds the only variant the
+    digest runs, at the store's first reload and not inside a training step's backward."""
+    try:
+        return triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=["words_ptr", "out_ptr"])(fn)
+    except TypeError:  # a Triton without do_not_specialize_on_alignment: the row count at least
+        return triton.jit(do_not_specialize=["rows"])(fn)
+
+
+@_jit_once
 def _row_sums_kernel(words_ptr, weights_ptr, out_ptr, rows, ROW: tl.constexpr, BLOCK_R: tl.constexpr,
                      BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
