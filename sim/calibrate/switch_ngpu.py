@@ -271,8 +271,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     ``bytes_per_rank``: :data:`BYTES_PER_RANK`; ``forward_share``: the forward's share of the step, under which
     ``forward_from_rollout`` hides the resume thread (:data:`FORWARD_SHARE`); ``content_check``: whether ``new`` and
     ``forward_from_rollout`` pay the early copies' content check (:func:`content_check_s` at ``check_rate``, the
-    measured digest rate by default, two digests or one where ``rec`` ran the check; ``old`` is the mechanism as measured before the check existed and never pays
-    it)."""
+    measured digest rate by default, two digests or one where ``rec`` ran the check; ``old`` is the mechanism as
+    measured before the check existed and never pays it)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
                                             store_offload_host_s, unit_chain_tail)
@@ -367,8 +367,8 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
                        comm_rule: str = "log2") -> list[str]:
     """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
     loop constant's source, the first post-backward's and the forward's shares of the step, the digest's rate, and
-    with the "ring" ``comm_rule`` the NCCL logs of its connection share); raises :class:`RecordError` naming the first that is, or comes from, a record
-    the predictions are checked against (:data:`CHECKED`)."""
+    with the "ring" ``comm_rule`` the NCCL logs of its connection share); raises :class:`RecordError` naming the
+    first that is, or comes from, a record the predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate import switch_modes
     from sim.calibrate.colocated import LOOP_CONSTANTS
     from sim.presets import load_preset_data
@@ -516,8 +516,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
-           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind", "checked_ratio",
-           "content_check_s", "format_ngpu", "forward_share_of_trace",
+           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind",
+           "checked_ratio", "content_check_s", "format_ngpu", "forward_share_of_trace",
            "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table", "rollout_fill_s",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 
