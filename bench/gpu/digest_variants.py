@@ -143,6 +143,8 @@ def main() -> int:
     kinds = candidates(dev)
     t0 = time.perf_counter()
     fused = dg.fused_row_sums(dev)
+    if fused is not None and all(fn is not fused for fn in kinds.values()):
+        kinds["default"] = fused  # a kind built again (torch.compile gives a new object): timed under its own name
     print(f"default row sums: {next((k for k, fn in kinds.items() if fn is fused), '?')} "
           f"(decided in {time.perf_counter() - t0:.2f} s, the kinds already built)", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
