@@ -166,10 +166,11 @@ def store_offload_host_s(rec: dict[str, Any]) -> float | None:
 #: :func:`sim.calibrate.switch_ngpu.content_check_s`), with its source;
 #: :func:`sim.calibrate.switch_ngpu.check_inputs_blind` reads the source like every other input's
 CONTENT_DIGEST: dict[str, Any] = {
-    "value": 8192 * 2 ** 20 / 54.35e-3,
-    "source": "measured: bench/results/2026-12-05-h200-pending/run2/digest_cost.log (1 x H200, python3 -m "
-              "bench.digest_cost --device cuda --mib 8192, best of 5): content_digest of 8 GiB in 64 fp32 tensors in "
-              "54.35 ms with the compiled row sums, 147.2 GiB/s",
+    "value": 2 * 2 ** 30 / 4.196e-3,
+    "source": "measured: bench/results/2026-12-05-h200-pending/run3/digest_variants.log (1 x H100 80GB HBM3, python3 "
+              "bench/gpu/digest_variants.py, best of 5): content_digest of 2 GiB of bf16 in 24 ranges of one flat "
+              "buffer (the early copies' shape: one range per copy) in 4.196 ms with the Triton row sums, 477 GiB/s "
+              "(8 GiB in 64 fp32 tensors: 10.30 ms, 777 GiB/s); on an H100, whose memory is slower than an H200's",
 }
 
 
