@@ -5,8 +5,7 @@
 Times, best of ``--repeats`` after a warm-up, each with the device synchronised at the end:
 
 * ``<kind>_digest``: :func:`~refimpl.store.backends.digest.content_digest` with each kind of row sums: eager,
-  each fused kind that builds and passes the probe (its build time printed; ``triton`` is the faster of the two
-  Triton kernels in the race it runs, whose times are printed), each Triton kernel with other tiles;
+  each fused kind that builds and passes the probe (its build time printed), the Triton kernel with other tiles;
   ``digest`` is the kind the digest picks by default;
 * ``digest, host``: the same call's time on the host alone (no synchronisation): what a backward hook pays;
 * ``host syncs``: how many times one call makes the host wait (torch's sync debug mode, counted);
@@ -72,7 +71,7 @@ def row_sums_only(tensors: list[torch.Tensor], fn: dg.RowSums | None) -> None:
     try:
         for t in tensors:
             words = dg._words(t)
-            out = torch.zeros(dg._row_count(words), dtype=torch.int32, device=t.device)  # as the digest's
+            out = torch.empty(dg._row_count(words), dtype=torch.int32, device=t.device)
             dg._row_sums_into(out, words, weights)
     finally:
         dg._FUSED[key] = saved
@@ -90,19 +89,14 @@ def candidates(dev: torch.device) -> dict[str, dg.RowSums | None]:
         if fn is not None:
             out[kind] = fn
     if "triton" in out:
-        print(f"triton race: {json.dumps(dg.TRITON_RACE.get(str(dev), {}))} (s, best of 3 on 64 MiB)", flush=True)
-        from refimpl.store.backends.digest_kernel import triton_flat_row_sums, triton_row_sums
-        shapes = [(f"triton_rows_r{r}_w{w}", triton_row_sums, {"block_rows": r, "num_warps": w})
-                  for r, w in ((8, 8), (4, 4), (32, 16))]
-        shapes += [(f"triton_flat_b{b}_w{w}", triton_flat_row_sums, {"block": b, "num_warps": w})
-                   for b, w in ((1024, 4), (2048, 4), (4096, 8), (8192, 8), (16384, 16))]
-        for name, kernel, kw in shapes:
-            fn = functools.partial(kernel, **kw)
+        from refimpl.store.backends.digest_kernel import triton_row_sums
+        for rows, warps in ((2, 4), (4, 4), (16, 8), (32, 16)):
+            fn = functools.partial(triton_row_sums, block_rows=rows, num_warps=warps)
             fn.writes_into = True
             if dg.checked_row_sums(fn, dev):
-                out[name] = fn
+                out[f"triton_r{rows}_w{warps}"] = fn
             else:
-                print(f"{name}: NOT exact", flush=True)
+                print(f"triton {rows} rows x {warps} warps: NOT exact", flush=True)
     return out
 
 

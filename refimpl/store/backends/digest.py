@@ -29,13 +29,8 @@ Eagerly the multiply and the row sum are two kernels and a temporary: on an H200
 times a clone of the same bytes, and the early copies' two digests made the one-GPU switch cost 1.19 x the copies
 instead of 0.42 x (bench/results/2026-12-05-h200-pending/). On a CUDA device the row sums are one kernel (multiply
 and sum fused, no temporary, the sums written in place), of the first kind of :data:`FUSED_KINDS` that builds and
-passes a probe: a hand-written Triton kernel (:mod:`refimpl.store.backends.digest_kernel`), else
-:func:`eager_row_sums` through ``torch.compile``. There are two Triton kernels: one reads a tile of whole rows per
-program (a row of 1,021 words padded to 1,024 and masked, never aligned), the other reads the rows as one run of
-words, a block per program, four words a load from an aligned start, and adds each row's part of the block into the
-row's sum atomically (int32 adds wrap, in any order). Which is faster depends on the GPU's memory system, so both are
-timed on 64 MiB where the digest runs, once per process and device, and the faster exact one is the ``triton`` kind
-(:func:`race_triton_kernels`; the times are logged and kept in :data:`TRITON_RACE`). Triton's integer arithmetic wraps as torch's does.
+passes a probe: a hand-written Triton kernel (:mod:`refimpl.store.backends.digest_kernel`; a tile of whole rows per
+program), else :func:`eager_row_sums` through ``torch.compile``. Triton's integer arithmetic wraps as torch's does.
 A kind is used only if it gives the eager function's exact sums on a probe of random words (several row counts, an
 unaligned start, the sums written into a slice); otherwise, or where it does not build (no Triton, no compiler),
 the next kind or the eager sums are used and a warning says why. On an H100 the Triton kernel took the 8 GiB digest
@@ -181,57 +176,12 @@ def _fused_kinds() -> tuple[str, ...]:
                      f"{', '.join(FUSED_KINDS)}")
 
 
-#: the Triton kernels of kind ``triton`` (:mod:`refimpl.store.backends.digest_kernel`), raced on each device
-TRITON_KERNELS = ("triton_flat_row_sums", "triton_row_sums")
-#: words of the race's probe (64 MiB): large enough that a kernel's rate, not its launch, decides
-_RACE_WORDS = DIGEST_ROW * (16 << 10)
-#: per device, the seconds each Triton kernel took on the race's probe (best of three), for reports
-TRITON_RACE: dict[str, dict[str, float]] = {}
-
-
-def race_triton_kernels(device: torch.device, *, words: int = _RACE_WORDS) -> RowSums:
-    """Of the Triton kernels (:data:`TRITON_KERNELS`) that give the eager sums exactly on ``device``'s probe, the one
-    that sums ``words`` words in rows of 1,021 the fastest there (best of three, after one run that builds it; the
-    times are kept in :data:`TRITON_RACE`). Which reads faster depends on the GPU's memory system, so it is measured
-    where the digest runs, once per process and device (about 0.1 s beside the builds). Raises RuntimeError when no
-    kernel is exact; off CUDA the first exact kernel is taken untimed."""
-    from refimpl.store.backends import digest_kernel
-
-    exact = [getattr(digest_kernel, name) for name in TRITON_KERNELS
-             if checked_row_sums(getattr(digest_kernel, name), device)]
-    if not exact:
-        raise RuntimeError(f"no Triton row sums give the eager sums on {device}")
-    if device.type != "cuda" or len(exact) == 1:
-        return exact[0]
-    rows = torch.randint(-(2 ** 31), 2 ** 31 - 1, (words // DIGEST_ROW, DIGEST_ROW), dtype=torch.int32,
-                         device=device)
-    weights, out = _row_weights(device), torch.zeros(rows.shape[0], dtype=torch.int32, device=device)
-    times: dict[str, float] = {}
-    for fn in exact:
-        fn(rows, weights, out=out)  # built by the probe already; one run to warm
-        best = float("inf")
-        for _ in range(3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(rows, weights, out=out)
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3)
-        times[fn.__name__] = best
-    TRITON_RACE[str(device)] = times
-    del rows, out
-    fastest = min(exact, key=lambda fn: times[fn.__name__])
-    logger.info("content digest: %s on %s (%s)", fastest.__name__, device,
-                ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()))
-    return fastest
-
-
-def build_row_sums(kind: str, device: torch.device | None = None) -> RowSums:
-    """The fused row sums of ``kind`` (one of :data:`FUSED_KINDS`) for ``device``; raises where they cannot be built
-    (ImportError without Triton). ``triton``: the faster exact kernel of the race (:func:`race_triton_kernels`).
-    :func:`fused_row_sums` probes what this returns before using it."""
+def build_row_sums(kind: str) -> RowSums:
+    """The fused row sums of ``kind`` (one of :data:`FUSED_KINDS`), unchecked; raises where they cannot be built
+    (ImportError without Triton). :func:`fused_row_sums` probes what this returns before using it."""
     if kind == "triton":
-        return race_triton_kernels(device or torch.device("cuda"))
+        from refimpl.store.backends.digest_kernel import triton_row_sums
+        return triton_row_sums
     if kind == "compile":
         return torch.compile(eager_row_sums, dynamic=True, fullgraph=True)
     raise ValueError(f"no fused row sums of kind {kind!r}; expected one of {', '.join(FUSED_KINDS)}")
@@ -242,7 +192,7 @@ def choose_row_sums(kinds: Sequence[str], device: torch.device) -> RowSums | Non
     (the eager sums); each kind refused is a warning that says why, and so is falling back to the eager sums."""
     for kind in kinds:
         try:
-            candidate = build_row_sums(kind, device)
+            candidate = build_row_sums(kind)
             if checked_row_sums(candidate, device):
                 return candidate
             logger.warning("content digest: the %s row sums differ from the eager ones on %s; not used", kind,
@@ -334,7 +284,7 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
             part = items[lo:lo + _BATCH]
             counts = [_row_count(words) for _, words in part]
             total = sum(counts)
-            sums = torch.zeros(total, dtype=torch.int32, device=d)  # zeroed: a fused kind may add into it
+            sums = torch.empty(total, dtype=torch.int32, device=d)
             at = 0
             for (_, words), n in zip(part, counts):
                 _row_sums_into(sums[at:at + n], words, weights)
@@ -351,6 +301,5 @@ def content_digest(tensors: Sequence[torch.Tensor], *, device: torch.device | No
     return out.view(-1)
 
 
-__all__ = ["DIGEST_ROW", "FUSED_KINDS", "TRITON_KERNELS", "TRITON_RACE", "build_row_sums", "checked_row_sums", "choose_row_sums", "content_digest",
-           "eager_row_sums", "fused_row_sums", "mix", "mix_reference", "race_triton_kernels",
-           "release_digest_weights"]
+__all__ = ["DIGEST_ROW", "FUSED_KINDS", "build_row_sums", "checked_row_sums", "choose_row_sums", "content_digest",
+           "eager_row_sums", "fused_row_sums", "mix", "mix_reference", "release_digest_weights"]

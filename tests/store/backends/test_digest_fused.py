@@ -39,7 +39,7 @@ def test_a_kind_that_fails_to_build_or_gives_other_sums_is_passed_over_with_a_wa
     """Kinds are tried in order: one that raises while building (no Triton, no compiler) and one whose sums differ
     on the probe are each refused with a warning naming the kind and why; the next kind that gives the exact sums is
     taken; when none does, the eager sums are used and a warning says so."""
-    def build(kind, device=None):
+    def build(kind):
         if kind == "triton":
             raise ImportError("no triton here")
         if kind == "compile":
@@ -163,27 +163,3 @@ def test_the_triton_kernel_refuses_what_it_would_read_wrong():
                 lambda: triton_row_sums(rows, weights, out=torch.empty(3, dtype=torch.int32, device=dev))):
         with pytest.raises(ValueError, match="triton_row_sums needs"):
             bad()
-
-
-@CUDA
-@pytest.mark.cuda
-def test_each_triton_kernel_is_exact_and_the_race_takes_the_faster():
-    """Both Triton kernels give the eager sums exactly on the probe (aligned and unaligned starts, sums written into
-    a slice); the race times each on the device and the digest's ``triton`` kind is the one it timed fastest. The
-    flat kernel adds into ``out`` (its caller zeroes it) and refuses what it would read wrong as the other does."""
-    from refimpl.store.backends import digest_kernel
-    from refimpl.store.backends.digest_kernel import triton_flat_row_sums
-    dev = torch.device("cuda")
-    for name in dg.TRITON_KERNELS:
-        assert checked_row_sums(getattr(digest_kernel, name), dev), name
-    fastest = dg.race_triton_kernels(dev, words=DIGEST_ROW * 4096)
-    times = dg.TRITON_RACE[str(dev)]
-    assert set(times) == set(dg.TRITON_KERNELS) and all(t > 0 for t in times.values())
-    assert fastest.__name__ == min(times, key=times.get)
-    rows = torch.arange(5 * DIGEST_ROW, dtype=torch.int32, device=dev).view(5, DIGEST_ROW)
-    weights = dg._row_weights(dev)
-    out = torch.full((5,), 7, dtype=torch.int32, device=dev)
-    triton_flat_row_sums(rows, weights, out=out)
-    assert torch.equal(out, eager_row_sums(rows, weights) + 7)
-    with pytest.raises(ValueError, match="triton_row_sums needs"):
-        triton_flat_row_sums(rows.t(), weights[:5])
