@@ -33,9 +33,10 @@ passes a probe: a hand-written Triton kernel (:mod:`refimpl.store.backends.diges
 program), else :func:`eager_row_sums` through ``torch.compile``. Triton's integer arithmetic wraps as torch's does.
 A kind is used only if it gives the eager function's exact sums on a probe of random words (several row counts, an
 unaligned start, the sums written into a slice); otherwise, or where it does not build (no Triton, no compiler),
-the next kind or the eager sums are used and a warning says why. On an H100 the Triton kernel took the 8 GiB digest
-from 14.4 ms (eager) to 10.3 ms, 777 GiB/s (``torch.compile``: 18.1 ms); ranges in the early copies' shape ran at 477
-GiB/s, the host's work (about 0.15 ms a tensor) included. ``TIMESHARE_DIGEST_FUSED`` picks: ``1`` (default,
+the next kind or the eager sums are used and a warning says why. On an H200 the Triton kernel took the 8 GiB digest
+from 12.5 ms (eager) to 8.6 ms, 929 GiB/s (``torch.compile``: 15.3 ms); ranges in the early copies' shape ran at 565
+GiB/s, the host's work (about 0.15 ms a tensor) included (an H100: 10.3 ms and 477 GiB/s). A kernel reading the rows
+as one run of words in aligned blocks, each row's part added atomically, was no faster there and is not kept. ``TIMESHARE_DIGEST_FUSED`` picks: ``1`` (default,
 every kind in order), ``0`` (eager), or one kind by name. The build (a Triton compile, once per process and device)
 is paid at the store's first reload (:meth:`~refimpl.store.moves.early.EarlyCopies.prepare`), or at the first
 digest where no store built it first (``local_dedup``'s replica check); ``python bench/gpu/digest_variants.py``
