@@ -36,12 +36,9 @@ def rl_rows(w: str) -> list[str]:
             continue
         ph, c = sm["phase_s"], sm.get("switch_costs") or {}
         waits = [s.get("stream_wait_s") for s in r["steps"][1:] + r.get("after_steps", [])[:1] if s.get("stream_wait_s")]
-        sim = ""
         try:
-            from sim.calibrate.switch_modes import predict_modes
-
-            row = predict_modes(r, policies=(r["policy"],), modes=(r["mode"],))[0]
-            sim = f"{row['switch_cost_s']:.3f} (x{row['switch_cost_s'] / sm['switch_cost_s']:.2f})"
+            cost, how = _sim(r)
+            sim = f"{cost:.3f} (x{cost / sm['switch_cost_s']:.2f}{how})"
         except Exception as e:  # noqa: BLE001 - the summary still prints the measurement
             sim = f"failed: {type(e).__name__}: {str(e)[:80]}"
         out.append(
@@ -53,6 +50,29 @@ def rl_rows(w: str) -> list[str]:
         if r.get("policy_choice"):
             out.append(f"|  | auto: {r['policy_choice']['reason']} |")
     return out
+
+
+#: the flags of the N-GPU mechanism; a one-GPU record with all of them on is composed as the N-GPU prediction is
+_MECHANISM_FLAGS = ("managed_mesh", "rebuild_ahead", "sync_in_backward")
+
+
+def _sim(r: dict) -> tuple[float, str]:
+    """The simulator's switch cost for the run of record ``r``, composed from the record's own phases: a one-GPU
+    run of the N-GPU mechanism (every flag of :data:`_MECHANISM_FLAGS` on, streamed, sync first, early copies) as the
+    N-GPU prediction composes it at one rank (:func:`sim.calibrate.switch_ngpu.predict_ngpu`, mechanism
+    ``forward_from_rollout`` or ``new``, named in the column); any other run by the one-GPU composition of the
+    earlier mechanism (:func:`sim.calibrate.switch_modes.predict_modes`)."""
+    cfg = r.get("config") or {}
+    if (int(r.get("world_size", 1)) == 1 and all(cfg.get(k) for k in _MECHANISM_FLAGS) and cfg.get("sync_first")
+            and r.get("mode") == "streamed" and r.get("offload_in_backward")):
+        from sim.calibrate.switch_ngpu import predict_ngpu
+
+        mech = "forward_from_rollout" if cfg.get("forward_from_rollout") else "new"
+        row = predict_ngpu(r, 1, "fsdp", mechanisms=(mech,), policy=r["policy"])[0]
+        return row["switch_cost_s"], f", {mech}"
+    from sim.calibrate.switch_modes import predict_modes
+
+    return predict_modes(r, policies=(r["policy"],), modes=(r["mode"],))[0]["switch_cost_s"], ""
 
 
 def _held(r: dict) -> str:

@@ -128,9 +128,8 @@ def mesh_shape(kind: str, ranks: int, hsdp_shard: int = HSDP_SHARD) -> tuple[int
     """(replicate, shard) of a mesh of ``kind`` over ``ranks`` ranks; refuses a shape the RL step cannot make."""
     if kind not in MESHES:
         raise ValueError(f"mesh must be one of {MESHES}, got {kind!r}")
-    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 2:
-        raise ValueError(f"ranks must be an integer >= 2, got {ranks!r} (one GPU: python -m sim.calibrate.switch_modes "
-                         "RECORD, without --ranks)")
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
     if kind == "fsdp":
         return 1, ranks
     if hsdp_shard < 1 or ranks % hsdp_shard or ranks == hsdp_shard:
@@ -141,7 +140,10 @@ def mesh_shape(kind: str, ranks: int, hsdp_shard: int = HSDP_SHARD) -> tuple[int
 
 def mesh_groups(replicate: int, shard: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The mesh's groups as the RL step makes them (``build_mesh_groups``): one per subgroup of each dimension of
-    more than one rank, every rank making all of them; rank ``r * shard + s`` is replicate ``r``, shard ``s``."""
+    more than one rank, every rank making all of them; rank ``r * shard + s`` is replicate ``r``, shard ``s``. On one
+    rank the mesh is one dimension of one rank (``mesh_layout``) and its one group has one rank."""
+    if replicate == shard == 1:
+        return (("trainer.mesh.shard0", (0,)),)
     out = []
     if replicate > 1:
         out += [(f"trainer.mesh.replicate{s}", tuple(r * shard + s for r in range(replicate))) for s in range(shard)]
@@ -467,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Predicted switch cost of the colocated RL step on N GPUs, from a "
                                  "one-GPU record of the sync-first streamed step with early copies")
     ap.add_argument("record", help="an rl_step_1.json of bench.rl (--offload-in-backward --sync-first --mode streamed)")
-    ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts (each 2 or more)")
+    ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts (each 1 or more; 1: today's "
+                    "mechanism on one GPU, composed as on N)")
     ap.add_argument("--meshes", default="fsdp,hsdp",
                     help="fsdp (FSDP2 over every rank) and/or hsdp (replicate x shard)")
     ap.add_argument("--mechanisms", default=",".join(MECHANISMS),

@@ -40,8 +40,27 @@ def test_mesh_groups_are_the_steps(rec):
     assert mesh_shape("hsdp", 8) == (4, 2) and mesh_shape("fsdp", 4) == (1, 4)
     with pytest.raises(ValueError, match="replicate"):
         mesh_shape("hsdp", 2)
-    with pytest.raises(ValueError, match=">= 2"):
-        mesh_shape("fsdp", 1)
+    assert mesh_shape("fsdp", 1) == (1, 1) and mesh_groups(1, 1) == (("trainer.mesh.shard0", (0,)),)
+    with pytest.raises(ValueError, match=">= 1"):
+        mesh_shape("fsdp", 0)
+    with pytest.raises(ValueError, match="replicate"):
+        mesh_shape("hsdp", 1)
+
+
+def test_one_rank_is_todays_one_gpu_step_composed_as_on_n(rec):
+    """At one rank the mechanisms compose the one-GPU step: its one one-rank group, no NVLink bytes to gather or
+    agree over, the creation of a one-rank communicator hidden under the issue (no join wait); the earlier mechanism
+    gives the one-GPU composition's switch (``old`` is exactly it), the current one pays the check and the fill."""
+    from sim.calibrate.switch_modes import predict_modes
+
+    rows = {r["mechanism"]: r for r in predict_ngpu(rec, 1, "fsdp")}
+    assert rows["old"]["switch_cost_s"] == pytest.approx(
+        predict_modes(rec, policies=("DESTROY_DEFERRED",), modes=("streamed",))[0]["switch_cost_s"], rel=0.05)
+    f = rows["forward_from_rollout"]
+    assert f["detail"]["lifecycle_groups"] == [["trainer.mesh.shard0", 1]]
+    assert f["terms"]["join_wait"] == pytest.approx(0.0, abs=1e-3)
+    assert f["terms"]["content_check"] > 0 and f["terms"]["rollout_fill"] > 0
+    assert f["terms"]["weight_sync"] < rows["old"]["terms"]["weight_sync"]
 
 
 def test_per_rank_record_shards_the_bytes(rec):

@@ -1,0 +1,48 @@
+"""bench/gpu/switch_summary.py's simulator column: a one-GPU run of today's mechanism is composed as the N-GPU
+prediction composes it at one rank, any other run by the earlier one-GPU composition; read back on the records of
+run 4 of bench/results/2026-12-05-h200-pending/ (one H200, batch 32)."""
+from __future__ import annotations
+
+import importlib.util
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+RUN4 = ROOT / "bench/results/2026-12-05-h200-pending/run4/precheck_compare.tgz"
+
+
+@pytest.fixture(scope="module")
+def summary():
+    spec = importlib.util.spec_from_file_location("switch_summary", ROOT / "bench/gpu/switch_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run4")
+    with tarfile.open(RUN4) as t:
+        t.extractall(out, filter="data")
+    return out
+
+
+def test_todays_mechanism_is_composed_as_on_n_gpus_and_the_rest_as_before(summary, runs):
+    """rl_today (every flag of the N-GPU mechanism on) gets the forward_from_rollout composition at one rank, within
+    15 % of what it measured; rl_before and rl_today_base (the mechanism off) get the one-GPU composition, as
+    before; the table names the composition it used."""
+    got = {}
+    for name in ("rl_today", "rl_today_again", "rl_before", "rl_today_base"):
+        r = summary._load(str(runs / name / "rl_step_1.json"))
+        got[name] = (summary._sim(r), r["summary"]["switch_cost_s"])
+    for name in ("rl_today", "rl_today_again"):
+        (cost, how), measured = got[name]
+        assert how == ", forward_from_rollout"
+        assert cost == pytest.approx(measured, rel=0.15)
+    for name in ("rl_before", "rl_today_base"):
+        (cost, how), measured = got[name]
+        assert how == "" and cost == pytest.approx(measured, rel=0.1)
+    table = "\n".join(summary.rl_rows(str(runs)))
+    assert table.count("forward_from_rollout)") == 2
