@@ -136,6 +136,43 @@ def test_parameters_viewing_a_flat_buffer_that_is_not_attached_are_refused_namin
     assert lin.weight[0, 0] == -1, "the parameters alias the buffer again"
 
 
+def test_a_use_held_outside_python_that_goes_at_once_is_waited_for_and_one_that_stays_is_refused(monkeypatch):
+    """A view held only by C++ (a collective's work object keeps its tensors on the backend's thread for a moment
+    after ``wait()``; here the view einsum's autograd node saves, made in C++) is not an alias the caller holds: the
+    offload waits for it to go (a timer thread drops it 50 ms in), then moves everything, exact after the reload. One
+    that stays is refused after the wait, nothing moved; a view Python can reach is refused at once, without it."""
+    import threading
+    import time
+
+    from refimpl.store.state import grouping
+
+    w = torch.arange(16.0)
+    store = OffloadStore(TorchRuntime("cpu"))
+    store.attach_tensors(Category.PARAMS, {"w": w}, name="p")
+    kept = w[2:6]  # a view Python holds: refused without waiting
+    t0 = time.monotonic()
+    with pytest.raises(UnattachedAliasError, match=r"p\.w.*shape \(4,\)"):
+        store.offload()
+    assert time.monotonic() - t0 < grouping.ALIAS_SETTLE_S and not is_parked(w)
+    del kept
+    c = torch.ones(4, 4, requires_grad=True)
+    held = [torch.einsum("ij,jk->ik", w.view(4, 4), c)]  # saves a view of w made in C++: no Python object shows it
+    monkeypatch.setattr(grouping.settles, "__defaults__", (0.05,))
+    with pytest.raises(UnattachedAliasError, match=r"p\.w.*1 tensor object.*not reachable from Python"):
+        store.offload()
+    assert not is_parked(w) and torch.equal(w, torch.arange(16.0))
+    monkeypatch.setattr(grouping.settles, "__defaults__", (2.0,))
+    timer = threading.Timer(0.05, held.clear)
+    timer.start()
+    try:
+        store.offload()
+    finally:
+        timer.cancel()
+    assert is_parked(w) and not held
+    store.reload()
+    assert torch.equal(w, torch.arange(16.0))
+
+
 def test_a_view_of_the_stores_flat_buffer_kept_across_an_offload_is_parked_not_left_dangling(caplog):
     tensors = _state(4)
     want = {k: v.clone() for k, v in tensors.items()}

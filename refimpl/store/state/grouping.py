@@ -9,6 +9,7 @@ moves here, so a validation error loses nothing.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -27,7 +28,7 @@ from refimpl.store.errors import (
 from refimpl.store.state.entry import TensorRef
 from refimpl.store.state.parking import is_placeholder
 from refimpl.store.state.storage_views import (
-    describe_aliases, own_view, own_view_mark, own_views_index, storage_use_count,
+    describe_aliases, find_views, own_view, own_view_mark, own_views_index, own_views_of, storage_use_count,
 )
 
 logger = logging.getLogger(__name__)
@@ -257,7 +258,9 @@ class StorageGrouper:
             mine = sum(1 for mark, _ in own_idx.get(sid, ()) if mark < g.mark)
             if g.viewers > len(g.refs) + mine:
                 if sid not in self.own:
-                    raise unattached_alias_error(g)
+                    if not settles(g):
+                        raise unattached_alias_error(g)
+                    continue
                 report.stray_views[sid] = {id(r.tensor) for r in g.refs}
         if report.skipped_zero_size:
             logger.debug("left %d zero-size tensors in place: %s", len(report.skipped_zero_size),
@@ -286,6 +289,32 @@ def _attach_view_bases(g: StorageGroup) -> None:
             continue
         ids.add(id(b))
         g.refs.append(TensorRef(r.name + BASE_SUFFIX, b, b.storage_offset(), tuple(b.shape), b.stride()))
+
+
+ALIAS_SETTLE_S = 0.5
+"""How long an offload waits for a storage's uses to fall to what it accounts for when none of the extra ones is a
+tensor Python can reach: a collective's work object (Gloo's, NCCL's) holds its tensors on the backend's own thread
+for a moment after ``wait()`` has returned, and a Megatron step ends with such collectives on its buffers."""
+
+
+def settles(g: StorageGroup, limit_s: float = ALIAS_SETTLE_S) -> bool:
+    """Whether the uses of ``g``'s storage beyond its refs and the store's own views are references held outside
+    Python that go within ``limit_s`` (polled every 2 ms; :data:`ALIAS_SETTLE_S`). False at once where a tensor
+    Python can reach views it (an alias the caller holds: :func:`unattached_alias_error` names it) or where the
+    count cannot be read; False after ``limit_s`` where the uses stay (a holder that keeps them: the error)."""
+    if storage_use_count is None or find_views(g.storage_id, {id(r.tensor) for r in g.refs}):
+        return False
+    storage = g.refs[0].tensor.untyped_storage()  # held while polling: one use of the count
+    deadline = time.monotonic() + limit_s
+    while True:
+        mine = len(own_views_of(g.storage_id, before=own_view_mark()))
+        if storage_use_count(storage._cdata) - 1 <= len(g.refs) + mine:
+            logger.info("the storage of %s: %d use(s) held outside Python went before the offload released it",
+                        g.refs[0].name, g.viewers - len(g.refs))
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
@@ -323,6 +352,7 @@ def group_by_storage(items: Iterable[Item], device: torch.device, viewers: dict[
 
 
 __all__ = [
+    "ALIAS_SETTLE_S",
     "BASE_SUFFIX",
     "CollectReport",
     "StorageGroup",
@@ -330,6 +360,7 @@ __all__ = [
     "ViewCount",
     "group_by_storage",
     "same_device",
+    "settles",
     "storage_view",
     "unattached_alias_error",
 ]
