@@ -258,8 +258,9 @@ class StorageGrouper:
             mine = sum(1 for mark, _ in own_idx.get(sid, ()) if mark < g.mark)
             if g.viewers > len(g.refs) + mine:
                 if sid not in self.own:
-                    if not settles(g):
-                        raise unattached_alias_error(g)
+                    aliases = find_views(sid, {id(r.tensor) for r in g.refs})  # one walk of every object, for both
+                    if aliases or not settles(g):
+                        raise unattached_alias_error(g, aliases)
                     continue
                 report.stray_views[sid] = {id(r.tensor) for r in g.refs}
         if report.skipped_zero_size:
@@ -298,11 +299,11 @@ for a moment after ``wait()`` has returned, and a Megatron step ends with such c
 
 
 def settles(g: StorageGroup, limit_s: float = ALIAS_SETTLE_S) -> bool:
-    """Whether the uses of ``g``'s storage beyond its refs and the store's own views are references held outside
-    Python that go within ``limit_s`` (polled every 2 ms; :data:`ALIAS_SETTLE_S`). False at once where a tensor
-    Python can reach views it (an alias the caller holds: :func:`unattached_alias_error` names it) or where the
-    count cannot be read; False after ``limit_s`` where the uses stay (a holder that keeps them: the error)."""
-    if storage_use_count is None or find_views(g.storage_id, {id(r.tensor) for r in g.refs}):
+    """Whether the uses of ``g``'s storage beyond its refs and the store's own views, none of them a tensor Python
+    can reach (the caller checked: :func:`~refimpl.store.state.storage_views.find_views` found none), are references
+    held outside Python that go within ``limit_s`` (polled every 2 ms; :data:`ALIAS_SETTLE_S`). False where the
+    count cannot be read, and after ``limit_s`` where the uses stay (a holder that keeps them: the error)."""
+    if storage_use_count is None:
         return False
     storage = g.refs[0].tensor.untyped_storage()  # held while polling: one use of the count
     deadline = time.monotonic() + limit_s
@@ -317,10 +318,11 @@ def settles(g: StorageGroup, limit_s: float = ALIAS_SETTLE_S) -> bool:
         time.sleep(0.002)
 
 
-def unattached_alias_error(g: StorageGroup) -> UnattachedAliasError:
-    """The error for a storage that tensor objects the store does not know also view."""
+def unattached_alias_error(g: StorageGroup, aliases: list[torch.Tensor] | None = None) -> UnattachedAliasError:
+    """The error for a storage that tensor objects the store does not know also view (``aliases``: those Python
+    reaches, where the caller already looked them up)."""
     extra = g.viewers - len(g.refs)
-    found = describe_aliases(g.storage_id, {id(r.tensor) for r in g.refs})
+    found = describe_aliases(g.storage_id, {id(r.tensor) for r in g.refs}, views=aliases)
     names = ", ".join(r.name for r in g.refs[:3]) + (" ..." if len(g.refs) > 3 else "")
     return UnattachedAliasError(
         f"the storage of {names} ({g.nbytes} bytes) is also viewed by {extra} tensor object(s) not attached to "

@@ -83,10 +83,12 @@ def find_views(storage_id: int, known: set[int]) -> list[torch.Tensor]:
     return out
 
 
-def describe_aliases(storage_id: int, known: set[int], limit: int = 3) -> list[str]:
-    """Descriptions of :func:`find_views` (for error messages)."""
+def describe_aliases(storage_id: int, known: set[int], limit: int = 3,
+                     views: list[torch.Tensor] | None = None) -> list[str]:
+    """Descriptions of :func:`find_views` (for error messages); ``views``: what a caller's own call of it found."""
+    found = find_views(storage_id, known) if views is None else views
     return [f"a {type(t).__name__} of shape {tuple(t.shape)} {t.dtype} at storage offset {t.storage_offset()}"
-            for t in find_views(storage_id, known)[:limit]]
+            for t in found[:limit]]
 
 
 __all__ = ["describe_aliases", "find_views", "own_view", "own_view_mark", "own_views_index", "own_views_of",
