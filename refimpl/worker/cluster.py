@@ -69,6 +69,9 @@ from refimpl.worker.role import CallInterruptedError, RoleWorker, registration
 
 logger = logging.getLogger(__name__)
 
+STOP_CONFIRM_S = 30.0
+"""How long stopping a role waits for Ray to report each killed rank dead before it logs and goes on."""
+
 
 class ClusterError(RuntimeError):
     """A call to a role's ranks failed; ``role``, ``ranks`` and ``method`` say where."""
@@ -548,20 +551,41 @@ class Cluster:
         ray = require_ray()
         self.failure = why
         logger.error("%s: stopping all %d ranks: %s", self.role, self.world_size, why)
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        """Kill every rank and return once Ray reports each one dead (``ray.kill`` only asks: a call sent
+        right after it may still run on a rank not yet killed). A rank still answering after
+        :data:`STOP_CONFIRM_S` is logged, not waited for longer."""
+        ray = require_ray()
+        from ray.exceptions import RayActorError
+
         for w in self.workers:
             try:
                 ray.kill(w, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
+        deadline = time.perf_counter() + STOP_CONFIRM_S
+        alive = {w.__ray_ready__.remote(): w for w in self.workers}
+        while alive and time.perf_counter() < deadline:
+            ready, _ = ray.wait(list(alive), num_returns=len(alive), timeout=min(0.5, STOP_CONFIRM_S))
+            for ref in ready:
+                w = alive.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError:
+                    continue  # dead, as asked
+                except Exception:  # noqa: BLE001 - any other answer: ask again
+                    pass
+                time.sleep(0.02)
+                alive[w.__ray_ready__.remote()] = w
+        if alive:
+            logger.error("%s: %d rank(s) still answered %.0f s after being killed", self.role, len(alive),
+                         STOP_CONFIRM_S)
 
     def shutdown(self) -> None:
         """Stop every rank of the role (its state is lost; offload or checkpoint first if it matters)."""
-        ray = require_ray()
-        for w in self.workers:
-            try:
-                ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+        self._kill_all()
         if self.failure is None:
             self.failure = ClusterFailedError(f"role {self.role!r} was shut down", role=self.role)
 
