@@ -76,7 +76,7 @@ taken as measured where the record itself ran with early copies
 Where the constants come from and how the predictions fared against the runs
 they preceded: docs/calibration.md, "The colocated switch by mode".
 
-``switch_cost_s`` is the same rule and name as the benchmark's (:mod:`bench.switch_modes`):
+``switch_cost_s`` is the same rule and name as the benchmark's ([Note: switch cost] in :mod:`bench.rl.record`):
 the window's phases plus what the first training step after the switch pays
 beyond a plain one: the lazy initialisation of a rebuilt group at its first
 collective (simulated: the training step's all-reduce after the wake, less the
