@@ -41,6 +41,12 @@ says each term's formula and source):
   of each unit's full parameters in the rollout's dtype, forward and backward re-gather) are added whole
   (:func:`rollout_fill_s`), another upper bound.
 
+In ``new`` and ``forward_from_rollout`` the step ``T`` the stretches are shares of is the record's plain step
+(:func:`plain_step_s`: a training step after no switch), not the step after a switch, which already holds what
+the switch left to it (before the seventh revision of the committed predictions it was that step: at one rank the
+composition then fell from 0.89-0.96 x of an H200 at batch 32 to 0.70 x of an H100 at batch 16, where the stream's
+wait is most of the cost; with the plain step 1.08-1.13 x and 0.97 x). ``old`` keeps the one-GPU composition.
+
 ``new`` and ``forward_from_rollout`` also pay the early copies' content check (:func:`content_check_s`: two digests
 of every byte a rank copies early at the digest's measured rate, counted whole), which ``old`` predates.
 
@@ -253,6 +259,23 @@ def sync_first_issue_host_s(rec: dict[str, Any]) -> float:
     return statistics.fmean(vals)
 
 
+def plain_step_s(rec: dict[str, Any]) -> float:
+    """Seconds of a training step that follows no switch in the record (``summary.switch_costs.train_plain_s``,
+    else the mean of its ``train_plain`` spans): the step whose stretches the current mechanism's terms are shares
+    of. A switch's cost is what the step after it takes beyond this one, so the work the switch leaves to that step
+    (the resume's join, the stream's wait, the chains of early copies and per-unit syncs) hides under the plain
+    step's forward and backward, not under a step already lengthened by it. Raises :class:`RecordError` for a
+    record without plain steps (``bench.rl`` writes two after the last switch)."""
+    plain = ((rec.get("summary") or {}).get("switch_costs") or {}).get("train_plain_s")
+    if plain:
+        return float(plain)
+    spans = [sp["end_s"] - sp["start_s"] for sp in rec.get("spans") or [] if sp.get("phase") == "train_plain"]
+    if not spans:
+        raise RecordError("the record has no plain training step (summary.switch_costs.train_plain_s or "
+                          "train_plain spans): the current mechanism's terms are shares of it")
+    return statistics.fmean(spans)
+
+
 def _agreement_s(preset: str, ranks: int) -> float:
     """One agreement on the Gloo control group of ``ranks`` ranks at the preset's cost."""
     from sim.machine.topology import Topology
@@ -298,6 +321,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     p = predict_step(r, preset=preset, free=r["config"].get("free") or "allocator", gather_ranks=shard)
     settings = p["lifecycle_settings"]
     train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
+    plain = plain_step_s(rec)  # the stretches the switch's work hides under are a plain step's (its extra is the cost)
     cooldown = float(cfg.get("cooldown_s", 0.2))
 
     def lifecycle(world: int, lc_preset: str, groups=None) -> dict[str, float]:
@@ -331,21 +355,21 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             off = phase_1 - one["offload"] + lc["offload"]
             per_tensor = LOOP_CONSTANTS["gather_per_tensor_multi_s"]["value"]
             sync_units = sync_in_backward_units_s(r, shard, per_tensor, multi)
-            ws = unit_chain_tail(sync_units, train)
+            ws = unit_chain_tail(sync_units, plain)
             issue = p["reload_issue_host_s"]
             rel = issue
             thread = lc["reload"]  # cooldown's rest, rebuild per group, warm-up per member group, agreements
             # the forward from the rollout's copy runs no collective: the join is right before loss.backward(), so the
             # thread hides under the issue and the forward (FORWARD_SHARE of the step, not the first post-backward:
             # the host blocks at the join before it issues the backward)
-            forward = forward_share * train if mech == "forward_from_rollout" else 0.0
+            forward = forward_share * plain if mech == "forward_from_rollout" else 0.0
             join = max(0.0, thread - rel - forward) + _agreement_s(multi, ranks)
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
                          + rest["sim_copies_s"] + rest["store_host_s"])
-            under = first_wait_share(r) * train
+            under = first_wait_share(r) * plain
             wait = max(0.0, rest_left - rel - join - under)
-            tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], train)
+            tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], plain)
             fill = rollout_fill_s(r, shard, multi) if mech == "forward_from_rollout" else 0.0
             check = (content_check_s(r, check_rate, 1 if rec.get("early_content_check") else 2)
                      if content_check else 0.0)
@@ -360,7 +384,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                      "policy": policy, "link_share": link_share, "comm_rule": comm_rule,
                      "bytes_scaling": bytes_per_rank, "terms": terms, "detail": detail,
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
-                     "bytes_per_rank": p["offload_bytes"], "train_s": train, "rollout_s": rollout})
+                     "bytes_per_rank": p["offload_bytes"], "train_s": train, "plain_step_s": plain,
+                     "rollout_s": rollout})
     return rows
 
 
@@ -521,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
            "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind",
            "checked_ratio", "content_check_s", "format_ngpu", "forward_share_of_trace",
-           "mesh_groups", "mesh_shape", "per_rank_record", "predict_ngpu", "predict_table", "rollout_fill_s",
+           "mesh_groups", "mesh_shape", "per_rank_record", "plain_step_s", "predict_ngpu", "predict_table",
+           "rollout_fill_s",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 
 if __name__ == "__main__":
