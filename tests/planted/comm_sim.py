@@ -413,7 +413,7 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "connection share is read from the wrong lines",
       ci_tests=("tests/sim/calibrate/test_nccl_init_log.py::test_a_log_gives_each_multi_rank_communicators_init_and_connection",)),
     B("forward_hides_nothing", "sim/calibrate/switch_ngpu.py",
-      "            forward = forward_share * train if mech == \"forward_from_rollout\" else 0.0\n",
+      "            forward = forward_share * plain if mech == \"forward_from_rollout\" else 0.0\n",
       "            forward = 0.0\n",
       ("tests/sim/calibrate/test_switch_ngpu.py",),
       "the prediction of the forward from the rollout's copy hides the creation under the issue alone, as if the "
