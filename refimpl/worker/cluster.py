@@ -548,7 +548,6 @@ class Cluster:
 
     def _stop(self, why: ClusterError) -> None:
         """Kill every rank of the role (a group never ends split) and remember why."""
-        ray = require_ray()
         self.failure = why
         logger.error("%s: stopping all %d ranks: %s", self.role, self.world_size, why)
         self._kill_all()
@@ -568,7 +567,7 @@ class Cluster:
         deadline = time.perf_counter() + STOP_CONFIRM_S
         alive = {w.__ray_ready__.remote(): w for w in self.workers}
         while alive and time.perf_counter() < deadline:
-            ready, _ = ray.wait(list(alive), num_returns=len(alive), timeout=min(0.5, STOP_CONFIRM_S))
+            ready, _ = ray.wait(list(alive), num_returns=len(alive), timeout=0.5)
             for ref in ready:
                 w = alive.pop(ref)
                 try:

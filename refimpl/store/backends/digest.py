@@ -36,9 +36,9 @@ unaligned start, the sums written into a slice); otherwise, or where it does not
 the next kind or the eager sums are used and a warning says why. On an H200 the Triton kernel took the 8 GiB digest
 from 12.5 ms (eager) to 8.6 ms, 929 GiB/s (``torch.compile``: 15.3 ms); ranges in the early copies' shape ran at 565
 GiB/s, the host's work (about 0.15 ms a tensor) included (an H100: 10.3 ms and 477 GiB/s). A kernel reading the rows
-as one run of words in aligned blocks, each row's part added atomically, was no faster there and is not kept. ``TIMESHARE_DIGEST_FUSED`` picks: ``1`` (default,
-every kind in order), ``0`` (eager), or one kind by name. The build (a Triton compile, once per process and device)
-is paid at the store's first reload (:meth:`~refimpl.store.moves.early.EarlyCopies.prepare`), or at the first
+as one run of words in aligned blocks, each row's part added atomically, was no faster there and is not kept.
+``TIMESHARE_DIGEST_FUSED`` picks: ``1`` (default, every kind in order), ``0`` (eager), or one kind by name. The
+build (a Triton compile, once per process and device) is paid at the store's first reload (:meth:`~refimpl.store.moves.early.EarlyCopies.prepare`), or at the first
 digest where no store built it first (``local_dedup``'s replica check); ``python bench/gpu/digest_variants.py``
 prints each kind's build time and cost. Two threads deciding at once both build and keep either result: both passed
 the probe.
