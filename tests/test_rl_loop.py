@@ -172,6 +172,8 @@ def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plai
         for s in steady:
             assert s["early_copy_bytes"] == sum(units) == s["early_reused_bytes"]
             assert s["early_redone_bytes"] == 0 and s["early_skipped"] == 0
+            # --overlap-reload (the default): the reload still streamed under the backward that copied them
+            assert s["early_streaming_bytes"] == s["early_copy_bytes"]
             assert s["early_reused_bytes"] < s["offload_bytes"]  # the buffers are copied by the offload itself
     for e, p in zip(early, plain):
         assert p["offload_in_backward"] is False and all(s["early_copy_bytes"] == 0 for s in p["steps"])
@@ -202,7 +204,7 @@ def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path)
 
 #: the switch on several GPUs off: init_device_mesh's (1, 2) HSDP mesh, trainer.dp, the check on the world group
 WITHOUT_NGPU = ("--no-managed-mesh", "--no-flat-mesh", "--no-rebuild-ahead", "--no-sync-in-backward",
-                "--no-gather-in-rollout-dtype", "--no-forward-from-rollout")
+                "--no-gather-in-rollout-dtype", "--no-forward-from-rollout", "--no-overlap-reload")
 
 
 def _with_and_without(rank, world_size, out_dir, extra):
@@ -222,6 +224,10 @@ def _check_switch_ngpu(on, off, n_groups, served=True):
         assert [s["weight_check"]["digest"] for s in a["steps"]] == [s["weight_check"]["digest"] for s in b["steps"]]
     for rec in (on, off):
         assert rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        assert rec["overlap_reload"] is (rec is on)
+        steady = rec["steps"][1:]  # with the overlap the early copies left while the reload still streamed
+        assert all((s["early_streaming_bytes"] == s["early_copy_bytes"] > 0) if rec is on
+                   else s["early_streaming_bytes"] == 0 for s in steady)
         digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
         assert len(set(digests)) == len(digests)  # every sync carried new weights
     # without it the world group carries the mesh's collectives and the check's; with it, none

@@ -10,12 +10,15 @@
 #   base          the same without any of it (--no-managed-mesh --no-flat-mesh --no-rebuild-ahead
 #                 --no-sync-in-backward --no-gather-in-rollout-dtype): the step as measured before
 #   ablate_*      the defaults less one: no_served (--no-forward-from-rollout), no_ahead, no_sync_bwd, no_managed,
-#                 no_flat
+#                 no_flat, no_overlap (--no-overlap-reload)
+#   overlap       the defaults and --no-overlap-reload, each twice, alternating (overlap_on_1, overlap_off_1, ...): the
+#                 streamed reload in the step's order, running on into its backward, against it finished on the host
+#                 before the first optimizer step
 #   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 #   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
 #                 into its init call and its connection, and its channels (nccl_split.txt; nccl_log.tgz)
-# PARTS (default "ngpu base nccllog ablate mode") picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+# PARTS (default "ngpu base nccllog ablate mode"; overlap only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
 # start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
 # to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
 # STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
@@ -81,6 +84,13 @@ if on ablate; then
   rl ablate_no_sync_bwd DESTROY_DEFERRED streamed --no-sync-in-backward
   rl ablate_no_managed DESTROY_DEFERRED streamed --no-managed-mesh
   rl ablate_no_flat DESTROY_DEFERRED streamed --no-flat-mesh
+  rl ablate_no_overlap DESTROY_DEFERRED streamed --no-overlap-reload
+fi
+if on overlap; then
+  for i in 1 2; do
+    rl "overlap_on_$i" DESTROY_DEFERRED streamed
+    rl "overlap_off_$i" DESTROY_DEFERRED streamed --no-overlap-reload
+  done
 fi
 if on mode; then
   for p in ${POLICIES:-DESTROY_DEFERRED PAUSED_LIVE auto}; do

@@ -46,6 +46,9 @@ class StepConfig:
     forward_from_rollout: bool | None = None  # with the sync in the backward: the first training step after a switch
     #                                          all-gathers from the rollout's copy (bench/rl/rollout_gather.py);
     #                                          None: on exactly then
+    overlap_reload: bool | None = None  # streamed: the reload issued in the order the next step uses the state and
+    #                                     never finished on the host before it (its optimizer steps and early copies
+    #                                     wait on the device for their own pieces); None: on exactly in streamed mode
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -63,6 +66,11 @@ class StepConfig:
             raise ValueError("forward_from_rollout fills the next forward's all-gathers from the rollout's copy, which "
                              "holds the trainer's weights only with the sync in the backward (--sync-first "
                              "--offload-in-backward)")
+        if self.overlap_reload is None:
+            self.overlap_reload = self.mode == "streamed"
+        if self.overlap_reload and self.mode != "streamed":
+            raise ValueError("overlap_reload leaves the streamed reload running into the next step: it needs "
+                             "--mode streamed")
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -19,7 +19,10 @@ Modes (``--mode``, :data:`MODES`):
 ``streamed``    as ``overlapped``, but the reload of the rest (the optimizer
                 state) is not waited for in the switch: it streams under the
                 next training step's forward and backward (the forward's use of
-                each parameter waits on the device for its bytes), and a step
+                each parameter waits on the device for its bytes). With
+                ``--overlap-reload`` (the default) it is issued in the order
+                the step uses the state and runs on into the backward ([Note:
+                the reload overlapped with the step]); without, a step
                 pre-hook finishes it before the optimizer step.
                 The resume (cooldown, rebuild, warm-up) runs in the reload
                 phase, beside the copies.
@@ -43,6 +46,24 @@ trainer's groups or the control group, so the thread's agreements never
 interleave with the caller's. The step's record holds where the thread ran,
 the wait at the join and the agreement (``resume_ahead``); docs/comm.md, "The
 switch on N GPUs", says what it hides and what it costs.
+
+[Note: the reload overlapped with the step]
+With early copies the training step after a switch steps each unit's
+optimizer in its backward, last layer first, and hands the unit's state to
+the store's early copies right after. A reload issued in the store's default
+order (params, then the optimizer state, each in the layouts' order, first
+layer first) holds the last layer's moments at the end of the queue, and a
+step pre-hook that finished the reload before the first optimizer step made
+the host wait for every piece there (run 6 of
+``bench/results/2026-12-05-h200-pending/``: 0.129 s of a 0.208-s switch on
+one H100 at batch 16); the early copies, on the same copy stream, then
+started only once the whole reload had landed. With ``use_order`` the reload
+is issued in the step's order (:meth:`bench.rl.trainer.Trainer.use_order`),
+no pre-hook finishes it, and each optimizer step waits on the device for its
+unit's pieces only (the store's arrival guards); ``copy_early`` leaves the
+reload streaming (the store orders each early copy after its own range's
+pieces), and the copies to the host run on their own stream, beside the
+reload's on the other copy engine. The reload is finished after the step.
 """
 from __future__ import annotations
 
@@ -67,7 +88,8 @@ class SwitchDriver:
 
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any, *,
                  sync_first: bool = False, rebuild_ahead: bool = False, model: Any = None,
-                 sync_needs_groups: bool = False, forward_from_rollout: Callable[[], Any] | None = None) -> None:
+                 sync_needs_groups: bool = False, forward_from_rollout: Callable[[], Any] | None = None,
+                 use_order: Callable[[], list[Any]] | None = None) -> None:
         """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
         streamed reload is finished before the first of them steps. ``sync_first``: the weight sync runs before
         the offload (:meth:`sync_resident`), so the reload phase brings everything back. ``rebuild_ahead`` (off
@@ -75,7 +97,11 @@ class SwitchDriver:
         ``sync_needs_groups``: the weight sync after the rollout gathers over the lifecycle's groups, which then
         come back before it (:meth:`weight_sync`). ``forward_from_rollout``: builds the
         :class:`bench.rl.rollout_gather.ForwardFromRollout` of the trainer (called once, at the first reload), armed
-        at every reload for the training step after it (module docstring)."""
+        at every reload for the training step after it (module docstring). ``use_order`` (streamed): the
+        trainer's state in the order the next step first uses it; the reload of the rest is issued in that order
+        (``OffloadStore.reload(use_order=...)``) and not finished on the host before the optimizer steps ([Note:
+        the reload overlapped with the step]); None: the store's default order, finished before the first
+        optimizer step."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
@@ -100,7 +126,9 @@ class SwitchDriver:
         #: what the next training step waits for when it starts (a streamed reload is waited for tensor by tensor)
         self.train_start = "device"
         optims = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-        self._hooks = [o.register_step_pre_hook(self._before_step) for o in optims] if mode == "streamed" else []
+        self._use_order = use_order if mode == "streamed" else None
+        finish_first = mode == "streamed" and self._use_order is None
+        self._hooks = [o.register_step_pre_hook(self._before_step) for o in optims] if finish_first else []
         if self.rebuild_ahead:  # prepended: ahead of FSDP2's root pre-forward and its first all-gather
             self._hooks.append(model.register_forward_pre_hook(self._before_forward, prepend=True))
 
@@ -156,6 +184,10 @@ class SwitchDriver:
                              "join_wait_s": waited - t, "join_agree_s": agreed - waited}
         s["lifecycle_state"] = self.lc.state.name
 
+    def _order(self) -> list[Any] | None:
+        """The use order a streamed reload is issued in (None: the store's default)."""
+        return None if self._use_order is None else self._use_order()
+
     def _before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         """Streamed: the reload still streaming under the forward and backward is finished before the optimizer
         step (the host waits for its last copies; the step then finds its state resident and unguarded)."""
@@ -193,7 +225,7 @@ class SwitchDriver:
                 self.stream_sync()
             else:
                 self.store.reload("params", stream=True)
-                self.store.reload(stream=True)
+                self.store.reload(stream=True, use_order=self._order())
             s["reload_params_store_s"] = time.perf_counter() - t  # streamed: the time to issue both
 
         def gather() -> None:
@@ -246,7 +278,7 @@ class SwitchDriver:
                 self._served = self._make_served()
             self._served.arm()
         if self.switch is not None and self.sync_first:
-            self.store.reload(stream=True)
+            self.store.reload(stream=True, use_order=self._order())
         if self.switch is None:
             if not woken:
                 self.life.resume()

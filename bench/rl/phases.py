@@ -108,7 +108,9 @@ class ColocatedStep:
                 return ForwardFromRollout(trainer.model, weights.params)
         self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first,
                                    rebuild_ahead=cfg.rebuild_ahead, model=trainer.model,
-                                   sync_needs_groups=bool(groups.sync), forward_from_rollout=served)
+                                   sync_needs_groups=bool(groups.sync), forward_from_rollout=served,
+                                   use_order=(lambda: trainer.use_order(cfg.forward_from_rollout))
+                                   if cfg.overlap_reload else None)
         self.profiler = StretchProfiler(cfg.profile and rank == 0, cfg.out, self.cuda)
 
     def train(self, step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:
@@ -201,6 +203,7 @@ class ColocatedStep:
         s["offload_bytes"] = st.last_offload_bytes
         s["early_copy_bytes"], s["early_reused_bytes"] = st.last_early_copy_bytes, st.last_early_reused_bytes
         s["early_redone_bytes"], s["early_skipped"] = st.last_early_redone_bytes, st.last_early_skipped
+        s["early_streaming_bytes"] = st.last_early_streaming_bytes  # copied while the reload still streamed
         stepper = self.trainer.stepper
         if stepper is not None and "early_units_bytes" not in self.rec:  # per unit, in the order the backward steps
             self.rec["early_units_bytes"] = stepper.unit_bytes()

@@ -36,6 +36,22 @@ class Trainer:
     #: with early copies, the stepper in the backward (set once the store is open)
     stepper: StepInBackward | None = None
 
+    def use_order(self, forward_served: bool) -> list[torch.Tensor]:
+        """The trainer's state in the order a training step first uses it (``OffloadStore.reload(use_order=...)``):
+        the model's buffers (read at the forward's start: a rotary ``inv_freq``); unless the forward's all-gathers
+        are ``forward_served`` from the rollout's copy, every parameter in the forward's order; then each unit's
+        parameters and optimizer state in the order the backward steps them (with early copies; else the
+        optimizer's state in the units' order, all used at the one step after the backward)."""
+        out: list[torch.Tensor] = list(self.model.buffers())
+        if not forward_served:
+            out += list(self.model.parameters())
+        for i, unit in enumerate(self.units):
+            optim = self.optims[i] if len(self.optims) == len(self.units) else self.optims[0]
+            for p in unit:
+                out.append(p)
+                out += [v for v in optim.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.dim()]
+        return out
+
 
 def mesh_layout(world_size: int, shard: int, flat: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The FSDP mesh's shape and dimension names: ``(world / shard, shard)`` named ``(replicate, shard)`` on two

@@ -167,9 +167,9 @@ class Runtime(abc.ABC):
         """
 
     def paced_copies(self, window_bytes: int | None) -> contextlib.AbstractContextManager[None]:
-        """A context in which :meth:`copy_async` keeps at most ``window_bytes`` of copies queued on the device and
-        issues the rest a window at a time as the earlier ones complete, so that another stream's copies never wait
-        behind more than that (TorchRuntime: [Note: paced copies] in :mod:`refimpl.torch_runtime.copy_stream`). The default, and
+        """A context in which :meth:`copy_async` keeps at most ``window_bytes`` of host-to-device copies queued on the
+        device and issues the rest a window at a time as the earlier ones complete, so that another stream's copies
+        never wait behind more than that (TorchRuntime: [Note: paced copies] in :mod:`refimpl.torch_runtime.copy_stream`). The default, and
         ``None`` or 0: copies are issued as asked for."""
         return contextlib.nullcontext()
 

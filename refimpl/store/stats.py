@@ -64,6 +64,11 @@ class StoreStats:
     last_early_reused_bytes: int = 0
     last_early_redone_bytes: int = 0
     last_early_skipped: int = 0
+    #: of :attr:`last_early_copy_bytes`, the bytes copied while a streamed reload was still filling their layout
+    #: ([Note: early copies while a reload streams] in refimpl.store.moves.early)
+    last_early_streaming_bytes: int = 0
+    #: tensors of the last reload's ``use_order`` it held, its pieces issued in their order (0 without one)
+    last_reload_ordered: int = 0
 
     @classmethod
     def of(cls, figures: "StoreFigures", **now: Any) -> "StoreStats":
@@ -77,7 +82,9 @@ class StoreStats:
                    skipped_host_resident=off.skipped_host_resident, copies=dict(off.copies),
                    phases={**off.phases, **back.phases}, last_offload_path=off.path,
                    last_early_copy_bytes=off.early_copy_bytes, last_early_reused_bytes=off.early_reused_bytes,
-                   last_early_redone_bytes=off.early_redone_bytes, last_early_skipped=off.early_skipped, **now)
+                   last_early_redone_bytes=off.early_redone_bytes, last_early_skipped=off.early_skipped,
+                   last_early_streaming_bytes=off.early_streaming_bytes, last_reload_ordered=back.ordered_tensors,
+                   **now)
 
     @property
     def host_pinned_gb(self) -> float:
@@ -117,6 +124,8 @@ class OffloadFigures:
     early_reused_bytes: int = 0
     early_redone_bytes: int = 0
     early_skipped: int = 0
+    #: of ``early_copy_bytes``, those copied while a streamed reload was still filling their layout
+    early_streaming_bytes: int = 0
     #: seconds of each phase (``offload.<phase>``), on the runtime's clock
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -134,6 +143,8 @@ class ReloadFigures:
     phases: dict[str, float] = field(default_factory=dict)
     #: the reload's copies are still in flight behind the arrival guards (a streamed reload)
     streaming: bool = False
+    #: tensors of the caller's ``use_order`` this reload held (its pieces issued in that order)
+    ordered_tensors: int = 0
 
 
 @dataclass

@@ -291,9 +291,9 @@ class OffloadStore:
         self.rt.run(self.offload_async(include, drop_grads=drop_grads))
 
     def reload(self, include: Iterable[Category | str] | Category | str | None = None, *,
-               local_only: bool = False, stream: bool = False) -> None:
+               local_only: bool = False, stream: bool = False, use_order: Iterable[torch.Tensor] | None = None) -> None:
         """Bring the state of ``include`` (default: all) back to the device; see :meth:`reload_async`."""
-        self.rt.run(self.reload_async(include, local_only=local_only, stream=stream))
+        self.rt.run(self.reload_async(include, local_only=local_only, stream=stream, use_order=use_order))
 
     def finish_reload(self) -> int:
         """Wait for the streamed reloads still in flight (``reload(stream=True)``) and make their layouts
@@ -308,6 +308,12 @@ class OffloadStore:
             reload = self._streamed_reloads[0]
             try:
                 moved += await reload.finish()
+            except BaseException:
+                early = sorted(k.label() for k in self._early.keys() if k in reload.filling())
+                if early:
+                    logger.error("a streamed reload failed after early copies of %s were made: their host copies "
+                                 "hold the bytes the step wrote for the ranges copied early", ", ".join(early))
+                raise
             finally:
                 self._streamed_reloads.pop(0)
         if moved:
@@ -322,7 +328,9 @@ class OffloadStore:
 
         The caller declares them final until the next :meth:`offload`: each copy is queued on the runtime's copy
         stream after the work already queued on the calling thread's current stream (call it right after the
-        kernels that last write them, e.g. in the optimizer-in-backward hook that stepped them). The next offload
+        kernels that last write them, e.g. in the optimizer-in-backward hook that stepped them). A streamed reload
+        still in flight is not finished: a copy of a layout it is filling waits on the device for the pieces of
+        its own range ([Note: early copies while a reload streams] in :mod:`refimpl.store.moves.early`). The next offload
         takes the copies over and copies only the rest, and copies again every entry one of whose tensors was
         changed in place or re-pointed since (its version counter moved), or whose bytes changed without the
         counter seeing it (a fused optimizer step, a BatchNorm forward, a write through ``.data``: each copied
@@ -337,9 +345,11 @@ class OffloadStore:
             return self.rt.run(self._copy_early(items))
 
     async def _copy_early(self, tensors: list[torch.Tensor]) -> int:
-        await self._finish_streams()
+        # a streamed reload in flight goes on: each copy waits on the device for its own range's pieces
+        # ([Note: early copies while a reload streams] in refimpl.store.moves.early)
         wait_for_host_readers(self)  # the copies write into host buffers an async checkpoint may be reading
-        return await self._early.issue(self._held.layouts, tensors)
+        streaming = {k: v for r in self._streamed_reloads for k, v in r.filling().items()}
+        return await self._early.issue(self._held.layouts, tensors, streaming)
 
     # ------------------------------------------------------------------ offload
 
@@ -391,7 +401,7 @@ class OffloadStore:
                 await self._early.drain(cats)  # what the offload did not take (a failed one: all of its categories)
                 queued_early = self._early.reset_counts()
             self._held.install(cats, offload.layouts, offload.left_in_place)
-            figures.early_copy_bytes, figures.early_skipped = queued_early
+            figures.early_copy_bytes, figures.early_skipped, figures.early_streaming_bytes = queued_early
             figures.seconds, figures.device_bytes_freed = rt.now() - t0, rt.memory_info().free - free_before
             self._count_offload(figures, cats, len(offload.ordered))
         if offload.error_after_commit is not None:  # completed on this rank as on its peers; say what failed
@@ -407,7 +417,8 @@ class OffloadStore:
     # ------------------------------------------------------------------ reload
 
     async def reload_async(self, include: Iterable[Category | str] | Category | str | None = None, *,
-                           local_only: bool = False, stream: bool = False) -> None:
+                           local_only: bool = False, stream: bool = False,
+                           use_order: Iterable[torch.Tensor] | None = None) -> None:
         """Allocate one flat device buffer per offloaded layout, fill it, re-point every tensor into it.
 
         Raises :class:`TensorChangedError` (state stays offloaded, nothing
@@ -429,11 +440,24 @@ class OffloadStore:
         beside the copies. :meth:`finish_reload`, or the store's next operation, waits for the rest. A
         backend whose reload runs collectives (``local_dedup``) or a runtime that cannot order device work on
         a copy reloads whole instead.
+
+        ``use_order`` (with ``stream``): the registered tensors (DTensors included) in the order the caller's next
+        work first uses them; the pieces holding their bytes are issued in that order, the rest after in the
+        default order (params, buffers, grads, optimizer state). A hint for speed, bitwise the same: a tensor this
+        reload does not bring back is passed over (``stats().last_reload_ordered`` counts those it held). For
+        an optimizer stepped per layer in the backward, list each layer's params and optimizer state, last layer
+        first.
         """
         expect_bool(local_only, "reload(include, local_only)", "local_only")
         expect_bool(stream, "reload(include, stream)", "stream")
+        order = None
+        if use_order is not None:
+            if not stream:
+                raise ValueError("reload(include, use_order): use_order orders a streamed reload's copies; pass "
+                                 "stream=True with it")
+            order = check_early_tensors(use_order, self.rt.device, "reload(include, use_order)")
         with self._exclusive("reload"):
-            await self._reload(include, force=False, local_only=local_only, stream=stream)
+            await self._reload(include, force=False, local_only=local_only, stream=stream, use_order=order)
 
     def recover(self, include: Iterable[Category | str] | Category | str | None = None) -> list[str]:
         """Reload whatever a registered tensor was changed to meanwhile: every offloaded byte comes back.
@@ -453,7 +477,8 @@ class OffloadStore:
             return await self._reload(include, force=True)
 
     async def _reload(self, include: Iterable[Category | str] | Category | str | None, force: bool,
-                      local_only: bool = False, stream: bool = False) -> list[str]:
+                      local_only: bool = False, stream: bool = False,
+                      use_order: list[torch.Tensor] | None = None) -> list[str]:
         cats = Category.select(include)
         if self._streamed_reloads and not stream:
             await self._finish_streams()
@@ -471,7 +496,7 @@ class OffloadStore:
         rt = self.rt
         if stream and not force and not agreed:
             reload = StreamedReload(rt, self.backend, offloaded, self.config.stream_chunk_bytes,
-                                    self.config.stream_window_bytes, self.config.stream_sm_ctas)
+                                    self.config.stream_window_bytes, self.config.stream_sm_ctas, use_order)
         else:
             reload = (Recover if force else Reload)(rt, self.backend, offloaded, chosen, agreed=agreed)
         with rt.span("reload"), gc_paused():

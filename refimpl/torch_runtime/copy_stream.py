@@ -3,8 +3,15 @@
 [Note: the ordering a copy needs]
 The tensor being offloaded was produced by kernels still queued on the current
 (compute) stream. The copy stream therefore first waits on the compute stream,
-so the copy reads the finished values; the copy itself runs on its own stream
-so it can overlap later compute. A device source is ``record_stream``-ed on the
+so the copy reads the finished values; the copy itself runs on a stream of
+its own so it can overlap later compute: one for device-to-host copies and one
+for the rest (host-to-device, device-to-device), so that the two directions,
+served by separate copy engines, run at once (a streamed reload's pieces and
+the next step's early copies to the host, [Note: early copies while a reload
+streams] in :mod:`refimpl.store.moves.early`); on one stream the second
+direction would queue behind the first. Nothing relies on the order of two
+copies of different directions: each dependency is an await or a device wait
+on a copy's event. A device source is ``record_stream``-ed on the
 copy stream: if the caller drops or releases it before the copy ends, the
 caching allocator will not hand the block to anyone else until the copy stream
 passes this point. Awaiting the :class:`StreamCopy` synchronizes the copy's
@@ -90,9 +97,10 @@ class HeldCopy(StreamCopy):
     """A copy :class:`Pacer` holds on the host until the window has room (see [Note: paced copies])."""
 
     def __init__(self, event: "torch.cuda.Event", dst: torch.Tensor, src: torch.Tensor, device: torch.device,
-                 after: "torch.cuda.Event", nbytes: int) -> None:
+                 after: "torch.cuda.Event", nbytes: int, kind: CopyKind = CopyKind.H2D) -> None:
         super().__init__(event, dst, src, device)
         self.after = after
+        self.kind = kind
         self.nbytes = nbytes
         self.issued = threading.Event()
         self.error: BaseException | None = None
@@ -176,6 +184,7 @@ class CopyEngine:
         self.device = device
         self.stats = stats
         self._stream: "torch.cuda.Stream | None" = None
+        self._d2h_stream: "torch.cuda.Stream | None" = None
         self._pacer: Pacer | None = None
         self._pacing = 0
         self._sm_ctas = 0
@@ -199,7 +208,8 @@ class CopyEngine:
     @contextlib.contextmanager
     def paced(self, window_bytes: int | None) -> Iterator[None]:
         """Copies asked for inside the block are queued on the device ``window_bytes`` at a time (see [Note: paced
-        copies]); ``None`` or 0, or without CUDA: as outside. Leaving the block does not wait for them."""
+        copies]); device-to-host ones, on their own stream, are issued at once; ``None`` or 0, or without CUDA: as
+        outside. Leaving the block does not wait for them."""
         if not window_bytes or self.device.type != "cuda":
             yield
             return
@@ -214,10 +224,21 @@ class CopyEngine:
 
     @property
     def stream(self) -> "torch.cuda.Stream":
-        """The copy stream (created on first use)."""
+        """The stream of host-to-device and device-to-device copies (created on first use)."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         return self._stream
+
+    @property
+    def d2h_stream(self) -> "torch.cuda.Stream":
+        """The stream of device-to-host copies (created on first use): the other direction's engine."""
+        if self._d2h_stream is None:
+            self._d2h_stream = torch.cuda.Stream(device=self.device)
+        return self._d2h_stream
+
+    def stream_for(self, kind: CopyKind) -> "torch.cuda.Stream":
+        """The stream a copy of ``kind`` runs on (see the module note)."""
+        return self.d2h_stream if kind is CopyKind.D2H else self.stream
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, kind: CopyKind) -> Completion:
         """Copy ``src`` into ``dst`` element for element; see the module note for the ordering."""
@@ -233,20 +254,21 @@ class CopyEngine:
                 f"copy_async kind {kind.name} needs src on {want[0]} and dst on {want[1]}, got src on "
                 f"{src.device} and dst on {dst.device}; pass the kind that matches the tensors"
             )
-        stream = self.stream
+        stream = self.stream_for(kind)
         if self._sm_ctas and kind is CopyKind.H2D and self.sm.can_copy(dst, src):
             done = self._copy_on_sms(dst, src, stream)
             if done is not None:
                 self.stats.record(kind, nbytes)
                 return done
-        if self._pacer is not None and (self._pacing or self._pacer.holding()):  # held ones go first: keep the order
+        # held ones go first, to keep the order of their stream; a device-to-host copy is never held (its own stream)
+        if self._pacer is not None and kind is not CopyKind.D2H and (self._pacing or self._pacer.holding()):
             after = torch.cuda.Event()
             after.record(torch.cuda.current_stream(self.device))  # what an immediate copy would wait for
             for t in (src, dst):
                 if t.device.type == "cuda":
                     t.record_stream(stream)
             self.stats.record(kind, nbytes)
-            held = HeldCopy(torch.cuda.Event(blocking=True), dst, src, self.device, after, nbytes)
+            held = HeldCopy(torch.cuda.Event(blocking=True), dst, src, self.device, after, nbytes, kind)
             self._pacer.submit(held)
             return held
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -273,7 +295,7 @@ class CopyEngine:
 
     def issue(self, held: HeldCopy) -> None:
         """The feeder's half of a held copy: the copy stream waits for the caller's point, then copies."""
-        stream = self.stream
+        stream = self.stream_for(held.kind)
         stream.wait_event(held.after)
         dst, src = held._keep
         with torch.cuda.stream(stream):

@@ -229,6 +229,17 @@ class StoreBackend(abc.ABC):
         collectives in its reload, or one that fills the buffer in one step); :meth:`reload` is used."""
         return None
 
+    def piece_ranges(self, layout: FlatLayout, chunk_numel: int) -> list[tuple[int, int]] | None:
+        """Optional, with :meth:`reload_piece`: the element ranges :meth:`reload_pieces` would cut ``layout`` into
+        (ascending, none crossing a host segment), without issuing anything, so that a streamed reload can issue the
+        pieces of all its layouts in the order their tensors are first used (``reload(use_order=...)``). None (the
+        default): not supported; each layout's pieces are issued in offset order."""
+        return None
+
+    async def reload_piece(self, layout: FlatLayout, device_flat: torch.Tensor, start: int, stop: int) -> Piece:
+        """With :meth:`piece_ranges`: issue the copy of one of its ranges into ``device_flat``."""
+        raise NotImplementedError(f"{type(self).__name__} has no piece_ranges")
+
     async def copy_early(self, layout: FlatLayout, flat: torch.Tensor, start: int,
                          stop: int) -> list[Completion] | None:
         """Optional (``early_copies``): issue the copy of the resident layout's elements ``[start, stop)`` (one

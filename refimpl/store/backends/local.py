@@ -113,16 +113,18 @@ class LocalBackend(StoreBackend):
 
     async def reload_pieces(self, layout: FlatLayout, device_flat: torch.Tensor, chunk_numel: int) -> list[Piece]:
         """:meth:`reload` cut into host-to-device copies of at most ``chunk_numel`` elements, each a piece."""
-        host = self._host_copy(layout)
+        return [await self.reload_piece(layout, device_flat, lo, hi)
+                for lo, hi in self.piece_ranges(layout, chunk_numel)]
+
+    def piece_ranges(self, layout: FlatLayout, chunk_numel: int) -> list[tuple[int, int]]:
+        """Each host segment's range cut every ``chunk_numel`` elements."""
         step = max(1, int(chunk_numel))
-        pieces = []
-        for i, (a, b) in enumerate(host.ranges()):
-            seg = host.segment(i)
-            for lo in range(a, b, step):
-                hi = min(b, lo + step)
-                done = self.rt.copy_async(own_view(device_flat[lo:hi]), seg[lo - a:hi - a], CopyKind.H2D)
-                pieces.append(Piece(lo, hi, done))
-        return pieces
+        return [(lo, min(b, lo + step)) for a, b in self._host_copy(layout).ranges() for lo in range(a, b, step)]
+
+    async def reload_piece(self, layout: FlatLayout, device_flat: torch.Tensor, start: int, stop: int) -> Piece:
+        """One host-to-device copy of elements ``[start, stop)`` (inside one host segment)."""
+        src = self._host_copy(layout).view(start, stop)  # raises for a range across host segments
+        return Piece(start, stop, self.rt.copy_async(own_view(device_flat[start:stop]), src, CopyKind.H2D))
 
     def host_view(self, layout: FlatLayout, start: int, stop: int) -> torch.Tensor | None:
         """A view of the pinned buffer (no copy)."""

@@ -20,7 +20,7 @@ running collectives inside backends agree (see :mod:`refimpl.store.backends`).
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Iterable, NamedTuple
+from typing import Awaitable, Iterable, NamedTuple, Sequence
 
 import torch
 
@@ -195,20 +195,26 @@ class ReloadCopies:
     in one step, or a dropped one, has none).
     """
 
-    def __init__(self, rt: Runtime, backend: StoreBackend, chunk_bytes: int | None = None) -> None:
+    def __init__(self, rt: Runtime, backend: StoreBackend, chunk_bytes: int | None = None,
+                 use_order: Sequence[torch.Tensor] | None = None) -> None:
         self.rt, self.backend, self.chunk_bytes = rt, backend, chunk_bytes
+        self.use_order = use_order
         self.flats: dict[LayoutKey, torch.Tensor] = {}
         self.pending: list[Awaitable[None]] = []
         self.pieces: dict[LayoutKey, list[Piece]] = {}
+        #: with ``use_order``: how many of its tensors this reload holds (the rest are not in it)
+        self.ordered_tensors = 0
 
     async def issue(self, layouts: list[FlatLayout]) -> None:
-        """Allocate each layout's flat buffer and have the backend fill it (zeros for dropped layouts)."""
-        rt = self.rt
+        """Allocate each layout's flat buffer and have the backend fill it (zeros for dropped layouts); with
+        ``use_order`` and pieces, the pieces of all layouts in that order (:meth:`_issue_in_use_order`)."""
+        if (self.use_order is not None and self.chunk_bytes
+                and type(self.backend).piece_ranges is not StoreBackend.piece_ranges):
+            await self._issue_in_use_order(layouts)
+            return
         for layout in layouts:
-            flat = own_view(rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
-            self.flats[layout.key] = flat
+            flat = self._alloc(layout)
             if layout.dropped:
-                flat.zero_()
                 continue
             pieces = None
             if self.chunk_bytes:
@@ -219,6 +225,65 @@ class ReloadCopies:
             else:
                 self.pieces[layout.key] = pieces
                 self.pending.append(gather(*(p.completion for p in pieces)))
+
+    def _alloc(self, layout: FlatLayout) -> torch.Tensor:
+        """The layout's flat device buffer (zeros for a dropped layout), kept in :attr:`flats`."""
+        flat = own_view(self.rt.alloc_device(layout.numel, layout.dtype, tag=f"store.flat.{layout.key.label()}"))
+        self.flats[layout.key] = flat
+        if layout.dropped:
+            flat.zero_()
+        return flat
+
+    async def _issue_in_use_order(self, layouts: list[FlatLayout]) -> None:
+        """Every layout's pieces (``StoreBackend.piece_ranges``) issued in the order of ``use_order``: a piece goes
+        at the position of the first-listed tensor it holds bytes of; pieces holding none of them follow, in the
+        default order (layouts as given, each by offset). So a step that first uses its tensors in another order
+        than the layouts' (an optimizer stepped unit by unit in the backward, last layer first) finds each
+        tensor's bytes landed when it reaches it, not after everything queued before them."""
+        rank: dict[int, int] = {}
+        for i, t in enumerate(self.use_order or ()):
+            for obj in (t, getattr(t, "_local_tensor", None)):
+                if obj is not None:
+                    rank.setdefault(id(obj), i)
+        last = len(rank) + len(self.use_order or ())
+        plan: list[tuple[int, int, int, int]] = []
+        seen: set[int] = set()
+        for li, layout in enumerate(layouts):
+            self._alloc(layout)
+            if layout.dropped:
+                continue
+            entries = sorted((e for e in layout.entries if e.numel), key=lambda e: e.offset)
+            ranks = []
+            for e in entries:
+                r = last
+                for ref in e.refs:
+                    for obj in (ref.live(), ref.live_dtensor()):
+                        if obj is not None and id(obj) in rank:
+                            r = min(r, rank[id(obj)])
+                            seen.add(rank[id(obj)])
+                ranks.append(r)
+            j = 0
+            for lo, hi in self.backend.piece_ranges(layout, max(1, self.chunk_bytes // layout.dtype.itemsize)):
+                while j < len(entries) and entries[j].offset + entries[j].numel <= lo:
+                    j += 1
+                k, r = j, last
+                while k < len(entries) and entries[k].offset < hi:
+                    r = min(r, ranks[k])
+                    k += 1
+                plan.append((r, li, lo, hi))
+        self.ordered_tensors = len(seen)
+        plan.sort()
+        try:
+            for _, li, lo, hi in plan:
+                layout = layouts[li]
+                piece = await self.backend.reload_piece(layout, self.flats[layout.key], lo, hi)
+                self.pieces.setdefault(layout.key, []).append(piece)
+        finally:  # what was issued is awaited, also when issuing failed midway
+            for layout in layouts:
+                pieces = self.pieces.get(layout.key)
+                if pieces:
+                    pieces.sort(key=lambda p: p.start)
+                    self.pending.append(gather(*(p.completion for p in pieces)))
 
     async def wait(self) -> None:
         """Await every backend finisher, in layout order."""

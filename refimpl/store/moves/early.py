@@ -56,6 +56,28 @@ Early copies write only into the layout's host buffer, which holds nothing
 needed while the layout is resident; every store operation but
 ``copy_early`` and ``offload`` awaits and forgets them first
 (:meth:`EarlyCopies.drain`).
+
+[Note: early copies while a reload streams]
+The step right after a streamed reload (``reload(stream=True)``) is the one
+that makes the state final for the next offload, while the reload's pieces
+are still landing. ``copy_early`` then leaves the reload streaming (finishing
+it first made the host wait for its last piece at the backward's first
+optimizer step) and treats each layout in flight as resident in the flat
+buffer the reload fills, with two orderings on the device instead of a wait
+on the host. The host buffer an early copy writes into is the one the
+reload's pieces still read, and the device range it reads is the one they
+fill: the calling thread's current stream is made to wait for every piece
+overlapping the copy's range (``Completion.order_on_device``) before the
+range is digested, and the copy, on the device-to-host stream, is ordered
+after that stream. So a range leaves only after its bytes landed and after
+the work that made them final, and never overwrites host bytes a piece has
+yet to read; pieces of other ranges go on copying in the other direction
+at the same time. When the reload finishes, its layouts become resident in
+the same flat buffers, so the offload finds these copies as it finds any
+other (the flat buffer's storage is the one each copy recorded). Should a
+streamed reload fail after early copies of its layouts were made (a CUDA
+error while waiting for its pieces), the host copies of those ranges hold
+the bytes the step wrote; the failure is logged naming the layouts.
 """
 from __future__ import annotations
 
@@ -68,7 +90,7 @@ from typing import Iterable
 import torch
 
 from refimpl.runtime.base import Completion, Runtime
-from refimpl.store.backends.base import StoreBackend
+from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.backends.digest import content_digest, fused_row_sums
 from refimpl.store.config import Category
 from refimpl.store.state.entry import StorageEntry, storage_id
@@ -128,19 +150,45 @@ class Taken:
     redone_bytes: int = 0
 
 
-class _Index:
-    """Resident flat layouts by their flat buffer's storage id: their entries by offset and each entry's host
-    segment."""
+@dataclass(frozen=True)
+class StreamingFlat:
+    """A layout a streamed reload is filling: its flat buffer and the reload's pieces of it (ascending; none where
+    the buffer was filled in one step on the compute stream). See [Note: early copies while a reload streams]."""
 
-    def __init__(self, layouts: dict[LayoutKey, FlatLayout]) -> None:
-        self.signature = _signature(layouts)
+    flat: torch.Tensor
+    pieces: tuple[Piece, ...] = ()
+
+    @property
+    def storage(self) -> int:
+        """The flat buffer's storage id (what the layout's ``flat_storage`` becomes once resident)."""
+        return storage_id(self.flat)
+
+    def after_pieces(self, start: int, stop: int) -> list[Piece]:
+        """The pieces overlapping elements ``[start, stop)``."""
+        first = max(0, bisect.bisect_right([p.start for p in self.pieces], start) - 1)
+        return [p for p in self.pieces[first:] if p.start < stop and p.stop > start]
+
+
+class _Index:
+    """Resident flat layouts (and layouts a streamed reload is filling) by their flat buffer's storage id: their
+    entries by offset and each entry's host segment."""
+
+    def __init__(self, layouts: dict[LayoutKey, FlatLayout], streaming: dict[LayoutKey, StreamingFlat]) -> None:
+        self.signature = _signature(layouts, streaming)
         self.by_storage: dict[int, tuple[FlatLayout, list[int], list[StorageEntry], list[int]]] = {}
         for lay in layouts.values():
-            if lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None and not lay.dropped:
-                entries = sorted(lay.entries, key=lambda e: e.offset)
-                cuts = [a for a, _ in lay.segments]
-                segs = [bisect.bisect_right(cuts, e.offset) - 1 for e in entries]
-                self.by_storage[lay.flat_storage] = (lay, [e.offset for e in entries], entries, segs)
+            if lay.dropped:
+                continue
+            if lay.key in streaming:
+                storage = streaming[lay.key].storage
+            elif lay.state is LayoutState.ON_DEVICE and lay.flat_storage is not None:
+                storage = lay.flat_storage
+            else:
+                continue
+            entries = sorted(lay.entries, key=lambda e: e.offset)
+            cuts = [a for a, _ in lay.segments]
+            segs = [bisect.bisect_right(cuts, e.offset) - 1 for e in entries]
+            self.by_storage[storage] = (lay, [e.offset for e in entries], entries, segs)
 
     def find(self, t: torch.Tensor) -> tuple[FlatLayout, int] | None:
         """The resident layout and the position (in offset order) of the entry holding ``t``'s first element."""
@@ -154,10 +202,10 @@ class _Index:
             return None
         return lay, i
 
-    def runs(self, lay: FlatLayout, positions: Iterable[int]) -> list[list[StorageEntry]]:
-        """The entries at ``positions`` as runs of neighbours (nothing of the layout between them but alignment
-        padding) inside one host segment: each run leaves in one copy."""
-        _, _, entries, segs = self.by_storage[lay.flat_storage]
+    def runs(self, storage: int, positions: Iterable[int]) -> list[list[StorageEntry]]:
+        """The entries at ``positions`` of the layout in the flat buffer ``storage`` as runs of neighbours (nothing
+        of the layout between them but alignment padding) inside one host segment: each run leaves in one copy."""
+        _, _, entries, segs = self.by_storage[storage]
         out: list[list[StorageEntry]] = []
         last = -2
         for i in sorted(set(positions)):
@@ -174,8 +222,10 @@ def _watched(run: list[StorageEntry]) -> list[StorageEntry]:
     return run  # every entry of a copy, not only the first
 
 
-def _signature(layouts: dict[LayoutKey, FlatLayout]) -> tuple[tuple[int, int | None, str], ...]:
-    return tuple((id(lay), lay.flat_storage, lay.state.value) for lay in layouts.values())
+def _signature(layouts: dict[LayoutKey, FlatLayout],
+               streaming: dict[LayoutKey, StreamingFlat]) -> tuple[tuple[int, int | None, str, int | None], ...]:
+    return tuple((id(lay), lay.flat_storage, lay.state.value,
+                  streaming[lay.key].storage if lay.key in streaming else None) for lay in layouts.values())
 
 
 class EarlyCopies:
@@ -186,9 +236,11 @@ class EarlyCopies:
         self._by_key: dict[LayoutKey, list[EarlyCopy]] = {}
         self._copied: set[tuple[LayoutKey, int]] = set()
         self._index: _Index | None = None
-        #: bytes issued since the last offload, tensors skipped (not in a resident flat buffer)
+        #: bytes issued since the last offload, tensors skipped (not in a resident flat buffer), bytes issued while
+        #: a streamed reload was filling their layout
         self.issued_bytes = 0
         self.skipped = 0
+        self.streaming_bytes = 0
 
     @property
     def supported(self) -> bool:
@@ -198,6 +250,10 @@ class EarlyCopies:
     def __bool__(self) -> bool:
         return bool(self._by_key)
 
+    def keys(self) -> list[LayoutKey]:
+        """The layouts that have early copies held."""
+        return list(self._by_key)
+
     def prepare(self) -> None:
         """Before the first layouts become resident (the store's reload, on its caller's thread): build the digest's
         fused row sums for this device now ([Note: the fused row sums] in :mod:`refimpl.store.backends.digest`), so
@@ -206,14 +262,18 @@ class EarlyCopies:
         if self.supported and self.rt.device.type == "cuda":
             fused_row_sums(self.rt.device)
 
-    async def issue(self, layouts: dict[LayoutKey, FlatLayout], tensors: Iterable[torch.Tensor]) -> int:
+    async def issue(self, layouts: dict[LayoutKey, FlatLayout], tensors: Iterable[torch.Tensor],
+                    streaming: dict[LayoutKey, StreamingFlat] | None = None) -> int:
         """Queue the copy of every entry holding one of ``tensors`` (once per entry; neighbouring entries in one
-        copy); returns the bytes queued."""
+        copy); returns the bytes queued. ``streaming``: the layouts a streamed reload is still filling, each copied
+        from its flat buffer once the pieces of the copy's range landed ([Note: early copies while a reload
+        streams])."""
         if not self.supported:
             self.skipped += sum(1 for _ in tensors)
             return 0
-        if self._index is None or self._index.signature != _signature(layouts):
-            self._index = _Index(layouts)
+        streaming = streaming or {}
+        if self._index is None or self._index.signature != _signature(layouts, streaming):
+            self._index = _Index(layouts, streaming)
         index, moved = self._index, 0
         wanted: dict[LayoutKey, tuple[FlatLayout, list[int]]] = {}
         for t in tensors:
@@ -224,14 +284,21 @@ class EarlyCopies:
             lay, i = hit
             wanted.setdefault(lay.key, (lay, []))[1].append(i)
         for key, (lay, positions) in wanted.items():
-            flat = resident_flat(lay, {})
+            filling = streaming.get(key)
+            flat = filling.flat if filling is not None else resident_flat(lay, {})
             if flat is None:
                 self.skipped += len(positions)
                 continue
+            storage = storage_id(flat)
             runs = [r for r in ([e for e in run if (key, e.offset) not in self._copied and e.numel]
-                                for run in index.runs(lay, positions)) if r]
+                                for run in index.runs(storage, positions)) if r]
             if not runs:
                 continue
+            if filling is not None:  # the digest and the copy after the pieces of their ranges, on the device
+                for run in runs:
+                    for piece in filling.after_pieces(run[0].offset, run[-1].offset + run[-1].numel):
+                        if not piece.completion.order_on_device():
+                            await piece.completion
             watched = [_watched(run) for run in runs]
             # one digest of each copy's whole range, taken where the copies are ordered (after the work queued on
             # this stream so far) and never waited for here
@@ -246,9 +313,10 @@ class EarlyCopies:
                             for obj, plain in ((r.live(), True), (r.live_dtensor(), False)) if obj is not None]
                 nbytes = sum(e.nbytes for e in run)
                 self._by_key.setdefault(key, []).append(EarlyCopy(
-                    a, b, done, versions, lay.flat_storage, nbytes, digests[j]))
+                    a, b, done, versions, storage, nbytes, digests[j]))
                 self._copied.update((key, e.offset) for e in run)
                 moved += nbytes
+                self.streaming_bytes += nbytes if filling is not None else 0
         flat = None  # no view of a flat buffer outlives the call but the copies' own
         self.issued_bytes += moved
         return moved
@@ -313,7 +381,7 @@ class EarlyCopies:
         copies = [self._by_key.pop(k) for k in keys]
         if cats is None:  # everything dropped: the counts start afresh too
             self._copied.clear()
-            self.issued_bytes = self.skipped = 0
+            self.issued_bytes = self.skipped = self.streaming_bytes = 0
         else:
             self._copied = {x for x in self._copied if x[0].category not in cats}
         self._index = None
@@ -322,11 +390,11 @@ class EarlyCopies:
                 for d in c.completions:
                     await d
 
-    def reset_counts(self) -> tuple[int, int]:
-        """``(issued bytes, skipped tensors)`` since the last call; both back to 0."""
-        out = (self.issued_bytes, self.skipped)
-        self.issued_bytes = self.skipped = 0
+    def reset_counts(self) -> tuple[int, int, int]:
+        """``(issued bytes, skipped tensors, bytes issued while streaming)`` since the last call; all back to 0."""
+        out = (self.issued_bytes, self.skipped, self.streaming_bytes)
+        self.issued_bytes = self.skipped = self.streaming_bytes = 0
         return out
 
 
-__all__ = ["EarlyCopies", "EarlyCopy", "Taken"]
+__all__ = ["EarlyCopies", "EarlyCopy", "StreamingFlat", "Taken"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -34,8 +34,9 @@ from refimpl.store.backends.base import Piece, StoreBackend
 from refimpl.store.config import Category
 from refimpl.store.errors import TensorChangedError
 from refimpl.store.moves.copies import ReloadCopies, reload_order
+from refimpl.store.moves.early import StreamingFlat
 from refimpl.store.state.guard import OnAccess, guard, unguard
-from refimpl.store.state.layout import FlatLayout, LayoutState
+from refimpl.store.state.layout import FlatLayout, LayoutKey, LayoutState
 from refimpl.store.state.tensor_changes import changed_tensors, force_repoint_prepare
 from refimpl.store.stats import PhaseClock, ReloadFigures
 
@@ -123,7 +124,8 @@ class Reload:
 
     def figures(self, moved: int, streaming: bool = False) -> ReloadFigures:
         """What this reload did: ``moved`` bytes brought back (or on their way, ``streaming``), the phases so far."""
-        return ReloadFigures(moved, phases=dict(self.clock.laps), streaming=streaming)
+        return ReloadFigures(moved, phases=dict(self.clock.laps), streaming=streaming,
+                             ordered_tensors=self.copies.ordered_tensors)
 
     async def roll_back(self) -> None:
         """Undo stages 4 to 1: finishers drained, refs parked again, flat buffers freed."""
@@ -157,7 +159,12 @@ class StreamedReload(Reload):
     buffers, grads, optimizer state: ``FIRST_USE_ORDER`` in
     :mod:`refimpl.store.config`), so what the forward touches lands first (a
     buffer read in the first layer, such as a rotary ``inv_freq``, would
-    otherwise wait for the optimizer state's pieces).
+    otherwise wait for the optimizer state's pieces). A caller whose step uses
+    its tensors in another order passes it (``reload(stream=True,
+    use_order=...)``): the pieces of every layout are then issued in that
+    order, those holding none of the listed tensors after, as above. An
+    optimizer stepped unit by unit in the backward uses the last layer's
+    params and moments first; in layout order it waited for every piece.
 
     The copy engine serves one stream's queued copies before another's, so a
     pinned copy of the caller's own (FSDP2's in backward) waits behind every
@@ -184,9 +191,10 @@ class StreamedReload(Reload):
     name: ClassVar[str] = "reload (streamed)"
 
     def __init__(self, rt: Runtime, backend: StoreBackend, layouts: list[FlatLayout], chunk_bytes: int,
-                 window_bytes: int | None = None, sm_ctas: int | None = None) -> None:
+                 window_bytes: int | None = None, sm_ctas: int | None = None,
+                 use_order: Sequence[torch.Tensor] | None = None) -> None:
         super().__init__(rt, backend, layouts, agreed=False)
-        self.copies = ReloadCopies(rt, backend, chunk_bytes=chunk_bytes)
+        self.copies = ReloadCopies(rt, backend, chunk_bytes=chunk_bytes, use_order=use_order)
         #: at most this many bytes of the pieces queued on the device at once (``Runtime.paced_copies``)
         self.window_bytes = window_bytes
         #: the host-to-device copies made by a kernel of this many programs (``Runtime.copies_on_sms``), or None
@@ -218,6 +226,15 @@ class StreamedReload(Reload):
             raise
         self.streaming = True
         return self.figures(sum(lay.data_nbytes for lay in self.layouts if not lay.dropped), streaming=True)
+
+    def filling(self) -> dict[LayoutKey, StreamingFlat]:
+        """While copies are in flight (:attr:`streaming`): each layout's flat buffer and its pieces (what
+        ``copy_early`` orders after, [Note: early copies while a reload streams] in :mod:`refimpl.store.moves.early`);
+        empty otherwise."""
+        if not self.streaming:
+            return {}
+        return {lay.key: StreamingFlat(self.copies.flats[lay.key], tuple(self.copies.pieces.get(lay.key, ())))
+                for lay in self.layouts if not lay.dropped}
 
     def arm(self) -> None:
         """Guard every ref of every layout with its pieces' device wait (see the class Note)."""

@@ -355,17 +355,23 @@ def _step_in_backward(m, opt_per_param, store, early: bool) -> None:
     return hooks
 
 
-def _assert_in_backward_cycle_bitwise(device: str) -> None:
+def _assert_in_backward_cycle_bitwise(device: str, streamed: bool = False, width: int = 128) -> None:
     """Two identical models: one steps in the backward and copies early, the other steps after it; after an
-    offload and reload both hold the same bits, and the offload took every early byte over."""
+    offload and reload both hold the same bits, and the offload took every early byte over. ``streamed``: each
+    reload streams, issued in the backward's order (``use_order``: last layer first), and the early copies leave
+    while it still streams ([Note: early copies while a reload streams])."""
     torch.manual_seed(0)
     dev = torch.device(device)
-    ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(dev)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(dev)
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.GELU(), torch.nn.Linear(width, width),
+                                   torch.nn.GELU(), torch.nn.Linear(width, 64)).to(dev)
+
+    ref, m = model(), model()
     m.load_state_dict(ref.state_dict())
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     opts = {p: torch.optim.AdamW([p], lr=1e-2) for p in m.parameters()}
-    store = OffloadStore(TorchRuntime(dev))
+    store = OffloadStore(TorchRuntime(dev), config=StoreConfig(stream_chunk_bytes=64 << 10))
     store.attach_module(m)
     for i, o in enumerate(opts.values()):
         store.attach_optimizer(o, name=f"optim.{i}")
@@ -382,7 +388,13 @@ def _assert_in_backward_cycle_bitwise(device: str) -> None:
         if step:  # resident in flat buffers since the first reload: every parameter and moment went early
             assert st.last_early_copy_bytes == st.last_early_reused_bytes > 0
             assert st.last_early_redone_bytes == 0
-        store.reload()
+            assert st.last_early_streaming_bytes == (st.last_early_copy_bytes if streamed else 0)
+        if streamed:
+            order = [t for p in reversed(list(m.parameters())) for t in (p, *opts[p].state[p].values()) if t.dim()]
+            store.reload(stream=True, use_order=order)
+            assert store.stats().last_reload_ordered == len(order)
+        else:
+            store.reload()
         for (k, a), b in zip(m.state_dict().items(), ref.state_dict().values()):
             assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (step, k)
     for h in hooks:
@@ -390,15 +402,20 @@ def _assert_in_backward_cycle_bitwise(device: str) -> None:
     store.close()
 
 
-def test_optimizer_in_backward_hooks_copy_early_and_match_the_plain_step_bitwise():
-    _assert_in_backward_cycle_bitwise("cpu")
+@pytest.mark.parametrize("streamed", [False, True])
+def test_optimizer_in_backward_hooks_copy_early_and_match_the_plain_step_bitwise(streamed):
+    _assert_in_backward_cycle_bitwise("cpu", streamed)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_optimizer_in_backward_hooks_copy_early_on_the_gpu():
-    """On CUDA the hooks run in the autograd engine's device thread and the copies on the copy stream."""
-    _assert_in_backward_cycle_bitwise("cuda")
+@pytest.mark.parametrize("streamed", [False, True])
+def test_optimizer_in_backward_hooks_copy_early_on_the_gpu(streamed):
+    """On CUDA the hooks run in the autograd engine's device thread and the copies on the copy streams; streamed,
+    the early copies to the host run while the reload's pieces still land, on the other direction's stream (a
+    model of 4 x 2048-wide layers in 64-KiB pieces: an early copy ordered wrongly reads or overwrites bytes in
+    flight, which the bitwise check sees)."""
+    _assert_in_backward_cycle_bitwise("cuda", streamed, width=2048)
 
 
 @pytest.mark.cuda

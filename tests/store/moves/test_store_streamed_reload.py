@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from refimpl.arguments import ArgumentTypeError
 from refimpl.runtime.base import Completion
 from refimpl.store import OffloadStore, StoreConfig
 from refimpl.store.state.guard import OffloadedTensorError, is_guarded
@@ -189,3 +190,97 @@ def test_a_forward_right_after_a_streamed_reload_is_bitwise_on_cuda(window, sm):
         store.finish_reload()
     assert (rt.sm_copies >= 3 * 64) == bool(sm)  # every piece of every reload on SMs, or none
     store.close()
+
+
+def _first_listed(ptr, nbytes, order):
+    """The position in ``order`` of the first tensor with bytes in ``[ptr, ptr + nbytes)`` (``len(order)``: none)."""
+    for i, t in enumerate(order):
+        a = t.data_ptr()
+        if a < ptr + nbytes and ptr < a + t.numel() * t.element_size():
+            return i
+    return len(order)
+
+
+def test_use_order_issues_the_pieces_in_the_order_the_caller_first_uses_its_tensors():
+    """An optimizer stepped layer by layer in the backward uses the last layer's params and moments first: with
+    ``use_order`` their pieces go first, each listed tensor's before the next one's, then the rest in the default
+    order; bitwise the same, and the stats count the tensors it ordered."""
+    m, opt = _model()
+    want = _snapshot(m, opt)
+    rt = RecordingRuntime("cpu")
+    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    layers = list(m)[::-1]  # the backward's order
+    order = []
+    for layer in layers[:2]:  # only the last two layers listed: the rest keeps the default order
+        for p in layer.parameters():
+            order += [p, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
+    rt.h2d.clear()
+    store.reload(stream=True, use_order=order)
+    assert store.stats().last_reload_ordered == len(order)
+    ranks = [_first_listed(ptr, n * 4, order) for ptr, n in rt.h2d]
+    assert ranks[0] == 0  # the last layer's weight lands first
+    # pieces holding a listed tensor come in the listed order, all before the pieces holding none
+    assert ranks == sorted(ranks) and ranks[-1] == len(order)
+    # a 64 x 64 fp32 weight (16 KiB) is in four or five 4-KiB pieces (the layout's cuts need not meet it)
+    assert sum(r == 0 for r in ranks) in (4, 5)
+    # without use_order the same reload issues the first layer's weight first
+    store.finish_reload()
+    store.offload()
+    rt.h2d.clear()
+    store.reload(stream=True)
+    assert _first_listed(rt.h2d[0][0], rt.h2d[0][1] * 4, list(m.parameters())) == 0
+    store.finish_reload()
+    assert _equal(_snapshot(m, opt), want)
+
+
+def test_use_order_is_a_hint_and_misuse_is_refused():
+    m, opt = _model()
+    want = _snapshot(m, opt)
+    store = OffloadStore(TorchRuntime("cpu"), config=StoreConfig(stream_chunk_bytes=4096))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    with pytest.raises(ValueError, match="pass stream=True"):
+        store.reload(use_order=list(m.parameters()))
+    with pytest.raises(ArgumentTypeError, match=r"use_order\).*tensors\[1\] must be a torch.Tensor"):
+        store.reload(stream=True, use_order=[next(m.parameters()), "bias"])
+    assert store.stats().offloaded  # refused before anything moved
+    stranger = torch.zeros(3)  # not the store's: passed over
+    store.reload("params", stream=True, use_order=[stranger, *m.parameters(), *opt.state[next(m.parameters())].values()])
+    assert store.stats().last_reload_ordered == len(list(m.parameters()))  # only the params came back here
+    store.reload(stream=True)
+    store.finish_reload()
+    assert _equal(_snapshot(m, opt), want)
+
+
+def test_copy_early_leaves_a_streamed_reload_streaming_and_waits_for_its_own_pieces_only():
+    """The step right after a streamed reload copies each layer early while the reload's pieces still land: the
+    reload goes on streaming, each early copy is ordered after the pieces of its own range (on the device), and
+    the offload takes the copies over; bitwise."""
+    m, opt = _model()
+    rt = RecordingRuntime("cpu")
+    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
+    store.attach_module(m)
+    store.attach_optimizer(opt)
+    store.offload()
+    store.reload()  # the host buffers the early copies write into
+    store.offload()
+    store.reload(stream=True)
+    rt.ordered.clear()
+    last = list(m)[-1]
+    early = [*last.parameters(), *(opt.state[p][k] for p in last.parameters() for k in ("exp_avg", "exp_avg_sq"))]
+    moved = store.copy_early(early)
+    assert moved == sum(t.numel() * t.element_size() for t in early)
+    assert store._streamed_reloads and store._streamed_reloads[0].streaming  # not finished by copy_early
+    assert rt.ordered and len(set(rt.ordered)) < len(rt.h2d)  # the pieces of its ranges, not every piece
+    assert all(is_guarded(p) for p in list(m)[0].parameters())  # the first layer's bytes are still arriving
+    want = _snapshot(m, opt)
+    store.offload()
+    st = store.stats()
+    assert st.last_early_copy_bytes == st.last_early_reused_bytes == st.last_early_streaming_bytes == moved
+    assert st.last_early_redone_bytes == 0
+    store.reload()
+    assert _equal(_snapshot(m, opt), want)
