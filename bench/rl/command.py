@@ -87,8 +87,9 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "(default: on exactly then)")
     ap.add_argument("--overlap-reload", action=argparse.BooleanOptionalAction, default=None,
                     help="with --mode streamed: issue the reload in the order the next training step uses the state "
-                    "(the model's buffers, then each unit's params and optimizer state in the order the backward "
-                    "steps them) and never finish it on the host before that step's optimizer steps: each one, and "
+                    "(the model's buffers, the params in the order the forward's all-gathers read them, then each "
+                    "unit's optimizer state in the order the backward steps the units) and never finish it on the "
+                    "host before that step's optimizer steps: each one, and "
                     "each unit's early copies, waits on the device for its own pieces only, the copies to the host "
                     "running beside the reload's on the other copy engine (default: on exactly in streamed mode); "
                     "--no-overlap-reload: the store's default order, finished on the host before the first optimizer "

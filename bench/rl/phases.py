@@ -109,7 +109,7 @@ class ColocatedStep:
         self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first,
                                    rebuild_ahead=cfg.rebuild_ahead, model=trainer.model,
                                    sync_needs_groups=bool(groups.sync), forward_from_rollout=served,
-                                   use_order=(lambda: trainer.use_order(cfg.forward_from_rollout))
+                                   use_order=trainer.use_order
                                    if cfg.overlap_reload else None)
         self.profiler = StretchProfiler(cfg.profile and rank == 0, cfg.out, self.cuda)
 

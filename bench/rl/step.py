@@ -172,8 +172,8 @@ def open_store(rt, device: torch.device, cfg: StepConfig, trainer: Trainer, rec:
     rec["line"] = line_rates(device, cfg.line_mib << 20, rt)
     # the order the store issues a reload in (sim.calibrate.switch_modes reads it): a training step's first use
     rec["reload_order"] = "first_use"
-    # with overlap_reload, the rest of the streamed reload in the step's own order (buffers, then each unit's params
-    # and optimizer state in the backward's order), finished after the step instead of before its first optimizer step
+    # with overlap_reload, the streamed reload in the step's own order (buffers, params in the forward's order, then
+    # each unit's optimizer state in the backward's), finished after the step instead of before its first optimizer step
     rec["overlap_reload"] = bool(cfg.overlap_reload)
     rec["reload_categories"] = [c.value for c in sorted(FIRST_USE_ORDER, key=FIRST_USE_ORDER.get)]
     return store

@@ -36,19 +36,18 @@ class Trainer:
     #: with early copies, the stepper in the backward (set once the store is open)
     stepper: StepInBackward | None = None
 
-    def use_order(self, forward_served: bool) -> list[torch.Tensor]:
+    def use_order(self) -> list[torch.Tensor]:
         """The trainer's state in the order a training step first uses it (``OffloadStore.reload(use_order=...)``):
-        the model's buffers (read at the forward's start: a rotary ``inv_freq``); unless the forward's all-gathers
-        are ``forward_served`` from the rollout's copy, every parameter in the forward's order; then each unit's
-        parameters and optimizer state in the order the backward steps them (with early copies; else the
-        optimizer's state in the units' order, all used at the one step after the backward)."""
+        the model's buffers (read at the forward's start: a rotary ``inv_freq``); every parameter in the order the
+        forward's all-gathers read them, unit by unit (the root's first; FSDP2 copies each unit's sharded params
+        into its all-gather input even where a custom all-gather, the rollout copy's, fills the output); then each
+        unit's optimizer state in the order the backward steps the units (with early copies; else one optimizer's
+        state in the units' order, all of it used at the one step after the backward)."""
         out: list[torch.Tensor] = list(self.model.buffers())
-        if not forward_served:
-            out += list(self.model.parameters())
+        out += [p for unit in reversed(self.units) for p in unit]  # the root, then the layers first to last
         for i, unit in enumerate(self.units):
             optim = self.optims[i] if len(self.optims) == len(self.units) else self.optims[0]
             for p in unit:
-                out.append(p)
                 out += [v for v in optim.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.dim()]
         return out
 
