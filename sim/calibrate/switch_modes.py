@@ -144,6 +144,35 @@ def unit_chain_tail(units_s: list[float], train_s: float, start_share: float = F
     return max(0.0, t - train_s)
 
 
+def overlapped_reload_wait(rest_s: float, units_bytes: list[int], train_s: float, *, issue_s: float = 0.0,
+                           join_s: float = 0.0, params_share: float = 1 / 3, forward_share: float = 0.0,
+                           start_share: float = FIRST_WAIT_SHARE) -> float:
+    """Seconds a streamed reload issued in the step's use order (``--overlap-reload``) holds the next step's compute
+    back: its copies take ``rest_s`` from the reload phase's start, in the order the step uses them (every unit's
+    params, ``params_share`` of its bytes ``units_bytes[i]`` (backward order, the root last), in the forward's
+    order, the root first; then each unit's optimizer state in the backward's order), and each use waits on the
+    device for its own bytes only. The step starts ``issue_s`` after the phase's start; its forward reads unit ``k``
+    of the forward's order at ``k / u`` of ``forward_share`` of the step; its backward, issued ``join_s`` later (the
+    host's join), steps unit ``i`` where :func:`unit_chain_tail` says. A sequence of uses that waits for arrivals ends
+    late by its largest shortfall: the result is the largest of (arrival - use) over every use, or 0."""
+    total = float(sum(units_bytes))
+    if not units_bytes or total <= 0 or rest_s <= 0:
+        return 0.0
+    n = len(units_bytes)
+    per_byte = rest_s / total
+    late = 0.0
+    landed = 0.0
+    for k, b in enumerate(reversed(units_bytes)):  # the forward: the root's params first
+        landed += params_share * b
+        late = max(late, landed * per_byte - (issue_s + k / n * forward_share * train_s))
+    start, end = start_share * train_s, train_s
+    for i, b in enumerate(units_bytes):  # the backward: unit i's state, each after the one before
+        landed += (1 - params_share) * b
+        at = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
+        late = max(late, landed * per_byte - (issue_s + join_s + at))
+    return max(0.0, late)
+
+
 #: the host stages of a steady offload (``StoreStats.phases`` of a record): what is left of the offload once its
 #: copies ran early
 OFFLOAD_HOST_PHASES = ("offload.copy_ahead", "offload.collect", "offload.plan", "offload.issue", "offload.record",
@@ -390,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["COPY_ENGINES", "FIRST_WAIT_SHARE", "OFFLOAD_HOST_PHASES", "early_copies_tail", "first_wait_share",
+           "overlapped_reload_wait",
            "unit_chain_tail", "early_offload_phase_s", "CONTENT_DIGEST", "content_digests_s",
            "reload_issue_host_s",
            "store_offload_host_s", "INLINE_COPY_BYTES", "MODES", "RELOAD_ORDERS", "SM_COPY_RATE", "POLICIES", "format_rows", "main", "predict_modes"]

@@ -287,7 +287,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                  policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
                  preset: str = "calibrated/h200-1x", multi_preset: str | None = None, comm_rule: str = "log2",
                  bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE, content_check: bool = True,
-                 check_rate: float | None = None) -> list[dict[str, Any]]:
+                 check_rate: float | None = None, overlap_reload: bool | None = None) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
@@ -297,10 +297,13 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     ``forward_from_rollout`` hides the resume thread (:data:`FORWARD_SHARE`); ``content_check``: whether ``new`` and
     ``forward_from_rollout`` pay the early copies' content check (:func:`content_check_s` at ``check_rate``, the
     measured digest rate by default, two digests or one where ``rec`` ran the check; ``old`` is the mechanism as
-    measured before the check existed and never pays it)."""
+    measured before the check existed and never pays it); ``overlap_reload``: ``new`` and ``forward_from_rollout``
+    stream the reload in the step's use order and wait for each unit's own bytes
+    (:func:`~sim.calibrate.switch_modes.overlapped_reload_wait`) instead of the whole reload at the first optimizer
+    step (default: the record's ``overlap_reload``, off where it predates it)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
-                                            store_offload_host_s, unit_chain_tail)
+                                            overlapped_reload_wait, store_offload_host_s, unit_chain_tail)
 
     mechanisms = tuple(mechanisms)
     if not 0.0 <= forward_share < 1.0:
@@ -313,6 +316,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     if not cfg.get("sync_first") or cfg.get("mode") != "streamed":
         raise RecordError("the input record must be of the streamed step with --sync-first (config.sync_first, "
                           "config.mode 'streamed')")
+    overlap = bool(rec.get("overlap_reload", False)) if overlap_reload is None else bool(overlap_reload)
     multi = MULTI_PRESET if multi_preset is None else multi_preset
     replicate, shard = mesh_shape(mesh, ranks, hsdp_shard)
     r = per_rank_record(rec, ranks, shard, link_share=link_share, bytes_per_rank=bytes_per_rank)
@@ -367,8 +371,13 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
                          + rest["sim_copies_s"] + rest["store_host_s"])
-            under = first_wait_share(r) * plain
-            wait = max(0.0, rest_left - rel - join - under)
+            if overlap:  # each use waits for its own bytes (the forward after the join without the rollout's copy)
+                served = mech == "forward_from_rollout"
+                wait = overlapped_reload_wait(rest_left, r["early_units_bytes"], plain,
+                                              issue_s=rel if served else rel + join, join_s=join if served else 0.0,
+                                              forward_share=forward_share)
+            else:  # the host finishes the whole reload before the first optimizer step
+                wait = max(0.0, rest_left - rel - join - first_wait_share(r) * plain)
             tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], plain)
             fill = rollout_fill_s(r, shard, multi) if mech == "forward_from_rollout" else 0.0
             check = (content_check_s(r, check_rate, 1 if rec.get("early_content_check") else 2)
@@ -382,7 +391,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
         copies = p["offload_bytes"] / (p["line"]["d2h_gbps"] * 1e9) + p["offload_bytes"] / (p["line"]["h2d_gbps"] * 1e9)
         rows.append({"mechanism": mech, "ranks": ranks, "mesh": mesh, "mesh_shape": [replicate, shard],
                      "policy": policy, "link_share": link_share, "comm_rule": comm_rule,
-                     "bytes_scaling": bytes_per_rank, "terms": terms, "detail": detail,
+                     "bytes_scaling": bytes_per_rank, "overlap_reload": overlap and mech != "old",
+                     "terms": terms, "detail": detail,
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
                      "bytes_per_rank": p["offload_bytes"], "train_s": train, "plain_step_s": plain,
                      "rollout_s": rollout})
@@ -516,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-content-check", action="store_true",
                     help="leave out the early copies' content check (two digests of every byte copied early), as "
                     "for a record of the step before the check existed")
+    ap.add_argument("--overlap-reload", action=argparse.BooleanOptionalAction, default=None,
+                    help="new and forward_from_rollout with the reload streamed in the step's use order, each use "
+                    "waiting for its own bytes (the RL step's --overlap-reload); --no-overlap-reload: the whole "
+                    "reload finished before the first optimizer step (default: as the record ran)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -526,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), mechanisms=tuple(a.mechanisms.split(",")),
                              policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset,
                              comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank,
-                             content_check=not a.no_content_check)
+                             content_check=not a.no_content_check, overlap_reload=a.overlap_reload)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -537,8 +551,10 @@ def main(argv: list[str] | None = None) -> int:
 
         check = ("left out" if a.no_content_check else "two digests of every byte copied early at "
                  f"{switch_modes.CONTENT_DIGEST['value'] / 1e9:.0f} GB/s (not in old)")
+        overlap = "; the reload overlapped with the step (each use waits for its own bytes)" if any(
+            r.get("overlap_reload") for r in rows) else ""
         print(f"communicator costs past two ranks: the {a.comm_rule} rule; bytes per rank: {a.bytes_per_rank}; "
-              f"content check: {check}\n")
+              f"content check: {check}{overlap}\n")
         print(format_ngpu(rows, checked_ratio()))
     return 0
 
