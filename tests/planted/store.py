@@ -47,6 +47,17 @@ STORE_BREAKS: tuple[B, ...] = (
       ("tests/store/moves/test_store_early_copies.py::test_a_write_no_version_counter_sees_after_copy_early_is_copied_again",),
       "the offload trusts the version counters alone: a fused optimizer step, a BatchNorm forward or a .data write "
       "after copy_early reloads the bytes from before the write"),
+    B("early_copy_not_ordered_after_its_pieces", "refimpl/store/moves/early.py",
+      "                    for piece in filling.after_pieces(run[0].offset, run[-1].offset + run[-1].numel):",
+      "                    for piece in ():",
+      ("tests/store/moves/test_store_streamed_reload.py::test_copy_early_leaves_a_streamed_reload_streaming_and_waits_for_its_own_pieces_only",),
+      "an early copy made while a streamed reload still fills its layout reads device bytes that have not landed and "
+      "overwrites host bytes a piece has yet to read"),
+    B("use_order_ignored", "refimpl/store/moves/copies.py",
+      "        plan.sort()\n", "        plan.sort(key=lambda x: (x[1], x[2]))\n",
+      ("tests/store/moves/test_store_streamed_reload.py::test_use_order_issues_the_pieces_in_the_order_the_caller_first_uses_its_tensors",),
+      "reload(stream=True, use_order=...) issues the pieces in the layouts' order: an optimizer stepped in the "
+      "backward waits for every piece queued before its own layer's"),
     B("early_copy_watches_its_first_entry_only", "refimpl/store/moves/early.py",
       "    return run  # every entry of a copy, not only the first", "    return run[:1]",
       ("tests/store/moves/test_store_early_copies.py::test_an_early_copy_whose_non_first_entry_changed_is_copied_again",),
