@@ -126,6 +126,9 @@ def test_step_config_refuses_bad_values():
         StepConfig(forward_from_rollout=True, sync_first=True)  # the rollout copy is not the trainer's weights
     assert StepConfig(sync_first=True, offload_in_backward=True).forward_from_rollout is True  # on exactly then
     assert StepConfig(sync_first=True, offload_in_backward=True, sync_in_backward=False).forward_from_rollout is False
+    with pytest.raises(ValueError, match="overlap_reload .* needs --mode streamed"):
+        StepConfig(overlap_reload=True, mode="overlapped")
+    assert StepConfig(overlap_reload=True, mode="streamed").overlap_reload is True
 
 
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
@@ -160,7 +163,7 @@ def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plai
     sync stays bitwise, the offload reuses every early byte of the steady steps (nothing found changed), and the
     training is the plain step's to the bit: the same losses as a run with one optimizer stepped after the
     backward."""
-    extra = ("--steps", "3", "--offload-in-backward")
+    extra = ("--steps", "3", "--offload-in-backward", "--overlap-reload")
     early = run_distributed(_rank, 2, args=(str(tmp_path / "early"), "streamed", extra), timeout=240)
     plain = run_distributed(_rank, 2, args=(str(tmp_path / "plain"), "streamed", ("--steps", "3")), timeout=240)
     for rec in early:
@@ -172,7 +175,7 @@ def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plai
         for s in steady:
             assert s["early_copy_bytes"] == sum(units) == s["early_reused_bytes"]
             assert s["early_redone_bytes"] == 0 and s["early_skipped"] == 0
-            # --overlap-reload (the default): the reload still streamed under the backward that copied them
+            # --overlap-reload: the reload still streamed under the backward that copied them
             assert s["early_streaming_bytes"] == s["early_copy_bytes"]
             assert s["early_reused_bytes"] < s["offload_bytes"]  # the buffers are copied by the offload itself
     for e, p in zip(early, plain):
@@ -204,13 +207,14 @@ def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path)
 
 #: the switch on several GPUs off: init_device_mesh's (1, 2) HSDP mesh, trainer.dp, the check on the world group
 WITHOUT_NGPU = ("--no-managed-mesh", "--no-flat-mesh", "--no-rebuild-ahead", "--no-sync-in-backward",
-                "--no-gather-in-rollout-dtype", "--no-forward-from-rollout", "--no-overlap-reload")
+                "--no-gather-in-rollout-dtype", "--no-forward-from-rollout")
 
 
 def _with_and_without(rank, world_size, out_dir, extra):
-    """The step with the switch on several GPUs (the defaults), then without it, in the same processes (the first
-    run's groups stay alive beside the second's)."""
-    on = _rank(rank, world_size, f"{out_dir}/on", "streamed", extra)
+    """The step with the switch on several GPUs (the defaults, and the reload overlapped with the step after it:
+    ``--overlap-reload``), then without any of it, in the same processes (the first run's groups stay alive beside
+    the second's)."""
+    on = _rank(rank, world_size, f"{out_dir}/on", "streamed", (*extra, "--overlap-reload"))
     off = _rank(rank, world_size, f"{out_dir}/off", "streamed", (*extra, *WITHOUT_NGPU))
     return on, off
 

@@ -10,10 +10,10 @@
 #   base          the same without any of it (--no-managed-mesh --no-flat-mesh --no-rebuild-ahead
 #                 --no-sync-in-backward --no-gather-in-rollout-dtype): the step as measured before
 #   ablate_*      the defaults less one: no_served (--no-forward-from-rollout), no_ahead, no_sync_bwd, no_managed,
-#                 no_flat, no_overlap (--no-overlap-reload)
-#   overlap       the defaults and --no-overlap-reload, each twice, alternating (overlap_on_1, overlap_off_1, ...): the
-#                 streamed reload in the step's order, running on into its backward, against it finished on the host
-#                 before the first optimizer step
+#                 no_flat
+#   overlap       the defaults with --overlap-reload and without, each twice, alternating (overlap_on_1, overlap_off_1,
+#                 ...): the streamed reload in the step's order, running on into its backward, against it finished on
+#                 the host before the first optimizer step
 #   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 #   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
@@ -84,12 +84,11 @@ if on ablate; then
   rl ablate_no_sync_bwd DESTROY_DEFERRED streamed --no-sync-in-backward
   rl ablate_no_managed DESTROY_DEFERRED streamed --no-managed-mesh
   rl ablate_no_flat DESTROY_DEFERRED streamed --no-flat-mesh
-  rl ablate_no_overlap DESTROY_DEFERRED streamed --no-overlap-reload
 fi
 if on overlap; then
   for i in 1 2; do
-    rl "overlap_on_$i" DESTROY_DEFERRED streamed
-    rl "overlap_off_$i" DESTROY_DEFERRED streamed --no-overlap-reload
+    rl "overlap_on_$i" DESTROY_DEFERRED streamed --overlap-reload
+    rl "overlap_off_$i" DESTROY_DEFERRED streamed
   done
 fi
 if on mode; then

@@ -85,15 +85,14 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "all-gathers from the rollout's copy of the weights (the same bits), so its forward runs no "
                     "collective and the rebuilt groups' creation runs beside it, joined before the backward "
                     "(default: on exactly then)")
-    ap.add_argument("--overlap-reload", action=argparse.BooleanOptionalAction, default=None,
+    ap.add_argument("--overlap-reload", action=argparse.BooleanOptionalAction, default=False,
                     help="with --mode streamed: issue the reload in the order the next training step uses the state "
                     "(the model's buffers, the params in the order the forward's all-gathers read them, then each "
                     "unit's optimizer state in the order the backward steps the units) and never finish it on the "
                     "host before that step's optimizer steps: each one, and "
                     "each unit's early copies, waits on the device for its own pieces only, the copies to the host "
-                    "running beside the reload's on the other copy engine (default: on exactly in streamed mode); "
-                    "--no-overlap-reload: the store's default order, finished on the host before the first optimizer "
-                    "step")
+                    "running beside the reload's on the other copy engine; off (the default): the store's default "
+                    "order, finished on the host before the first optimizer step")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}

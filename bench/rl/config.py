@@ -46,9 +46,10 @@ class StepConfig:
     forward_from_rollout: bool | None = None  # with the sync in the backward: the first training step after a switch
     #                                          all-gathers from the rollout's copy (bench/rl/rollout_gather.py);
     #                                          None: on exactly then
-    overlap_reload: bool | None = None  # streamed: the reload issued in the order the next step uses the state and
-    #                                     never finished on the host before it (its optimizer steps and early copies
-    #                                     wait on the device for their own pieces); None: on exactly in streamed mode
+    overlap_reload: bool = False  # streamed: the reload issued in the order the next step uses the state and never
+    #                               finished on the host before it (its optimizer steps and early copies wait on the
+    #                               device for their own pieces); off until a GPU run of the current use order
+    #                               measures it (docs/comm.md, "The flags")
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):
@@ -66,8 +67,6 @@ class StepConfig:
             raise ValueError("forward_from_rollout fills the next forward's all-gathers from the rollout's copy, which "
                              "holds the trainer's weights only with the sync in the backward (--sync-first "
                              "--offload-in-backward)")
-        if self.overlap_reload is None:
-            self.overlap_reload = self.mode == "streamed"
         if self.overlap_reload and self.mode != "streamed":
             raise ValueError("overlap_reload leaves the streamed reload running into the next step: it needs "
                              "--mode streamed")

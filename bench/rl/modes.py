@@ -20,7 +20,7 @@ Modes (``--mode``, :data:`MODES`):
                 state) is not waited for in the switch: it streams under the
                 next training step's forward and backward (the forward's use of
                 each parameter waits on the device for its bytes). With
-                ``--overlap-reload`` (the default) it is issued in the order
+                ``--overlap-reload`` (off by default) it is issued in the order
                 the step uses the state and runs on into the backward ([Note:
                 the reload overlapped with the step]); without, a step
                 pre-hook finishes it before the optimizer step.
