@@ -240,12 +240,13 @@ class ReloadCopies:
         default order (layouts as given, each by offset). So a step that first uses its tensors in another order
         than the layouts' (an optimizer stepped unit by unit in the backward, last layer first) finds each
         tensor's bytes landed when it reaches it, not after everything queued before them."""
-        rank: dict[int, int] = {}
-        for i, t in enumerate(self.use_order or ()):
+        order = list(self.use_order or ())
+        rank: dict[int, int] = {}  # id of a listed tensor (and of a DTensor's local tensor) -> its first position
+        for i, t in enumerate(order):
             for obj in (t, getattr(t, "_local_tensor", None)):
                 if obj is not None:
                     rank.setdefault(id(obj), i)
-        last = len(rank) + len(self.use_order or ())
+        last = len(order)  # the position of a piece that holds no listed tensor
         plan: list[tuple[int, int, int, int]] = []
         seen: set[int] = set()
         for li, layout in enumerate(layouts):
