@@ -69,14 +69,21 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_streamed_reload_hands_each_tensor_over_at_its_first_use():
+def _offloaded(rt=None):
+    """The model and its AdamW attached to a store on ``rt`` (a :class:`RecordingRuntime` by default) that copies
+    in 4-KiB pieces, offloaded; returns ``(model, optimizer, store, rt, their state before the offload)``."""
     m, opt = _model()
     want = _snapshot(m, opt)
-    rt = RecordingRuntime("cpu")
+    rt = RecordingRuntime("cpu") if rt is None else rt
     store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
     store.attach_module(m)
     store.attach_optimizer(opt)
     store.offload()
+    return m, opt, store, rt, want
+
+
+def test_a_streamed_reload_hands_each_tensor_over_at_its_first_use():
+    m, opt, store, rt, want = _offloaded()
     rt.ordered.clear()
     store.reload(stream=True)
     params = list(m.parameters())
@@ -205,13 +212,7 @@ def test_use_order_issues_the_pieces_in_the_order_the_caller_first_uses_its_tens
     """An optimizer stepped layer by layer in the backward uses the last layer's params and moments first: with
     ``use_order`` their pieces go first, each listed tensor's before the next one's, then the rest in the default
     order; bitwise the same, and the stats count the tensors it ordered."""
-    m, opt = _model()
-    want = _snapshot(m, opt)
-    rt = RecordingRuntime("cpu")
-    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
-    store.attach_module(m)
-    store.attach_optimizer(opt)
-    store.offload()
+    m, opt, store, rt, want = _offloaded()
     layers = list(m)[::-1]  # the backward's order
     order = []
     for layer in layers[:2]:  # only the last two layers listed: the rest keeps the default order
@@ -260,12 +261,7 @@ def test_copy_early_leaves_a_streamed_reload_streaming_and_waits_for_its_own_pie
     """The step right after a streamed reload copies each layer early while the reload's pieces still land: the
     reload goes on streaming, each early copy is ordered after the pieces of its own range (on the device), and
     the offload takes the copies over; bitwise."""
-    m, opt = _model()
-    rt = RecordingRuntime("cpu")
-    store = OffloadStore(rt, config=StoreConfig(alignment_bytes=512, stream_chunk_bytes=4096))
-    store.attach_module(m)
-    store.attach_optimizer(opt)
-    store.offload()
+    m, opt, store, rt, _ = _offloaded()
     store.reload()  # the host buffers the early copies write into
     store.offload()
     store.reload(stream=True)
