@@ -306,10 +306,11 @@ class OffloadStore:
         moved = 0
         while self._streamed_reloads:
             reload = self._streamed_reloads[0]
+            filling = set(reload.filling())  # finish() stops the streaming
             try:
                 moved += await reload.finish()
             except BaseException:
-                early = sorted(k.label() for k in self._early.keys() if k in reload.filling())
+                early = sorted(k.label() for k in self._early.keys() if k in filling)
                 if early:
                     logger.error("a streamed reload failed after early copies of %s were made: their host copies "
                                  "hold the bytes the step wrote for the ranges copied early", ", ".join(early))
@@ -330,9 +331,9 @@ class OffloadStore:
         stream after the work already queued on the calling thread's current stream (call it right after the
         kernels that last write them, e.g. in the optimizer-in-backward hook that stepped them). A streamed reload
         still in flight is not finished: a copy of a layout it is filling waits on the device for the pieces of
-        its own range ([Note: early copies while a reload streams] in :mod:`refimpl.store.moves.early`). The next offload
-        takes the copies over and copies only the rest, and copies again every entry one of whose tensors was
-        changed in place or re-pointed since (its version counter moved), or whose bytes changed without the
+        its own range ([Note: early copies while a reload streams] in :mod:`refimpl.store.moves.early`). The next
+        offload takes the copies over and copies only the rest, and copies again every entry one of whose tensors
+        was changed in place or re-pointed since (its version counter moved), or whose bytes changed without the
         counter seeing it (a fused optimizer step, a BatchNorm forward, a write through ``.data``: each copied
         range is digested here and again at the offload; see [Note: early copies] in
         :mod:`refimpl.store.moves.early`). A hint: a tensor not in a layout resident in one flat buffer (before the

@@ -280,3 +280,47 @@ def test_copy_early_leaves_a_streamed_reload_streaming_and_waits_for_its_own_pie
     assert st.last_early_redone_bytes == 0
     store.reload()
     assert _equal(_snapshot(m, opt), want)
+
+
+class _Failing(Completion):
+    """A copy that landed on the device (it orders what follows) but whose wait fails: a CUDA error at the finish."""
+
+    def __init__(self, inner: Completion) -> None:
+        self.inner = inner
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def order_on_device(self) -> bool:
+        return self.inner.order_on_device()
+
+    def __await__(self):
+        yield from self.inner.__await__()
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+class FailingWaitRuntime(TorchRuntime):
+    """TorchRuntime whose host-to-device copies fail when awaited while ``fail`` is set."""
+
+    fail = False
+
+    def copy_async(self, dst, src, kind):
+        done = super().copy_async(dst, src, kind)
+        return _Failing(done) if self.fail and kind.name == "H2D" else done
+
+
+def test_a_streamed_reload_failing_after_early_copies_names_their_layouts(caplog):
+    """Early copies of a layout still streaming write into its host copy; a reload that then fails (its wait
+    raises) leaves those ranges holding the step's bytes: the store says so, naming the layouts, and re-raises."""
+    rt = FailingWaitRuntime("cpu")
+    m, opt, store, _, _ = _offloaded(rt)
+    store.reload()
+    store.offload()
+    rt.fail = True
+    store.reload(stream=True)
+    last = list(m)[-1]
+    assert store.copy_early([*last.parameters(), *(opt.state[p]["exp_avg"] for p in last.parameters())]) > 0
+    with caplog.at_level("ERROR"), pytest.raises(RuntimeError, match="illegal memory access"):
+        store.finish_reload()
+    logged = [r.getMessage() for r in caplog.records if "failed after early copies" in r.getMessage()]
+    assert len(logged) == 1 and "params" in logged[0] and "optimizer" in logged[0]
