@@ -208,10 +208,12 @@ class ReloadCopies:
     async def issue(self, layouts: list[FlatLayout]) -> None:
         """Allocate each layout's flat buffer and have the backend fill it (zeros for dropped layouts); with
         ``use_order`` and pieces, the pieces of all layouts in that order (:meth:`_issue_in_use_order`)."""
-        if (self.use_order is not None and self.chunk_bytes
-                and type(self.backend).piece_ranges is not StoreBackend.piece_ranges):
-            await self._issue_in_use_order(layouts)
-            return
+        if self.use_order is not None and self.chunk_bytes:
+            cuts = {lay.key: self.backend.piece_ranges(lay, max(1, self.chunk_bytes // lay.dtype.itemsize))
+                    for lay in layouts if not lay.dropped}
+            if all(c is not None for c in cuts.values()):
+                await self._issue_in_use_order(layouts, cuts)
+                return
         for layout in layouts:
             flat = self._alloc(layout)
             if layout.dropped:
@@ -234,10 +236,11 @@ class ReloadCopies:
             flat.zero_()
         return flat
 
-    async def _issue_in_use_order(self, layouts: list[FlatLayout]) -> None:
-        """Every layout's pieces (``StoreBackend.piece_ranges``) issued in the order of ``use_order``: a piece goes
-        at the position of the first-listed tensor it holds bytes of; pieces holding none of them follow, in the
-        default order (layouts as given, each by offset). So a step that first uses its tensors in another order
+    async def _issue_in_use_order(self, layouts: list[FlatLayout],
+                                  cuts: dict[LayoutKey, list[tuple[int, int]]]) -> None:
+        """Every layout's pieces (``cuts``, from ``StoreBackend.piece_ranges``) issued in the order of ``use_order``:
+        a piece goes at the position of the first-listed tensor it holds bytes of; pieces holding none of them
+        follow, in the default order (layouts as given, each by offset). So a step that first uses its tensors in another order
         than the layouts' (an optimizer stepped unit by unit in the backward, last layer first) finds each
         tensor's bytes landed when it reaches it, not after everything queued before them."""
         order = list(self.use_order or ())
@@ -264,7 +267,7 @@ class ReloadCopies:
                             seen.add(rank[id(obj)])
                 ranks.append(r)
             j = 0
-            for lo, hi in self.backend.piece_ranges(layout, max(1, self.chunk_bytes // layout.dtype.itemsize)):
+            for lo, hi in cuts[layout.key]:
                 while j < len(entries) and entries[j].offset + entries[j].numel <= lo:
                     j += 1
                 k, r = j, last

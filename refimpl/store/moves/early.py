@@ -157,6 +157,11 @@ class StreamingFlat:
 
     flat: torch.Tensor
     pieces: tuple[Piece, ...] = ()
+    #: each piece's first element (derived)
+    starts: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", tuple(p.start for p in self.pieces))
 
     @property
     def storage(self) -> int:
@@ -165,7 +170,7 @@ class StreamingFlat:
 
     def after_pieces(self, start: int, stop: int) -> list[Piece]:
         """The pieces overlapping elements ``[start, stop)``."""
-        first = max(0, bisect.bisect_right([p.start for p in self.pieces], start) - 1)
+        first = max(0, bisect.bisect_right(self.starts, start) - 1)
         return [p for p in self.pieces[first:] if p.start < stop and p.stop > start]
 
 

@@ -201,6 +201,7 @@ class StreamedReload(Reload):
         self.sm_ctas = sm_ctas
         #: True while copies are in flight behind the guards (set by :meth:`run`, cleared by :meth:`finish`)
         self.streaming = False
+        self._filling: dict[LayoutKey, StreamingFlat] | None = None
 
     async def run(self) -> ReloadFigures:
         """Stages 1-3 and the arrival guards (or, where nothing can stream, the whole reload); returns what it did
@@ -233,8 +234,11 @@ class StreamedReload(Reload):
         empty otherwise."""
         if not self.streaming:
             return {}
-        return {lay.key: StreamingFlat(self.copies.flats[lay.key], tuple(self.copies.pieces.get(lay.key, ())))
-                for lay in self.layouts if not lay.dropped}
+        if self._filling is None:  # the pieces are final once issued: built once, at the first copy_early
+            self._filling = {lay.key: StreamingFlat(self.copies.flats[lay.key],
+                                                    tuple(self.copies.pieces.get(lay.key, ())))
+                             for lay in self.layouts if not lay.dropped}
+        return self._filling
 
     def arm(self) -> None:
         """Guard every ref of every layout with its pieces' device wait (see the class Note)."""
@@ -262,7 +266,7 @@ class StreamedReload(Reload):
         returns the bytes brought back. A failure leaves the state offloaded (see :meth:`Reload.roll_back`)."""
         if not self.streaming:
             return 0
-        self.streaming = False
+        self.streaming, self._filling = False, None
         try:
             await self.wait()
         except BaseException:
