@@ -156,7 +156,8 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
                        rollout_s: float = 0.0, steps: int = 3, *, sync_needs_groups: bool = True,
                        warm_rebuilt: bool = False, proxy_wake: bool = False,
                        groups: tuple[tuple[str, tuple[int, ...]], ...] | None = None,
-                       comm_rule: str = "log2") -> dict[str, float]:
+                       comm_rule: str = "log2",
+                       init_measured: tuple[tuple[int, float], ...] = ()) -> dict[str, float]:
     """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of the NCCL group
     ``trainer.dp`` over ``world`` ranks (or of ``groups``: (name, ranks) pairs every rank makes and the lifecycle
     manages, each rank using those it is a member of, as the RL step's mesh groups) in the steady step (the last of ``steps``), and what training's first
@@ -169,7 +170,9 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     rules say the sync needs none of the groups (``GroupPlanRules(sync_groups=set())``, as the RL step has
     them); ``warm_rebuilt``: :class:`~refimpl.comm.LifecycleConfig`'s; ``comm_rule``: how the preset's
     communicator costs grow past two ranks (:data:`sim.presets.SIZE_RULES`; "ring" with the connection share of
-    NCCL's log, :data:`sim.calibrate.nccl_init_log.CONNECT_SHARE_2X_H200`)."""
+    NCCL's log, :data:`sim.calibrate.nccl_init_log.CONNECT_SHARE_2X_H200`); ``init_measured``: a communicator's
+    creation measured past two ranks, ``((ranks, seconds), ...)``, in place of the rule's
+    (:meth:`sim.presets.CommParams.with_measured_init`)."""
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec
@@ -187,6 +190,8 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
         from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200
 
         topo.comm = topo.comm.with_size_rule(comm_rule, CONNECT_SHARE_2X_H200)
+    if init_measured:
+        topo.comm = topo.comm.with_measured_init(init_measured)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
                       memory=TopologyMemory(topo, record=False),
                       comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)

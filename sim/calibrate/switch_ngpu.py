@@ -287,7 +287,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                  policy: str = "DESTROY_DEFERRED", hsdp_shard: int = HSDP_SHARD, link_share: int = 1,
                  preset: str = "calibrated/h200-1x", multi_preset: str | None = None, comm_rule: str = "log2",
                  bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE, content_check: bool = True,
-                 check_rate: float | None = None, overlap_reload: bool | None = None) -> list[dict[str, Any]]:
+                 check_rate: float | None = None, overlap_reload: bool | None = None,
+                 init_measured: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
@@ -300,7 +301,9 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     measured before the check existed and never pays it); ``overlap_reload``: ``new`` and ``forward_from_rollout``
     stream the reload in the step's use order and wait for each unit's own bytes
     (:func:`~sim.calibrate.switch_modes.overlapped_reload_wait`) instead of the whole reload at the first optimizer
-    step (default: the record's ``overlap_reload``, off where it predates it)."""
+    step (default: the record's ``overlap_reload``, off where it predates it); ``init_measured``: a communicator's
+    creation measured past two ranks, ``{ranks: seconds}`` (:func:`sim.calibrate.creation_measured.creations_from`),
+    in place of ``comm_rule``'s at those sizes and, extended by log2 of the ranks, past them."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
                                             overlapped_reload_wait, store_offload_host_s, unit_chain_tail)
@@ -327,11 +330,13 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
     plain = plain_step_s(rec)  # the stretches the switch's work hides under are a plain step's (its extra is the cost)
     cooldown = float(cfg.get("cooldown_s", 0.2))
+    measured = tuple(sorted((init_measured or {}).items()))
 
     def lifecycle(world: int, lc_preset: str, groups=None) -> dict[str, float]:
         return simulate_lifecycle(lc_preset, world, policy, cooldown, round(train, 4), round(rollout, 4),
                                   sync_needs_groups=False, warm_rebuilt=True, proxy_wake=settings["proxy_wake"],
-                                  groups=groups, comm_rule=comm_rule if world > 1 else "log2")
+                                  groups=groups, comm_rule=comm_rule if world > 1 else "log2",
+                                  init_measured=measured if world > 1 else ())
 
     one = lifecycle(1, preset)  # the lifecycle the one-GPU record's offload phase holds (trainer.dp of one rank)
     phase_1 = early_offload_phase_s(rec)
@@ -391,6 +396,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
         copies = p["offload_bytes"] / (p["line"]["d2h_gbps"] * 1e9) + p["offload_bytes"] / (p["line"]["h2d_gbps"] * 1e9)
         rows.append({"mechanism": mech, "ranks": ranks, "mesh": mesh, "mesh_shape": [replicate, shard],
                      "policy": policy, "link_share": link_share, "comm_rule": comm_rule,
+                     "init_measured": [list(m) for m in measured],
                      "bytes_scaling": bytes_per_rank, "overlap_reload": overlap and mech != "old",
                      "terms": terms, "detail": detail,
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
@@ -401,10 +407,11 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
 
 def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calibrated/h200-1x",
                                                                           "calibrated/hgx-h200-8x"),
-                       comm_rule: str = "log2") -> list[str]:
+                       comm_rule: str = "log2", creation_records: Iterable[str | Path] = ()) -> list[str]:
     """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
     loop constant's source, the first post-backward's and the forward's shares of the step, the digest's rate, and
-    with the "ring" ``comm_rule`` the NCCL logs of its connection share); raises :class:`RecordError` naming the
+    with the "ring" ``comm_rule`` the NCCL logs of its connection share, and the records of ``creation_records``, a
+    communicator's creation measured past two ranks); raises :class:`RecordError` naming the
     first that is, or comes from, a record the predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate import switch_modes
     from sim.calibrate.colocated import LOOP_CONSTANTS
@@ -424,6 +431,7 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
         from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
 
         sources += [f"CONNECT_SHARE_2X_H200: {p}" for p in WALK_PROBE_LOGS]
+    sources += [f"creation measured: {_repo_relative(p)}" for p in creation_records]
     for s in sources:
         for path in _RECORD_PATH.findall(s):
             for checked in CHECKED:
@@ -515,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--comm-rule", default="log2", choices=SIZE_RULES,
                     help="how a communicator's costs grow past two ranks: log2 (every cost one step per doubling) or "
                     "ring (the connection at the first collective, its share from NCCL's log, the same at any size)")
+    ap.add_argument("--creation-from", action="append", default=[], metavar="RECORD",
+                    help="an RL step record of more than two ranks (bench.rl, --rebuild-ahead): the creation of its "
+                    "communicator past two ranks, as its resume's warm-up timed it, in place of the rule's at that "
+                    "size and, by log2 of the ranks, past it (repeatable)")
     ap.add_argument("--bytes-per-rank", default="sharded", choices=BYTES_PER_RANK,
                     help="sharded (the one-GPU model's state over the shard size) or one-gpu (a model as many times "
                     "larger: each rank offloads what the one GPU did)")
@@ -534,13 +546,20 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         ranks = [int(x) for x in a.ranks.split(",")]
-        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"), comm_rule=a.comm_rule)
+        check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"), comm_rule=a.comm_rule,
+                           creation_records=a.creation_from)
+        measured = None
+        if a.creation_from:  # the module above this one (it predicts with predict_ngpu) reads the records
+            from sim.calibrate.creation_measured import creations_from
+
+            measured = creations_from(a.creation_from)
         with open(a.record) as f:
             rec = json.load(f)
         rows = predict_table(rec, ranks, tuple(a.meshes.split(",")), mechanisms=tuple(a.mechanisms.split(",")),
                              policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset,
                              comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank,
-                             content_check=not a.no_content_check, overlap_reload=a.overlap_reload)
+                             content_check=not a.no_content_check, overlap_reload=a.overlap_reload,
+                             init_measured=measured)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -553,7 +572,10 @@ def main(argv: list[str] | None = None) -> int:
                  f"{switch_modes.CONTENT_DIGEST['value'] / 1e9:.0f} GB/s (not in old)")
         overlap = "; the reload overlapped with the step (each use waits for its own bytes)" if any(
             r.get("overlap_reload") for r in rows) else ""
-        print(f"communicator costs past two ranks: the {a.comm_rule} rule; bytes per rank: {a.bytes_per_rank}; "
+        rule = f"the {a.comm_rule} rule" + ("; creation measured at " + ", ".join(
+            f"{n} ranks {v * 1e3:.0f} ms" for n, v in measured.items()) + " (log2 of the ranks past it)"
+            if measured else "")
+        print(f"communicator costs past two ranks: {rule}; bytes per rank: {a.bytes_per_rank}; "
               f"content check: {check}{overlap}\n")
         print(format_ngpu(rows, checked_ratio()))
     return 0

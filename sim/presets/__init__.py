@@ -283,15 +283,34 @@ class CommParams:
     #: the share of a two-rank communicator's lazy init that is the connection made at its first collective
     #: (NCCL's runtime connect; used by the "ring" rule)
     init_connect_share: float = 0.0
+    #: a communicator's lazy init (its creation at the first collective) measured at sizes past two ranks,
+    #: ``((ranks, seconds), ...)`` ascending; it replaces :attr:`size_rule`'s ``init_s`` at those sizes, between
+    #: them and beyond (:func:`_measured_init`); empty: none measured
+    init_measured: tuple[tuple[int, float], ...] = ()
 
     def for_size(self, ranks: int) -> "CommParams":
         """The cost set of a communicator over ``ranks`` ranks ([Note: communicator costs by size]): one-rank; the
-        multi-rank figures at two ranks; beyond, scaled by :attr:`size_rule`."""
+        multi-rank figures at two ranks; beyond, scaled by :attr:`size_rule` (the init from :attr:`init_measured`
+        where that has sizes)."""
         if ranks <= 1 or self.multi is None:
             return self
         if ranks == 2:
             return self.multi
         return _scaled(self, ranks)
+
+    def with_measured_init(self, measured: "Mapping[int, float] | Iterable[tuple[int, float]]") -> "CommParams":
+        """These costs with the lazy init measured at sizes past two ranks (``{ranks: seconds}``, each ranks > 2 and
+        seconds > 0): see :func:`_measured_init`."""
+        items = sorted(dict(measured).items())
+        for n, s in items:
+            if not isinstance(n, int) or n <= 2:
+                raise ValueError(f"a measured init is for a communicator of more than two ranks (two and one are "
+                                 f"the preset's), got {n!r} ranks")
+            if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+                raise ValueError(f"a measured init must be a positive number of seconds, got {s!r} at {n} ranks")
+        if self.multi is None:
+            raise ValueError("a measured init past two ranks needs the preset's two-rank figures (its *_multi keys)")
+        return dataclasses.replace(self, init_measured=tuple((n, float(s)) for n, s in items))
 
     def with_size_rule(self, rule: str, init_connect_share: float = 0.0) -> "CommParams":
         """These costs with another rule past two ranks (:data:`SIZE_RULES`); ``init_connect_share`` in [0, 1) for
@@ -336,7 +355,26 @@ def _scaled(params: CommParams, ranks: int) -> CommParams:
     if params.size_rule == "ring":
         connect = params.init_connect_share * multi.init_s
         values["init_s"] = max(0.0, params.init_s + (multi.init_s - connect - params.init_s) * k) + connect
+    if params.init_measured:
+        values["init_s"] = _measured_init(((2, multi.init_s), *params.init_measured), ranks)
     return dataclasses.replace(multi, **values)
+
+
+def _measured_init(points: tuple[tuple[int, float], ...], ranks: int) -> float:
+    """The lazy init of ``ranks`` ranks from measured ``(ranks, seconds)`` points (the preset's two-rank figure
+    first, then those of :attr:`CommParams.init_measured`, ascending): the point's own figure at a measured size;
+    between two, the line through them in log2 of the ranks; past the largest, the line through the last two (one
+    more step of their difference per doubling, the log2 rule's shape from measured figures). Never below 0."""
+    for n, s in points:
+        if n == ranks:
+            return s
+    lo, hi = points[-2], points[-1]
+    for a, b in zip(points, points[1:]):
+        if a[0] < ranks < b[0]:
+            lo, hi = a, b
+            break
+    (n0, s0), (n1, s1) = lo, hi
+    return max(0.0, s0 + (s1 - s0) * (math.log2(ranks) - math.log2(n0)) / (math.log2(n1) - math.log2(n0)))
 
 
 _COMM_FIELDS = {
