@@ -319,3 +319,22 @@ def test_switch_ngpu_joined_in_the_forward_without_the_rollout_copy(tmp_path):
     extra = ("--steps", "2", "--sync-first", "--offload-in-backward", "--no-forward-from-rollout")
     for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
         _check_switch_ngpu(on, off, n_groups=1, served=False)
+
+
+def test_switch_ngpu_with_the_logprob_pass_serves_it_from_the_rollout_copy(tmp_path):
+    """``--logprob-pass`` on 2 ranks: every training step starts with a no-grad forward computing the old
+    log-probs; after a switch it is filled from the rollout's copy like the training forward (the resume still
+    joined before the backward), and its log-probs, the losses and the synced weights are bit for bit those of the
+    step without the N-GPU switch, whose pass all-gathers over FSDP2's groups."""
+    extra = ("--steps", "2", "--sync-first", "--offload-in-backward", "--logprob-pass")
+    for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
+        _check_switch_ngpu(on, off, n_groups=1)
+        steps_on, steps_off = on["steps"] + on["after_steps"], off["steps"] + off["after_steps"]
+        assert [s["logprob_pass"]["sum"] for s in steps_on] == [s["logprob_pass"]["sum"] for s in steps_off]
+        assert all(s["logprob_pass"]["tokens"] == 2 * 15 and s["logprob_pass"]["s"] > 0 for s in steps_on)
+        assert on["config"]["logprob_pass"] is True and on["summary"]["logprob_pass_s"] > 0
+        # the pass's all-gathers were served too: with the forward's and the backward's re-gathers more than the
+        # 2 x units - 1 of a step without it
+        units = len(on["early_units_bytes"])
+        after = on["steps"][1:] + on["after_steps"][:1]
+        assert all(a["forward_from_rollout"]["units"] >= 2 * units for a in after)

@@ -93,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "each unit's early copies, waits on the device for its own pieces only, the copies to the host "
                     "running beside the reload's on the other copy engine; off (the default): the store's default "
                     "order, finished on the host before the first optimizer step")
+    ap.add_argument("--logprob-pass", action=argparse.BooleanOptionalAction, default=False,
+                    help="start every training step with a no-grad forward of its batch computing the old policy's "
+                    "per-token log-probs, as a PPO/GRPO step does before its update (verl's compute_log_prob); "
+                    "after a switch it is filled from the rollout's copy like the training forward, so the rebuilt "
+                    "groups' creation runs beside both (off by default: the step as measured before)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     small = dict(batch=2, seq=16, rollout_batch=2, prompt_len=4, new_tokens=4) if a.tiny else {}
@@ -106,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       managed_mesh=a.managed_mesh, flat_mesh=a.flat_mesh, rebuild_ahead=a.rebuild_ahead,
                       sync_in_backward=a.sync_in_backward, gather_in_rollout_dtype=a.gather_in_rollout_dtype,
                       forward_from_rollout=a.forward_from_rollout, overlap_reload=a.overlap_reload,
+                      logprob_pass=a.logprob_pass,
                       **{**small, **kw})
 
 

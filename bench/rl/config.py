@@ -50,6 +50,9 @@ class StepConfig:
     #                               finished on the host before it (its optimizer steps and early copies wait on the
     #                               device for their own pieces); off until a GPU run of the current use order
     #                               measures it (docs/comm.md, "The flags")
+    logprob_pass: bool = False  # every training step starts with a no-grad forward of its batch that computes the
+    #                             old policy's per-token log-probs (a PPO/GRPO step's first pass; verl's
+    #                             compute_log_prob); after a switch it is served from the rollout's copy too
 
     def __post_init__(self) -> None:
         if self.free not in ("driver", "allocator"):

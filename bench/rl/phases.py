@@ -1,6 +1,8 @@
 """The phases of one colocated RL step on one rank, in order, each timed between device synchronisations.
 
-``train``       forward/backward/step on the previous rollout's sequences; the loss is averaged over every
+``train``       forward/backward/step on the previous rollout's sequences (with ``--logprob-pass`` after a
+                no-grad forward computing their old log-probs, as a PPO/GRPO step does before its update;
+                :meth:`bench.rl.trainer.Trainer.old_logprobs`); the loss is averaged over every
                 rank (over the mesh's groups, or ``trainer.dp`` without a managed mesh:
                 :mod:`bench.rl.groups`). With early copies each FSDP unit steps its own AdamW inside
                 the backward and, in a step before a switch, hands its params and state to
@@ -122,6 +124,7 @@ class ColocatedStep:
         driver.current = s
         with clock.phase(step, phase, start=driver.train_start):
             x = self.data.to(self.device)
+            old = self.logprob_pass(x) if self.cfg.logprob_pass else None
             out = self.trainer.model(input_ids=x, labels=x)
             if stepper is not None:
                 stepper.early = early
@@ -144,8 +147,18 @@ class ColocatedStep:
             clock.sync()
             s["first_collective_s"] = time.perf_counter() - t  # without a warm-up, a rebuilt group's lazy init
             s["loss"] = float(loss.item()) / self.world_size
+            if old is not None:  # read after the step's own wait for the loss: no wait of its own in the step
+                s["logprob_pass"] = old.result()
             del out, x
         driver.train_start = "device"
+
+    def logprob_pass(self, x: torch.Tensor) -> "_LogprobPass":
+        """The old policy's log-probs of ``x`` (:meth:`bench.rl.trainer.Trainer.old_logprobs`), issued and timed on
+        the device without waiting for them."""
+        timer = _LogprobPass(self.device)
+        lp = self.trainer.old_logprobs(x)
+        timer.done(lp)
+        return timer
 
     def quiet_point(self, synced: dict[str, Any] | None) -> dict[str, int]:
         """Untimed, after a training step: check the last sync's rollout weights (``synced``: its step record, which
@@ -254,6 +267,37 @@ class ColocatedStep:
             self.profiler.stop()
         self.driver.finish()
         return tail
+
+
+class _LogprobPass:
+    """One log-prob pass: its seconds on the device (CUDA events around it, read once the step has waited for its
+    loss anyway; on a CPU the host's seconds, the pass being synchronous there) and its log-probs' sum in fp64
+    (compared bit for bit across runs)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.t = time.perf_counter()
+        self.events = None
+        if self.cuda:
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        self.total: torch.Tensor | None = None
+        self.elapsed = 0.0
+
+    def done(self, lp: torch.Tensor) -> None:
+        """The pass is issued: its end marked, its sum kept (on the device)."""
+        self.total = lp.double().sum()
+        if self.events is not None:
+            self.events[1].record()
+        else:
+            self.elapsed = time.perf_counter() - self.t
+        self.tokens = int(lp.numel())
+
+    def result(self) -> dict[str, Any]:
+        """``{"s", "sum", "tokens"}`` (the device has finished the pass: the caller waited for later work)."""
+        if self.events is not None:
+            self.elapsed = self.events[0].elapsed_time(self.events[1]) / 1e3
+        return {"s": self.elapsed, "sum": float(self.total.item()), "tokens": self.tokens}
 
 
 __all__ = ["ColocatedStep", "nccl_held"]

@@ -111,10 +111,19 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
         "steps_used": use, "phase_s": per, "switch_overhead_s": overhead, "offload_bytes": off_b,
         "runtime_spans_by_phase": span_breakdown(rec, use),
         "copy_time_at_line_s": copy_line,
+        # --logprob-pass: the pass's device seconds in the steps after no switch (what the simulator takes)
+        "logprob_pass_s": _plain_pass_s(rec),
         "overhead_x_copy_time": (overhead / copy_line) if copy_line else None,
         "weights_bitwise_equal_every_sync": all(s["weight_check"]["bitwise_equal"] for s in rec["steps"])
         and rec["initial_sync"]["bitwise_equal"],
     }
+
+
+def _plain_pass_s(rec: dict[str, Any]) -> float | None:
+    """The mean seconds of the log-prob pass in the steps after no switch (every ``after_steps`` entry but the
+    first), or None where the run had none."""
+    vals = [s["logprob_pass"]["s"] for s in (rec.get("after_steps") or [])[1:] if s.get("logprob_pass")]
+    return sum(vals) / len(vals) if vals else None
 
 
 def ngpu_terms(steps: list[dict[str, Any]]) -> dict[str, Any]:

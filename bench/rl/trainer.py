@@ -52,6 +52,15 @@ class Trainer:
         return out
 
 
+    @torch.no_grad()
+    def old_logprobs(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's log-prob of each next token of ``x`` (``[batch, seq - 1]``, fp32), without gradients: the
+        old policy's log-probs a PPO/GRPO step computes before its update (``--logprob-pass``). FSDP2 all-gathers
+        each unit for it as for any forward (from the rollout's copy where that serves the step)."""
+        logits = self.model(input_ids=x).logits[:, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, x[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
 def mesh_layout(world_size: int, shard: int, flat: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The FSDP mesh's shape and dimension names: ``(world / shard, shard)`` named ``(replicate, shard)`` on two
     or more ranks, ``(shard,)`` alone when ``flat`` and the replicate dimension has one rank, ``(1,)`` on one."""

@@ -68,13 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bytes-per-rank", default="one-gpu", choices=BYTES_PER_RANK)
     ap.add_argument("--target", type=float, default=0.5, help="the switch's target against the copies at line")
     ap.add_argument("--overlap-reload", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--logprob-pass", action=argparse.BooleanOptionalAction, default=None,
+                    help="with the old policy's log-prob pass before each step (as switch_ngpu's)")
     a = ap.parse_args(argv)
     try:
         check_inputs_blind(a.record)
         rec = json.loads(Path(a.record).read_text())
         shapes = [(int(n), m, mesh_shape(m, int(n))) for n in a.ranks.split(",") for m in a.meshes.split(",")]
         rows = [break_even_creation(rec, n, m, a.target, bytes_per_rank=a.bytes_per_rank,
-                                    overlap_reload=a.overlap_reload)
+                                    overlap_reload=a.overlap_reload, logprob_pass=a.logprob_pass)
                 for n, m, shape in shapes if max(shape) > 2]  # a mesh of groups of two ranks or one: the preset's
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.creation_break_even: {a.record}: {e}", file=sys.stderr)

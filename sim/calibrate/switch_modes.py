@@ -146,15 +146,17 @@ def unit_chain_tail(units_s: list[float], train_s: float, start_share: float = F
 
 def overlapped_reload_wait(rest_s: float, units_bytes: list[int], train_s: float, *, issue_s: float = 0.0,
                            join_s: float = 0.0, params_share: float = 1 / 3, forward_share: float = 0.0,
-                           start_share: float = FIRST_WAIT_SHARE) -> float:
+                           start_share: float = FIRST_WAIT_SHARE, pass_s: float = 0.0) -> float:
     """Seconds a streamed reload issued in the step's use order (``--overlap-reload``) holds the next step's compute
     back: its copies take ``rest_s`` from the reload phase's start, in the order the step uses them (every unit's
     params, ``params_share`` of its bytes ``units_bytes[i]`` (backward order, the root last), in the forward's
     order, the root first; then each unit's optimizer state in the backward's order), and each use waits on the
     device for its own bytes only. The step starts ``issue_s`` after the phase's start; its forward reads unit ``k``
     of the forward's order at ``k / u`` of ``forward_share`` of the step; its backward, issued ``join_s`` later (the
-    host's join), steps unit ``i`` where :func:`unit_chain_tail` says. A sequence of uses that waits for arrivals ends
-    late by its largest shortfall: the result is the largest of (arrival - use) over every use, or 0."""
+    host's join), steps unit ``i`` where :func:`unit_chain_tail` says. With a log-prob pass of ``pass_s`` before the
+    step (``--logprob-pass``) the pass reads unit ``k``'s params first, at ``k / u`` of it, and the step starts
+    ``pass_s`` later. A sequence of uses that waits for arrivals ends late by its largest shortfall: the result is the
+    largest of (arrival - use) over every use, or 0."""
     total = float(sum(units_bytes))
     if not units_bytes or total <= 0 or rest_s <= 0:
         return 0.0
@@ -162,14 +164,15 @@ def overlapped_reload_wait(rest_s: float, units_bytes: list[int], train_s: float
     per_byte = rest_s / total
     late = 0.0
     landed = 0.0
-    for k, b in enumerate(reversed(units_bytes)):  # the forward: the root's params first
+    first_read = pass_s if pass_s > 0 else forward_share * train_s  # the params' first reader: the pass, or the forward
+    for k, b in enumerate(reversed(units_bytes)):  # the root's params first
         landed += params_share * b
-        late = max(late, landed * per_byte - (issue_s + k / n * forward_share * train_s))
+        late = max(late, landed * per_byte - (issue_s + k / n * first_read))
     start, end = start_share * train_s, train_s
     for i, b in enumerate(units_bytes):  # the backward: unit i's state, each after the one before
         landed += (1 - params_share) * b
         at = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
-        late = max(late, landed * per_byte - (issue_s + join_s + at))
+        late = max(late, landed * per_byte - (issue_s + pass_s + join_s + at))
     return max(0.0, late)
 
 

@@ -215,18 +215,20 @@ def sync_in_backward_units_s(rec_rank: dict[str, Any], shard: int, per_tensor_s:
     return out
 
 
-def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = None) -> float:
+def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = None, logprob_pass: bool = False) -> float:
     """Seconds the first training step after a switch spends filling its all-gathers from the rollout's copy: each
     fill copies the unit's full parameters in the rollout's dtype (every rank's chunk, ``shard`` x this rank's
     shard) device to device at the GPU's copy rate of ``preset`` (default
     :data:`~sim.calibrate.colocated.MULTI_PRESET`), :data:`FILL_PASSES_NON_ROOT` times a unit and
-    :data:`FILL_PASSES_ROOT` for the root (the last unit in backward order). Counted whole on the step's path: an
-    upper bound, since FSDP2 issues them on its all-gather stream ahead of the compute that needs them."""
+    :data:`FILL_PASSES_ROOT` for the root (the last unit in backward order), each once more with a log-prob pass
+    before the step (``logprob_pass``). Counted whole on the step's path: an upper bound, since FSDP2 issues them on
+    its all-gather stream ahead of the compute that needs them."""
     from sim.calibrate.colocated import MULTI_PRESET
     from sim.machine.topology import Topology
 
     units = rec_rank["early_units_bytes"]
-    passes = [FILL_PASSES_NON_ROOT] * (len(units) - 1) + [FILL_PASSES_ROOT]
+    more = 1 if logprob_pass else 0
+    passes = [FILL_PASSES_NON_ROOT + more] * (len(units) - 1) + [FILL_PASSES_ROOT + more]
     full = sum(k * b / EARLY_BYTES_PER_PARAM * ROLLOUT_PARAM_BYTES * shard for k, b in zip(passes, units))
     return full / Topology.from_preset(preset or MULTI_PRESET).device_copy_bandwidth()
 
@@ -288,7 +290,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                  preset: str = "calibrated/h200-1x", multi_preset: str | None = None, comm_rule: str = "log2",
                  bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE, content_check: bool = True,
                  check_rate: float | None = None, overlap_reload: bool | None = None,
-                 init_measured: dict[int, float] | None = None) -> list[dict[str, Any]]:
+                 init_measured: dict[int, float] | None = None,
+                 logprob_pass: bool | None = None) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
@@ -303,8 +306,13 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     (:func:`~sim.calibrate.switch_modes.overlapped_reload_wait`) instead of the whole reload at the first optimizer
     step (default: the record's ``overlap_reload``, off where it predates it); ``init_measured``: a communicator's
     creation measured past two ranks, ``{ranks: seconds}`` (:func:`sim.calibrate.creation_measured.creations_from`),
-    in place of ``comm_rule``'s at those sizes and, extended by log2 of the ranks, past them."""
+    in place of ``comm_rule``'s at those sizes and, extended by log2 of the ranks, past them; ``logprob_pass``: every
+    training step starts with the old policy's log-prob pass (:func:`sim.calibrate.logprob_pass.logprob_pass`:
+    default as the record ran; the record's measured pass, else one as long as the training forward): ``new`` joins
+    the resume in it, ``forward_from_rollout`` fills it from the rollout's copy and hides the creation under it
+    too."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
+    from sim.calibrate.logprob_pass import logprob_pass as pass_for
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
                                             overlapped_reload_wait, store_offload_host_s, unit_chain_tail)
 
@@ -329,6 +337,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     settings = p["lifecycle_settings"]
     train, rollout = p["inputs"]["train"], p["inputs"]["rollout"]
     plain = plain_step_s(rec)  # the stretches the switch's work hides under are a plain step's (its extra is the cost)
+    lp = pass_for(rec, plain, forward_share, logprob_pass)
+    step = lp.train_s  # the training step after the pass (its stretches are shares of it)
     cooldown = float(cfg.get("cooldown_s", 0.2))
     measured = tuple(sorted((init_measured or {}).items()))
 
@@ -364,27 +374,29 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             off = phase_1 - one["offload"] + lc["offload"]
             per_tensor = LOOP_CONSTANTS["gather_per_tensor_multi_s"]["value"]
             sync_units = sync_in_backward_units_s(r, shard, per_tensor, multi)
-            ws = unit_chain_tail(sync_units, plain)
+            ws = unit_chain_tail(sync_units, step)
             issue = p["reload_issue_host_s"]
             rel = issue
             thread = lc["reload"]  # cooldown's rest, rebuild per group, warm-up per member group, agreements
             # the forward from the rollout's copy runs no collective: the join is right before loss.backward(), so the
             # thread hides under the issue and the forward (FORWARD_SHARE of the step, not the first post-backward:
             # the host blocks at the join before it issues the backward)
-            forward = forward_share * plain if mech == "forward_from_rollout" else 0.0
+            # with the log-prob pass first: new joins in the pass's first all-gather; the rollout's copy serves the
+            # pass too, so the thread hides under the issue, the pass and the forward
+            forward = lp.seconds + forward_share * step if mech == "forward_from_rollout" else 0.0
             join = max(0.0, thread - rel - forward) + _agreement_s(multi, ranks)
             ws_parts, rest = p["parts"]["weight_sync"], p["parts"]["reload"]
             rest_left = (ws_parts["sim_copies_s"] + ws_parts["store_host_s"] + ws_parts["scrub_s"]
                          + rest["sim_copies_s"] + rest["store_host_s"])
             if overlap:  # each use waits for its own bytes (the forward after the join without the rollout's copy)
                 served = mech == "forward_from_rollout"
-                wait = overlapped_reload_wait(rest_left, r["early_units_bytes"], plain,
+                wait = overlapped_reload_wait(rest_left, r["early_units_bytes"], step,
                                               issue_s=rel if served else rel + join, join_s=join if served else 0.0,
-                                              forward_share=forward_share)
+                                              forward_share=forward_share, pass_s=lp.seconds)
             else:  # the host finishes the whole reload before the first optimizer step
-                wait = max(0.0, rest_left - rel - join - first_wait_share(r) * plain)
-            tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], plain)
-            fill = rollout_fill_s(r, shard, multi) if mech == "forward_from_rollout" else 0.0
+                wait = max(0.0, rest_left - rel - join - lp.seconds - first_wait_share(r) * step)
+            tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], step)
+            fill = rollout_fill_s(r, shard, multi, lp.seconds > 0) if mech == "forward_from_rollout" else 0.0
             check = (content_check_s(r, check_rate, 1 if rec.get("early_content_check") else 2)
                      if content_check else 0.0)
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
@@ -397,6 +409,8 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
         rows.append({"mechanism": mech, "ranks": ranks, "mesh": mesh, "mesh_shape": [replicate, shard],
                      "policy": policy, "link_share": link_share, "comm_rule": comm_rule,
                      "init_measured": [list(m) for m in measured],
+                     "logprob_pass_s": lp.seconds if mech != "old" else 0.0,
+                     "logprob_pass_measured": lp.measured,
                      "bytes_scaling": bytes_per_rank, "overlap_reload": overlap and mech != "old",
                      "terms": terms, "detail": detail,
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
@@ -542,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="new and forward_from_rollout with the reload streamed in the step's use order, each use "
                     "waiting for its own bytes (the RL step's --overlap-reload); --no-overlap-reload: the whole "
                     "reload finished before the first optimizer step (default: as the record ran)")
+    ap.add_argument("--logprob-pass", action=argparse.BooleanOptionalAction, default=None,
+                    help="every training step starts with the old policy's log-prob pass (the RL step's "
+                    "--logprob-pass): the record's measured pass, else one as long as the training forward "
+                    "(default: as the record ran)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -559,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
                              policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset,
                              comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank,
                              content_check=not a.no_content_check, overlap_reload=a.overlap_reload,
-                             init_measured=measured)
+                             init_measured=measured, logprob_pass=a.logprob_pass)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -572,6 +590,11 @@ def main(argv: list[str] | None = None) -> int:
                  f"{switch_modes.CONTENT_DIGEST['value'] / 1e9:.0f} GB/s (not in old)")
         overlap = "; the reload overlapped with the step (each use waits for its own bytes)" if any(
             r.get("overlap_reload") for r in rows) else ""
+        lp = next((r for r in rows if r.get("logprob_pass_s")), None)
+        if lp is not None:
+            overlap += (f"; a log-prob pass of {lp['logprob_pass_s'] * 1e3:.0f} ms before each step ("
+                        + ("measured" if lp["logprob_pass_measured"] else "as long as the training forward, assumed")
+                        + ")")
         rule = f"the {a.comm_rule} rule" + ("; creation measured at " + ", ".join(
             f"{n} ranks {v * 1e3:.0f} ms" for n, v in measured.items()) + " (log2 of the ranks past it)"
             if measured else "")

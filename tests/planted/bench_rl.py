@@ -23,4 +23,9 @@ BENCH_RL_BREAKS: tuple[B, ...] = (
       (f"{LOOP}::test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout",),
       "with the forward served from the rollout's copy the resume ahead is never joined before the backward: the "
       "backward's collectives run on groups the thread is still rebuilding"),
+    B("logprob_pass_never_runs", "bench/rl/phases.py",
+      "            old = self.logprob_pass(x) if self.cfg.logprob_pass else None\n",
+      "            old = None\n",
+      (f"{LOOP}::test_switch_ngpu_with_the_logprob_pass_serves_it_from_the_rollout_copy",),
+      "--logprob-pass runs no log-prob pass before the training step"),
 )

@@ -320,6 +320,12 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "        lo, hi = (lo, mid) if x(mid) <= target else (mid, hi)",
       ("tests/sim/calibrate/test_creation_break_even.py",),
       "the creation a run has to measure for the switch to meet its target is not where the prediction crosses it"),
+    B("logprob_pass_not_measured", "sim/calibrate/logprob_pass.py",
+      "        return Pass(measured, True, max(0.0, plain_s - measured))",
+      "        return Pass(forward_share * plain_s, False, plain_s)",
+      ("tests/sim/calibrate/test_logprob_pass.py",),
+      "the prediction from a record that ran the log-prob pass assumes it instead of taking its measured seconds, "
+      "and leaves the pass inside the step its shares are of"),
     B("measured_init_ignored", "sim/presets/__init__.py",
       "    if params.init_measured:\n", "    if False:\n",
       ("tests/sim/calibrate/test_creation_measured.py",),
@@ -426,7 +432,7 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "connection share is read from the wrong lines",
       ci_tests=("tests/sim/calibrate/test_nccl_init_log.py::test_a_log_gives_each_multi_rank_communicators_init_and_connection",)),
     B("forward_hides_nothing", "sim/calibrate/switch_ngpu.py",
-      "            forward = forward_share * plain if mech == \"forward_from_rollout\" else 0.0\n",
+      "            forward = lp.seconds + forward_share * step if mech == \"forward_from_rollout\" else 0.0\n",
       "            forward = 0.0\n",
       ("tests/sim/calibrate/test_switch_ngpu.py",),
       "the prediction of the forward from the rollout's copy hides the creation under the issue alone, as if the "

@@ -39,3 +39,11 @@ def test_the_break_even_command_prints_each_mesh_with_a_group_past_two_ranks(cap
     assert "no mesh" in capsys.readouterr().err
     assert main([str(ROOT / CHECKED_FIGURE), "--ranks", "8"]) == 2
     assert "checked against" in capsys.readouterr().err
+
+
+def test_the_committed_break_even_is_what_the_code_gives_today(capsys):
+    """The edge committed before any run on 4 or 8 GPUs (docs/comm.md quotes it) is the code's."""
+    d = ROOT / "bench/results/2026-12-05-cpu-creation-break-even"
+    assert main([str(ROOT / "bench/results/2026-12-05-h200-pending/run4/rl_today.json"), "--ranks", "4,8",
+                 "--meshes", "fsdp,hsdp"]) == 0
+    assert capsys.readouterr().out == (d / "break-even-one-gpu.md").read_text()
