@@ -5,7 +5,9 @@
 Reads Chrome traces written by ``torch.profiler`` (``bench/gpu/rl_step.py --profile``; ``.json`` or
 ``.json.gz``) and prints, per trace: the trace's span; per CUDA stream the number of kernels, copies and
 memsets and their busy time; the stream with the most kernel time (the compute stream) with its idle time
-and its longest gaps (what ran before and after each); and the CUDA runtime calls the host spent most time
+and its longest gaps (what ran before and after each, and for the work after it when the host launched it and
+under which of its ops: work launched long before it ran was queued behind something, such as a pinned copy behind
+another stream's copies on the copy engine); and the CUDA runtime calls the host spent most time
 in (``cudaStreamSynchronize``, ``cudaEventSynchronize``, ``cudaMemcpyAsync`` from pageable memory ...).
 Two traces of the same step, one after a switch and one plain, side by side say what the switch left behind.
 """
@@ -54,8 +56,12 @@ def analyse(events: list[dict[str, Any]], n_gaps: int = 12) -> dict[str, Any]:
             if gap > 0:
                 idle += gap
                 gaps.append({"at_ms": (a["ts"] + a["dur"] - t0) / 1e3, "gap_ms": gap / 1e3,
-                             "before": a.get("name", "")[:60], "after": b.get("name", "")[:60]})
+                             "before": a.get("name", "")[:60], "after": b.get("name", "")[:60], "_next": b})
         gaps.sort(key=lambda g: -g["gap_ms"])
+        gaps = gaps[:n_gaps]
+        launches = _launches(events)
+        for g in gaps:
+            g.update(launches(g.pop("_next"), t0))
     runtime: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in events:
         if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
@@ -72,6 +78,25 @@ def analyse(events: list[dict[str, Any]], n_gaps: int = 12) -> dict[str, Any]:
             "streams": {str(k): dict(v) for k, v in streams.items()}, "gaps": gaps[:n_gaps], "runtime": top}
 
 
+def _launches(events: list[dict[str, Any]]):
+    """A function giving, for a device event, when the host launched it (``launched_ms``, from the trace's start)
+    and the host ops it was launched under (``launched_in``: the innermost annotations and ops, outermost first),
+    matched by the profiler's correlation id; empty where the trace has no such launch."""
+    runtime = {e.get("args", {}).get("correlation"): e for e in events
+               if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("correlation") is not None}
+    host = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
+
+    def of(dev: dict[str, Any], t0: float) -> dict[str, Any]:
+        r = runtime.get(dev.get("args", {}).get("correlation"))
+        if r is None:
+            return {}
+        around = sorted((e for e in host if e.get("tid") == r.get("tid") and e["ts"] <= r["ts"] <= e["ts"] + e["dur"]),
+                        key=lambda e: e["ts"])
+        return {"launched_ms": (r["ts"] - t0) / 1e3, "launched_in": [e.get("name", "")[:60] for e in around[-6:]]}
+
+    return of
+
+
 def report(path: str, a: dict[str, Any]) -> str:
     """A few lines of text for one trace."""
     lines = [f"== {path}: span {a['span_ms']:.1f} ms; compute stream {a.get('compute_stream')}: "
@@ -83,6 +108,8 @@ def report(path: str, a: dict[str, Any]) -> str:
     lines.append("  longest idle gaps of the compute stream (at ms from the trace's start):")
     for g in a["gaps"]:
         lines.append(f"    {g['gap_ms']:7.2f} ms at {g['at_ms']:8.2f}: after {g['before']!r} before {g['after']!r}")
+        if "launched_ms" in g:
+            lines.append(f"      (launched at {g['launched_ms']:.2f} ms, under: {' > '.join(g['launched_in'])})")
     lines.append("  host time in CUDA runtime calls:")
     for name, n, ms in a["runtime"]:
         lines.append(f"    {ms:8.2f} ms  {n:6d} x {name}")
