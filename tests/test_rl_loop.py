@@ -129,6 +129,20 @@ def test_step_config_refuses_bad_values():
     with pytest.raises(ValueError, match="overlap_reload .* needs --mode streamed"):
         StepConfig(overlap_reload=True, mode="overlapped")
     assert StepConfig(overlap_reload=True, mode="streamed").overlap_reload is True
+    # the overlap keeps a window of the reload queued (FSDP2's pinned copy in the backward waits behind the queue),
+    # unless told otherwise; 0 is every piece at once; the simulator models the same default
+    from bench.rl.config import OVERLAP_WINDOW_MIB
+    from sim.calibrate.switch_ngpu import OVERLAP_WINDOW_MIB as SIM_WINDOW, overlap_window_bytes
+
+    assert StepConfig(overlap_reload=True, mode="streamed").stream_window_mib == OVERLAP_WINDOW_MIB == SIM_WINDOW
+    assert StepConfig(overlap_reload=True, mode="streamed", stream_window_mib=0).stream_window_mib == 0
+    assert StepConfig(mode="streamed").stream_window_mib is None
+    with pytest.raises(ValueError, match="stream_window_mib must be >= 0"):
+        StepConfig(stream_window_mib=-1)
+    assert overlap_window_bytes({"overlap_reload": True, "config": {"stream_window_mib": 64}}) == 64 << 20
+    assert overlap_window_bytes({"overlap_reload": True, "config": {"stream_window_mib": 0}}) is None
+    assert overlap_window_bytes({"overlap_reload": True, "config": {}}) is None  # before the step set one
+    assert overlap_window_bytes({"config": {}}) == OVERLAP_WINDOW_MIB << 20  # predicted as the flag runs it now
 
 
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):

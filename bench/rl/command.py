@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="FSDP2 bf16 params and a bf16 rollout copy (auto: on CUDA only)")
     ap.add_argument("--stream-window-mib", type=int, default=None,
                     help="MiB of a streamed reload's copies queued on the device at once (StoreConfig."
-                    "stream_window_bytes; default and 0: all at once)")
+                    "stream_window_bytes; 0: all at once; default: all at once, or 128 with --overlap-reload)")
     ap.add_argument("--stream-sm-ctas", type=int, default=None,
                     help="a streamed reload's host-to-device copies made by a kernel of this many programs reading "
                     "the pinned host buffers, leaving the copy engine to the training step (StoreConfig."
@@ -91,8 +91,10 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "unit's optimizer state in the order the backward steps the units) and never finish it on the "
                     "host before that step's optimizer steps: each one, and "
                     "each unit's early copies, waits on the device for its own pieces only, the copies to the host "
-                    "running beside the reload's on the other copy engine; off (the default): the store's default "
-                    "order, finished on the host before the first optimizer step")
+                    "running beside the reload's on the other copy engine; at most 128 MiB of its copies queued "
+                    "(--stream-window-mib), since FSDP2's reduce in the backward makes a pinned copy that would wait "
+                    "behind all of them; off (the default): the store's default order, finished on the host before "
+                    "the first optimizer step")
     ap.add_argument("--logprob-pass", action=argparse.BooleanOptionalAction, default=False,
                     help="start every training step with a no-grad forward of its batch computing the old policy's "
                     "per-token log-probs, as a PPO/GRPO step does before its update (verl's compute_log_prob); "

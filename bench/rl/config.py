@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from bench.rl.modes import MODES
 
 
+#: the reload's pieces queued at once with ``overlap_reload`` (MiB), unless ``stream_window_mib`` is given: one H100
+#: at batch 16, 0.35-0.44 x the copies in six switches against 0.45-0.46 x without the overlap, and 0.74-1.37 x
+#: with every piece queued (bench/results/2026-12-05-h100-logprob-overlap/)
+OVERLAP_WINDOW_MIB = 128
+
+
 @dataclass
 class StepConfig:
     """What to run. ``tiny``: a tiny model and batch (CPU tests); else ~1.0 B parameters."""
@@ -48,8 +54,8 @@ class StepConfig:
     #                                          None: on exactly then
     overlap_reload: bool = False  # streamed: the reload issued in the order the next step uses the state and never
     #                               finished on the host before it (its optimizer steps and early copies wait on the
-    #                               device for their own pieces); off until a GPU run of the current use order
-    #                               measures it (docs/comm.md, "The flags")
+    #                               device for their own pieces), at most OVERLAP_WINDOW_MIB of it queued unless
+    #                               stream_window_mib says otherwise (0: all at once); docs/comm.md, "The flags"
     logprob_pass: bool = False  # every training step starts with a no-grad forward of its batch that computes the
     #                             old policy's per-token log-probs (a PPO/GRPO step's first pass; verl's
     #                             compute_log_prob); after a switch it is served from the rollout's copy too
@@ -73,6 +79,13 @@ class StepConfig:
         if self.overlap_reload and self.mode != "streamed":
             raise ValueError("overlap_reload leaves the streamed reload running into the next step: it needs "
                              "--mode streamed")
+        if self.overlap_reload and self.stream_window_mib is None:
+            # [Note: a pinned copy behind the queued reload] in sim/calibrate/switch_modes.py: unpaced, FSDP2's
+            # first reduce in the backward waits for the whole reload on the copy engine
+            self.stream_window_mib = OVERLAP_WINDOW_MIB
+        if self.stream_window_mib is not None and self.stream_window_mib < 0:
+            raise ValueError(f"stream_window_mib must be >= 0 (0: every piece queued at once), got "
+                             f"{self.stream_window_mib}")
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -91,4 +104,4 @@ def model_config(tiny: bool):
                        tie_word_embeddings=False)
 
 
-__all__ = ["StepConfig", "model_config"]
+__all__ = ["OVERLAP_WINDOW_MIB", "StepConfig", "model_config"]

@@ -146,7 +146,8 @@ def unit_chain_tail(units_s: list[float], train_s: float, start_share: float = F
 
 def overlapped_reload_wait(rest_s: float, units_bytes: list[int], train_s: float, *, issue_s: float = 0.0,
                            join_s: float = 0.0, params_share: float = 1 / 3, forward_share: float = 0.0,
-                           start_share: float = FIRST_WAIT_SHARE, pass_s: float = 0.0) -> float:
+                           start_share: float = FIRST_WAIT_SHARE, pass_s: float = 0.0,
+                           window_s: float | None = None) -> float:
     """Seconds a streamed reload issued in the step's use order (``--overlap-reload``) holds the next step's compute
     back: its copies take ``rest_s`` from the reload phase's start, in the order the step uses them (every unit's
     params, ``params_share`` of its bytes ``units_bytes[i]`` (backward order, the root last), in the forward's
@@ -155,8 +156,16 @@ def overlapped_reload_wait(rest_s: float, units_bytes: list[int], train_s: float
     of the forward's order at ``k / u`` of ``forward_share`` of the step; its backward, issued ``join_s`` later (the
     host's join), steps unit ``i`` where :func:`unit_chain_tail` says. With a log-prob pass of ``pass_s`` before the
     step (``--logprob-pass``) the pass reads unit ``k``'s params first, at ``k / u`` of it, and the step starts
-    ``pass_s`` later. A sequence of uses that waits for arrivals ends late by its largest shortfall: the result is the
-    largest of (arrival - use) over every use, or 0."""
+    ``pass_s`` later. A sequence of uses that waits for arrivals ends late by its largest shortfall: the largest of
+    (arrival - use) over every use, or 0.
+
+    [Note: a pinned copy behind the queued reload] The copy engine serves the pieces queued before a pinned
+    host-to-device copy of the step's own, and FSDP2's reduce of every unit in the backward makes one
+    (``torch._chunk_cat``'s block; the profile of ``bench/results/2026-12-05-h100-logprob-overlap/``). ``window_s``:
+    the seconds one window of the reload's pieces takes, where the store keeps at most a window queued
+    (``StoreConfig.stream_window_bytes``): each unit whose reduce comes while the copies run waits for up to one window
+    (counted whole, an upper bound). None: every piece queued at once, so the first reduce waits for the whole
+    reload."""
     total = float(sum(units_bytes))
     if not units_bytes or total <= 0 or rest_s <= 0:
         return 0.0
@@ -173,7 +182,14 @@ def overlapped_reload_wait(rest_s: float, units_bytes: list[int], train_s: float
         landed += (1 - params_share) * b
         at = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
         late = max(late, landed * per_byte - (issue_s + pass_s + join_s + at))
-    return max(0.0, late)
+    if window_s is None:  # the first unit's reduce waits for every piece queued before its pinned copy
+        return max(late, rest_s - (issue_s + pass_s + join_s + start), 0.0)
+    queued = 0.0  # each unit's reduce waits for the window in flight while the copies run
+    for i in range(n):
+        at = end if i == n - 1 or n == 1 else start + i / (n - 1) * (end - start)
+        if issue_s + pass_s + join_s + at < rest_s:
+            queued += window_s
+    return max(0.0, late) + queued
 
 
 #: the host stages of a steady offload (``StoreStats.phases`` of a record): what is left of the offload once its

@@ -261,6 +261,22 @@ def sync_first_issue_host_s(rec: dict[str, Any]) -> float:
     return statistics.fmean(vals)
 
 
+#: the reload's pieces the RL step keeps queued with ``--overlap-reload`` unless told otherwise (MiB; its
+#: ``OVERLAP_WINDOW_MIB``, which a test holds equal)
+OVERLAP_WINDOW_MIB = 128
+
+
+def overlap_window_bytes(rec: dict[str, Any]) -> int | None:
+    """The bytes of the reload's pieces queued at once in the overlapped reload of ``rec``'s step: its
+    ``config.stream_window_mib`` where it ran the overlap with one (0: None, every piece at once); for a record that
+    did not run the overlap, what the RL step's ``--overlap-reload`` queues by default (:data:`OVERLAP_WINDOW_MIB`)."""
+    cfg = rec.get("config") or {}
+    mib = cfg.get("stream_window_mib") if rec.get("overlap_reload") else OVERLAP_WINDOW_MIB
+    if rec.get("overlap_reload") and mib is None:  # run before the step set a window for it: every piece at once
+        return None
+    return int(mib) << 20 if mib else None
+
+
 def plain_step_s(rec: dict[str, Any]) -> float:
     """Seconds of a training step that follows no switch in the record (``summary.switch_costs.train_plain_s``,
     else the mean of its ``train_plain`` spans): the step whose stretches the current mechanism's terms are shares
@@ -390,9 +406,12 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                          + rest["sim_copies_s"] + rest["store_host_s"])
             if overlap:  # each use waits for its own bytes (the forward after the join without the rollout's copy)
                 served = mech == "forward_from_rollout"
+                window = overlap_window_bytes(rec)
                 wait = overlapped_reload_wait(rest_left, r["early_units_bytes"], step,
                                               issue_s=rel if served else rel + join, join_s=join if served else 0.0,
-                                              forward_share=forward_share, pass_s=lp.seconds)
+                                              forward_share=forward_share, pass_s=lp.seconds,
+                                              window_s=None if window is None
+                                              else window / (p["line"]["h2d_gbps"] * 1e9))
             else:  # the host finishes the whole reload before the first optimizer step
                 wait = max(0.0, rest_left - rel - join - lp.seconds - first_wait_share(r) * step)
             tail = unit_chain_tail([b / (p["line"]["d2h_gbps"] * 1e9) for b in r["early_units_bytes"]], step)
@@ -607,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
            "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind",
            "checked_ratio", "content_check_s", "format_ngpu", "forward_share_of_trace",
-           "mesh_groups", "mesh_shape", "per_rank_record", "plain_step_s", "predict_ngpu", "predict_table",
+           "OVERLAP_WINDOW_MIB", "mesh_groups", "mesh_shape", "overlap_window_bytes", "per_rank_record",
+           "plain_step_s", "predict_ngpu", "predict_table",
            "rollout_fill_s",
            "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 

@@ -28,4 +28,9 @@ BENCH_RL_BREAKS: tuple[B, ...] = (
       "            old = None\n",
       (f"{LOOP}::test_switch_ngpu_with_the_logprob_pass_serves_it_from_the_rollout_copy",),
       "--logprob-pass runs no log-prob pass before the training step"),
+    B("overlap_queues_the_whole_reload", "bench/rl/config.py",
+      "            self.stream_window_mib = OVERLAP_WINDOW_MIB\n",
+      "            pass\n",
+      (f"{LOOP}::test_step_config_refuses_bad_values",),
+      "--overlap-reload queues every piece of the reload at once, so FSDP2's pinned copy waits for all of them"),
 )

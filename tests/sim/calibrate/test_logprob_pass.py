@@ -87,12 +87,12 @@ def test_with_a_pass_the_params_are_read_in_it_and_the_backward_comes_later():
     """The overlapped reload's wait: the pass reads the params first (at its own pace), and the backward's uses
     move later by the pass, so a reload the backward outran lands in time."""
     units = [100, 100, 100, 100]
-    no_pass = overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3)
-    with_pass = overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, pass_s=0.5)
+    no_pass = overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, window_s=0.0)
+    with_pass = overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, pass_s=0.5, window_s=0.0)
     assert no_pass > 0 and with_pass < no_pass
     # a pass so short that it reads the params before they land: the wait is the params' own
-    short = overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, pass_s=0.01)
-    assert short >= overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, pass_s=0.2)
+    short = overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, pass_s=0.01, window_s=0.0)
+    assert short >= overlapped_reload_wait(1.0, units, 1.0, forward_share=0.3, pass_s=0.2, window_s=0.0)
 
 
 #: the predictions with the pass, committed before any run with it (docs/comm.md quotes them)

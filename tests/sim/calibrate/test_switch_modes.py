@@ -223,28 +223,48 @@ def test_the_sync_first_leaves_the_weight_sync_the_gather_and_moves_every_reload
 
 
 def test_an_overlapped_reload_waits_for_each_units_own_bytes_not_the_whole_reload():
-    """``--overlap-reload``: the reload in the step's use order, each use waiting for its own bytes. Its wait is the
-    largest shortfall of an arrival against its use: never more than the whole reload's wait at the first optimizer
-    step, nothing where the copies keep ahead of the step, and the whole rest where the step has no time at all."""
+    """``--overlap-reload``: the reload in the step's use order, each use waiting for its own bytes (no pinned copy of
+    the step's queued behind it: ``window_s=0``). Its wait is the largest shortfall of an arrival against its use:
+    never more than the whole reload's wait at the first optimizer step, nothing where the copies keep ahead of the
+    step, and the whole rest where the step has no time at all."""
     from sim.calibrate.switch_modes import FIRST_WAIT_SHARE, overlapped_reload_wait
 
     units = [3_000_000] * 10  # ten equal units (backward order), a third of each its params
     train = 0.30
     for rest in (0.05, 0.20, 0.40, 0.80):
         whole = max(0.0, rest - FIRST_WAIT_SHARE * train)  # the host finishing everything at the first step
-        got = overlapped_reload_wait(rest, units, train, forward_share=0.27)
+        got = overlapped_reload_wait(rest, units, train, forward_share=0.27, window_s=0.0)
         # (the forward's first read waits for the root's params, which the whole reload's model leaves out)
         assert 0.0 <= got <= whole + rest / 3 / len(units) + 1e-12
         if rest > train:  # the last unit's state lands at the end of the copies; the root steps at the step's end
             assert got == pytest.approx(rest - train)
-    assert overlapped_reload_wait(0.05, units, train, issue_s=0.01, forward_share=0.27) == 0.0  # ahead of every use
-    assert overlapped_reload_wait(0.4, units, 0.0) == pytest.approx(0.4)  # no step to hide under
+    assert overlapped_reload_wait(0.05, units, train, issue_s=0.01, forward_share=0.27, window_s=0.0) == 0.0  # ahead of every use
+    assert overlapped_reload_wait(0.4, units, 0.0, window_s=0.0) == pytest.approx(0.4)  # no step to hide under
     # the params come first: a forward that reads them sooner than they land waits for them
-    fast_fwd = overlapped_reload_wait(0.6, units, train, forward_share=0.01)
+    fast_fwd = overlapped_reload_wait(0.6, units, train, forward_share=0.01, window_s=0.0)
     assert fast_fwd >= 0.6 / 3 - 0.01 * train - 1e-9
     # the host's join before the backward delays every backward use by as much: the copies have that much longer
-    kw = dict(forward_share=0.27)
+    kw = dict(forward_share=0.27, window_s=0.0)
     without, joined = overlapped_reload_wait(0.4, units, train, **kw), overlapped_reload_wait(0.4, units, train,
                                                                                               join_s=0.05, **kw)
     assert without - 0.05 - 1e-12 <= joined < without
     assert overlapped_reload_wait(0.4, [], train) == 0.0
+
+
+def test_a_pinned_copy_of_the_step_waits_behind_the_queued_reload():
+    """[Note: a pinned copy behind the queued reload]: with every piece queued at once (``window_s=None``, the store
+    unpaced) FSDP2's first reduce waits for the whole reload, the same wait as finishing it on the host at the first
+    optimizer step; with a window each unit's reduce while the copies run waits for up to one window more."""
+    from sim.calibrate.switch_modes import FIRST_WAIT_SHARE, overlapped_reload_wait
+
+    units, train = [3_000_000] * 10, 0.30
+    for rest in (0.15, 0.30, 0.60):
+        whole = max(0.0, rest - FIRST_WAIT_SHARE * train)
+        assert overlapped_reload_wait(rest, units, train, forward_share=0.27) == pytest.approx(
+            max(whole, overlapped_reload_wait(rest, units, train, forward_share=0.27, window_s=0.0)))
+    free = overlapped_reload_wait(0.25, units, train, forward_share=0.27, window_s=0.0)
+    paced = overlapped_reload_wait(0.25, units, train, forward_share=0.27, window_s=0.002)
+    # the reduces at 0.31 T .. T of a 0.30-s step that come before 0.25 s: units 0-6 of 10
+    assert paced == pytest.approx(free + 7 * 0.002)
+    assert overlapped_reload_wait(0.25, units, train, forward_share=0.27) > paced  # unpaced: the whole reload first
+
