@@ -1,8 +1,10 @@
 """One operation at a time on one store: :class:`OperationLock`."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import TracebackType
+from typing import Iterator
 
 from refimpl.store.errors import StoreClosedError, StoreStateError
 
@@ -23,6 +25,17 @@ class OperationLock:
         self.busy: str | None = None
         #: set by ``OffloadStore.close()``: every later operation is refused
         self.closed = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Held while a read of the store's state (its stats, its host views) runs: another thread's operation
+        changes that state (the offloaded categories, the layouts) as it goes, so the read waits for it to end; on
+        the thread running the operation (a callback inside it) the read runs at once."""
+        if self.owner == threading.get_ident():
+            yield
+            return
+        with self.mutex:
+            yield
 
     def __call__(self, op: str) -> "_Held":
         """The lock held for operation ``op`` (a context manager); refused on a closed store."""

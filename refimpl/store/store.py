@@ -213,14 +213,16 @@ class OffloadStore:
         return dict(self._held.layouts)
 
     def stats(self) -> StoreStats:
-        """Counters and sizes; see :class:`StoreStats`."""
-        pool = self.pool.stats()
-        return StoreStats.of(
-            self._figures, backend=self.backend.name, backend_host_bytes=self.backend.host_bytes(),
-            host_pinned_bytes=pool.host_pinned_bytes, host_pageable_bytes=pool.host_pageable_bytes,
-            registrations=pool.registrations, reuses=pool.reuses, pageable_fallbacks=pool.pageable_fallbacks,
-            **self._held.sizes(),
-        )
+        """Counters and sizes; see :class:`StoreStats`. From another thread than an operation in progress, after
+        that operation (it changes what is read)."""
+        with self._exclusive.reading():
+            pool = self.pool.stats()
+            return StoreStats.of(
+                self._figures, backend=self.backend.name, backend_host_bytes=self.backend.host_bytes(),
+                host_pinned_bytes=pool.host_pinned_bytes, host_pageable_bytes=pool.host_pageable_bytes,
+                registrations=pool.registrations, reuses=pool.reuses, pageable_fallbacks=pool.pageable_fallbacks,
+                **self._held.sizes(),
+            )
 
     def host_tensors(self, include: Iterable[Category | str] | Category | str | None = None) -> dict[str, torch.Tensor]:
         """Host views (no copy) of every offloaded tensor the backend holds whole, by registered name.
@@ -228,7 +230,8 @@ class OffloadStore:
         Valid until the next offload/reload; a checkpoint can read them
         without reloading to the device. DTensors appear as their local tensors.
         """
-        return self._held.host_tensors(Category.select(include), self.backend)
+        with self._exclusive.reading():  # after an operation another thread runs (it moves what is read)
+            return self._held.host_tensors(Category.select(include), self.backend)
 
     def close(self) -> None:
         """Free the host memory (state still offloaded is lost: reload first). Every later operation

@@ -94,6 +94,45 @@ def test_a_second_operation_from_the_same_thread_is_refused_not_deadlocked():
     assert torch.equal(t, torch.ones(4))
 
 
+class _PausingRuntime(TorchRuntime):
+    """A real CPU runtime whose offload stops at its wait until ``gate`` opens (reading the store's stats there,
+    on the operation's own thread)."""
+
+    store = None
+    gate = inside = None
+    seen: list = []
+
+    async def point(self, name):
+        if name == "store.offload.wait" and self.gate is not None:
+            self.seen.append(self.store.stats().offloaded)
+            self.inside.set()
+            self.gate.wait(10)
+
+
+def test_stats_from_another_thread_wait_for_the_operation_in_progress():
+    """A worker thread's stats read while another thread offloads (a threaded Ray actor's call ending beside one
+    that moves the state) waits for the operation, instead of iterating the offloaded categories as they change
+    ("Set changed size during iteration"); on the operation's own thread it reads at once."""
+    rt = _PausingRuntime("cpu")
+    store = OffloadStore(rt)
+    store.attach_tensors(Category.PARAMS, {"t": torch.ones(4)}, name="p")
+    rt.store, rt.gate, rt.inside, rt.seen = store, threading.Event(), threading.Event(), []
+    op = threading.Thread(target=store.offload)
+    op.start()
+    assert rt.inside.wait(10)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(store.stats().offloaded))
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive() and got == []  # held until the offload ends
+    rt.gate.set()
+    op.join(10)
+    reader.join(10)
+    assert "params" in got[0] and len(rt.seen) == 1  # after it, whole; inside it, on its thread, at once
+    rt.gate = None
+    store.reload()
+
+
 # --------------------------------------------------------------------------- non-resizable storages
 
 
