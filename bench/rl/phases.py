@@ -283,6 +283,7 @@ class _LogprobPass:
             self.events[0].record()
         self.total: torch.Tensor | None = None
         self.elapsed = 0.0
+        self.tokens = 0
 
     def done(self, lp: torch.Tensor) -> None:
         """The pass is issued: its end marked, its sum kept (on the device)."""
