@@ -17,11 +17,13 @@
 #   logprob       the defaults with --logprob-pass and without, each twice, alternating (logprob_on_1, ...): every
 #                 training step starting with the old policy's log-prob pass, filled from the rollout's copy after a
 #                 switch (the creation hides under it too), against the step without it
+#   both          the defaults with --overlap-reload --logprob-pass, twice (both_1, both_2): against logprob_on_*,
+#                 the overlap with the pass
 #   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 #   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
 #                 into its init call and its connection, and its channels (nccl_split.txt; nccl_log.tgz)
-# PARTS (default "ngpu base nccllog ablate mode"; overlap and logprob only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+# PARTS (default "ngpu base nccllog ablate mode"; overlap, logprob and both only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
 # start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
 # to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
 # STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
@@ -98,6 +100,11 @@ if on logprob; then
   for i in 1 2; do
     rl "logprob_on_$i" DESTROY_DEFERRED streamed --logprob-pass
     rl "logprob_off_$i" DESTROY_DEFERRED streamed
+  done
+fi
+if on both; then
+  for i in 1 2; do
+    rl "both_$i" DESTROY_DEFERRED streamed --overlap-reload --logprob-pass
   done
 fi
 if on mode; then
