@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="a streamed reload's host-to-device copies made by a kernel of this many programs reading "
                     "the pinned host buffers, leaving the copy engine to the training step (StoreConfig."
                     "stream_sm_ctas; default and 0: the copy engine)")
+    ap.add_argument("--nccl-max-ctas", type=int, default=None,
+                    help="make the mesh's NCCL communicators with at most this many channels (NCCL's maxCTAs, "
+                    "ProcessGroupNCCL's config.max_ctas; default: NCCL's choice): each creation connects every "
+                    "channel's buffers, so fewer channels create faster, at less bandwidth per collective")
     ap.add_argument("--profile", action="store_true",
                     help="write torch.profiler traces of the last switch's weight sync, reload and the training "
                     "step after it, and of a plain training step (their times then hold the profiler's overhead: "
@@ -113,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       managed_mesh=a.managed_mesh, flat_mesh=a.flat_mesh, rebuild_ahead=a.rebuild_ahead,
                       sync_in_backward=a.sync_in_backward, gather_in_rollout_dtype=a.gather_in_rollout_dtype,
                       forward_from_rollout=a.forward_from_rollout, overlap_reload=a.overlap_reload,
-                      logprob_pass=a.logprob_pass,
+                      logprob_pass=a.logprob_pass, nccl_max_ctas=a.nccl_max_ctas,
                       **{**small, **kw})
 
 

@@ -56,6 +56,9 @@ class StepConfig:
     #                               finished on the host before it (its optimizer steps and early copies wait on the
     #                               device for their own pieces), at most OVERLAP_WINDOW_MIB of it queued unless
     #                               stream_window_mib says otherwise (0: all at once); docs/comm.md, "The flags"
+    nccl_max_ctas: int | None = None  # the mesh's NCCL communicators made with at most this many channels (NCCL's
+    #                                   maxCTAs; None: NCCL's choice): a creation connects each channel's buffers,
+    #                                   so fewer channels create faster, each collective at less bandwidth
     logprob_pass: bool = False  # every training step starts with a no-grad forward of its batch that computes the
     #                             old policy's per-token log-probs (a PPO/GRPO step's first pass; verl's
     #                             compute_log_prob); after a switch it is served from the rollout's copy too
@@ -86,6 +89,16 @@ class StepConfig:
         if self.stream_window_mib is not None and self.stream_window_mib < 0:
             raise ValueError(f"stream_window_mib must be >= 0 (0: every piece queued at once), got "
                              f"{self.stream_window_mib}")
+        if self.nccl_max_ctas is not None:
+            if self.nccl_max_ctas < 1:
+                raise ValueError(f"nccl_max_ctas must be >= 1 (NCCL's maxCTAs: the most channels a communicator "
+                                 f"uses), got {self.nccl_max_ctas}")
+            if self.device == "cpu":
+                raise ValueError("nccl_max_ctas sets the mesh's NCCL communicators' channels; on the CPU the mesh "
+                                 "is on Gloo, which has none: leave --nccl-max-ctas out")
+            if not self.managed_mesh:
+                raise ValueError("nccl_max_ctas applies to the groups the runtime makes for the mesh "
+                                 "(--managed-mesh); init_device_mesh's groups are not made with options")
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

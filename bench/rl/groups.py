@@ -59,6 +59,12 @@ class TrainerGroups:
             self.managed.close()
 
 
+def mesh_group_options(cfg: StepConfig) -> tuple[tuple[str, Any], ...]:
+    """The options every mesh group is made (and each rebuild re-made) with: NCCL's ``maxCTAs`` from
+    ``cfg.nccl_max_ctas`` (ProcessGroupNCCL's ``config.max_ctas``), or none."""
+    return (("config.max_ctas", int(cfg.nccl_max_ctas)),) if cfg.nccl_max_ctas is not None else ()
+
+
 def trainer_groups(rt: Any, cfg: StepConfig, world_size: int, device: torch.device) -> TrainerGroups:
     """Make the trainer's groups (every rank, in the same order) and its mesh, as ``cfg.managed_mesh`` says."""
     from refimpl.runtime import GroupSpec
@@ -70,7 +76,7 @@ def trainer_groups(rt: Any, cfg: StepConfig, world_size: int, device: torch.devi
                              loss=("trainer.dp",), check="world", sync=frozenset())
     from refimpl.torch_runtime.mesh_groups import build_mesh_groups
 
-    mg = build_mesh_groups(rt, shape, dims, prefix=MESH_PREFIX)
+    mg = build_mesh_groups(rt, shape, dims, prefix=MESH_PREFIX, options=mesh_group_options(cfg))
     loss = tuple(mg.mine[d] for d, n in zip(dims, shape) if n > 1)
     # the sync-first gather runs before the pause; a sync after the rollout gathers over the shard groups, unless
     # they have one rank each (a gather over one rank runs no collective)
@@ -78,4 +84,4 @@ def trainer_groups(rt: Any, cfg: StepConfig, world_size: int, device: torch.devi
     return TrainerGroups(mesh=mg.mesh, lifecycle=mg.names, loss=loss, check=CONTROL_GROUP, sync=sync, managed=mg)
 
 
-__all__ = ["CONTROL_GROUP", "MESH_PREFIX", "TrainerGroups", "trainer_groups"]
+__all__ = ["CONTROL_GROUP", "MESH_PREFIX", "TrainerGroups", "mesh_group_options", "trainer_groups"]

@@ -91,7 +91,7 @@ class MeshGroups:
     ``DeviceMesh``. :meth:`follow` names the modules built on it; :meth:`close` stops following."""
 
     def __init__(self, rt: Any, shape: Sequence[int], dim_names: Sequence[str], *, prefix: str,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, options: tuple[tuple[str, Any], ...] = ()) -> None:
         groups = mesh_group_names(shape, dim_names, prefix)
         if math.prod(shape) != rt.world_size:
             raise ValueError(f"a mesh of shape {tuple(shape)} needs {math.prod(shape)} ranks; the world has "
@@ -101,7 +101,7 @@ class MeshGroups:
         self.by_dim: dict[str, tuple[str, ...]] = {d: tuple(n for dim, n, _ in groups if dim == d) for d in dim_names}
         self.mine: dict[str, str] = {}
         for dim, name, ranks in groups:
-            rt.run(rt.new_group(GroupSpec(name, ranks, timeout_s=timeout_s)))
+            rt.run(rt.new_group(GroupSpec(name, ranks, timeout_s=timeout_s, options=tuple(options))))
             if rt.rank in ranks:
                 self.mine[dim] = name
         #: this rank's groups' current process groups, by name (what a rebuild replaces)
@@ -232,11 +232,14 @@ def _fsdp_meshes(modules: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
 
 
 def build_mesh_groups(rt: Any, shape: Sequence[int], dim_names: Iterable[str], *, prefix: str = "mesh",
-                      timeout_s: float = 600.0) -> MeshGroups:
+                      timeout_s: float = 600.0, options: Iterable[tuple[str, Any]] = ()) -> MeshGroups:
     """Make the groups of a mesh of ``shape`` (``dim_names``) with the runtime and the ``DeviceMesh`` on them;
-    every rank calls it, with the same arguments (module docstring). Give ``MeshGroups.names`` to the
+    every rank calls it, with the same arguments (module docstring). ``options``: every group's
+    :attr:`~refimpl.runtime.GroupSpec.options` (NCCL process-group options such as ``("config.max_ctas", 8)``),
+    kept in its spec, so each rebuild makes the group with them again. Give ``MeshGroups.names`` to the
     lifecycle, ``MeshGroups.mesh`` to ``fully_shard``, and the sharded model to :meth:`MeshGroups.follow`."""
-    return MeshGroups(rt, tuple(shape), tuple(dim_names), prefix=prefix, timeout_s=timeout_s)
+    return MeshGroups(rt, tuple(shape), tuple(dim_names), prefix=prefix, timeout_s=timeout_s,
+                      options=tuple(options))
 
 
 __all__ = ["FSDP_GROUP_ATTRS", "MeshGroups", "build_mesh_groups", "mesh_group_names"]
