@@ -157,7 +157,8 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
                        warm_rebuilt: bool = False, proxy_wake: bool = False,
                        groups: tuple[tuple[str, tuple[int, ...]], ...] | None = None,
                        comm_rule: str = "log2",
-                       init_measured: tuple[tuple[int, float], ...] = ()) -> dict[str, float]:
+                       init_measured: tuple[tuple[int, float], ...] = (),
+                       channel_cap: int | None = None) -> dict[str, float]:
     """Seconds of the lifecycle's pause, weight sync (with an empty sync function) and resume of the NCCL group
     ``trainer.dp`` over ``world`` ranks (or of ``groups``: (name, ranks) pairs every rank makes and the lifecycle
     manages, each rank using those it is a member of, as the RL step's mesh groups) in the steady step (the last of ``steps``), and what training's first
@@ -172,7 +173,9 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     communicator costs grow past two ranks (:data:`sim.presets.SIZE_RULES`; "ring" with the connection share of
     NCCL's log, :data:`sim.calibrate.nccl_init_log.CONNECT_SHARE_2X_H200`); ``init_measured``: a communicator's
     creation measured past two ranks, ``((ranks, seconds), ...)``, in place of the rule's
-    (:meth:`sim.presets.CommParams.with_measured_init`)."""
+    (:meth:`sim.presets.CommParams.with_measured_init`); ``channel_cap``: the communicators of two or more ranks made
+    with at most this many channels (NCCL's ``maxCTAs``), their connection scaled by the channels kept of the log's
+    (:meth:`sim.presets.CommParams.with_channel_cap`)."""
     from refimpl.comm import LifecycleConfig, PGLifecycle, PGPolicy
     from refimpl.comm.group_plan import GroupPlanRules
     from refimpl.runtime import GroupSpec
@@ -192,6 +195,10 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
         topo.comm = topo.comm.with_size_rule(comm_rule, CONNECT_SHARE_2X_H200)
     if init_measured:
         topo.comm = topo.comm.with_measured_init(init_measured)
+    if channel_cap is not None:
+        from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200, RING_CHANNELS_2X_H200
+
+        topo.comm = topo.comm.with_channel_cap(channel_cap, RING_CHANNELS_2X_H200, CONNECT_SHARE_2X_H200)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
                       memory=TopologyMemory(topo, record=False),
                       comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)

@@ -36,6 +36,10 @@ WALK_PROBE_LOGS = (
 #: medians; ``python -m sim.calibrate.nccl_init_log``); ``tests/sim/calibrate/test_nccl_init_log.py`` reads the logs
 #: again and checks it
 CONNECT_SHARE_2X_H200 = 0.799
+#: the ring channels of every communicator in :data:`WALK_PROBE_LOGS` (the ``coll channels`` line of each init): the
+#: channels the connection share was measured at, which a channel cap scales ([Note: a communicator's channels] in
+#: :mod:`sim.presets`); the same test checks it
+RING_CHANNELS_2X_H200 = 24
 
 _INIT = re.compile(r"^\[(\d+(?:\.\d+)?)\].*ncclCommInitRank\w* comm (0x[0-9a-f]+) rank \d+ nranks (\d+) .*- Init "
                    r"(START|COMPLETE)")
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CONNECT_SHARE_2X_H200", "CreationSplit", "WALK_PROBE_LOGS", "connect_share", "creation_splits",
+__all__ = ["CONNECT_SHARE_2X_H200", "RING_CHANNELS_2X_H200", "CreationSplit", "WALK_PROBE_LOGS", "connect_share", "creation_splits",
            "splits_in_lines", "summary", "main"]
 
 if __name__ == "__main__":

@@ -233,6 +233,39 @@ def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = No
     return full / Topology.from_preset(preset or MULTI_PRESET).device_copy_bandwidth()
 
 
+#: bytes per parameter of FSDP2's collectives in the RL step (mixed precision): its all-gathers in the params' dtype
+#: (bf16), its reduce-scatters and an HSDP mesh's all-reduces in the reduce dtype (fp32)
+GATHER_PARAM_BYTES, REDUCE_PARAM_BYTES = 2, 4
+
+
+def step_collectives_s(rec_rank: dict[str, Any], replicate: int, shard: int, preset: str | None = None, *,
+                       logprob_pass: bool = False, channel_cap: int | None = None) -> float:
+    """Seconds one rank's FSDP2 collectives of a plain training step take for their bytes alone: each unit's
+    all-gather in bf16 (:data:`FILL_PASSES_NON_ROOT` times, the root's :data:`FILL_PASSES_ROOT`, once more each with a
+    log-prob pass), its reduce-scatter and, on an HSDP mesh of ``replicate`` > 1, its all-reduce over the replicas,
+    in fp32, at the NVLink rate of ``preset`` (default :data:`~sim.calibrate.colocated.MULTI_PRESET`) times the
+    channels kept of the log's, ``min(channel_cap, C) / C`` ([Note: a communicator's channels] in :mod:`sim.presets`:
+    a ring collective's bandwidth taken as proportional to its channels below the ``C`` that fill the links, an
+    assumption the channel probe measures). The prediction keeps these under the step's compute, as FSDP2 overlaps
+    them; what passes the step is the ``capped_collectives`` term."""
+    from sim.calibrate.colocated import MULTI_PRESET, gather_bytes_s
+    from sim.calibrate.nccl_init_log import RING_CHANNELS_2X_H200
+
+    preset = preset or MULTI_PRESET
+    units = rec_rank["early_units_bytes"]
+    more = 1 if logprob_pass else 0
+    passes = [FILL_PASSES_NON_ROOT + more] * (len(units) - 1) + [FILL_PASSES_ROOT + more]
+    params = [b / EARLY_BYTES_PER_PARAM for b in units]  # this rank's shard of each unit, parameters
+    gathers = sum(k * p * GATHER_PARAM_BYTES for k, p in zip(passes, params))
+    reduces = sum(params) * REDUCE_PARAM_BYTES
+    s = gather_bytes_s(gathers, shard, preset) + gather_bytes_s(reduces, shard, preset)
+    if replicate > 1:  # a ring all-reduce moves 2 (R - 1) / R of the shard's bytes
+        s += 2 * gather_bytes_s(reduces / replicate, replicate, preset)
+    if channel_cap is not None:
+        s *= RING_CHANNELS_2X_H200 / min(channel_cap, RING_CHANNELS_2X_H200)
+    return s
+
+
 def content_check_s(rec_rank: dict[str, Any], rate_bps: float | None = None, digests: int = 2) -> float:
     """Seconds the early copies' content check adds to one rank's switch: ``digests`` digests of every byte the rank
     copies early at ``rate_bps`` (default: the measured :data:`~sim.calibrate.switch_modes.CONTENT_DIGEST`). Two
@@ -307,7 +340,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                  bytes_per_rank: str = "sharded", forward_share: float = FORWARD_SHARE, content_check: bool = True,
                  check_rate: float | None = None, overlap_reload: bool | None = None,
                  init_measured: dict[int, float] | None = None,
-                 logprob_pass: bool | None = None) -> list[dict[str, Any]]:
+                 logprob_pass: bool | None = None, nccl_max_ctas: int | None = None) -> list[dict[str, Any]]:
     """One predicted row per mechanism for the step of the one-GPU record ``rec`` on ``ranks`` ranks of ``mesh``
     (see the module docstring); each row's ``terms`` are the parts its ``switch_cost_s`` adds up. ``preset``: the
     one-GPU preset (the store's host costs, the lifecycle the record's offload phase held); ``multi_preset``: the
@@ -326,7 +359,10 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     training step starts with the old policy's log-prob pass (:func:`sim.calibrate.logprob_pass.logprob_pass`:
     default as the record ran; the record's measured pass, else one as long as the training forward): ``new`` joins
     the resume in it, ``forward_from_rollout`` fills it from the rollout's copy and hides the creation under it
-    too."""
+    too; ``nccl_max_ctas``: ``new`` and ``forward_from_rollout`` make the mesh's communicators with at most this many
+    channels (the RL step's ``--nccl-max-ctas``): their creation's connection scales by the channels kept
+    (:meth:`sim.presets.CommParams.with_channel_cap`), and what the step's FSDP2 collectives, slowed as much, take
+    beyond the step is paid (:func:`step_collectives_s`, term ``capped_collectives``)."""
     from sim.calibrate.colocated import LOOP_CONSTANTS, MULTI_PRESET, predict_step, simulate_lifecycle
     from sim.calibrate.logprob_pass import logprob_pass as pass_for
     from sim.calibrate.switch_modes import (_compose, early_offload_phase_s, first_wait_share,
@@ -357,12 +393,18 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
     step = lp.train_s  # the training step after the pass (its stretches are shares of it)
     cooldown = float(cfg.get("cooldown_s", 0.2))
     measured = tuple(sorted((init_measured or {}).items()))
+    if nccl_max_ctas is not None and (not isinstance(nccl_max_ctas, int) or nccl_max_ctas < 1):
+        raise ValueError(f"nccl_max_ctas must be a channel count >= 1, got {nccl_max_ctas!r}")
+    if nccl_max_ctas is not None and measured:
+        raise ValueError("a creation measured past two ranks was made with its run's channels: it cannot be combined "
+                         "with a channel cap (--nccl-max-ctas)")
 
-    def lifecycle(world: int, lc_preset: str, groups=None) -> dict[str, float]:
+    def lifecycle(world: int, lc_preset: str, groups=None, cap: int | None = None) -> dict[str, float]:
         return simulate_lifecycle(lc_preset, world, policy, cooldown, round(train, 4), round(rollout, 4),
                                   sync_needs_groups=False, warm_rebuilt=True, proxy_wake=settings["proxy_wake"],
                                   groups=groups, comm_rule=comm_rule if world > 1 else "log2",
-                                  init_measured=measured if world > 1 else ())
+                                  init_measured=measured if world > 1 else (),
+                                  channel_cap=cap if world > 1 else None)
 
     one = lifecycle(1, preset)  # the lifecycle the one-GPU record's offload phase holds (trainer.dp of one rank)
     phase_1 = early_offload_phase_s(rec)
@@ -381,12 +423,12 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
                      "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
                      "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"],
-                     "rollout_fill": 0.0, "content_check": 0.0}
+                     "rollout_fill": 0.0, "content_check": 0.0, "capped_collectives": 0.0}
             detail = {"resume_inline_s": lc["reload"], "gather_s": p["parts"]["weight_sync"]["gather_s"],
                       "pause_s": lc["offload"], "lifecycle_groups": [["trainer.dp", ranks]]}
         else:
             groups = mesh_groups(replicate, shard)
-            lc = lifecycle(ranks, multi, groups)
+            lc = lifecycle(ranks, multi, groups, nccl_max_ctas)
             off = phase_1 - one["offload"] + lc["offload"]
             per_tensor = LOOP_CONSTANTS["gather_per_tensor_multi_s"]["value"]
             sync_units = sync_in_backward_units_s(r, shard, per_tensor, multi)
@@ -418,11 +460,17 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             fill = rollout_fill_s(r, shard, multi, lp.seconds > 0) if mech == "forward_from_rollout" else 0.0
             check = (content_check_s(r, check_rate, 1 if rec.get("early_content_check") else 2)
                      if content_check else 0.0)
+            coll_full = step_collectives_s(r, replicate, shard, multi, logprob_pass=lp.seconds > 0)
+            coll_capped = step_collectives_s(r, replicate, shard, multi, logprob_pass=lp.seconds > 0,
+                                             channel_cap=nccl_max_ctas)
+            whole = step + lp.seconds
+            capped = max(0.0, coll_capped - whole) - max(0.0, coll_full - whole)
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
                      "join_wait": join, "stream_wait": wait, "early_copies_tail": tail, "rollout_fill": fill,
-                     "content_check": check}
+                     "content_check": check, "capped_collectives": capped}
             detail = {"resume_thread_s": thread, "sync_units_s": sum(sync_units), "pause_s": lc["offload"],
-                      "hidden_creation_s": rel + forward, "lifecycle_groups": [[n, len(g)] for n, g in groups]}
+                      "hidden_creation_s": rel + forward, "lifecycle_groups": [[n, len(g)] for n, g in groups],
+                      "step_collectives_s": coll_capped, "step_collectives_uncapped_s": coll_full}
         cost = sum(terms.values())
         copies = p["offload_bytes"] / (p["line"]["d2h_gbps"] * 1e9) + p["offload_bytes"] / (p["line"]["h2d_gbps"] * 1e9)
         rows.append({"mechanism": mech, "ranks": ranks, "mesh": mesh, "mesh_shape": [replicate, shard],
@@ -431,6 +479,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
                      "logprob_pass_s": lp.seconds if mech != "old" else 0.0,
                      "logprob_pass_measured": lp.measured,
                      "bytes_scaling": bytes_per_rank, "overlap_reload": overlap and mech != "old",
+                     "nccl_max_ctas": nccl_max_ctas if mech != "old" else None,
                      "terms": terms, "detail": detail,
                      "switch_cost_s": cost, "copy_time_at_line_s": copies, "switch_cost_x_copy_time": cost / copies,
                      "bytes_per_rank": p["offload_bytes"], "train_s": train, "plain_step_s": plain,
@@ -504,10 +553,13 @@ def checked_ratio() -> dict[str, Any]:
 
 
 def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = None) -> str:
-    """The rows as a markdown table (seconds; x copies), with the checked figure beside the 2-GPU old rows."""
+    """The rows as a markdown table (seconds; x copies), with the checked figure beside the 2-GPU old rows; with a
+    channel cap in any row, a column of what the capped collectives add and one of the step's collectives."""
+    capped = any(r.get("nccl_max_ctas") for r in rows)
+    extra = "capped collectives | step's collectives | " if capped else ""
     head = ("| ranks | mesh | mechanism | offload | weight sync | reload | join wait | stream wait | "
-            "early copies tail | fill from the rollout's copy | content check | switch cost | copies at line | "
-            "x copies |\n" + "|---" * 14 + "|")
+            "early copies tail | fill from the rollout's copy | content check | " + extra + "switch cost | "
+            "copies at line | x copies |\n" + "|---" * (16 if capped else 14) + "|")
     body = []
     for r in rows:
         t = r["terms"]
@@ -516,10 +568,12 @@ def format_ngpu(rows: list[dict[str, Any]], measured: dict[str, Any] | None = No
         if (measured and r["mechanism"] == "old" and r["ranks"] == measured.get("world_size")
                 and r.get("bytes_scaling", "sharded") == "sharded"):
             x += f" (measured {measured['switch_cost_x_copy_time']:.2f})"
+        more = (f"{t.get('capped_collectives', 0.0):.3f} | "
+                f"{r['detail'].get('step_collectives_s', 0.0):.3f} | ") if capped else ""
         body.append(f"| {r['ranks']} | {mesh} | {r['mechanism']} | {t['offload']:.3f} | {t['weight_sync']:.3f} | "
                     f"{t['reload']:.3f} | {t['join_wait'] + t['first_use_extra']:.3f} | {t['stream_wait']:.3f} | "
                     f"{t['early_copies_tail']:.3f} | {t.get('rollout_fill', 0.0):.3f} | "
-                    f"{t.get('content_check', 0.0):.3f} | "
+                    f"{t.get('content_check', 0.0):.3f} | {more}"
                     f"{r['switch_cost_s']:.3f} | {r['copy_time_at_line_s']:.3f} | {x} |")
     return "\n".join([head, *body])
 
@@ -579,6 +633,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="every training step starts with the old policy's log-prob pass (the RL step's "
                     "--logprob-pass): the record's measured pass, else one as long as the training forward "
                     "(default: as the record ran)")
+    ap.add_argument("--nccl-max-ctas", type=int, default=None, metavar="CHANNELS",
+                    help="new and forward_from_rollout with the mesh's communicators made with at most this many "
+                    "channels (the RL step's --nccl-max-ctas): the creation's connection scaled by the channels kept, "
+                    "the step's collectives slowed as much (default: NCCL's choice)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -596,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                              policy=a.policy, hsdp_shard=a.hsdp_shard, link_share=a.link_share, preset=a.preset,
                              comm_rule=a.comm_rule, bytes_per_rank=a.bytes_per_rank,
                              content_check=not a.no_content_check, overlap_reload=a.overlap_reload,
-                             init_measured=measured, logprob_pass=a.logprob_pass)
+                             init_measured=measured, logprob_pass=a.logprob_pass, nccl_max_ctas=a.nccl_max_ctas)
     except (OSError, ValueError, KeyError) as e:  # RecordError is a ValueError
         print(f"sim.calibrate.switch_ngpu: {a.record}: {e}", file=sys.stderr)
         return 2
@@ -614,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
             overlap += (f"; a log-prob pass of {lp['logprob_pass_s'] * 1e3:.0f} ms before each step ("
                         + ("measured" if lp["logprob_pass_measured"] else "as long as the training forward, assumed")
                         + ")")
+        if a.nccl_max_ctas is not None:
+            overlap += f"; the mesh's communicators capped at {a.nccl_max_ctas} channels"
         rule = f"the {a.comm_rule} rule" + ("; creation measured at " + ", ".join(
             f"{n} ranks {v * 1e3:.0f} ms" for n, v in measured.items()) + " (log2 of the ranks past it)"
             if measured else "")
@@ -624,12 +684,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
-           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind",
+           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "GATHER_PARAM_BYTES", "HSDP_SHARD", "REDUCE_PARAM_BYTES", "MECHANISMS", "MESHES", "check_inputs_blind",
            "checked_ratio", "content_check_s", "format_ngpu", "forward_share_of_trace",
            "OVERLAP_WINDOW_MIB", "mesh_groups", "mesh_shape", "overlap_window_bytes", "per_rank_record",
            "plain_step_s", "predict_ngpu", "predict_table",
            "rollout_fill_s",
-           "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
+           "step_collectives_s", "sync_first_issue_host_s", "sync_in_backward_units_s", "unit_tensors", "main"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

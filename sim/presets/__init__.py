@@ -287,16 +287,39 @@ class CommParams:
     #: ``((ranks, seconds), ...)`` ascending; it replaces :attr:`size_rule`'s ``init_s`` at those sizes, between
     #: them and beyond (:func:`_measured_init`); empty: none measured
     init_measured: tuple[tuple[int, float], ...] = ()
+    #: the most channels a communicator of two or more ranks is made with (NCCL's ``maxCTAs``; 0: NCCL's choice):
+    #: its connection, ``connect_share`` of the lazy init at ``connect_channels`` channels, scales by
+    #: ``min(channel_cap, connect_channels) / connect_channels`` ([Note: a communicator's channels])
+    channel_cap: int = 0
+    #: the ring channels the connection share was measured at (NCCL's log of the two-rank creations)
+    connect_channels: int = 0
+    #: the connection's share of the lazy init at :attr:`connect_channels` (used with :attr:`channel_cap`)
+    connect_share: float = 0.0
 
     def for_size(self, ranks: int) -> "CommParams":
         """The cost set of a communicator over ``ranks`` ranks ([Note: communicator costs by size]): one-rank; the
         multi-rank figures at two ranks; beyond, scaled by :attr:`size_rule` (the init from :attr:`init_measured`
-        where that has sizes)."""
+        where that has sizes); the connection capped by :attr:`channel_cap` from two ranks on."""
         if ranks <= 1 or self.multi is None:
             return self
-        if ranks == 2:
-            return self.multi
-        return _scaled(self, ranks)
+        base = self.multi if ranks == 2 else _scaled(self, ranks)
+        return _capped(self, base) if self.channel_cap else base
+
+    def with_channel_cap(self, cap: int, channels: int, connect_share: float) -> "CommParams":
+        """These costs for communicators made with at most ``cap`` channels, the connection being
+        ``connect_share`` (in (0, 1)) of a lazy init at ``channels`` channels ([Note: a communicator's channels])."""
+        if not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"a channel cap is a channel count >= 1, got {cap!r}")
+        if not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"the channels the connection was measured at must be >= 1, got {channels!r}")
+        if not 0.0 < connect_share < 1.0:
+            raise ValueError(f"the connection's share of the init must be in (0, 1), got {connect_share!r}")
+        if self.init_measured:
+            raise ValueError("a creation measured past two ranks was made with its run's channels: a channel cap "
+                             "cannot be applied to it")
+        if self.multi is None:
+            raise ValueError("a channel cap needs the preset's two-rank figures (its *_multi keys)")
+        return dataclasses.replace(self, channel_cap=cap, connect_channels=channels, connect_share=connect_share)
 
     def with_measured_init(self, measured: "Mapping[int, float] | Iterable[tuple[int, float]]") -> "CommParams":
         """These costs with the lazy init measured at sizes past two ranks (``{ranks: seconds}``, each ranks > 2 and
@@ -310,6 +333,9 @@ class CommParams:
                 raise ValueError(f"a measured init must be a positive number of seconds, got {s!r} at {n} ranks")
         if self.multi is None:
             raise ValueError("a measured init past two ranks needs the preset's two-rank figures (its *_multi keys)")
+        if self.channel_cap:
+            raise ValueError("a creation measured past two ranks was made with its run's channels: it cannot be "
+                             "combined with a channel cap")
         return dataclasses.replace(self, init_measured=tuple((n, float(s)) for n, s in items))
 
     def with_size_rule(self, rule: str, init_connect_share: float = 0.0) -> "CommParams":
@@ -358,6 +384,26 @@ def _scaled(params: CommParams, ranks: int) -> CommParams:
     if params.init_measured:
         values["init_s"] = _measured_init(((2, multi.init_s), *params.init_measured), ranks)
     return dataclasses.replace(multi, **values)
+
+
+def _capped(params: CommParams, base: CommParams) -> CommParams:
+    """[Note: a communicator's channels] ``base`` (a communicator of two or more ranks) made with at most
+    ``params.channel_cap`` channels.
+
+    NCCL's log of the two-rank creations on two H200s (:mod:`sim.calibrate.nccl_init_log`) puts most of a creation in
+    the connection its first collective makes, and in that connection one exchange of a cuMem buffer's handle
+    through the proxy per ring channel and direction (48 for 24 channels, about 2 ms apart). NCCL's ``maxCTAs``
+    caps the channels (``ncclTopoPostset`` takes the minimum of it and the channels the search found), so the model
+    scales the connection, ``connect_share`` of the init, by the channels kept: ``min(cap, C) / C``, ``C`` the
+    log's channels. The connection is taken as ``connect_share`` of the init the size rule gives at this size (the
+    "ring" rule keeps it at the two-rank figure, the "log2" rule grows it with the rest). Assumed, not measured:
+    that the connection is proportional to the channels (no fixed part), and that a communicator of more ranks has
+    at least ``cap`` channels. ``python bench/gpu/channels_probe.py`` on two or more GPUs measures both. Only the
+    lazy init scales; a suspend, resume and destroy keep their figures."""
+    cap, chans = params.channel_cap, params.connect_channels
+    connect = params.connect_share * (params.multi.init_s if params.size_rule == "ring" else base.init_s)
+    keep = min(cap, chans) / chans
+    return dataclasses.replace(base, init_s=max(0.0, base.init_s - connect * (1.0 - keep)))
 
 
 def _measured_init(points: tuple[tuple[int, float], ...], ranks: int) -> float:

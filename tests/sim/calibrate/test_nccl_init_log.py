@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.calibrate.nccl_init_log import (CONNECT_SHARE_2X_H200, WALK_PROBE_LOGS, connect_share, creation_splits,
-                                         main, splits_in_lines)
+from sim.calibrate.nccl_init_log import (CONNECT_SHARE_2X_H200, RING_CHANNELS_2X_H200, WALK_PROBE_LOGS,
+                                         connect_share, creation_splits, main, splits_in_lines)
 from sim.calibrate.records import RecordError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,7 +49,7 @@ def test_the_shipped_share_is_the_probes_logs():
     assert len(splits) > 100 and {x.ranks for x in splits} == {2}
     assert connect_share(splits) == pytest.approx(CONNECT_SHARE_2X_H200, abs=0.0005)
     # every two-rank communicator has 24 ring channels: what the ring rule keeps at any size (docs/calibration.md)
-    assert {x.channels for x in splits} == {24}
+    assert {x.channels for x in splits} == {RING_CHANNELS_2X_H200} == {24}
 
 
 def test_the_command_prints_the_table_and_refuses_a_missing_log(tmp_path, capsys):
