@@ -178,7 +178,19 @@ def _options_run(rank, world_size):
     else:
         refused = ""
     mg = build_mesh_groups(rt, (world_size,), ("shard",), prefix="plain")
-    return refused, rt.group_spec(mg.mine["shard"]).options
+    # the RL step's groups with a cap (the config's CPU refusal aside: the cap is for the CUDA run it describes)
+    import torch
+
+    from bench.rl import StepConfig
+    from bench.rl.groups import trainer_groups
+
+    try:
+        trainer_groups(rt, StepConfig(nccl_max_ctas=8, shard=world_size), world_size, torch.device("cpu"))
+    except GroupError as e:
+        step_refused = str(e)
+    else:
+        step_refused = ""
+    return refused, rt.group_spec(mg.mine["shard"]).options, step_refused
 
 
 def test_a_mesh_groups_options_reach_its_group():
@@ -187,6 +199,8 @@ def test_a_mesh_groups_options_reach_its_group():
     on NCCL, through every rebuild: tests/comm/test_channels_cuda.py."""
     from tests._dist import run_distributed
 
-    refused, options = run_distributed(_options_run, 1)[0]
+    refused, options, step_refused = run_distributed(_options_run, 1)[0]
     assert "group 'cap.shard'" in refused and "are NCCL process-group options but the backend is 'gloo'" in refused
     assert options == ()
+    # the RL step's trainer groups hand --nccl-max-ctas to the mesh's groups
+    assert "trainer.mesh" in step_refused and "{'config.max_ctas': 8}" in step_refused

@@ -28,6 +28,12 @@ BENCH_RL_BREAKS: tuple[B, ...] = (
       "            old = None\n",
       (f"{LOOP}::test_switch_ngpu_with_the_logprob_pass_serves_it_from_the_rollout_copy",),
       "--logprob-pass runs no log-prob pass before the training step"),
+    B("channel_cap_dropped", "bench/rl/groups.py",
+      "    mg = build_mesh_groups(rt, shape, dims, prefix=MESH_PREFIX, options=mesh_group_options(cfg))\n",
+      "    mg = build_mesh_groups(rt, shape, dims, prefix=MESH_PREFIX)\n",
+      (f"{LOOP}::test_a_mesh_groups_options_reach_its_group",),
+      "--nccl-max-ctas is accepted and never reaches the mesh's groups: the run says it capped the channels and "
+      "did not"),
     B("overlap_queues_the_whole_reload", "bench/rl/config.py",
       "            self.stream_window_mib = OVERLAP_WINDOW_MIB\n",
       "            pass\n",

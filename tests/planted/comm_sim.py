@@ -455,6 +455,20 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "the fill from the rollout's copy is charged once a unit: the backward's re-gathers, filled too, are left out",
       ci_tests=("tests/sim/calibrate/test_switch_ngpu.py::"
                 "test_the_fill_copies_each_units_full_params_in_bf16_at_the_gpus_copy_rate",)),
+    B("channel_cap_scales_the_whole_creation", "sim/presets/__init__.py",
+      "    return dataclasses.replace(base, init_s=max(0.0, base.init_s - connect * (1.0 - keep)))\n",
+      "    return dataclasses.replace(base, init_s=max(0.0, base.init_s * keep))\n",
+      ("tests/sim/calibrate/test_channel_cap.py",),
+      "a channel cap scales the whole creation, the init call's bootstrap, topology and graphs too, not only the "
+      "connection its channels make",
+      ci_tests=("tests/sim/calibrate/test_channel_cap.py::test_the_cap_scales_the_connection_by_the_channels_kept",)),
+    B("capped_collectives_free", "sim/calibrate/switch_ngpu.py",
+      "        s *= RING_CHANNELS_2X_H200 / min(channel_cap, RING_CHANNELS_2X_H200)\n",
+      "        s *= 1.0\n",
+      ("tests/sim/calibrate/test_channel_cap.py",),
+      "a channel cap shortens the creation and costs the step's collectives nothing: any cap looks free",
+      ci_tests=("tests/sim/calibrate/test_channel_cap.py::"
+                "test_the_steps_collectives_are_their_bytes_at_nvlink_and_slow_with_the_cap",)),
     B("ngpu_shares_of_the_step_after_a_switch", "sim/calibrate/switch_ngpu.py",
       "    plain = plain_step_s(rec)  #", "    plain = train  #",
       ("tests/sim/calibrate/test_switch_ngpu.py", "tests/sim/calibrate/test_switch_summary_sim.py"),
