@@ -19,11 +19,14 @@
 #                 switch (the creation hides under it too), against the step without it
 #   both          the defaults with --overlap-reload --logprob-pass, twice (both_1, both_2): against logprob_on_*,
 #                 the overlap with the pass
+#   channels      (N > 1) the mesh's communicators with fewer channels: bench/gpu/channels_probe.py (each cap's
+#                 creation, memory and collectives' bus bandwidth; channels.json, channels.txt), then the defaults
+#                 with --nccl-max-ctas for each cap of CAPS (default "8 12"; rl_cap_8 ...), against the ngpu run
 #   mode_*        the defaults in every mode (sequential overlapped streamed) under every policy of POLICIES
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 #   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
 #                 into its init call and its connection, and its channels (nccl_split.txt; nccl_log.tgz)
-# PARTS (default "ngpu base nccllog ablate mode"; overlap, logprob and both only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+# PARTS (default "ngpu base nccllog ablate mode"; overlap, logprob, both and channels only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
 # start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
 # to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
 # STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
@@ -107,6 +110,19 @@ if on both; then
     rl "both_$i" DESTROY_DEFERRED streamed --overlap-reload --logprob-pass
   done
 fi
+if on channels && [ "$N" -gt 1 ]; then
+  step channels_probe $PY -m torch.distributed.run --standalone --nproc-per-node="$N" bench/gpu/channels_probe.py \
+    --caps "none,16,12,8,4" --rounds 4 --out "$W/channels.json"
+  step channels_log $PY -m torch.distributed.run --standalone --nproc-per-node="$N" bench/gpu/channels_probe.py \
+    --caps "none,8" --rounds 1 --mib 16 --iters 1 --nccl-log "$W/channels_log" --out "$W/channels_log.json"
+  $PY -c "import json,sys; sys.path.insert(0,'bench/gpu'); from channels_probe import format_summary as f; \
+r=json.load(open('$W/channels.json')); print(f(r['summary'], r['world_size'])); \
+g=json.load(open('$W/channels_log.json')); print('channels logged (NCCL INFO), per cap:', \
+{str(s['cap']): s['channels'] for s in g['summary']})" >"$W/channels.txt" 2>&1
+  for cap in ${CAPS:-8 12}; do
+    rl "cap_$cap" DESTROY_DEFERRED streamed --nccl-max-ctas "$cap"
+  done
+fi
 if on mode; then
   for p in ${POLICIES:-DESTROY_DEFERRED PAUSED_LIVE auto}; do
     for m in sequential overlapped streamed; do
@@ -117,6 +133,7 @@ if on mode; then
 fi
 $PY bench/gpu/switch_summary.py "$W" >"$W/summary.txt" 2>&1
 [ -f "$W/nccl_split.txt" ] && cat "$W/nccl_split.txt" >>"$W/summary.txt"
+[ -f "$W/channels.txt" ] && { echo "== channels (bench/gpu/channels_probe.py)"; cat "$W/channels.txt"; } >>"$W/summary.txt"
 echo "N=$N total $(elapsed)s" >>"$W/summary.txt"
 cat "$W/summary.txt"
 cp "$W/summary.txt" "$OUT/summary.txt"
