@@ -19,6 +19,9 @@
 #                 switch (the creation hides under it too), against the step without it
 #   both          the defaults with --overlap-reload --logprob-pass, twice (both_1, both_2): against logprob_on_*,
 #                 the overlap with the pass
+#   profile       the defaults with --overlap-reload, and with it and --logprob-pass, under torch.profiler
+#                 (--profile): the last switch's tail with the step after it, and a plain step; the compute stream's
+#                 longest gaps and what was launched after each (bench/gpu/trace_gaps.py; gaps.txt)
 #   channels      (N > 1) the mesh's communicators with fewer channels: bench/gpu/channels_probe.py (each cap's
 #                 creation, memory and collectives' bus bandwidth; channels.json, channels.txt), then the defaults
 #                 with --nccl-max-ctas for each cap of CAPS (default "8 12"; rl_cap_8 ...), against the ngpu run
@@ -26,7 +29,7 @@
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 #   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
 #                 into its init call and its connection, and its channels (nccl_split.txt; nccl_log.tgz)
-# PARTS (default "ngpu base nccllog ablate mode"; overlap, logprob, both and channels only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+# PARTS (default "ngpu base nccllog ablate mode"; overlap, logprob, both, profile and channels only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
 # start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
 # to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
 # STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
@@ -110,6 +113,15 @@ if on both; then
     rl "both_$i" DESTROY_DEFERRED streamed --overlap-reload --logprob-pass
   done
 fi
+if on profile; then
+  rl profile_overlap DESTROY_DEFERRED streamed --overlap-reload --profile
+  rl profile_both DESTROY_DEFERRED streamed --overlap-reload --logprob-pass --profile
+  for d in "$W"/rl_profile_*; do
+    [ -d "$d" ] || continue
+    { echo "== $(basename "$d")"; $PY bench/gpu/trace_gaps.py "$d"/profile_switch_tail_*.json.gz --gaps 6; } \
+      >>"$W/gaps.txt" 2>&1
+  done
+fi
 if on channels && [ "$N" -gt 1 ]; then
   step channels_probe $PY -m torch.distributed.run --standalone --nproc-per-node="$N" bench/gpu/channels_probe.py \
     --caps "none,16,12,8,4" --rounds 4 --out "$W/channels.json"
@@ -133,6 +145,7 @@ if on mode; then
 fi
 $PY bench/gpu/switch_summary.py "$W" >"$W/summary.txt" 2>&1
 [ -f "$W/nccl_split.txt" ] && cat "$W/nccl_split.txt" >>"$W/summary.txt"
+[ -f "$W/gaps.txt" ] && { echo "== profiles (bench/gpu/trace_gaps.py)"; cat "$W/gaps.txt"; } >>"$W/summary.txt"
 [ -f "$W/channels.txt" ] && { echo "== channels (bench/gpu/channels_probe.py)"; cat "$W/channels.txt"; } >>"$W/summary.txt"
 echo "N=$N total $(elapsed)s" >>"$W/summary.txt"
 cat "$W/summary.txt"
