@@ -423,7 +423,7 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             terms = {"offload": row["offload_s"], "weight_sync": row["weight_sync_s"], "reload": row["reload_s"],
                      "first_use_extra": row["first_use_extra_s"], "join_wait": 0.0,
                      "stream_wait": row["stream_wait_s"], "early_copies_tail": row["early_copies_tail_s"],
-                     "rollout_fill": 0.0, "content_check": 0.0, "capped_collectives": 0.0}
+                     "rollout_fill": 0.0, "content_check": 0.0}
             detail = {"resume_inline_s": lc["reload"], "gather_s": p["parts"]["weight_sync"]["gather_s"],
                       "pause_s": lc["offload"], "lifecycle_groups": [["trainer.dp", ranks]]}
         else:
@@ -467,7 +467,9 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
             capped = max(0.0, coll_capped - whole) - max(0.0, coll_full - whole)
             terms = {"offload": off, "weight_sync": ws, "reload": rel, "first_use_extra": lc["first_use_extra"],
                      "join_wait": join, "stream_wait": wait, "early_copies_tail": tail, "rollout_fill": fill,
-                     "content_check": check, "capped_collectives": capped}
+                     "content_check": check}
+            if nccl_max_ctas is not None:  # the term exists only with a cap (rows without one as before it)
+                terms["capped_collectives"] = capped
             detail = {"resume_thread_s": thread, "sync_units_s": sum(sync_units), "pause_s": lc["offload"],
                       "hidden_creation_s": rel + forward, "lifecycle_groups": [[n, len(g)] for n, g in groups],
                       "step_collectives_s": coll_capped, "step_collectives_uncapped_s": coll_full}
