@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="a streamed reload's host-to-device copies made by a kernel of this many programs reading "
                     "the pinned host buffers, leaving the copy engine to the training step (StoreConfig."
                     "stream_sm_ctas; default and 0: the copy engine)")
+    ap.add_argument("--pacer-switch-interval-us", type=int, default=None,
+                    help="the interpreter's switch interval while a paced reload (--stream-window-mib, "
+                    "--overlap-reload) holds copies, in microseconds: the thread feeding each window needs the GIL "
+                    "back from the step's (default: the runtime's, 200; 0: the interpreter's own, 5000 unless set)")
     ap.add_argument("--nccl-max-ctas", type=int, default=None,
                     help="make the mesh's NCCL communicators with at most this many channels (NCCL's maxCTAs, "
                     "ProcessGroupNCCL's config.max_ctas; default: NCCL's choice): each creation connects every "
@@ -118,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       sync_in_backward=a.sync_in_backward, gather_in_rollout_dtype=a.gather_in_rollout_dtype,
                       forward_from_rollout=a.forward_from_rollout, overlap_reload=a.overlap_reload,
                       logprob_pass=a.logprob_pass, nccl_max_ctas=a.nccl_max_ctas,
+                      pacer_switch_interval_us=a.pacer_switch_interval_us,
                       **{**small, **kw})
 
 

@@ -56,6 +56,9 @@ class StepConfig:
     #                               finished on the host before it (its optimizer steps and early copies wait on the
     #                               device for their own pieces), at most OVERLAP_WINDOW_MIB of it queued unless
     #                               stream_window_mib says otherwise (0: all at once); docs/comm.md, "The flags"
+    pacer_switch_interval_us: int | None = None  # the interpreter's switch interval while a paced reload holds
+    #                                            copies (None: the runtime's, 200 us; 0: the interpreter's own);
+    #                                            [Note: the feeder's GIL] in refimpl/torch_runtime/copy_stream.py
     nccl_max_ctas: int | None = None  # the mesh's NCCL communicators made with at most this many channels (NCCL's
     #                                   maxCTAs; None: NCCL's choice): a creation connects each channel's buffers,
     #                                   so fewer channels create faster, each collective at less bandwidth
@@ -89,6 +92,9 @@ class StepConfig:
         if self.stream_window_mib is not None and self.stream_window_mib < 0:
             raise ValueError(f"stream_window_mib must be >= 0 (0: every piece queued at once), got "
                              f"{self.stream_window_mib}")
+        if self.pacer_switch_interval_us is not None and not 0 <= self.pacer_switch_interval_us <= 1_000_000:
+            raise ValueError(f"pacer_switch_interval_us must be in [0, 1000000] (0: the interpreter's own), got "
+                             f"{self.pacer_switch_interval_us}")
         if self.nccl_max_ctas is not None:
             if self.nccl_max_ctas < 1:
                 raise ValueError(f"nccl_max_ctas must be >= 1 (NCCL's maxCTAs: the most channels a communicator "

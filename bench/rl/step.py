@@ -37,6 +37,8 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
 
     device = _device(cfg, rank)
     rt = TorchRuntime(device)
+    if cfg.pacer_switch_interval_us is not None:  # 0: the interpreter's own ([Note: the feeder's GIL])
+        rt.pacer_switch_interval_s = cfg.pacer_switch_interval_us * 1e-6 or None
     clock = PhaseClock(device)
     rt_t0 = rt.now() - (time.perf_counter() - clock.t0)  # the runtime's clock at the phases' zero
     rec = _versions(cfg, world_size, device)
@@ -175,6 +177,7 @@ def open_store(rt, device: torch.device, cfg: StepConfig, trainer: Trainer, rec:
     # with overlap_reload, the streamed reload in the step's own order (buffers, params in the forward's order, then
     # each unit's optimizer state in the backward's), finished after the step instead of before its first optimizer step
     rec["overlap_reload"] = bool(cfg.overlap_reload)
+    rec["pacer_switch_interval_s"] = rt.pacer_switch_interval_s  # the feeder's GIL, while a paced reload is held
     rec["reload_categories"] = [c.value for c in sorted(FIRST_USE_ORDER, key=FIRST_USE_ORDER.get)]
     return store
 

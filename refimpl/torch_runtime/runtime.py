@@ -256,6 +256,19 @@ class TorchRuntime(Runtime):
         at a time by a feeder thread."""
         return self._copies.paced(window_bytes)
 
+    @property
+    def pacer_switch_interval_s(self) -> float | None:
+        """The interpreter's switch interval while paced copies are held (seconds; None: the interpreter's own):
+        the feeder thread issuing each window needs the GIL back quickly ([Note: the feeder's GIL] in
+        :mod:`refimpl.torch_runtime.copy_stream`; default :data:`~refimpl.torch_runtime.copy_stream.PACED_SWITCH_INTERVAL_S`)."""
+        return self._copies.switch_interval_s
+
+    @pacer_switch_interval_s.setter
+    def pacer_switch_interval_s(self, seconds: float | None) -> None:
+        if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= 1):
+            raise ValueError(f"pacer_switch_interval_s must be None or in (0, 1] seconds, got {seconds!r}")
+        self._copies.switch_interval_s = None if seconds is None else float(seconds)
+
     def copies_on_sms(self, ctas: int | None) -> contextlib.AbstractContextManager[None]:
         """See :meth:`Runtime.copies_on_sms`: on CUDA, host-to-device copies from pinned host memory asked for inside
         are made by a Triton kernel of ``ctas`` programs ([Note: copies on SMs] in

@@ -64,3 +64,74 @@ def test_another_streams_copy_waits_behind_one_window_not_the_whole_queue():
     for d in done:
         _run(d)
     assert not last_done, "the small copy should have run before the bulk ended (unpaced it waits for all of it)"
+
+
+def test_the_switch_interval_is_lowered_while_any_user_holds_it_and_restored_after():
+    """[Note: the feeder's GIL]: the first user saves the interpreter's interval and lowers it, a value already
+    lower is kept, the last user to finish puts the saved one back, an extra restore changes nothing."""
+    import sys
+
+    from refimpl.torch_runtime.copy_stream import _SwitchInterval
+
+    before = sys.getswitchinterval()
+    s = _SwitchInterval()
+    try:
+        s.lower(0.0002)
+        assert sys.getswitchinterval() == pytest.approx(0.0002, abs=2e-6) and s.users == 1
+        s.lower(0.001)  # a second pacer asking for more keeps the lower value
+        assert sys.getswitchinterval() == pytest.approx(0.0002, abs=2e-6) and s.users == 2
+        s.restore()
+        assert sys.getswitchinterval() == pytest.approx(0.0002, abs=2e-6)
+        s.restore()
+        assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
+        s.restore()
+        assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
+        sys.setswitchinterval(0.0001)  # the user's own, lower: kept while lowered, and restored
+        s.lower(0.0002)
+        assert sys.getswitchinterval() == pytest.approx(0.0001, abs=2e-6)
+        s.restore()
+        assert sys.getswitchinterval() == pytest.approx(0.0001, abs=2e-6)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_the_runtime_refuses_a_bad_switch_interval():
+    from refimpl.torch_runtime.copy_stream import PACED_SWITCH_INTERVAL_S
+
+    rt = TorchRuntime("cpu")
+    assert rt.pacer_switch_interval_s == PACED_SWITCH_INTERVAL_S
+    rt.pacer_switch_interval_s = None
+    assert rt.pacer_switch_interval_s is None
+    for bad in (0, -1, 2.0, "x"):
+        with pytest.raises(ValueError, match="pacer_switch_interval_s"):
+            rt.pacer_switch_interval_s = bad
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("interval", [0.0002, None])
+def test_paced_copies_lower_the_switch_interval_while_held(interval):
+    """While the pacer holds copies the interpreter's switch interval is the runtime's (none: left as it was); once
+    every copy is issued the interval is back."""
+    import sys
+
+    from refimpl.torch_runtime import copy_stream
+
+    before = sys.getswitchinterval()
+    rt = TorchRuntime("cuda")
+    rt.pacer_switch_interval_s = interval
+    piece = 64 << 20
+    n = 24
+    host = torch.empty(n * piece, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(n * piece, dtype=torch.uint8, device="cuda")
+    with rt.paced_copies(piece):
+        done = [rt.copy_async(dev[i * piece:(i + 1) * piece], host[i * piece:(i + 1) * piece], CopyKind.H2D)
+                for i in range(n)]
+    held = sys.getswitchinterval()
+    for d in done:
+        _run(d)
+    deadline = time.monotonic() + 5
+    while copy_stream.SWITCH_INTERVAL.users and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert held == pytest.approx(interval if interval else before, abs=2e-6)
+    assert sys.getswitchinterval() == pytest.approx(before) and copy_stream.SWITCH_INTERVAL.users == 0
