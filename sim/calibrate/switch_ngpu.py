@@ -491,11 +491,12 @@ def predict_ngpu(rec: dict[str, Any], ranks: int, mesh: str = "fsdp", *, mechani
 
 def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calibrated/h200-1x",
                                                                           "calibrated/hgx-h200-8x"),
-                       comm_rule: str = "log2", creation_records: Iterable[str | Path] = ()) -> list[str]:
+                       comm_rule: str = "log2", creation_records: Iterable[str | Path] = (),
+                       channel_cap: int | None = None) -> list[str]:
     """Every input the prediction reads, as the sources it names (the record, each preset constant's source, each
     loop constant's source, the first post-backward's and the forward's shares of the step, the digest's rate, and
-    with the "ring" ``comm_rule`` the NCCL logs of its connection share, and the records of ``creation_records``, a
-    communicator's creation measured past two ranks); raises :class:`RecordError` naming the
+    with the "ring" ``comm_rule`` or a ``channel_cap`` the NCCL logs of the connection share and the channels, and the
+    records of ``creation_records``, a communicator's creation measured past two ranks); raises :class:`RecordError` naming the
     first that is, or comes from, a record the predictions are checked against (:data:`CHECKED`)."""
     from sim.calibrate import switch_modes
     from sim.calibrate.colocated import LOOP_CONSTANTS
@@ -511,10 +512,12 @@ def check_inputs_blind(record_path: str | Path, presets: Iterable[str] = ("calib
     sources.append("FIRST_WAIT_SHARE: bench/results/2026-12-02-h200-streamed-copy-engine/profile_unpaced/")
     sources.append(f"FORWARD_SHARE: {FORWARD_SHARE_TRACE}")
     sources.append(f"CONTENT_DIGEST: {switch_modes.CONTENT_DIGEST['source']}")
-    if comm_rule == "ring":
+    if comm_rule == "ring" or channel_cap is not None:
         from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
 
         sources += [f"CONNECT_SHARE_2X_H200: {p}" for p in WALK_PROBE_LOGS]
+        if channel_cap is not None:
+            sources += [f"RING_CHANNELS_2X_H200: {p}" for p in WALK_PROBE_LOGS]
     sources += [f"creation measured: {_repo_relative(p)}" for p in creation_records]
     for s in sources:
         for path in _RECORD_PATH.findall(s):
@@ -644,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ranks = [int(x) for x in a.ranks.split(",")]
         check_inputs_blind(a.record, presets=(a.preset, "calibrated/hgx-h200-8x"), comm_rule=a.comm_rule,
-                           creation_records=a.creation_from)
+                           creation_records=a.creation_from, channel_cap=a.nccl_max_ctas)
         measured = None
         if a.creation_from:  # the module above this one (it predicts with predict_ngpu) reads the records
             from sim.calibrate.creation_measured import creations_from

@@ -132,3 +132,15 @@ def test_the_command_takes_the_cap_and_prints_its_columns(capsys):
     assert "capped collectives" not in capsys.readouterr().out
     assert main([INPUT, "--ranks", "8", "--nccl-max-ctas", "0"]) == 2
     assert "channel count" in capsys.readouterr().err
+
+
+def test_the_caps_inputs_are_named_as_sources():
+    """With a cap the NCCL logs the connection share and the channels come from are inputs, under either rule."""
+    from sim.calibrate.nccl_init_log import WALK_PROBE_LOGS
+    from sim.calibrate.switch_ngpu import check_inputs_blind
+
+    plain = check_inputs_blind(INPUT)
+    capped = check_inputs_blind(INPUT, channel_cap=8)
+    for p in WALK_PROBE_LOGS:
+        assert f"RING_CHANNELS_2X_H200: {p}" in capped and f"CONNECT_SHARE_2X_H200: {p}" in capped
+    assert not any(s.startswith(("RING_CHANNELS_2X_H200", "CONNECT_SHARE_2X_H200")) for s in plain)
