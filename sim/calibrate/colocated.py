@@ -196,9 +196,11 @@ def simulate_lifecycle(preset: str, world: int, policy: str, cooldown_s: float, 
     if init_measured:
         topo.comm = topo.comm.with_measured_init(init_measured)
     if channel_cap is not None:
-        from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200, RING_CHANNELS_2X_H200
+        from sim.calibrate.nccl_init_log import (CONNECT_SHARE_2X_H200, PER_EXCHANGE_SHARE_2X_H200,
+                                                 RING_CHANNELS_2X_H200)
 
-        topo.comm = topo.comm.with_channel_cap(channel_cap, RING_CHANNELS_2X_H200, CONNECT_SHARE_2X_H200)
+        topo.comm = topo.comm.with_channel_cap(channel_cap, RING_CHANNELS_2X_H200, CONNECT_SHARE_2X_H200,
+                                               PER_EXCHANGE_SHARE_2X_H200)
     world_ = SimWorld(world, transport=FlowTransport(topo), collective_cost=TopologyCollectiveCost(topo),
                       memory=TopologyMemory(topo, record=False),
                       comm=NcclComm(topo, init_at_collective=True, proxy_wake=proxy_wake), trace=False)

@@ -40,11 +40,18 @@ CONNECT_SHARE_2X_H200 = 0.799
 #: channels the connection share was measured at, which a channel cap scales ([Note: a communicator's channels] in
 #: :mod:`sim.presets`); the same test checks it
 RING_CHANNELS_2X_H200 = 24
+#: :func:`per_exchange_share` of :data:`WALK_PROBE_LOGS`: the share of a two-rank connection spent one buffer-handle
+#: exchange after another (48 exchanges 2.86 ms apart, median), what a channel cap scales; the rest (the proxy
+#: connections set up before the first exchange, the rings' completion after the last) is kept whole. The same test
+#: checks it
+PER_EXCHANGE_SHARE_2X_H200 = 0.889
 
 _INIT = re.compile(r"^\[(\d+(?:\.\d+)?)\].*ncclCommInitRank\w* comm (0x[0-9a-f]+) rank \d+ nranks (\d+) .*- Init "
                    r"(START|COMPLETE)")
 _RINGS = re.compile(r"^\[(\d+(?:\.\d+)?)\].*Connected all rings")
 _CHANNELS = re.compile(r".*NCCL INFO (\d+) coll channels,")
+#: one exchange of a cuMem buffer's handle through the proxy (a channel's connection in one direction)
+_EXCHANGE = re.compile(r"^\[(\d+(?:\.\d+)?)\].*UDS: ClientGetFd ")
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,19 @@ class CreationSplit:
     #: its ring channels (the ``N coll channels`` line of its init), what a rank connects a send and a receive for;
     #: None where the log has no such line
     channels: int | None = None
+    #: the buffer handles its connection exchanged through the proxy (``UDS: ClientGetFd``; NCCL_DEBUG_SUBSYS with
+    #: PROXY), one per channel and direction, and the seconds from the first to the last (0 where not logged)
+    exchanges: int = 0
+    exchange_span_s: float = 0.0
+
+    @property
+    def per_exchange_share(self) -> float | None:
+        """The share of the connection spent one handle exchange after another: the span from the first exchange to
+        the last, extended by one spacing (``n / (n - 1)``), over the connection (at most 1); None with fewer than
+        two exchanges logged. What a channel cap takes off in proportion ([Note: a communicator's channels])."""
+        if self.exchanges < 2 or self.connect_s <= 0:
+            return None
+        return min(1.0, self.exchange_span_s * self.exchanges / (self.exchanges - 1) / self.connect_s)
 
     @property
     def connect_share(self) -> float:
@@ -76,6 +96,7 @@ def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationS
     channels: dict[str, int] = {}
     initing: str | None = None  # the communicator between its Init START and COMPLETE
     pending: tuple[str, int, float, float] | None = None  # comm, ranks, start, complete
+    exchanges: list[float] = []  # the handle exchanges since the pending communicator's init completed
     for line in lines:
         m = _INIT.match(line)
         if m:
@@ -86,6 +107,11 @@ def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationS
             elif comm in start and ranks > 1:
                 pending = (comm, ranks, start[comm], t)
                 initing = None
+                exchanges = []
+            continue
+        x = _EXCHANGE.match(line)
+        if x and pending is not None:
+            exchanges.append(float(x.group(1)))
             continue
         c = _CHANNELS.match(line)
         if c and initing is not None:
@@ -94,7 +120,8 @@ def splits_in_lines(lines: Iterable[str], source: str = "log") -> list[CreationS
         r = _RINGS.match(line)
         if r and pending is not None:
             comm, ranks, t0, t1 = pending
-            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1, channels.get(comm)))
+            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1, channels.get(comm),
+                                     len(exchanges), exchanges[-1] - exchanges[0] if exchanges else 0.0))
             pending = None
     return out
 
@@ -113,6 +140,16 @@ def connect_share(splits: list[CreationSplit]) -> float:
         raise RecordError("no communicator of two or more ranks with its init and its rings connected in the log "
                           "(NCCL_DEBUG=INFO with NCCL_DEBUG_TIMESTAMP_FORMAT, and a first collective, are needed)")
     return statistics.median(s.connect_share for s in splits)
+
+
+def per_exchange_share(splits: list[CreationSplit]) -> float:
+    """The median :attr:`CreationSplit.per_exchange_share` of ``splits``; refuses a log without the exchanges
+    (NCCL_DEBUG_SUBSYS with PROXY is needed)."""
+    shares = [s.per_exchange_share for s in splits if s.per_exchange_share is not None]
+    if not shares:
+        raise RecordError("no communicator with two or more buffer-handle exchanges in the log (UDS: ClientGetFd; "
+                          "NCCL_DEBUG_SUBSYS must include PROXY)")
+    return statistics.median(shares)
 
 
 def summary(splits: list[CreationSplit]) -> str:
@@ -150,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CONNECT_SHARE_2X_H200", "RING_CHANNELS_2X_H200", "CreationSplit", "WALK_PROBE_LOGS", "connect_share", "creation_splits",
+__all__ = ["CONNECT_SHARE_2X_H200", "PER_EXCHANGE_SHARE_2X_H200", "RING_CHANNELS_2X_H200", "per_exchange_share", "CreationSplit", "WALK_PROBE_LOGS", "connect_share", "creation_splits",
            "splits_in_lines", "summary", "main"]
 
 if __name__ == "__main__":

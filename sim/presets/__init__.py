@@ -295,6 +295,8 @@ class CommParams:
     connect_channels: int = 0
     #: the connection's share of the lazy init at :attr:`connect_channels` (used with :attr:`channel_cap`)
     connect_share: float = 0.0
+    #: the share of that connection that goes one channel at a time (the rest kept whole under a cap)
+    per_channel_share: float = 1.0
 
     def for_size(self, ranks: int) -> "CommParams":
         """The cost set of a communicator over ``ranks`` ranks ([Note: communicator costs by size]): one-rank; the
@@ -305,21 +307,26 @@ class CommParams:
         base = self.multi if ranks == 2 else _scaled(self, ranks)
         return _capped(self, base) if self.channel_cap else base
 
-    def with_channel_cap(self, cap: int, channels: int, connect_share: float) -> "CommParams":
+    def with_channel_cap(self, cap: int, channels: int, connect_share: float,
+                         per_channel_share: float = 1.0) -> "CommParams":
         """These costs for communicators made with at most ``cap`` channels, the connection being
-        ``connect_share`` (in (0, 1)) of a lazy init at ``channels`` channels ([Note: a communicator's channels])."""
+        ``connect_share`` (in (0, 1)) of a lazy init at ``channels`` channels and ``per_channel_share`` (in (0, 1])
+        of that connection going one channel at a time ([Note: a communicator's channels])."""
         if not isinstance(cap, int) or cap < 1:
             raise ValueError(f"a channel cap is a channel count >= 1, got {cap!r}")
         if not isinstance(channels, int) or channels < 1:
             raise ValueError(f"the channels the connection was measured at must be >= 1, got {channels!r}")
         if not 0.0 < connect_share < 1.0:
             raise ValueError(f"the connection's share of the init must be in (0, 1), got {connect_share!r}")
+        if not 0.0 < per_channel_share <= 1.0:
+            raise ValueError(f"the connection's per-channel share must be in (0, 1], got {per_channel_share!r}")
         if self.init_measured:
             raise ValueError("a creation measured past two ranks was made with its run's channels: a channel cap "
                              "cannot be applied to it")
         if self.multi is None:
             raise ValueError("a channel cap needs the preset's two-rank figures (its *_multi keys)")
-        return dataclasses.replace(self, channel_cap=cap, connect_channels=channels, connect_share=connect_share)
+        return dataclasses.replace(self, channel_cap=cap, connect_channels=channels, connect_share=connect_share,
+                                   per_channel_share=per_channel_share)
 
     def with_measured_init(self, measured: "Mapping[int, float] | Iterable[tuple[int, float]]") -> "CommParams":
         """These costs with the lazy init measured at sizes past two ranks (``{ranks: seconds}``, each ranks > 2 and
@@ -391,19 +398,21 @@ def _capped(params: CommParams, base: CommParams) -> CommParams:
     ``params.channel_cap`` channels.
 
     NCCL's log of the two-rank creations on two H200s (:mod:`sim.calibrate.nccl_init_log`) puts most of a creation in
-    the connection its first collective makes, and in that connection one exchange of a cuMem buffer's handle
-    through the proxy per ring channel and direction (48 for 24 channels, about 2 ms apart). NCCL's ``maxCTAs``
-    caps the channels (``ncclTopoPostset`` takes the minimum of it and the channels the search found), so the model
-    scales the connection, ``connect_share`` of the init, by the channels kept: ``min(cap, C) / C``, ``C`` the
-    log's channels. The connection is taken as ``connect_share`` of the init the size rule gives at this size (the
-    "ring" rule keeps it at the two-rank figure, the "log2" rule grows it with the rest). Assumed, not measured:
-    that the connection is proportional to the channels (no fixed part), and that a communicator of more ranks has
-    at least ``cap`` channels. ``python bench/gpu/channels_probe.py`` on two or more GPUs measures both. Only the
-    lazy init scales; a suspend, resume and destroy keep their figures."""
+    the connection its first collective makes (``connect_share``), and most of that connection in one exchange of a
+    cuMem buffer's handle through the proxy after another, one per ring channel and direction: 48 for 24 channels,
+    2.86 ms apart (median), 0.889 of the connection from the first exchange to the last (``per_channel_share``); the
+    rest, the proxy connections before the first exchange and the rings' completion after the last, is kept whole.
+    NCCL's ``maxCTAs`` caps the channels (``ncclTopoPostset`` takes the smaller of it and the channels its search
+    found), so the model scales the per-channel part by the channels kept, ``min(cap, C) / C``, ``C`` the log's
+    channels. The connection is ``connect_share`` of the init the size rule gives at this size (the "ring" rule
+    keeps it at the two-rank figure, the "log2" rule grows it with the rest). Assumed, not measured: that the
+    exchanges a cap removes take what the log's took, and that a communicator of more ranks has at least ``cap``
+    channels. ``python bench/gpu/channels_probe.py`` on two or more GPUs measures both. Only the lazy init scales;
+    a suspend, resume and destroy keep their figures."""
     cap, chans = params.channel_cap, params.connect_channels
     connect = params.connect_share * (params.multi.init_s if params.size_rule == "ring" else base.init_s)
     keep = min(cap, chans) / chans
-    return dataclasses.replace(base, init_s=max(0.0, base.init_s - connect * (1.0 - keep)))
+    return dataclasses.replace(base, init_s=max(0.0, base.init_s - connect * params.per_channel_share * (1.0 - keep)))
 
 
 def _measured_init(points: tuple[tuple[int, float], ...], ranks: int) -> float:

@@ -456,7 +456,7 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       ci_tests=("tests/sim/calibrate/test_switch_ngpu.py::"
                 "test_the_fill_copies_each_units_full_params_in_bf16_at_the_gpus_copy_rate",)),
     B("channel_cap_scales_the_whole_creation", "sim/presets/__init__.py",
-      "    return dataclasses.replace(base, init_s=max(0.0, base.init_s - connect * (1.0 - keep)))\n",
+      "    return dataclasses.replace(base, init_s=max(0.0, base.init_s - connect * params.per_channel_share * (1.0 - keep)))\n",
       "    return dataclasses.replace(base, init_s=max(0.0, base.init_s * keep))\n",
       ("tests/sim/calibrate/test_channel_cap.py",),
       "a channel cap scales the whole creation, the init call's bootstrap, topology and graphs too, not only the "

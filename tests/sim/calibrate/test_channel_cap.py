@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200, RING_CHANNELS_2X_H200
+from sim.calibrate.nccl_init_log import CONNECT_SHARE_2X_H200, PER_EXCHANGE_SHARE_2X_H200, RING_CHANNELS_2X_H200
 from sim.calibrate.switch_ngpu import (main, mesh_shape, per_rank_record, predict_ngpu, predict_table,
                                        step_collectives_s)
 from sim.machine.topology import Topology
@@ -18,7 +18,7 @@ from sim.machine.topology import Topology
 ROOT = Path(__file__).resolve().parents[3]
 INPUT = "bench/results/2026-12-05-h200-pending/run4/rl_today.json"
 MULTI = "calibrated/hgx-h200-8x"
-C, SHARE = RING_CHANNELS_2X_H200, CONNECT_SHARE_2X_H200
+C, SHARE, PER = RING_CHANNELS_2X_H200, CONNECT_SHARE_2X_H200, PER_EXCHANGE_SHARE_2X_H200
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +33,14 @@ def rec():
 
 def test_the_cap_scales_the_connection_by_the_channels_kept(comm):
     """Two ranks: the connection (the log's share of the init) times cap / C, the rest as it was; a cap at or above
-    the log's channels changes nothing; one rank (no connection) and every other cost keep their figures."""
+    the log's channels changes nothing; one rank (no connection) and every other cost keep their figures; with a
+    per-channel share below 1 only that part of the connection scales."""
     t2 = comm.for_size(2).init_s
     for cap, keep in ((C, 1.0), (2 * C, 1.0), (C // 2, 0.5), (C // 3, 1 / 3), (1, 1 / C)):
         capped = comm.with_channel_cap(cap, C, SHARE)
         assert capped.for_size(2).init_s == pytest.approx(t2 * (1 - SHARE) + t2 * SHARE * keep)
+        part = comm.with_channel_cap(cap, C, SHARE, PER)
+        assert part.for_size(2).init_s == pytest.approx(t2 - t2 * SHARE * PER * (1 - keep))
         assert capped.for_size(1).init_s == comm.for_size(1).init_s
         assert capped.for_size(2).destroy_s == comm.for_size(2).destroy_s
         assert capped.for_size(8).resume_s == comm.for_size(8).resume_s
@@ -64,6 +67,8 @@ def test_bad_caps_and_a_cap_on_a_measured_creation_are_refused(comm):
         comm.with_channel_cap(8, 0, SHARE)
     with pytest.raises(ValueError, match="share"):
         comm.with_channel_cap(8, C, 1.0)
+    with pytest.raises(ValueError, match="per-channel share"):
+        comm.with_channel_cap(8, C, SHARE, 0.0)
     with pytest.raises(ValueError, match="measured"):
         comm.with_measured_init({4: 0.3}).with_channel_cap(8, C, SHARE)
     with pytest.raises(ValueError, match="measured"):

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.calibrate.nccl_init_log import (CONNECT_SHARE_2X_H200, RING_CHANNELS_2X_H200, WALK_PROBE_LOGS,
-                                         connect_share, creation_splits, main, splits_in_lines)
+from sim.calibrate.nccl_init_log import (CONNECT_SHARE_2X_H200, PER_EXCHANGE_SHARE_2X_H200, RING_CHANNELS_2X_H200,
+                                         WALK_PROBE_LOGS, connect_share, creation_splits, main, per_exchange_share,
+                                         splits_in_lines)
 from sim.calibrate.records import RecordError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,6 +21,9 @@ LOG = """\
 [100.140] h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0xbb rank 0 nranks 2 cudaDev 0 - Init COMPLETE
 [100.145] h:1:1 [0] NCCL INFO 64 coll channels, 64 collnet channels, 0 nvls channels, 64 p2p channels, 64 p2p channels per peer
 [100.150] h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM
+[100.160] h:1:1 [0] NCCL INFO UDS: ClientGetFd handle 0x1 tpRank 1 returned fd 81 sameProcess 0
+[100.220] h:1:1 [0] NCCL INFO UDS: ClientGetFd handle 0x2 tpRank 1 returned fd 82 sameProcess 0
+[100.280] h:1:1 [0] NCCL INFO UDS: ClientGetFd handle 0x3 tpRank 1 returned fd 81 sameProcess 0
 [100.300] h:1:1 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1
 [100.310] h:1:1 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1
 [101.000] h:1:1 [0] NCCL INFO [Rank 0] ncclCommInitRankConfig comm 0xcc rank 1 nranks 4 cudaDev 0 - Init START
@@ -39,6 +43,13 @@ def test_a_log_gives_each_multi_rank_communicators_init_and_connection():
     # the channel line inside a communicator's init is its own; one outside any init belongs to none
     assert s[0].channels == 24 and s[1].channels is None
     assert connect_share(s) == pytest.approx(0.8)
+    # three handle exchanges 60 ms apart: 0.12 s first to last, 0.18 s with one more spacing, of a 0.16-s connection
+    # (at most 1); the communicator without exchanges has no share, and a log without any is refused
+    assert (s[0].exchanges, s[1].exchanges) == (3, 0)
+    assert s[0].exchange_span_s == pytest.approx(0.120) and s[0].per_exchange_share == 1.0
+    assert s[1].per_exchange_share is None and per_exchange_share(s) == 1.0
+    with pytest.raises(RecordError, match="PROXY"):
+        per_exchange_share([s[1]])
     with pytest.raises(RecordError, match="TIMESTAMP"):
         connect_share(splits_in_lines(["NCCL INFO Connected all rings"]))
 
@@ -50,6 +61,9 @@ def test_the_shipped_share_is_the_probes_logs():
     assert connect_share(splits) == pytest.approx(CONNECT_SHARE_2X_H200, abs=0.0005)
     # every two-rank communicator has 24 ring channels: what the ring rule keeps at any size (docs/calibration.md)
     assert {x.channels for x in splits} == {RING_CHANNELS_2X_H200} == {24}
+    # one buffer-handle exchange per channel and direction; the share spent one after another, what a cap scales
+    assert {x.exchanges for x in splits} == {2 * RING_CHANNELS_2X_H200}
+    assert per_exchange_share(splits) == pytest.approx(PER_EXCHANGE_SHARE_2X_H200, abs=0.0005)
 
 
 def test_the_command_prints_the_table_and_refuses_a_missing_log(tmp_path, capsys):
