@@ -265,6 +265,7 @@ class TorchRuntime(Runtime):
 
     @pacer_switch_interval_s.setter
     def pacer_switch_interval_s(self, seconds: float | None) -> None:
+        """Set it: seconds in (0, 1], or None for the interpreter's own; anything else raises ValueError."""
         if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= 1):
             raise ValueError(f"pacer_switch_interval_s must be None or in (0, 1] seconds, got {seconds!r}")
         self._copies.switch_interval_s = None if seconds is None else float(seconds)
