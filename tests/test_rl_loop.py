@@ -153,8 +153,11 @@ def test_the_channel_cap_goes_to_every_mesh_group_and_is_refused_where_it_cannot
     from bench.rl.command import parse_args
     from bench.rl.groups import mesh_group_options
 
-    assert mesh_group_options(StepConfig(nccl_max_ctas=8)) == (("config.max_ctas", 8),)
-    assert mesh_group_options(StepConfig()) == ()
+    assert mesh_group_options(StepConfig(nccl_max_ctas=8), env={}) == (("config.max_ctas", 8),)
+    assert mesh_group_options(StepConfig(), env={"NCCL_MAX_CTAS": "4"}) == ()
+    assert mesh_group_options(StepConfig(nccl_max_ctas=8), env={"NCCL_MAX_CTAS": "8"}) == (("config.max_ctas", 8),)
+    with pytest.raises(ValueError, match="NCCL_MAX_CTAS=4 in the environment replaces --nccl-max-ctas 8"):
+        mesh_group_options(StepConfig(nccl_max_ctas=8), env={"NCCL_MAX_CTAS": "4"})
     assert parse_args(["--nccl-max-ctas", "12"]).nccl_max_ctas == 12
     assert parse_args([]).nccl_max_ctas is None
     with pytest.raises(ValueError, match="nccl_max_ctas must be >= 1"):

@@ -14,8 +14,9 @@ and the weight check runs on the world group: the mesh's communicators and the w
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -59,10 +60,23 @@ class TrainerGroups:
             self.managed.close()
 
 
-def mesh_group_options(cfg: StepConfig) -> tuple[tuple[str, Any], ...]:
+#: environment variables by which NCCL overrides or further caps a communicator's channels
+NCCL_CHANNEL_ENV = ("NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS")
+
+
+def mesh_group_options(cfg: StepConfig, env: Mapping[str, str] | None = None) -> tuple[tuple[str, Any], ...]:
     """The options every mesh group is made (and each rebuild re-made) with: NCCL's ``maxCTAs`` from
-    ``cfg.nccl_max_ctas`` (ProcessGroupNCCL's ``config.max_ctas``), or none."""
-    return (("config.max_ctas", int(cfg.nccl_max_ctas)),) if cfg.nccl_max_ctas is not None else ()
+    ``cfg.nccl_max_ctas`` (ProcessGroupNCCL's ``config.max_ctas``), or none. NCCL lets ``NCCL_MAX_CTAS`` in the
+    environment (``env``, default ``os.environ``) replace a communicator's ``maxCTAs``: one that differs from the cap
+    raises ValueError, since the run would not be what it says."""
+    if cfg.nccl_max_ctas is None:
+        return ()
+    env = os.environ if env is None else env
+    set_ = env.get("NCCL_MAX_CTAS")
+    if set_ is not None and set_.strip() != str(int(cfg.nccl_max_ctas)):
+        raise ValueError(f"NCCL_MAX_CTAS={set_} in the environment replaces --nccl-max-ctas {cfg.nccl_max_ctas} in "
+                         "every communicator NCCL makes; unset it or give the same value")
+    return (("config.max_ctas", int(cfg.nccl_max_ctas)),)
 
 
 def trainer_groups(rt: Any, cfg: StepConfig, world_size: int, device: torch.device) -> TrainerGroups:
@@ -84,4 +98,4 @@ def trainer_groups(rt: Any, cfg: StepConfig, world_size: int, device: torch.devi
     return TrainerGroups(mesh=mg.mesh, lifecycle=mg.names, loss=loss, check=CONTROL_GROUP, sync=sync, managed=mg)
 
 
-__all__ = ["CONTROL_GROUP", "MESH_PREFIX", "TrainerGroups", "mesh_group_options", "trainer_groups"]
+__all__ = ["CONTROL_GROUP", "MESH_PREFIX", "NCCL_CHANNEL_ENV", "TrainerGroups", "mesh_group_options", "trainer_groups"]

@@ -21,7 +21,7 @@ import torch
 from bench.rl.clock import PhaseClock, line_rates
 from bench.rl.config import StepConfig, model_config
 from bench.rl.early_copies import StepInBackward
-from bench.rl.groups import CONTROL_GROUP, TrainerGroups, trainer_groups
+from bench.rl.groups import CONTROL_GROUP, NCCL_CHANNEL_ENV, TrainerGroups, trainer_groups
 from bench.rl.phases import ColocatedStep
 from bench.rl.record import phase_spans, public_fields, resume_ahead_spans, runtime_spans, summarize, write_outputs
 from bench.rl.rollout import build_rollout
@@ -177,7 +177,9 @@ def open_store(rt, device: torch.device, cfg: StepConfig, trainer: Trainer, rec:
     # with overlap_reload, the streamed reload in the step's own order (buffers, params in the forward's order, then
     # each unit's optimizer state in the backward's), finished after the step instead of before its first optimizer step
     rec["overlap_reload"] = bool(cfg.overlap_reload)
-    rec["pacer_switch_interval_s"] = rt.pacer_switch_interval_s  # the feeder's GIL, while a paced reload is held
+    rec["pacer_switch_interval_s"] = rt.pacer_switch_interval_s
+    # what NCCL's environment says of a communicator's channels beside --nccl-max-ctas (config.nccl_max_ctas)
+    rec["nccl_channel_env"] = {k: os.environ.get(k) for k in NCCL_CHANNEL_ENV}  # the feeder's GIL, while a paced reload is held
     rec["reload_categories"] = [c.value for c in sorted(FIRST_USE_ORDER, key=FIRST_USE_ORDER.get)]
     return store
 
