@@ -429,9 +429,9 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "create than a two-rank one",
       ci_tests=("tests/sim/calibrate/test_switch_ngpu.py::test_the_ring_rule_keeps_two_ranks_and_grows_only_the_init_call",)),
     B("nccl_log_ring_paired_twice", "sim/calibrate/nccl_init_log.py",
-      "            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1, channels.get(comm)))\n"
+      "                                     len(exchanges), exchanges[-1] - exchanges[0] if exchanges else 0.0))\n"
       "            pending = None\n",
-      "            out.append(CreationSplit(source, comm, ranks, t1 - t0, float(r.group(1)) - t1, channels.get(comm)))\n",
+      "                                     len(exchanges), exchanges[-1] - exchanges[0] if exchanges else 0.0))\n",
       ("tests/sim/calibrate/test_nccl_init_log.py",),
       "a communicator's creation is paired with every ring connected after it, another communicator's too: the "
       "connection share is read from the wrong lines",
