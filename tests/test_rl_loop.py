@@ -145,6 +145,215 @@ def test_step_config_refuses_bad_values():
     assert overlap_window_bytes({"config": {}}) == OVERLAP_WINDOW_MIB << 20  # predicted as the flag runs it now
 
 
+def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
+    """The streamed mode: the optimizer state's reload runs under the next step; every sync still bitwise,
+    the training continues from the same state on both ranks, and the switch cost counts the step after."""
+    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", ("--profile", "--no-batch-ahead")), timeout=240)
+    for rec in recs:
+        assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
+        assert rec["config"]["batch_ahead"] is False  # the batch copied at each training step's start
+        # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
+        assert rec["lifecycle_stats"]["warm_ups"] == rec["lifecycle_stats"]["rebuilds"] >= 2
+        sm = rec["summary"]
+        assert sm["weights_bitwise_equal_every_sync"] is True
+        rows = sm["switch_costs"]["rows"]
+        assert rows and all(r["train_after_s"] is not None and r["switch_cost_s"] >= r["window_s"] for r in rows)
+        assert sm["switch_cost_x_copy_time"] > 0 and 0 < sm["switch_cost_share_of_step"] < 1
+        assert all(s["reload_rest_store_s"] >= 0 for s in rec["steps"])
+    assert recs[0]["after_steps"][-1]["loss"] == recs[1]["after_steps"][-1]["loss"]  # same state on every rank
+    # --profile: rank 0 traced the last switch's tail with the step after it, and a plain step; trace_gaps reads them
+    from bench.gpu.trace_gaps import analyse, load, report
+
+    traces = sorted(p.name for p in tmp_path.glob("profile_*.json"))
+    assert traces == ["profile_switch_tail_1.json", "profile_train_plain_3.json"]
+    for name in traces:
+        a = analyse(load(str(tmp_path / name)))
+        assert a["span_ms"] > 0 and "span" in report(name, a)
+
+
+def test_rl_step_offload_in_backward_copies_early_and_trains_exactly_as_the_plain_step(tmp_path):
+    """``--offload-in-backward``: each FSDP unit steps inside the backward and its params and optimizer state go
+    to host memory right after (OffloadStore.copy_early); the offload takes those copies over. On two ranks every
+    sync stays bitwise, the offload reuses every early byte of the steady steps (nothing found changed), and the
+    training is the plain step's to the bit: the same losses as a run with one optimizer stepped after the
+    backward."""
+    extra = ("--steps", "3", "--offload-in-backward", "--overlap-reload")
+    early = run_distributed(_rank, 2, args=(str(tmp_path / "early"), "streamed", extra), timeout=240)
+    plain = run_distributed(_rank, 2, args=(str(tmp_path / "plain"), "streamed", ("--steps", "3")), timeout=240)
+    for rec in early:
+        assert rec["offload_in_backward"] is True and rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        units = rec["early_units_bytes"]
+        assert len(units) == 4 and all(u > 0 for u in units)  # the head, two decoder layers, then the root
+        first, *steady = rec["steps"]
+        assert first["early_copy_bytes"] == 0 and first["early_skipped"] > 0  # nothing resident before a reload
+        for s in steady:
+            assert s["early_copy_bytes"] == sum(units) == s["early_reused_bytes"]
+            assert s["early_redone_bytes"] == 0 and s["early_skipped"] == 0
+            # --overlap-reload: the reload still streamed under the backward that copied them
+            assert s["early_streaming_bytes"] == s["early_copy_bytes"]
+            assert s["early_reused_bytes"] < s["offload_bytes"]  # the buffers are copied by the offload itself
+    for e, p in zip(early, plain):
+        assert p["offload_in_backward"] is False and all(s["early_copy_bytes"] == 0 for s in p["steps"])
+        assert [s["loss"] for s in e["steps"]] == [s["loss"] for s in p["steps"]]
+        assert [s["loss"] for s in e["after_steps"]] == [s["loss"] for s in p["after_steps"]]
+
+
+def test_rl_step_sync_first_gives_the_rollout_the_weights_just_trained(tmp_path):
+    """``--sync-first`` (verl's order): the weight sync reads the trainer's params before the offload, so each
+    rollout holds the weights of the training step right before it (checked bitwise at the next quiet point
+    against the digests taken after that step), nothing is reloaded for the sync, and the reload phase brings all
+    of the state back; with early copies as well every early byte is still taken over."""
+    extra = ("--steps", "3", "--sync-first", "--offload-in-backward", "--no-sync-in-backward")
+    recs = run_distributed(_rank, 2, args=(str(tmp_path), "streamed", extra), timeout=240)
+    for rec in recs:
+        assert rec["config"]["sync_first"] is True and rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
+        assert len(set(digests)) == len(digests)  # every sync carried new weights
+        assert rec["lifecycle_stats"]["weight_syncs"] == 0 and rec["lifecycle_stats"]["pauses"] == 3
+        for s in rec["steps"]:
+            assert s["reload_params_store_s"] == 0.0 and s["gather_copy_s"] > 0
+            assert s["reload_bytes_last"] == s["offload_bytes"]  # the whole state came back in the reload phase
+        for s in rec["steps"][1:]:
+            assert s["early_reused_bytes"] == s["early_copy_bytes"] > 0
+        order = [sp["phase"] for sp in rec["spans"] if sp["step"] == 1]
+        assert order == ["train", "weight_sync", "offload", "rollout", "reload"]
+
+
+#: the switch on several GPUs off: init_device_mesh's (1, 2) HSDP mesh, trainer.dp, the check on the world group
+WITHOUT_NGPU = ("--no-managed-mesh", "--no-flat-mesh", "--no-rebuild-ahead", "--no-sync-in-backward",
+                "--no-gather-in-rollout-dtype", "--no-forward-from-rollout")
+
+
+def _with_and_without(rank, world_size, out_dir, extra):
+    """The step with the switch on several GPUs (the defaults, and the reload overlapped with the step after it:
+    ``--overlap-reload``), then without any of it, in the same processes (the first run's groups stay alive beside
+    the second's)."""
+    on = _rank(rank, world_size, f"{out_dir}/on", "streamed", (*extra, "--overlap-reload"))
+    off = _rank(rank, world_size, f"{out_dir}/off", "streamed", (*extra, *WITHOUT_NGPU))
+    return on, off
+
+
+def _check_switch_ngpu(on, off, n_groups, served=True):
+    """What the switch on several GPUs must give, against the same run without it (``served``: with the first
+    forward after a switch served from the rollout's copy, the default)."""
+    for a, b in ((on, off),):
+        steps = [s["loss_local"] for s in a["steps"] + a["after_steps"]]
+        assert steps == [s["loss_local"] for s in b["steps"] + b["after_steps"]]  # bit for bit
+        assert [s["weight_check"]["digest"] for s in a["steps"]] == [s["weight_check"]["digest"] for s in b["steps"]]
+    for rec in (on, off):
+        assert rec["summary"]["weights_bitwise_equal_every_sync"] is True
+        assert rec["overlap_reload"] is (rec is on)
+        steady = rec["steps"][1:]  # with the overlap the early copies left while the reload still streamed
+        assert all((s["early_streaming_bytes"] == s["early_copy_bytes"] > 0) if rec is on
+                   else s["early_streaming_bytes"] == 0 for s in steady)
+        digests = [rec["initial_sync"]["digest"]] + [s["weight_check"]["digest"] for s in rec["steps"]]
+        assert len(set(digests)) == len(digests)  # every sync carried new weights
+    # without it the world group carries the mesh's collectives and the check's; with it, none
+    assert on["world_collectives"] == {"start": 0, "end": 0}
+    assert off["world_collectives"]["end"] > off["world_collectives"]["start"]
+    assert len(on["mesh_groups"]) == n_groups and off["mesh_groups"] == ["trainer.dp"]
+    stats = on["lifecycle_stats"]
+    assert stats["destroys"] == stats["rebuilds"] == n_groups * len(on["steps"]) and stats["weight_syncs"] == 0
+    spans = {(sp["step"], sp["phase"]): sp for sp in on["spans"]}
+    names = []
+    for s in on["steps"]:
+        held = s["nccl_in_rollout"]
+        assert held["live_groups"] == [] and held["process"]["others"] == []  # in the rollout: the control group
+        assert [g["name"] for g in held["process"]["groups"]] == ["world", "trainer.control"]
+        assert held["process"]["nccl_communicators"] == 0
+        assert s["mesh_problems"] == [] and s["lifecycle_state"] == "ACTIVE"
+        names.append(tuple(s["mesh_names"]))
+        # the resume ran on a thread from the reload phase and was joined in the next training step, before its
+        # backward: the forward's all-gathers came from the rollout's copy (every unit, no collective)
+        ahead, k = s["resume_ahead"], s["step"]
+        assert ahead["join_at"] == ("backward" if served else "forward")
+        assert spans[(k, "reload")]["start_s"] <= ahead["start_s"] <= spans[(k, "reload")]["end_s"]
+        assert spans[(k + 1, "train")]["start_s"] <= ahead["join_at_s"] <= spans[(k + 1, "train")]["end_s"]
+        assert ahead["end_s"] <= ahead["join_at_s"] + ahead["join_wait_s"] + 1e-3
+        assert ahead["rebuild_s"] > 0 and ahead["warm_s"] > 0 and ahead["resume_s"] >= ahead["rebuild_s"]
+        # the sync ran in the backward, unit by unit, and left nothing to the weight-sync phase
+        early = s["early_sync"]
+        assert [u["unit"] for u in early["units"]] == list(range(len(on["early_units_bytes"])))
+        at = [u["at_s"] for u in early["units"]]  # issued one after the other inside the step's training phase
+        assert at == sorted(at) and spans[(k, "train")]["start_s"] <= at[0] <= at[-1] <= spans[(k, "train")]["end_s"]
+        assert early["bytes"] == sum(u["bytes"] for u in early["units"]) > 0
+    assert len(set(names)) == len(names)  # the mesh named new groups after every rebuild
+    after = on["steps"][1:] + on["after_steps"][:1]  # the training steps right after a switch
+    units = len(on["early_units_bytes"])
+    if served:
+        assert all(a["forward_from_rollout"]["units"] >= units and a["forward_from_rollout"]["bytes"] > 0
+                   for a in after)
+    assert "forward_from_rollout" not in on["steps"][0] and "forward_from_rollout" not in on["after_steps"][1]
+    assert served or not any("forward_from_rollout" in a for a in after)
+    terms = on["summary"]["ngpu"]
+    assert terms["resume_ahead"]["join_wait_s"] >= 0 and terms["early_sync"]["bytes"] > 0
+    assert terms["resume_ahead"]["join_at"] == (["backward"] if served else ["forward"])
+    assert (terms["forward_from_rollout"]["units"] >= units) if served else terms["forward_from_rollout"] is None
+    assert terms["nccl_in_rollout"]["others"] == []
+    assert off["summary"]["ngpu"]["resume_ahead"] is None and off["summary"]["ngpu"]["early_sync"] is None
+    assert off["summary"]["ngpu"]["forward_from_rollout"] is None
+
+
+def test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout(tmp_path):
+    """On 2 ranks (1-D FSDP over a managed mesh): the same losses and synced weights, bit for bit, as the step
+    without the N-GPU switch; in the rollout no process group of the trainer is alive but the Gloo control group
+    and the world group never carries a collective; every step's rebuild is followed by the mesh and FSDP2; the
+    resume runs from the reload phase on a thread and is joined in the next forward; the sync runs in the
+    backward per unit."""
+    extra = ("--steps", "3", "--sync-first", "--offload-in-backward")
+    for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
+        assert on["mesh"] == [2] and on["mesh_dims"] == ["shard"] and off["mesh"] == [1, 2]
+        _check_switch_ngpu(on, off, n_groups=1)
+
+
+def test_switch_ngpu_hsdp_four_ranks(tmp_path):
+    """On 4 ranks the mesh is HSDP (2 x 2): four groups, each rank a member of one replicate and one shard group;
+    the same checks as on 2 ranks, against the step without the N-GPU switch on the same mesh shape."""
+    extra = ("--steps", "2", "--sync-first", "--offload-in-backward")
+    outs = run_distributed(_with_and_without, 4, args=(str(tmp_path), extra), timeout=480)
+    for rank, (on, off) in enumerate(outs):
+        assert on["mesh"] == [2, 2] == off["mesh"] and on["mesh_dims"] == ["replicate", "shard"]
+        assert on["mesh_groups"] == ["trainer.mesh.replicate0", "trainer.mesh.replicate1", "trainer.mesh.shard0",
+                                     "trainer.mesh.shard1"]
+        _check_switch_ngpu(on, off, n_groups=4)
+        # this rank's two groups named anew at every rebuild; its peers in a group name the same torch group
+        assert all(len(n) == 2 for n in (s["mesh_names"] for s in on["steps"]))
+    for k in range(2):
+        by_group = {}
+        for rank, (on, _) in enumerate(outs):
+            rep, shard = on["steps"][k]["mesh_names"]
+            by_group.setdefault(("r", rank % 2), set()).add(rep)
+            by_group.setdefault(("s", rank // 2), set()).add(shard)
+        assert all(len(v) == 1 for v in by_group.values())
+
+
+def test_switch_ngpu_joined_in_the_forward_without_the_rollout_copy(tmp_path):
+    """``--no-forward-from-rollout``: the first forward after a switch all-gathers over the rebuilt groups, so its
+    pre-hook joins the resume; bit for bit the same as the step without the N-GPU switch."""
+    extra = ("--steps", "2", "--sync-first", "--offload-in-backward", "--no-forward-from-rollout")
+    for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
+        _check_switch_ngpu(on, off, n_groups=1, served=False)
+
+
+def test_switch_ngpu_with_the_logprob_pass_serves_it_from_the_rollout_copy(tmp_path):
+    """``--logprob-pass`` on 2 ranks: every training step starts with a no-grad forward computing the old
+    log-probs; after a switch it is filled from the rollout's copy like the training forward (the resume still
+    joined before the backward), and its log-probs, the losses and the synced weights are bit for bit those of the
+    step without the N-GPU switch, whose pass all-gathers over FSDP2's groups."""
+    extra = ("--steps", "2", "--sync-first", "--offload-in-backward", "--logprob-pass")
+    for on, off in run_distributed(_with_and_without, 2, args=(str(tmp_path), extra), timeout=300):
+        _check_switch_ngpu(on, off, n_groups=1)
+        steps_on, steps_off = on["steps"] + on["after_steps"], off["steps"] + off["after_steps"]
+        assert [s["logprob_pass"]["sum"] for s in steps_on] == [s["logprob_pass"]["sum"] for s in steps_off]
+        assert all(s["logprob_pass"]["tokens"] == 2 * 15 and s["logprob_pass"]["s"] > 0 for s in steps_on)
+        assert on["config"]["logprob_pass"] is True and on["summary"]["logprob_pass_s"] > 0
+        # the pass's all-gathers were served too: with the forward's and the backward's re-gathers more than the
+        # 2 x units - 1 of a step without it
+        units = len(on["early_units_bytes"])
+        after = on["steps"][1:] + on["after_steps"][:1]
+        assert all(a["forward_from_rollout"]["units"] >= 2 * units for a in after)
+
+
 def test_the_channel_cap_goes_to_every_mesh_group_and_is_refused_where_it_cannot_apply():
     """--nccl-max-ctas: NCCL's maxCTAs on the mesh's groups (ProcessGroupNCCL's config.max_ctas, kept in each group's
     spec, so every rebuild re-makes it so); refused below 1, on the CPU (Gloo has no channels) and without the
