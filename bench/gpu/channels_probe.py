@@ -28,7 +28,6 @@ import argparse
 import glob
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -40,7 +39,6 @@ sys.path.insert(0, str(REPO))
 
 #: the prefix of the probe's groups (one per cap: ``probe.channels.none``, ``probe.channels.8`` ...)
 GROUP = "probe.channels"
-_CHANNELS = re.compile(r"(\d+) coll channels")
 
 
 def parse_caps(text: str) -> list[int | None]:
@@ -62,11 +60,14 @@ def parse_caps(text: str) -> list[int | None]:
 
 
 def channels_in_log(paths: list[str]) -> list[int]:
-    """The ``coll channels`` of every communicator NCCL's INFO log lines in ``paths`` report, in order."""
+    """The ``coll channels`` of every communicator NCCL's INFO log files ``paths`` report, in order
+    (:func:`sim.calibrate.nccl_init_log.channels_in_lines`)."""
+    from sim.calibrate.nccl_init_log import channels_in_lines
+
     out: list[int] = []
     for p in paths:
         with open(p, errors="replace") as f:
-            out.extend(int(m.group(1)) for m in map(_CHANNELS.search, f) if m)
+            out.extend(channels_in_lines(f))
     return out
 
 

@@ -142,6 +142,12 @@ def connect_share(splits: list[CreationSplit]) -> float:
     return statistics.median(s.connect_share for s in splits)
 
 
+def channels_in_lines(lines: Iterable[str]) -> list[int]:
+    """The ``coll channels`` of every communicator whose init NCCL's INFO log lines report, in order (one-rank
+    communicators too, which :func:`splits_in_lines` leaves out: they connect nothing)."""
+    return [int(m.group(1)) for m in map(_CHANNELS.match, lines) if m]
+
+
 def per_exchange_share(splits: list[CreationSplit]) -> float:
     """The median :attr:`CreationSplit.per_exchange_share` of ``splits``; refuses a log without the exchanges
     (NCCL_DEBUG_SUBSYS with PROXY is needed)."""
@@ -187,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CONNECT_SHARE_2X_H200", "PER_EXCHANGE_SHARE_2X_H200", "RING_CHANNELS_2X_H200", "per_exchange_share", "CreationSplit", "WALK_PROBE_LOGS", "connect_share", "creation_splits",
+__all__ = ["CONNECT_SHARE_2X_H200", "PER_EXCHANGE_SHARE_2X_H200", "RING_CHANNELS_2X_H200", "CreationSplit",
+           "WALK_PROBE_LOGS", "channels_in_lines", "connect_share", "creation_splits", "per_exchange_share",
            "splits_in_lines", "summary", "main"]
 
 if __name__ == "__main__":

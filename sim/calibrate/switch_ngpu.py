@@ -233,11 +233,6 @@ def rollout_fill_s(rec_rank: dict[str, Any], shard: int, preset: str | None = No
     return full / Topology.from_preset(preset or MULTI_PRESET).device_copy_bandwidth()
 
 
-#: bytes per parameter of FSDP2's collectives in the RL step (mixed precision): its all-gathers in the params' dtype
-#: (bf16), its reduce-scatters and an HSDP mesh's all-reduces in the reduce dtype (fp32)
-GATHER_PARAM_BYTES, REDUCE_PARAM_BYTES = 2, 4
-
-
 def step_collectives_s(rec_rank: dict[str, Any], replicate: int, shard: int, preset: str | None = None, *,
                        logprob_pass: bool = False, channel_cap: int | None = None) -> float:
     """Seconds one rank's FSDP2 collectives of a plain training step take for their bytes alone: each unit's
@@ -256,8 +251,9 @@ def step_collectives_s(rec_rank: dict[str, Any], replicate: int, shard: int, pre
     more = 1 if logprob_pass else 0
     passes = [FILL_PASSES_NON_ROOT + more] * (len(units) - 1) + [FILL_PASSES_ROOT + more]
     params = [b / EARLY_BYTES_PER_PARAM for b in units]  # this rank's shard of each unit, parameters
-    gathers = sum(k * p * GATHER_PARAM_BYTES for k, p in zip(passes, params))
-    reduces = sum(params) * REDUCE_PARAM_BYTES
+    # FSDP2's mixed precision: all-gathers in the params' dtype, the rollout's (bf16); reduces in fp32, the trainer's
+    gathers = sum(k * p * ROLLOUT_PARAM_BYTES for k, p in zip(passes, params))
+    reduces = sum(params) * TRAIN_PARAM_BYTES
     s = gather_bytes_s(gathers, shard, preset) + gather_bytes_s(reduces, shard, preset)
     if replicate > 1:  # a ring all-reduce moves 2 (R - 1) / R of the shard's bytes
         s += 2 * gather_bytes_s(reduces / replicate, replicate, preset)
@@ -689,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["BYTES_PER_RANK", "CHECKED", "CHECKED_FIGURE", "FILL_PASSES_NON_ROOT", "FILL_PASSES_ROOT",
-           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "GATHER_PARAM_BYTES", "HSDP_SHARD", "REDUCE_PARAM_BYTES", "MECHANISMS", "MESHES", "check_inputs_blind",
+           "FORWARD_SHARE", "FORWARD_SHARE_TRACE", "HSDP_SHARD", "MECHANISMS", "MESHES", "check_inputs_blind",
            "checked_ratio", "content_check_s", "format_ngpu", "forward_share_of_trace",
            "OVERLAP_WINDOW_MIB", "mesh_groups", "mesh_shape", "overlap_window_bytes", "per_rank_record",
            "plain_step_s", "predict_ngpu", "predict_table",

@@ -393,6 +393,7 @@ def _scaled(params: CommParams, ranks: int) -> CommParams:
     return dataclasses.replace(multi, **values)
 
 
+@functools.lru_cache(maxsize=256)
 def _capped(params: CommParams, base: CommParams) -> CommParams:
     """[Note: a communicator's channels] ``base`` (a communicator of two or more ranks) made with at most
     ``params.channel_cap`` channels.
