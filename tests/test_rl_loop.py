@@ -143,6 +143,16 @@ def test_step_config_refuses_bad_values():
     assert overlap_window_bytes({"overlap_reload": True, "config": {"stream_window_mib": 0}}) is None
     assert overlap_window_bytes({"overlap_reload": True, "config": {}}) is None  # before the step set one
     assert overlap_window_bytes({"config": {}}) == OVERLAP_WINDOW_MIB << 20  # predicted as the flag runs it now
+    # the switch intervals ([Note: the GIL's switch interval]): the switch's own by default, 0 the interpreter's
+    from bench.rl.command import parse_args
+    from refimpl.runtime.switch_interval import RESPONSIVE_SWITCH_INTERVAL_S
+
+    assert StepConfig().thread_switch_interval_s == RESPONSIVE_SWITCH_INTERVAL_S
+    assert parse_args(["--thread-switch-interval-us", "0"]).thread_switch_interval_s is None
+    assert parse_args(["--thread-switch-interval-us", "500"]).thread_switch_interval_s == pytest.approx(5e-4)
+    for name in ("thread_switch_interval_us", "pacer_switch_interval_us"):
+        with pytest.raises(ValueError, match=f"{name} must be in"):
+            StepConfig(**{name: -1})
 
 
 def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
@@ -152,6 +162,7 @@ def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
     for rec in recs:
         assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
         assert rec["config"]["batch_ahead"] is False  # the batch copied at each training step's start
+        assert rec["thread_switch_interval_s"] == 0.0002  # the switch's background moves' ([Note: the GIL's ...])
         # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
         assert rec["lifecycle_stats"]["warm_ups"] == rec["lifecycle_stats"]["rebuilds"] >= 2
         sm = rec["summary"]

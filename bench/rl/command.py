@@ -49,6 +49,11 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     help="the interpreter's switch interval while a paced reload (--stream-window-mib, "
                     "--overlap-reload) holds copies, in microseconds: the thread feeding each window needs the GIL "
                     "back from the step's (default: the runtime's, 200; 0: the interpreter's own, 5000 unless set)")
+    ap.add_argument("--thread-switch-interval-us", type=int, default=None,
+                    help="the interpreter's switch interval while the switch's background moves run (the offload "
+                    "beside the pause's walk, the resume ahead beside the next step), in microseconds: each of their "
+                    "returns from a call without the GIL waits for the step's Python that long at most (default: "
+                    "the switch's, 200; 0: the interpreter's own, 5000 unless set)")
     ap.add_argument("--nccl-max-ctas", type=int, default=None,
                     help="make the mesh's NCCL communicators with at most this many channels (NCCL's maxCTAs, "
                     "ProcessGroupNCCL's config.max_ctas; default: NCCL's choice): each creation connects every "
@@ -123,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       forward_from_rollout=a.forward_from_rollout, overlap_reload=a.overlap_reload,
                       logprob_pass=a.logprob_pass, nccl_max_ctas=a.nccl_max_ctas,
                       pacer_switch_interval_us=a.pacer_switch_interval_us,
+                      thread_switch_interval_us=a.thread_switch_interval_us,
                       **{**small, **kw})
 
 

@@ -59,6 +59,11 @@ class StepConfig:
     pacer_switch_interval_us: int | None = None  # the interpreter's switch interval while a paced reload holds
     #                                            copies (None: the runtime's, 200 us; 0: the interpreter's own);
     #                                            [Note: the feeder's GIL] in refimpl/torch_runtime/copy_stream.py
+    thread_switch_interval_us: int | None = None  # the interpreter's switch interval while the switch's
+    #                                             background moves run (the offload beside the pause's walk, the
+    #                                             resume ahead beside the next step; None: the switch's, 200 us; 0:
+    #                                             the interpreter's own); [Note: the GIL's switch interval] in
+    #                                             refimpl/runtime/switch_interval.py
     nccl_max_ctas: int | None = None  # the mesh's NCCL communicators made with at most this many channels (NCCL's
     #                                   maxCTAs; None: NCCL's choice): a creation connects each channel's buffers,
     #                                   so fewer channels create faster, each collective at less bandwidth
@@ -95,6 +100,9 @@ class StepConfig:
         if self.pacer_switch_interval_us is not None and not 0 <= self.pacer_switch_interval_us <= 1_000_000:
             raise ValueError(f"pacer_switch_interval_us must be in [0, 1000000] (0: the interpreter's own), got "
                              f"{self.pacer_switch_interval_us}")
+        if self.thread_switch_interval_us is not None and not 0 <= self.thread_switch_interval_us <= 1_000_000:
+            raise ValueError(f"thread_switch_interval_us must be in [0, 1000000] (0: the interpreter's own), got "
+                             f"{self.thread_switch_interval_us}")
         if self.nccl_max_ctas is not None:
             if self.nccl_max_ctas < 1:
                 raise ValueError(f"nccl_max_ctas must be >= 1 (NCCL's maxCTAs: the most channels a communicator "
@@ -108,6 +116,16 @@ class StepConfig:
         for name in ("steps", "batch", "seq", "rollout_batch", "prompt_len", "new_tokens", "shard", "line_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def thread_switch_interval_s(self) -> float | None:
+        """The switch interval the switch's background moves run at, in seconds (None: the interpreter's own):
+        ``thread_switch_interval_us``, or the switch's default when it is None."""
+        from refimpl.runtime.switch_interval import RESPONSIVE_SWITCH_INTERVAL_S
+
+        if self.thread_switch_interval_us is None:
+            return RESPONSIVE_SWITCH_INTERVAL_S
+        return self.thread_switch_interval_us * 1e-6 or None
 
 
 def model_config(tiny: bool):

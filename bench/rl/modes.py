@@ -70,6 +70,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from refimpl.runtime.switch_interval import RESPONSIVE_SWITCH_INTERVAL_S
+
 #: the switch modes of the RL step
 MODES = ("sequential", "overlapped", "streamed")
 
@@ -89,7 +91,8 @@ class SwitchDriver:
     def __init__(self, mode: str, lifecycle: Any, store: Any, optimizer: Any, clock: Any, *,
                  sync_first: bool = False, rebuild_ahead: bool = False, model: Any = None,
                  sync_needs_groups: bool = False, forward_from_rollout: Callable[[], Any] | None = None,
-                 use_order: Callable[[], list[Any]] | None = None) -> None:
+                 use_order: Callable[[], list[Any]] | None = None,
+                 switch_interval_s: float | None = RESPONSIVE_SWITCH_INTERVAL_S) -> None:
         """``optimizer``: the step's optimizer, or a list of them (one per unit stepped in the backward): a
         streamed reload is finished before the first of them steps. ``sync_first``: the weight sync runs before
         the offload (:meth:`sync_resident`), so the reload phase brings everything back. ``rebuild_ahead`` (off
@@ -101,7 +104,8 @@ class SwitchDriver:
         trainer's state in the order the next step first uses it; the reload of the rest is issued in that order
         (``OffloadStore.reload(use_order=...)``) and not finished on the host before the optimizer steps ([Note:
         the reload overlapped with the step]); None: the store's default order, finished before the first
-        optimizer step."""
+        optimizer step. ``switch_interval_s``: the interpreter's switch interval while the switch's background
+        moves run (:class:`~refimpl.comm.overlap.OverlappedSwitch`; None: the interpreter's own)."""
         from refimpl.comm.overlap import OverlappedSwitch
 
         if mode not in MODES:
@@ -119,7 +123,8 @@ class SwitchDriver:
         self._make_served, self._served = forward_from_rollout, None
         self.sync, self.stream_sync = clock.sync, clock.stream_sync
         self.life = lifecycle.sync
-        self.switch = OverlappedSwitch(lifecycle) if mode != "sequential" else None
+        self.switch = (OverlappedSwitch(lifecycle, switch_interval_s=switch_interval_s) if mode != "sequential"
+                       else None)
         self.current: dict[str, Any] = {}
         self.sync_end = "device" if mode == "sequential" else "stream"
         self.reload_end = "stream" if mode == "streamed" else "device"

@@ -111,8 +111,8 @@ class ColocatedStep:
         self.driver = SwitchDriver(cfg.mode, lifecycle, store, trainer.optims, clock, sync_first=cfg.sync_first,
                                    rebuild_ahead=cfg.rebuild_ahead, model=trainer.model,
                                    sync_needs_groups=bool(groups.sync), forward_from_rollout=served,
-                                   use_order=trainer.use_order
-                                   if cfg.overlap_reload else None)
+                                   use_order=trainer.use_order if cfg.overlap_reload else None,
+                                   switch_interval_s=cfg.thread_switch_interval_s)
         self.profiler = StretchProfiler(cfg.profile and rank == 0, cfg.out, self.cuda)
 
     def train(self, step: int, s: dict[str, Any], phase: str = "train", early: bool = True) -> None:

@@ -177,9 +177,11 @@ def open_store(rt, device: torch.device, cfg: StepConfig, trainer: Trainer, rec:
     # with overlap_reload, the streamed reload in the step's own order (buffers, params in the forward's order, then
     # each unit's optimizer state in the backward's), finished after the step instead of before its first optimizer step
     rec["overlap_reload"] = bool(cfg.overlap_reload)
-    rec["pacer_switch_interval_s"] = rt.pacer_switch_interval_s
+    rec["pacer_switch_interval_s"] = rt.pacer_switch_interval_s  # the feeder's GIL, while a paced reload is held
+    # the switch's background moves' ([Note: the GIL's switch interval]); None: the interpreter's own
+    rec["thread_switch_interval_s"] = cfg.thread_switch_interval_s if cfg.mode != "sequential" else None
     # what NCCL's environment says of a communicator's channels beside --nccl-max-ctas (config.nccl_max_ctas)
-    rec["nccl_channel_env"] = {k: os.environ.get(k) for k in NCCL_CHANNEL_ENV}  # the feeder's GIL, while a paced reload is held
+    rec["nccl_channel_env"] = {k: os.environ.get(k) for k in NCCL_CHANNEL_ENV}
     rec["reload_categories"] = [c.value for c in sorted(FIRST_USE_ORDER, key=FIRST_USE_ORDER.get)]
     return store
 

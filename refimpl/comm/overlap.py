@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from refimpl.comm.errors import LifecycleError, LifecycleStateError
 from refimpl.comm.states import PGPolicy, PGState
+from refimpl.runtime.switch_interval import RESPONSIVE_SWITCH_INTERVAL_S, SWITCH_INTERVAL, check_switch_interval
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +61,28 @@ class Background:
     """A callable running on its own thread; :meth:`join` returns its result or raises its exception.
 
     ``started_at`` / ``ended_at``: ``time.perf_counter()`` when the callable began and returned or raised
-    (None until then): what a record needs to place the move beside the caller's phases."""
+    (None until then): what a record needs to place the move beside the caller's phases.
+    ``switch_interval_s``: the interpreter's switch interval at most this while the thread lives (None: as it is),
+    so that each of its returns from a call made without the GIL does not wait up to 5 ms for a caller running
+    Python ([Note: the GIL's switch interval] in :mod:`refimpl.runtime.switch_interval`)."""
 
-    def __init__(self, name: str, fn: Callable[[], Any]) -> None:
+    def __init__(self, name: str, fn: Callable[[], Any], *, switch_interval_s: float | None = None) -> None:
         self.name = name
         self._fn = fn
         self._result: Any = None
         self.error: BaseException | None = None
         self.started_at: float | None = None
         self.ended_at: float | None = None
+        self._switch_interval_s = check_switch_interval("switch_interval_s", switch_interval_s)
+        if self._switch_interval_s:  # before the thread starts: its first return already finds it lowered
+            SWITCH_INTERVAL.lower(self._switch_interval_s)
         self._thread = threading.Thread(target=self._run, name=f"timeshare-{name}", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            if self._switch_interval_s:
+                SWITCH_INTERVAL.restore()
+            raise
 
     def _run(self) -> None:
         self.started_at = time.perf_counter()
@@ -81,6 +93,8 @@ class Background:
             log.error("background %s failed: %r", self.name, exc)
         finally:
             self.ended_at = time.perf_counter()
+            if self._switch_interval_s:
+                SWITCH_INTERVAL.restore()
 
     def done(self) -> bool:
         """True once the callable has returned or raised."""
@@ -98,11 +112,17 @@ class OverlappedSwitch:
     """Pause / weight sync / resume with the memory moves on a worker thread; see the module docstring.
 
     ``lifecycle``: a :class:`~refimpl.comm.PGLifecycle` on a runtime whose awaitables complete at once
-    (TorchRuntime), driven here through its blocking facade.
+    (TorchRuntime), driven here through its blocking facade. ``switch_interval_s``: the interpreter's switch
+    interval at most this while a background move runs (default
+    :data:`~refimpl.runtime.switch_interval.RESPONSIVE_SWITCH_INTERVAL_S`; None: as it is): a resume beside a
+    training step returns from a call made without the GIL at each group, communicator and agreement, and each
+    return waited up to 5 ms for the step's Python ([Note: the GIL's switch interval]).
     """
 
-    def __init__(self, lifecycle: Any) -> None:
+    def __init__(self, lifecycle: Any, *, switch_interval_s: float | None = RESPONSIVE_SWITCH_INTERVAL_S) -> None:
         self.lifecycle = lifecycle
+        #: the switch interval while a background move runs (None: the interpreter's own)
+        self.switch_interval_s = check_switch_interval("switch_interval_s", switch_interval_s)
         self._life = lifecycle.sync
         self._pending: list[Background] = []
         self._lock = threading.Lock()
@@ -131,7 +151,7 @@ class OverlappedSwitch:
             return fn()
 
         with self._lock:
-            bg = Background(name, on_device)
+            bg = Background(name, on_device, switch_interval_s=self.switch_interval_s)
             self._pending.append(bg)
             return bg
 

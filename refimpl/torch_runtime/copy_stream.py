@@ -58,66 +58,32 @@ window then waits on the host longer than it takes to copy (a 128-MiB window
 is 2.4 ms at 55 GB/s), and the copy engine idles in between. While it holds
 copies the pacer lowers the interpreter's switch interval to
 :data:`PACED_SWITCH_INTERVAL_S` (0.7 ms late on the same CPU test at 0.5 ms)
-and restores it once nothing is held; several pacers share one lowering
-(:class:`_SwitchInterval`). ``Pacer.switch_interval_s`` (the runtime's
-``pacer_switch_interval_s``) sets it; None leaves the interpreter's.
+and restores it once nothing is held; the pacers share one lowering with the
+switch's background threads (:data:`~refimpl.runtime.switch_interval.SWITCH_INTERVAL`;
+[Note: the GIL's switch interval] in :mod:`refimpl.runtime.switch_interval`).
+``Pacer.switch_interval_s`` (the runtime's ``pacer_switch_interval_s``) sets
+it; None leaves the interpreter's.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import logging
-import sys
 import threading
 from typing import Any, Generator, Iterator
 
 import torch
 
 from refimpl.runtime.base import Completion, CopyKind, CopyStats, Ready, check_same_shape
+from refimpl.runtime.switch_interval import RESPONSIVE_SWITCH_INTERVAL_S, SWITCH_INTERVAL
 from refimpl.torch_runtime.sm_copy import SmCopier
 
 logger = logging.getLogger(__name__)
 
 #: the interpreter's switch interval while a pacer holds copies (seconds; [Note: the feeder's GIL])
-PACED_SWITCH_INTERVAL_S = 0.0002
+PACED_SWITCH_INTERVAL_S = RESPONSIVE_SWITCH_INTERVAL_S
 
 
-class _SwitchInterval:
-    """The interpreter's switch interval lowered while any pacer holds copies, restored when none does: the value
-    before the first lowering comes back, and a value already lower is kept ([Note: the feeder's GIL])."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: float | None = None
-
-    def lower(self, seconds: float) -> None:
-        """One more user wants at most ``seconds``."""
-        with self._lock:
-            if self._users == 0:
-                self._saved = sys.getswitchinterval()
-            self._users += 1
-            if seconds < sys.getswitchinterval():
-                sys.setswitchinterval(seconds)
-
-    def restore(self) -> None:
-        """One user is done; the last one puts the saved interval back."""
-        with self._lock:
-            if self._users == 0:
-                return
-            self._users -= 1
-            if self._users == 0 and self._saved is not None:
-                sys.setswitchinterval(self._saved)
-                self._saved = None
-
-    @property
-    def users(self) -> int:
-        """How many pacers hold copies now."""
-        return self._users
-
-
-#: the one lowering every pacer of the process shares
-SWITCH_INTERVAL = _SwitchInterval()
 
 _EXPECTED_DEVICES = {CopyKind.D2H: ("cuda", "cpu"), CopyKind.H2D: ("cpu", "cuda"), CopyKind.D2D: ("cuda", "cuda")}
 

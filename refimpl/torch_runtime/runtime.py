@@ -56,6 +56,7 @@ from refimpl.runtime.base import (
     ReduceOp,
     Runtime,
 )
+from refimpl.runtime.switch_interval import check_switch_interval
 from refimpl.runtime.votes import Ballot, Verdict
 from refimpl.torch_runtime.proxy_wake import ProxyWaker, supported as proxy_wake_supported
 from refimpl.torch_runtime.copy_stream import CopyEngine
@@ -266,9 +267,7 @@ class TorchRuntime(Runtime):
     @pacer_switch_interval_s.setter
     def pacer_switch_interval_s(self, seconds: float | None) -> None:
         """Set it: seconds in (0, 1], or None for the interpreter's own; anything else raises ValueError."""
-        if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= 1):
-            raise ValueError(f"pacer_switch_interval_s must be None or in (0, 1] seconds, got {seconds!r}")
-        self._copies.switch_interval_s = None if seconds is None else float(seconds)
+        self._copies.switch_interval_s = check_switch_interval("pacer_switch_interval_s", seconds)
 
     def copies_on_sms(self, ctas: int | None) -> contextlib.AbstractContextManager[None]:
         """See :meth:`Runtime.copies_on_sms`: on CUDA, host-to-device copies from pinned host memory asked for inside

@@ -132,10 +132,32 @@ def _second_thread_while_resuming(rank):
     return refused, called, syncs, lc.stats.weight_syncs, lc.state.name, refused_active
 
 
+def _switch_interval_of_a_background_resume(rank):
+    """The interpreter's switch interval read on a real background resume's thread (at its rebuild's preflight),
+    with the switch's default and with None, and after each join ([Note: the GIL's switch interval])."""
+    import sys
+
+    from refimpl.comm.overlap import OverlappedSwitch
+    from refimpl.runtime.switch_interval import SWITCH_INTERVAL
+
+    torch, rt, lc, store, model, opt = _setup(rank, "gil")
+    before, seen = sys.getswitchinterval(), []
+    remove = rt.on_point("lifecycle.rebuild.preflight", lambda: seen.append(sys.getswitchinterval()))
+    for sw in (OverlappedSwitch(lc), OverlappedSwitch(lc, switch_interval_s=None)):
+        _train(torch, model, opt, 0)
+        sw.pause(store.offload, issued_point="store.offload.wait")
+        sw.resume(join=False, background=True)
+        sw.join()
+        store.reload()
+        seen.append(("after", sys.getswitchinterval(), SWITCH_INTERVAL.users))
+    remove()
+    return before, seen
+
+
 def _scenarios(rank, world_size):
     """Every scenario on one pair of processes (one spawn: spawning costs more than the scenarios)."""
     return {"seq": _cycles(rank, False), "ovl": _cycles(rank, True), "fail": _offload_fails_beside_walk(rank),
-            "two": _second_thread_while_resuming(rank),
+            "two": _second_thread_while_resuming(rank), "gil": _switch_interval_of_a_background_resume(rank),
             "stream": _streamed(rank, False), "sfail": _streamed(rank, True), "early": _early_forward(rank)}
 
 
@@ -153,6 +175,16 @@ def test_a_second_thread_cannot_run_an_operation_while_a_background_resume_runs(
         assert "lifecycle is RELOADING" in refused or "while another thread runs an operation" in refused, refused
         assert called == [2] and syncs_during == 0 and syncs_after == 2  # nothing ran for the refused call
         assert state == "ACTIVE"
+
+
+def test_a_background_resume_runs_at_the_lowered_switch_interval_and_restores_it(scenarios):
+    from refimpl.runtime.switch_interval import RESPONSIVE_SWITCH_INTERVAL_S
+
+    for before, seen in scenarios["gil"]:
+        assert seen[0] == pytest.approx(RESPONSIVE_SWITCH_INTERVAL_S, abs=2e-6), seen  # the default: lowered
+        assert seen[1] == ("after", pytest.approx(before), 0), seen  # restored once the thread ended
+        assert seen[2] == pytest.approx(before), seen  # switch_interval_s=None: the interpreter's own
+        assert seen[3] == ("after", pytest.approx(before), 0), seen
 
 
 def test_overlapped_switch_is_bitwise_the_sequential_one_on_every_rank(scenarios):

@@ -122,6 +122,12 @@ COMM_SIM_BREAKS: tuple[B, ...] = (
       "        def pre_step(_opt: Any, _args: Any, _kwargs: Any) -> None:\n            if False:",
       ("tests/comm/test_overlap_gloo.py::test_a_streamed_reload_is_waited_for_by_the_optimizer_step_and_is_bitwise",),
       "the optimizer step of the streamed switch does not wait for the reload of its state"),
+    B("background_moves_keep_the_slow_switch_interval", "refimpl/comm/overlap.py",
+      "            bg = Background(name, on_device, switch_interval_s=self.switch_interval_s)",
+      "            bg = Background(name, on_device)",
+      ("tests/comm/test_overlap_gloo.py::test_a_background_resume_runs_at_the_lowered_switch_interval_and_restores_it",),
+      "the switch's background resume runs at the interpreter's 5-ms switch interval: beside the step's Python each "
+      "of its returns from a call without the GIL waits up to 5 ms"),
     B("state_error_outside_the_tree", "refimpl/comm/errors.py",
       "class LifecycleStateError(LifecycleError):", "class LifecycleStateError(RuntimeError):",
       ("tests/comm/test_lifecycle_config.py",),

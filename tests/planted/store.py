@@ -34,12 +34,12 @@ STORE_BREAKS: tuple[B, ...] = (
       "        if problems:\n            raise TensorChangedError(", "        if False:\n            raise TensorChangedError(",
       ("tests/store/test_store_errors.py",),
       "a reload re-points a tensor that was resized or re-assigned while offloaded instead of refusing it"),
-    B("switch_interval_never_restored", "refimpl/torch_runtime/copy_stream.py",
+    B("switch_interval_never_restored", "refimpl/runtime/switch_interval.py",
       "            if self._users == 0 and self._saved is not None:\n",
       "            if False:\n",
-      ("tests/runtime/test_paced_copies.py",),
-      "a paced reload leaves the interpreter's switch interval lowered after its last copy is issued: every thread "
-      "of the process switches ten times as often from then on"),
+      ("tests/runtime/test_switch_interval.py",),
+      "a paced reload or a background move leaves the interpreter's switch interval lowered after it ended: every "
+      "thread of the process switches ten times as often from then on"),
     B("stream_drops_last_segment", "refimpl/store/moves/streaming.py",
       "            await self._close_segment(st, st.cutter.seg_start, st.layout.numel)\n", "            pass\n",
       ("tests/store/moves/test_store_streaming.py",),

@@ -66,35 +66,6 @@ def test_another_streams_copy_waits_behind_one_window_not_the_whole_queue():
     assert not last_done, "the small copy should have run before the bulk ended (unpaced it waits for all of it)"
 
 
-def test_the_switch_interval_is_lowered_while_any_user_holds_it_and_restored_after():
-    """[Note: the feeder's GIL]: the first user saves the interpreter's interval and lowers it, a value already
-    lower is kept, the last user to finish puts the saved one back, an extra restore changes nothing."""
-    import sys
-
-    from refimpl.torch_runtime.copy_stream import _SwitchInterval
-
-    before = sys.getswitchinterval()
-    s = _SwitchInterval()
-    try:
-        s.lower(0.0002)
-        assert sys.getswitchinterval() == pytest.approx(0.0002, abs=2e-6) and s.users == 1
-        s.lower(0.001)  # a second pacer asking for more keeps the lower value
-        assert sys.getswitchinterval() == pytest.approx(0.0002, abs=2e-6) and s.users == 2
-        s.restore()
-        assert sys.getswitchinterval() == pytest.approx(0.0002, abs=2e-6)
-        s.restore()
-        assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
-        s.restore()
-        assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
-        sys.setswitchinterval(0.0001)  # the user's own, lower: kept while lowered, and restored
-        s.lower(0.0002)
-        assert sys.getswitchinterval() == pytest.approx(0.0001, abs=2e-6)
-        s.restore()
-        assert sys.getswitchinterval() == pytest.approx(0.0001, abs=2e-6)
-    finally:
-        sys.setswitchinterval(before)
-
-
 def test_the_runtime_refuses_a_bad_switch_interval():
     from refimpl.torch_runtime.copy_stream import PACED_SWITCH_INTERVAL_S
 
