@@ -135,7 +135,7 @@ if on profile; then
   rl profile_both DESTROY_DEFERRED streamed --overlap-reload --logprob-pass --profile
   for d in "$W"/rl_profile_*; do
     [ -d "$d" ] || continue
-    { echo "== $(basename "$d")"; $PY bench/gpu/trace_gaps.py "$d"/profile_switch_tail_*.json.gz --gaps 6; } \
+    { echo "== $(basename "$d")"; $PY bench/gpu/trace_gaps.py "$d"/profile_switch_tail_*.json* --gaps 6; } \
       >>"$W/gaps.txt" 2>&1
   done
 fi
