@@ -24,6 +24,9 @@
 #                 (--thread-switch-interval-us 0), twice (threads_off_1, threads_off_2): against overlap_off_* or
 #                 the ngpu run, what lowering it gives the offload beside the pause's walk and the resume ahead
 #                 beside the next step ([Note: the GIL's switch interval])
+#   gc            the defaults with --overlap-reload and the collector's setup left unfrozen (--no-gc-freeze), twice
+#                 (gc_off_1, gc_off_2): against overlap_on_*, what freezing it gives ([Note: the collector in the
+#                 switch] in bench/rl/gc_watch.py; the summary's last column counts the full collections)
 #   both          the defaults with --overlap-reload --logprob-pass, twice (both_1, both_2): against logprob_on_*,
 #                 the overlap with the pass
 #   profile       the defaults with --overlap-reload, and with it and --logprob-pass, under torch.profiler
@@ -36,7 +39,7 @@
 #                 (default "DESTROY_DEFERRED PAUSED_LIVE auto"; auto: what the loaded NCCL allows), but the ngpu run
 #   nccllog       (N > 1) the ngpu run again with NCCL's INFO log: the creation of a communicator of N ranks split
 #                 into its init call and its connection, and its channels (nccl_split.txt; nccl_log.tgz)
-# PARTS (default "ngpu base nccllog ablate mode"; overlap, gil, threads, logprob, both, profile and channels only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
+# PARTS (default "ngpu base nccllog ablate mode"; overlap, gil, threads, gc, logprob, both, profile and channels only when named) picks parts by prefix; BUDGET_S (default 540) bounds when a run may still
 # start; RUN_S (default 100) is one run's timeout; STEP_ARGS replaces the step's flags above and EXTRA adds flags
 # to every run; NPROC (default: every GPU). On a CPU, the logic in seconds: NPROC=2 PARTS="ngpu base"
 # STEP_ARGS="--steps 2 --offload-in-backward --sync-first" EXTRA="--device cpu --tiny" bash bench/gpu/run_rl_ngpu.sh
@@ -117,6 +120,11 @@ fi
 if on threads; then
   for i in 1 2; do
     rl "threads_off_$i" DESTROY_DEFERRED streamed --thread-switch-interval-us 0
+  done
+fi
+if on gc; then
+  for i in 1 2; do
+    rl "gc_off_$i" DESTROY_DEFERRED streamed --overlap-reload --no-gc-freeze
   done
 fi
 if on logprob; then

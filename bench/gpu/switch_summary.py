@@ -100,8 +100,9 @@ def ngpu_rows(w: str) -> list[str]:
     the sync in the backward, the communicators in the rollout) and the world group's collectives."""
     out = ["| run | world | mesh | resume ahead: thread / rebuild / warm s | join wait / agree s (at) | "
            "forward from the rollout's copy: all-gathers / GB / host s | "
-           "sync in backward: GB / host / device s | NCCL comms in rollout | other groups | world collectives |",
-           "|---" * 10 + "|"]
+           "sync in backward: GB / host / device s | NCCL comms in rollout | other groups | world collectives | "
+           "full collections: n / s (longest) |",
+           "|---" * 11 + "|"]
     for path in sorted(glob.glob(os.path.join(w, "rl_*", "rl_step_*.json"))):
         r = _load(path)
         t = (r.get("summary") or {}).get("ngpu")
@@ -117,8 +118,19 @@ def ngpu_rows(w: str) -> list[str]:
                    f"{(fr['units'] if fr else '-')} / {(fr['bytes'] / 1e9 if fr else 0):.2f} / {f(fr, 'fill_s')} | "
                    f"{(es['bytes'] / 1e9 if es else 0):.2f} / {f(es, 'issue_s')} / {f(es, 'device_s')} | "
                    f"{held.get('communicators')} | {', '.join(held.get('others') or []) or 'none'} | "
-                   f"{wc.get('start')} -> {wc.get('end')} |")
+                   f"{wc.get('start')} -> {wc.get('end')} | {_full_collections(r)} |")
     return out
+
+
+def _full_collections(r: dict) -> str:
+    """The steps' full (generation 2) collections of the cyclic collector: how many, their seconds, the longest
+    ([Note: the collector in the switch] in bench/rl/gc_watch.py); ``-`` for a record from before they were timed."""
+    g = r.get("gc")
+    if not g:
+        return "-"
+    full = [c["s"] for c in r.get("gc_collections") or [] if c["generation"] == 2]
+    frozen = "" if (r.get("gc_freeze") or {}).get("on") else ", not frozen"
+    return f"{g['count'][2]} / {g['s'][2]:.3f} ({max(full, default=0.0):.3f}){frozen}"
 
 
 def steady_rows(w: str) -> list[str]:

@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                     "beside the pause's walk, the resume ahead beside the next step), in microseconds: each of their "
                     "returns from a call without the GIL waits for the step's Python that long at most (default: "
                     "the switch's, 200; 0: the interpreter's own, 5000 unless set)")
+    ap.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                    help="freeze the cyclic collector's survivors of the setup before the first step (gc.freeze), so "
+                    "a full collection, which holds the GIL throughout, walks only what the steps made (default on)")
     ap.add_argument("--nccl-max-ctas", type=int, default=None,
                     help="make the mesh's NCCL communicators with at most this many channels (NCCL's maxCTAs, "
                     "ProcessGroupNCCL's config.max_ctas; default: NCCL's choice): each creation connects every "
@@ -128,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> StepConfig:
                       forward_from_rollout=a.forward_from_rollout, overlap_reload=a.overlap_reload,
                       logprob_pass=a.logprob_pass, nccl_max_ctas=a.nccl_max_ctas,
                       pacer_switch_interval_us=a.pacer_switch_interval_us,
-                      thread_switch_interval_us=a.thread_switch_interval_us,
+                      thread_switch_interval_us=a.thread_switch_interval_us, gc_freeze=a.gc_freeze,
                       **{**small, **kw})
 
 

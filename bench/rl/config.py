@@ -64,6 +64,9 @@ class StepConfig:
     #                                             resume ahead beside the next step; None: the switch's, 200 us; 0:
     #                                             the interpreter's own); [Note: the GIL's switch interval] in
     #                                             refimpl/runtime/switch_interval.py
+    gc_freeze: bool = True  # the collector's survivors of the setup frozen before the first step (gc.freeze): a full
+    #                         collection then walks only what the steps made; [Note: the collector in the switch] in
+    #                         bench/rl/gc_watch.py
     nccl_max_ctas: int | None = None  # the mesh's NCCL communicators made with at most this many channels (NCCL's
     #                                   maxCTAs; None: NCCL's choice): a creation connects each channel's buffers,
     #                                   so fewer channels create faster, each collective at less bandwidth

@@ -10,6 +10,7 @@ the steps' phases are :mod:`bench.rl.phases`, the record :mod:`bench.rl.record`.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ import torch
 from bench.rl.clock import PhaseClock, line_rates
 from bench.rl.config import StepConfig, model_config
 from bench.rl.early_copies import StepInBackward
+from bench.rl.gc_watch import GcWatch, freeze_setup
 from bench.rl.groups import CONTROL_GROUP, NCCL_CHANNEL_ENV, TrainerGroups, trainer_groups
 from bench.rl.phases import ColocatedStep
 from bench.rl.record import phase_spans, public_fields, resume_ahead_spans, runtime_spans, summarize, write_outputs
@@ -68,10 +70,19 @@ def run_step(rank: int, world_size: int, cfg: StepConfig) -> dict[str, Any]:
     rec["initial_sync"] = weights.check(weights.trainer_digests())
     run = ColocatedStep(cfg, rank, world_size, rt=rt, clock=clock, lifecycle=lc, store=store, trainer=trainer,
                         rollout=rollout, weights=weights, mcfg=mcfg, rec=rec, groups=groups)
-    for step in range(cfg.steps):
-        run.switch_step(step)
-        if rank == 0:  # a partial record after every step, in case the run is cut short
-            _write_partial(rec, run, rt_t0)
+    # [Note: the collector in the switch] (bench/rl/gc_watch.py): the setup's objects frozen, every collection timed
+    rec["gc_freeze"] = {"on": cfg.gc_freeze, "frozen_objects": freeze_setup() if cfg.gc_freeze else 0}
+    watch = GcWatch(clock.t0).start()
+    try:
+        for step in range(cfg.steps):
+            run.switch_step(step)
+            if rank == 0:  # a partial record after every step, in case the run is cut short
+                _write_partial(rec, run, rt_t0)
+    finally:
+        watch.stop()
+        if cfg.gc_freeze:
+            gc.unfreeze()
+    rec["gc_collections"], rec["gc"] = watch.collections(), watch.summary()
     rec["after_steps"] = run.after_steps()
     rec["mode"] = cfg.mode
     rec["spans"] = phase_spans(clock.spans)
