@@ -163,6 +163,9 @@ def test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait(tmp_path):
         assert rec["mode"] == "streamed" and rec["policy"] == "DESTROY_DEFERRED"
         assert rec["config"]["batch_ahead"] is False  # the batch copied at each training step's start
         assert rec["thread_switch_interval_s"] == 0.0002  # the switch's background moves' ([Note: the GIL's ...])
+        # the setup's objects frozen before the first step, every collection of the steps counted
+        assert rec["gc_freeze"]["on"] is True and rec["gc_freeze"]["frozen_objects"] > 10_000
+        assert len(rec["gc"]["count"]) == 3 and sum(rec["gc"]["count"]) > 0
         # off the sequential mode each rebuild warms trainer.dp (its backend left to the runtime's default)
         assert rec["lifecycle_stats"]["warm_ups"] == rec["lifecycle_stats"]["rebuilds"] >= 2
         sm = rec["summary"]

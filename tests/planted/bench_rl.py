@@ -23,6 +23,12 @@ BENCH_RL_BREAKS: tuple[B, ...] = (
       (f"{LOOP}::test_switch_ngpu_two_ranks_is_bitwise_and_leaves_no_group_in_the_rollout",),
       "with the forward served from the rollout's copy the resume ahead is never joined before the backward: the "
       "backward's collectives run on groups the thread is still rebuilding"),
+    B("gc_setup_never_frozen", "bench/rl/step.py",
+      '    rec["gc_freeze"] = {"on": cfg.gc_freeze, "frozen_objects": freeze_setup() if cfg.gc_freeze else 0}\n',
+      '    rec["gc_freeze"] = {"on": cfg.gc_freeze, "frozen_objects": gc.get_freeze_count()}\n',
+      (f"{LOOP}::test_rl_step_streamed_switch_is_bitwise_and_counts_its_wait", "tests/test_gc_watch.py"),
+      "the RL step never freezes its setup's objects: every full collection in a switch walks the 350,000 objects "
+      "of transformers and the model while holding the GIL"),
     B("logprob_pass_never_runs", "bench/rl/phases.py",
       "            old = self.logprob_pass(x) if self.cfg.logprob_pass else None\n",
       "            old = None\n",
