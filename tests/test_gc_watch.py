@@ -65,3 +65,15 @@ def test_the_step_freezes_by_default_and_the_flag_turns_it_off():
 
     assert StepConfig().gc_freeze is True
     assert parse_args(["--no-gc-freeze"]).gc_freeze is False
+
+
+def test_the_pause_bench_runs_and_reports_both_figures(capsys):
+    pytest.importorskip("transformers")
+    from bench.gc_pause import main
+
+    assert main(["--tiny", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "objects tracked" in out and "one full collection:" in out and "after freezing" in out
+    assert gc.get_freeze_count() == 0  # the bench leaves the collector as it found it
+    with pytest.raises(SystemExit):
+        main(["--repeats", "0"])

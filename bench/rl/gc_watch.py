@@ -6,18 +6,18 @@ holds the GIL from its start to its end: no other thread of the process runs
 Python meanwhile (the copy pacer's feeder, the resume ahead), and the thread
 that triggered it launches nothing. With ``transformers`` and a 1 B model
 loaded the process tracks about 350,000 objects, and one full collection took
-147-153 ms on the 2-core development machine (``gc.collect()`` after building
-the RL step's model). The store pauses the collector inside its offload and
+147-167 ms on the 2-core development machine (``python -m bench.gc_pause``:
+166.5 ms for 348,222 objects). The store pauses the collector inside its offload and
 reload (``gc_paused``), which only defers it: the counts go on growing, and a
 collection due then runs at the first allocation after, in the training step
 that follows the switch. In a profiled switch on one H200 (2026-12-06) the
 reload's copies and both host threads stood still for 270 ms with no CUDA call
-traced, the mark of such a pause.
+traced: what such a pause looks like (not confirmed: the trace does not
+record the collector; :class:`GcWatch` now does).
 
 So the RL step freezes what its setup left (``gc.freeze()`` after one
-collection, ``StepConfig.gc_freeze``, on by default, as long-running trainers
-do with a manual collector): the frozen objects are never walked again, and a
-full collection walks only what the steps made (0.0 ms on the same machine
+collection, ``StepConfig.gc_freeze``, on by default): the frozen objects are never walked again, and a
+full collection walks only what the steps made (0.00 ms on the same machine
 right after the freeze). :class:`GcWatch` times every collection of the steps
 (``gc.callbacks``), so a record says whether one landed in a switch.
 """
