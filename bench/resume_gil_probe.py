@@ -44,12 +44,12 @@ def busy_python(ms: float) -> int:
     return n
 
 
-def measure(sw, store_offload, interval_s: float | None, busy_ms: float, rounds: int) -> list[float]:
+def measure(sw, release_memory, interval_s: float | None, busy_ms: float, rounds: int) -> list[float]:
     """The background resume's durations (seconds) over ``rounds`` rounds at switch interval ``interval_s``."""
     sw.switch_interval_s = interval_s
     out = []
     for _ in range(rounds):
-        sw.pause(store_offload)
+        sw.pause(release_memory)
         sw.resume(join=False, background=True)
         bg = sw.running("lifecycle.resume")
         if busy_ms:

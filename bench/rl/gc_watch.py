@@ -57,16 +57,13 @@ class GcWatch:
             return
         if self._began is None:
             return
-        gen, took = int(info.get("generation", 0)), now - self._began
-        self._began = None
+        began, self._began = self._began, None
+        gen, took = int(info.get("generation", 0)), now - began
         self._counts[gen] += 1
         self._seconds[gen] += took
         if took >= LISTED_S or gen == 2:
-            self._listed.append({"generation": gen, "at_s": self._began_at(now, took), "s": took,
+            self._listed.append({"generation": gen, "at_s": began - self.t0, "s": took,
                                  "collected": int(info.get("collected", 0))})
-
-    def _began_at(self, now: float, took: float) -> float:
-        return now - took - self.t0
 
     def start(self) -> "GcWatch":
         """Begin timing (idempotent)."""

@@ -18,10 +18,11 @@ thread runs Python:
 * a lifecycle resume run beside the next training step
   (:class:`~refimpl.comm.overlap.OverlappedSwitch`'s background moves): it
   rebuilds each group, creates its communicator and agrees, one return from a
-  call without the GIL after another. On a CPU (one rank, two Gloo groups,
-  ``python -m bench.resume_gil_probe``) such a resume took 1.8 ms beside an idle
-  main thread, 49 ms beside one running Python at the interpreter's 5 ms, and
-  4.5 ms at 0.2 ms.
+  call without the GIL after another. With one rank and two groups
+  (``python bench/resume_gil_probe.py``) such a resume took 1.5 ms beside an
+  idle main thread, 53.5 ms beside one running Python at the interpreter's
+  5 ms and 4.1 ms at 0.2 ms on a CPU (Gloo); 1.1, 84.4 and 4.4 ms on one H200
+  (NCCL).
 
 While such a thread runs, the interval is lowered to
 :data:`RESPONSIVE_SWITCH_INTERVAL_S` and restored after; every user of the
@@ -33,10 +34,8 @@ while one of these threads is alive.
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
-from typing import Iterator
 
 #: the switch interval while a helper thread of ours must get the GIL back quickly (seconds)
 RESPONSIVE_SWITCH_INTERVAL_S = 0.0002
@@ -70,18 +69,6 @@ class SwitchInterval:
             if self._users == 0 and self._saved is not None:
                 sys.setswitchinterval(self._saved)
                 self._saved = None
-
-    @contextlib.contextmanager
-    def lowered(self, seconds: float | None) -> Iterator[None]:
-        """At most ``seconds`` inside the block (None or 0: the interval as it is)."""
-        if not seconds:
-            yield
-            return
-        self.lower(seconds)
-        try:
-            yield
-        finally:
-            self.restore()
 
     @property
     def users(self) -> int:

@@ -47,21 +47,6 @@ def test_the_switch_interval_is_lowered_while_any_user_holds_it_and_restored_aft
     assert sys.getswitchinterval() == pytest.approx(0.0001, abs=2e-6)
 
 
-def test_lowered_is_a_block_and_none_leaves_the_interval(_interpreter_interval_kept):
-    before = _interpreter_interval_kept
-    s = SwitchInterval()
-    with s.lowered(0.0003):
-        assert sys.getswitchinterval() == pytest.approx(0.0003, abs=2e-6) and s.users == 1
-    assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
-    with pytest.raises(RuntimeError, match="inside"):
-        with s.lowered(0.0003):
-            raise RuntimeError("inside")
-    assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
-    for none in (None, 0):
-        with s.lowered(none):
-            assert sys.getswitchinterval() == pytest.approx(before) and s.users == 0
-
-
 def test_a_bad_switch_interval_is_refused_by_name():
     assert check_switch_interval("x_s", None) is None
     assert check_switch_interval("x_s", 1) == 1.0
